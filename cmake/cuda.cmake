@@ -1,0 +1,40 @@
+# CUDA + NCCL backend of the runtime. HZP_CUDA=AUTO builds it when nvcc and NCCL are found, ON requires
+# them, OFF skips it. Architectures default to Hopper (90): `native` fails on machines without a GPU.
+set(HZP_HAVE_CUDA OFF)
+if(NOT HZP_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  check_language(CUDA)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS /usr/local/cuda/include ENV NCCL_HOME PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY nccl HINTS /usr/local/cuda/lib64 ENV NCCL_HOME PATH_SUFFIXES lib lib64)
+  if(CMAKE_CUDA_COMPILER AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    find_package(CUDAToolkit REQUIRED)
+    set(HZP_HAVE_CUDA ON)
+  elseif(HZP_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "HZP_CUDA=ON but nvcc (${CMAKE_CUDA_COMPILER}) or NCCL (${NCCL_INCLUDE_DIR}, "
+                        "${NCCL_LIBRARY}) was not found. Use HZP_CUDA=AUTO or OFF to build without CUDA.")
+  endif()
+endif()
+
+if(HZP_HAVE_CUDA)
+  add_library(hzp_nccl IMPORTED UNKNOWN)
+  set_target_properties(hzp_nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
+                                             INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+  # Runtime API only: a binary linked to the driver API (libcuda) does not start on a machine without a GPU.
+  add_library(hzp_cuda STATIC runtime/cuda/cuda_probe.cu)
+  # CMake 3.25 has no CUDA20 flags for nvcc; the probe needs nothing past C++17.
+  set_target_properties(hzp_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
+  target_include_directories(hzp_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/runtime)
+  target_link_libraries(hzp_cuda PUBLIC CUDA::cudart hzp_nccl)
+  target_link_libraries(hzp_runtime PRIVATE hzp_cuda)
+  target_compile_definitions(hzp_runtime PRIVATE HZP_HAVE_CUDA=1)
+  message(STATUS "hzp: CUDA + NCCL backend ON (architectures ${CMAKE_CUDA_ARCHITECTURES})")
+else()
+  message(STATUS "hzp: CUDA + NCCL backend OFF (HZP_CUDA=${HZP_CUDA})")
+endif()

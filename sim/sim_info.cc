@@ -1,0 +1,14 @@
+// SimGrid version reporting for `hzp --version`.
+#include "sim_info.h"
+
+#include <xbt/base.h>  // SG_BEGIN_DECL / XBT_PUBLIC, which version.h uses without including
+#include <simgrid/version.h>
+
+namespace hzp::sim {
+
+std::string backend_description() {
+  return "SimGrid " + std::to_string(SIMGRID_VERSION_MAJOR) + "." + std::to_string(SIMGRID_VERSION_MINOR) + "." +
+         std::to_string(SIMGRID_VERSION_PATCH);
+}
+
+}  // namespace hzp::sim

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages hzp needs (only when some are missing: quick when all are present), then
+# configures and builds into build/. Usage: bash tools/setup.sh   (env BUILD_DIR, CMAKE_ARGS to override)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  cmake g++ make pkg-config          # toolchain
+  nlohmann-json3-dev catch2          # scenario JSON, tests
+  libsimgrid-dev                     # sim/ executor
+  libgloo-dev libboost-dev           # runtime/: Gloo collectives, Boost.Asio store
+  libopenblas-dev                    # runtime/: host matmuls
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+build_dir="${BUILD_DIR:-build}"
+# shellcheck disable=SC2086
+cmake -S . -B "$build_dir" ${CMAKE_ARGS:-}
+cmake --build "$build_dir" -j2
