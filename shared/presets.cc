@@ -1,0 +1,256 @@
+// Built-in presets: the model, cluster and sharding-policy tables, and the BRIEF §2 sharding validity rules.
+#include "presets.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "calibration.h"
+
+namespace hzp {
+namespace {
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::string show(const ShardGroup& g) {
+  return "[" + std::to_string(g.s0) + ", " + std::to_string(g.s1) + "]";
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Models (numbers from the papers / Hugging Face configs)
+// ---------------------------------------------------------------------------------------------------------
+
+ModelSpec llama(const char* name, int layers, std::int64_t hidden, int heads, int kv_heads, std::int64_t ffn,
+                std::int64_t vocab, std::int64_t max_positions) {
+  ModelSpec m;
+  m.name = name;
+  m.family = ModelFamily::kLlama;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.ffn_hidden = ffn;
+  m.vocab = vocab;
+  m.tied_embeddings = false;
+  m.position = PositionEmbedding::kRope;
+  m.max_positions = max_positions;
+  return m;
+}
+
+ModelSpec with_moe(ModelSpec m, const char* name, int experts, int top_k, std::int64_t expert_ffn) {
+  m.name = name;
+  m.has_moe = true;
+  m.moe.experts = experts;
+  m.moe.top_k = top_k;
+  m.moe.expert_ffn_hidden = expert_ffn;
+  m.moe.layers.resize(m.layers);
+  std::iota(m.moe.layers.begin(), m.moe.layers.end(), 0);
+  return m;
+}
+
+std::vector<ModelSpec> build_models() {
+  ModelSpec gpt3 = llama("gpt3-175b", 96, 12288, 96, 96, 49152, 50257, 2048);  // GPT-3 paper, Table 2.1
+  gpt3.family = ModelFamily::kGpt;
+  gpt3.tied_embeddings = true;
+  gpt3.position = PositionEmbedding::kLearned;
+
+  ModelSpec tiny = llama("tiny-dense", 4, 128, 4, 4, 352, 256, 2048);  // byte-level model for the CPU runtime
+  ModelSpec mixtral = llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768);
+  return {
+      llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+      llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+      llama("llama-30b", 60, 6656, 52, 52, 17920, 32000, 2048),
+      llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+      gpt3,
+      with_moe(mixtral, "mixtral-8x7b", 8, 2, 14336),
+      tiny,
+      with_moe(tiny, "tiny-moe", 4, 2, 176),
+  };
+}
+
+const std::vector<ModelSpec>& models() {
+  static const std::vector<ModelSpec> table = build_models();
+  return table;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Clusters. Bandwidths are per direction: NVLink "600 GB/s bidirectional" is 300 GB/s here.
+// ---------------------------------------------------------------------------------------------------------
+
+struct ClusterRow {
+  const char* name;
+  const char* gpu_type;
+  int gpus_per_node;
+  IntraNodeTopology topology;
+  double intra_GBps;
+  int nics;
+  double nic_Gbps;
+  // dgx-a100: BRIEF §3 (NVLink 600 GB/s bidirectional, 8x 200 Gb/s HDR).
+  // a800:     BRIEF §3 (NVLink 400 GB/s bidirectional, 4x 200 Gb/s HDR).
+  // dgx-h100: BRIEF §3 (NVLink 900 GB/s bidirectional, 8x 400 Gb/s NDR).
+  // h800:     NVIDIA H800 SXM datasheet, not in BRIEF (NVLink 400 GB/s bidirectional); 8x 400 Gb/s NICs is an
+  //           assumption (the DGX H100 NIC complement, which H800 servers copy).
+  // npu-16:   BRIEF §1 (16 accelerators per node, full mesh at 400 GB/s bidirectional, RoCE 200 Gb/s);
+  //           8 NICs per node is an assumption (one NIC per two accelerators; AsyncHZP does not state it).
+};
+
+constexpr ClusterRow kClusters[] = {
+    {"dgx-a100", "a100-80gb", 8, IntraNodeTopology::kSwitch, 300, 8, 200},
+    {"a800", "a800-80gb", 8, IntraNodeTopology::kSwitch, 200, 4, 200},
+    {"dgx-h100", "h100-sxm", 8, IntraNodeTopology::kSwitch, 450, 8, 400},
+    {"h800", "h800-sxm", 8, IntraNodeTopology::kSwitch, 200, 8, 400},
+    {"npu-16", "npu-910b", 16, IntraNodeTopology::kFullMesh, 200, 8, 200},
+};
+
+// Fabric defaults (default_inter_node()).
+constexpr int kDefaultLeafSize = 32;              // assumption: a 64-port leaf switch, half its ports down
+constexpr double kDefaultSwitchLatency = 0.5e-6;  // assumption: IB switches are ~0.1-0.2 us port to port,
+                                                  // Ethernet (RoCE) ~0.5-1 us; 0.5 us covers both plus cables
+
+// ---------------------------------------------------------------------------------------------------------
+// Sharding policies in BRIEF §2 notation.
+// ---------------------------------------------------------------------------------------------------------
+
+enum class Scope { kReplica, kNode, kFull };  // (1,1), (R,1), (R,N)
+
+struct PolicyRow {
+  const char* name;
+  bool has_default;  // false: groups must be given explicitly (amsp)
+  Scope params, grads, optimizer;
+};
+
+constexpr PolicyRow kPolicies[] = {
+    {"ddp", true, Scope::kReplica, Scope::kReplica, Scope::kReplica},
+    {"zero1", true, Scope::kReplica, Scope::kReplica, Scope::kFull},
+    {"zero2", true, Scope::kReplica, Scope::kFull, Scope::kFull},
+    {"zero3", true, Scope::kFull, Scope::kFull, Scope::kFull},
+    {"fsdp", true, Scope::kFull, Scope::kFull, Scope::kFull},
+    {"hsdp", true, Scope::kNode, Scope::kNode, Scope::kNode},
+    {"mics", true, Scope::kNode, Scope::kNode, Scope::kNode},
+    {"zeropp", true, Scope::kFull, Scope::kFull, Scope::kFull},  // hpZ's secondary copy: a schedule feature
+    {"amsp", false, Scope::kReplica, Scope::kReplica, Scope::kReplica},
+    {"asynchzp", true, Scope::kNode, Scope::kNode, Scope::kFull},
+};
+
+ShardGroup group_for(Scope scope, int gpus_per_node, int nodes) {
+  switch (scope) {
+    case Scope::kReplica:
+      return {1, 1};
+    case Scope::kNode:
+      return {gpus_per_node, 1};
+    case Scope::kFull:
+      return {gpus_per_node, nodes};
+  }
+  return {1, 1};
+}
+
+}  // namespace
+
+Result<ModelSpec> model_preset(std::string_view name) {
+  for (const auto& m : models())
+    if (m.name == name) return m;
+  return Status::InvalidInput("unknown model preset \"" + std::string(name) +
+                              "\"; known: " + join(model_preset_names()));
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& m : models()) names.push_back(m.name);
+  return names;
+}
+
+Result<ClusterSpec> cluster_preset(std::string_view name) {
+  for (const auto& row : kClusters) {
+    if (name != row.name) continue;
+    HZP_ASSIGN_OR_RETURN(CalibrationEntry cal, calibration_for(row.gpu_type));
+    ClusterSpec c;
+    c.name = row.name;
+    c.nodes = 1;
+    c.gpus_per_node = row.gpus_per_node;
+    c.gpu = cal.gpu;
+    c.intra = {row.topology, row.intra_GBps * 1e9, cal.intra_latency_s};
+    c.nic = {row.nics, row.nic_Gbps * 1e9 / 8, cal.nic_latency_s, NicMapping::kRail};
+    c.inter = default_inter_node();
+    c.efficiency = cal.efficiency;
+    return c;
+  }
+  return Status::InvalidInput("unknown cluster preset \"" + std::string(name) +
+                              "\"; known: " + join(cluster_preset_names()));
+}
+
+InterNodeSpec default_inter_node() {
+  return {kDefaultLeafSize, 1.0, kDefaultSwitchLatency};
+}
+
+std::vector<std::string> cluster_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& row : kClusters) names.emplace_back(row.name);
+  return names;
+}
+
+Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes) {
+  for (const auto& row : kPolicies) {
+    if (policy != row.name) continue;
+    if (!row.has_default)
+      return Status::InvalidInput("policy \"" + std::string(policy) +
+                                  "\" has no default sharding; give params, grads and optimizer groups");
+    return ShardingSpec{group_for(row.params, gpus_per_node, nodes), group_for(row.grads, gpus_per_node, nodes),
+                        group_for(row.optimizer, gpus_per_node, nodes)};
+  }
+  return Status::InvalidInput("unknown policy preset \"" + std::string(policy) +
+                              "\"; known: " + join(policy_preset_names()));
+}
+
+std::vector<std::string> policy_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& row : kPolicies) names.emplace_back(row.name);
+  return names;
+}
+
+Status check_sharding(const ShardingSpec& sharding, int gpus_per_node, int nodes, std::string_view path) {
+  const std::string base(path);
+  struct Named {
+    const char* name;
+    const ShardGroup& group;
+  };
+  const Named states[] = {{"params", sharding.params}, {"grads", sharding.grads}, {"optimizer", sharding.optimizer}};
+  const int r = gpus_per_node;
+  const int n = nodes;
+
+  // Each group on its own: inside the data-parallel grid, and nodes filled before spanning more of them.
+  for (const auto& [name, g] : states) {
+    const std::string where = base + "." + name + ": ";
+    if (g.s0 < 1 || g.s1 < 1) return Status::InvalidInput(where + "s0 and s1 must be >= 1, got " + show(g));
+    if (r % g.s0 != 0)
+      return Status::InvalidInput(where + "s0 of group " + show(g) + " does not divide " + std::to_string(r) +
+                                  " GPUs per node");
+    if (n % g.s1 != 0)
+      return Status::InvalidInput(where + "s1 of group " + show(g) + " does not divide " + std::to_string(n) +
+                                  " nodes");
+    if (g.s1 > 1 && g.s0 != r)
+      return Status::InvalidInput(where + "group " + show(g) + " spans " + std::to_string(g.s1) + " nodes but only " +
+                                  std::to_string(g.s0) + " of " + std::to_string(r) +
+                                  " GPUs per node; fill the node first (s1 > 1 requires s0 = " + std::to_string(r) +
+                                  ")");
+  }
+
+  // Between groups: params <= grads <= optimizer in both components (AMSP validity).
+  const ShardGroup& p = sharding.params;
+  const ShardGroup& g = sharding.grads;
+  const ShardGroup& os = sharding.optimizer;
+  if (p.s0 > g.s0 || p.s1 > g.s1)
+    return Status::InvalidInput(base + ".params: group " + show(p) + " is sharded wider than grads " + show(g) +
+                                "; need params <= grads <= optimizer in both s0 and s1");
+  if (g.s0 > os.s0 || g.s1 > os.s1)
+    return Status::InvalidInput(base + ".grads: group " + show(g) + " is sharded wider than optimizer " + show(os) +
+                                "; need params <= grads <= optimizer in both s0 and s1");
+  if (g.size() != p.size() && g.size() != os.size())
+    return Status::InvalidInput(base + ".grads: grads must be sharded like params or like optimizer, got " + show(g) +
+                                " (params " + show(p) + ", optimizer " + show(os) + ")");
+  return Status::Ok();
+}
+
+}  // namespace hzp

@@ -1,0 +1,39 @@
+// Built-in presets: models, clusters and sharding policies, each in one explicit table.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "scenario.h"
+#include "status.h"
+
+namespace hzp {
+
+// Models: llama2-7b, llama2-13b, llama-30b, llama2-70b, gpt3-175b, mixtral-8x7b, tiny-dense, tiny-moe.
+Result<ModelSpec> model_preset(std::string_view name);
+std::vector<std::string> model_preset_names();
+
+// Clusters: dgx-a100, a800, dgx-h100, h800, npu-16 (16 accelerators per node, full mesh, RoCE).
+// `nodes` is left at the preset's default (1); scenarios override it. Efficiencies come from
+// calibration.h for the preset's GPU type.
+Result<ClusterSpec> cluster_preset(std::string_view name);
+std::vector<std::string> cluster_preset_names();
+
+// Fabric used by every cluster preset and by explicit clusters that omit `inter_node`: a non-blocking fat
+// tree with 32 nodes per leaf switch and 0.5 us per switch traversed (assumptions, see presets.cc).
+InterNodeSpec default_inter_node();
+
+// Sharding policies in BRIEF §2 notation for a cluster of `gpus_per_node` x `nodes`:
+//   ddp: P,G,OS replicated           zero1: OS full          zero2: G,OS full     zero3/fsdp: all full
+//   hsdp, mics: all in one node      zeropp: all full (its secondary intra-node copy is a schedule feature)
+//   asynchzp: P,G in the node, OS full
+// "amsp" has no fixed sharding (explicit groups, or the planner's pick) and returns kInvalidInput here.
+Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes);
+std::vector<std::string> policy_preset_names();
+
+// BRIEF §2 validity rules for explicit sharding on a gpus_per_node x nodes data-parallel group. `path` is
+// the JSON path prefix used in messages (e.g. "policy.sharding").
+Status check_sharding(const ShardingSpec& sharding, int gpus_per_node, int nodes, std::string_view path);
+
+}  // namespace hzp

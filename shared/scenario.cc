@@ -1,0 +1,72 @@
+// Names of the scenario enums, as they are spelled in scenario JSON (the parser matches against these).
+#include "scenario.h"
+
+namespace hzp {
+
+const char* to_string(ModelFamily v) {
+  switch (v) {
+    case ModelFamily::kLlama:
+      return "llama";
+    case ModelFamily::kGpt:
+      return "gpt";
+  }
+  return "?";
+}
+
+const char* to_string(PositionEmbedding v) {
+  switch (v) {
+    case PositionEmbedding::kRope:
+      return "rope";
+    case PositionEmbedding::kLearned:
+      return "learned";
+    case PositionEmbedding::kAlibi:
+      return "alibi";
+  }
+  return "?";
+}
+
+const char* to_string(IntraNodeTopology v) {
+  switch (v) {
+    case IntraNodeTopology::kSwitch:
+      return "switch";
+    case IntraNodeTopology::kFullMesh:
+      return "full_mesh";
+  }
+  return "?";
+}
+
+const char* to_string(NicMapping v) {
+  switch (v) {
+    case NicMapping::kRail:
+      return "rail";
+    case NicMapping::kShared:
+      return "shared";
+  }
+  return "?";
+}
+
+const char* to_string(Precision v) {
+  switch (v) {
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+    case Precision::kFp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+const char* to_string(Recompute v) {
+  switch (v) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+}  // namespace hzp

@@ -1,0 +1,171 @@
+// The typed form of a scenario: model + cluster + training + policy.
+//
+// scenario_parser.h turns JSON into these structs (strictly: unknown keys are errors, units live in key
+// names); everything downstream reads only these structs. Units here are SI base units (bytes, seconds,
+// FLOP/s, bytes/s) whatever the JSON key said (`_GBps`, `_Gbps`, `_us`, `_GiB`, `_tflops`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hzp {
+
+// ---------------------------------------------------------------------------------------------------------
+// Model
+// ---------------------------------------------------------------------------------------------------------
+
+// LLaMA: RMSNorm, SwiGLU MLP (3 matrices), rotary positions, untied head.
+// GPT:   LayerNorm (weight + bias), GELU MLP (2 matrices), learned positions, usually tied embeddings.
+enum class ModelFamily { kLlama, kGpt };
+enum class PositionEmbedding { kRope, kLearned, kAlibi };
+
+struct MoeSpec {
+  int experts = 0;                    // E experts per MoE layer
+  int top_k = 0;                      // experts each token is routed to
+  std::int64_t expert_ffn_hidden = 0; // SwiGLU / GELU width of one expert
+  std::vector<int> layers;            // indices of MoE layers (sorted, unique); the parser expands "all"
+};
+
+struct ModelSpec {
+  std::string name;                   // preset name or "custom"
+  ModelFamily family = ModelFamily::kLlama;
+  int layers = 0;
+  std::int64_t hidden = 0;
+  int heads = 0;
+  int kv_heads = 0;                   // == heads for multi-head attention; fewer for GQA/MQA
+  std::int64_t ffn_hidden = 0;        // dense MLP width
+  std::int64_t vocab = 0;
+  bool tied_embeddings = false;       // head shares the embedding matrix
+  PositionEmbedding position = PositionEmbedding::kRope;
+  std::int64_t max_positions = 0;     // rows of the learned position table (kLearned only)
+  bool has_moe = false;
+  MoeSpec moe;
+
+  std::int64_t head_dim() const { return hidden / heads; }
+  bool is_moe_layer(int layer) const;  // defined in model_math.cc
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Cluster
+// ---------------------------------------------------------------------------------------------------------
+
+enum class IntraNodeTopology { kSwitch, kFullMesh };
+enum class NicMapping { kRail, kShared };  // rail: local GPU g uses NIC g*nics/gpus_per_node
+
+// Achievable fractions of peak, calibrated per GPU type from single-node facts (calibration.h).
+struct Efficiency {
+  double gemm = 0;          // GEMM-heavy compute: fraction of peak bf16 FLOP/s
+  double memory_bound = 0;  // elementwise / norm / optimizer: fraction of HBM bandwidth
+  double intra_node = 0;    // NVLink / full-mesh links: fraction of nominal per-GPU bandwidth
+  double inter_node = 0;    // NIC links: fraction of nominal line rate
+};
+
+struct GpuSpec {
+  std::string type;              // key into the calibration table, e.g. "a100-80gb"
+  double peak_flops = 0;         // dense bf16 FLOP/s
+  double memory_bytes = 0;       // HBM capacity
+  double hbm_bytes_per_s = 0;
+};
+
+struct IntraNodeSpec {
+  IntraNodeTopology topology = IntraNodeTopology::kSwitch;
+  double bytes_per_s = 0;        // per GPU, per direction (NVLink "600 GB/s bidirectional" = 300e9)
+  double latency_s = 0;
+};
+
+struct NicSpec {
+  int per_node = 0;
+  double bytes_per_s = 0;        // per NIC, per direction (200 Gb/s HDR = 25e9)
+  double latency_s = 0;          // one hop GPU -> NIC -> switch -> NIC -> GPU, excluding switch hops
+  NicMapping mapping = NicMapping::kRail;
+};
+
+struct InterNodeSpec {
+  int leaf_size = 0;             // nodes under one leaf switch
+  double oversubscription = 1;   // leaf downlink : uplink bandwidth ratio (1 = non-blocking)
+  double switch_latency_s = 0;   // per switch traversed
+};
+
+struct ClusterSpec {
+  std::string name;              // preset name or "custom"
+  int nodes = 0;
+  int gpus_per_node = 0;
+  GpuSpec gpu;
+  IntraNodeSpec intra;
+  NicSpec nic;
+  InterNodeSpec inter;
+  Efficiency efficiency;
+
+  int world_size() const { return nodes * gpus_per_node; }
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Training
+// ---------------------------------------------------------------------------------------------------------
+
+enum class Precision { kBf16, kFp16, kFp32 };
+enum class Recompute { kNone, kSelective, kFull };
+
+struct TrainingSpec {
+  std::int64_t seq_len = 0;
+  std::int64_t micro_batch = 0;       // sequences per GPU per micro-batch
+  std::int64_t global_batch = 0;      // sequences per optimizer step (the parser converts tokens)
+  Precision precision = Precision::kBf16;
+  std::string optimizer = "adamw";    // only AdamW is modelled
+  Recompute recompute = Recompute::kNone;
+  bool flash_attention = true;
+};
+
+// ---------------------------------------------------------------------------------------------------------
+// Policy
+// ---------------------------------------------------------------------------------------------------------
+
+// A sharding group for one state, in BRIEF §2 notation: s0 GPUs inside a node x s1 nodes.
+// (1,1) = replicated; (gpus_per_node, nodes) = fully sharded over the data-parallel group.
+struct ShardGroup {
+  int s0 = 1;
+  int s1 = 1;
+  int size() const { return s0 * s1; }
+  bool operator==(const ShardGroup&) const = default;
+};
+
+struct ShardingSpec {
+  ShardGroup params;
+  ShardGroup grads;
+  ShardGroup optimizer;
+  bool operator==(const ShardingSpec&) const = default;
+};
+
+struct OverlapSpec {
+  int prefetch_depth = 1;             // layers of parameter all-gather issued ahead of compute (0 = none)
+  std::int64_t bucket_bytes = 0;      // gradient bucket for DDP-style all-reduce / reduce-scatter
+  bool separate_streams = true;       // false: every collective runs on the compute stream (no overlap)
+};
+
+struct PolicySpec {
+  std::string preset;                 // "ddp", "zero1", ..., or "custom" when only explicit sharding given
+  ShardingSpec sharding;              // always resolved (presets are expanded by the parser)
+  OverlapSpec overlap;
+};
+
+struct Scenario {
+  std::string name;                   // optional "name" key, else the file stem
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainingSpec training;
+  PolicySpec policy;
+
+  int data_parallel() const { return cluster.world_size(); }
+  // Micro-batches per optimizer step on each GPU: global_batch / (micro_batch * D).
+  std::int64_t grad_accum_steps() const { return training.global_batch / (training.micro_batch * data_parallel()); }
+};
+
+const char* to_string(ModelFamily v);
+const char* to_string(PositionEmbedding v);
+const char* to_string(IntraNodeTopology v);
+const char* to_string(NicMapping v);
+const char* to_string(Precision v);
+const char* to_string(Recompute v);
+
+}  // namespace hzp

@@ -1,0 +1,710 @@
+// Scenario JSON -> typed Scenario (strict, errors name the JSON path and the value), and the resolved form
+// back to JSON. The field reference, with units and defaults, is scenarios/README.md.
+#include "scenario_parser.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "calibration.h"
+#include "presets.h"
+
+namespace hzp {
+namespace {
+
+using nlohmann::json;
+
+// Units: the JSON key's suffix names the unit; the structs hold SI: SI = JSON value x multiply / divide.
+// Microseconds divide by 1e6 rather than multiply by the inexact 1e-6, so "latency_us": 30 gives exactly 30e-6.
+struct Unit {
+  double multiply;
+  double divide;
+};
+constexpr Unit kOne{1, 1};
+constexpr Unit kTflops{1e12, 1};
+constexpr Unit kGiB{1024.0 * 1024.0 * 1024.0, 1};
+constexpr Unit kMiB{1024.0 * 1024.0, 1};
+constexpr Unit kGBps{1e9, 1};
+constexpr Unit kGbps{1e9, 8};  // gigaBITS per second -> bytes per second
+constexpr Unit kUs{1, 1e6};
+
+double from_unit(double value, Unit u) {
+  return value * u.multiply / u.divide;
+}
+
+constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+std::string show(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+std::string join_path(const std::string& parent, std::string_view key) {
+  return parent.empty() ? std::string(key) : parent + "." + std::string(key);
+}
+
+Status invalid(const std::string& path, const std::string& what) {
+  return Status::InvalidInput(path + ": " + what);
+}
+Status invalid(const std::string& path, const std::string& what, const json& got) {
+  return invalid(path, what + ", got " + show(got));
+}
+
+// A JSON integer in [min, max]; `path` names it in errors.
+Result<std::int64_t> as_int(const json& v, const std::string& path, std::int64_t min, std::int64_t max) {
+  if (!v.is_number_integer()) return invalid(path, "must be an integer", v);
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max))
+    return invalid(path, "must be at most " + std::to_string(max), v);
+  const std::int64_t x = v.get<std::int64_t>();
+  if (x < min) {
+    return invalid(path,
+                   min == 1   ? "must be a positive integer"
+                   : min == 0 ? "must be a non-negative integer"
+                              : "must be at least " + std::to_string(min),
+                   v);
+  }
+  if (x > max) return invalid(path, "must be at most " + std::to_string(max), v);
+  return x;
+}
+
+Result<ShardGroup> parse_group(const json& v, const std::string& path) {
+  if (!v.is_array() || v.size() != 2) return invalid(path, "must be an array of two integers [s0, s1]", v);
+  HZP_ASSIGN_OR_RETURN(std::int64_t s0, as_int(v[0], path + "[0]", 1, kIntMax));
+  HZP_ASSIGN_OR_RETURN(std::int64_t s1, as_int(v[1], path + "[1]", 1, kIntMax));
+  return ShardGroup{static_cast<int>(s0), static_cast<int>(s1)};
+}
+
+enum class Bound { kPositive, kNonNegative, kFraction, kAtLeastOne };
+
+// One JSON object being read. Opening it rejects unknown keys (listing the known ones); each read_* leaves
+// its output untouched when the key is absent, so a preset's value survives unless overridden.
+class ObjectReader {
+ public:
+  static Result<ObjectReader> open(const json& value, const std::string& path, std::vector<std::string> keys) {
+    const std::string shown = path.empty() ? "scenario" : path;
+    if (!value.is_object()) return invalid(shown, "must be an object", value);
+    for (const auto& item : value.items()) {
+      if (std::find(keys.begin(), keys.end(), item.key()) == keys.end())
+        return invalid(join_path(path, item.key()), "unknown key; known keys of " + shown + ": " + join(keys));
+    }
+    return ObjectReader(value, path);
+  }
+
+  std::string path_of(std::string_view key) const { return join_path(path_, key); }
+  bool has(std::string_view key) const { return find(key) != nullptr; }
+  const json& at(std::string_view key) const { return *find(key); }
+
+  Result<ObjectReader> child(std::string_view key, std::vector<std::string> keys) const {
+    return open(at(key), path_of(key), std::move(keys));
+  }
+
+  Status require(std::string_view key, std::string_view context = "") const {
+    if (has(key)) return Status::Ok();
+    std::string what = "missing required field";
+    if (!context.empty()) what += " (" + std::string(context) + ")";
+    return invalid(path_of(key), what);
+  }
+
+  template <typename Int>
+  Status read_int(std::string_view key, Int& out, std::int64_t min = 1) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::Ok();
+    const std::int64_t max = sizeof(Int) < sizeof(std::int64_t) ? kIntMax : kInt64Max;
+    HZP_ASSIGN_OR_RETURN(std::int64_t x, as_int(*v, path_of(key), min, max));
+    out = static_cast<Int>(x);
+    return Status::Ok();
+  }
+
+  // Reads a number in the key's unit and stores it in SI.
+  Status read_number(std::string_view key, double& out, Unit unit, Bound bound = Bound::kPositive) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::Ok();
+    const std::string p = path_of(key);
+    if (!v->is_number()) return invalid(p, "must be a number", *v);
+    const double x = v->get<double>();
+    switch (bound) {
+      case Bound::kPositive:
+        if (!(x > 0)) return invalid(p, "must be > 0", *v);
+        break;
+      case Bound::kNonNegative:
+        if (!(x >= 0)) return invalid(p, "must be >= 0", *v);
+        break;
+      case Bound::kFraction:
+        if (!(x > 0 && x <= 1)) return invalid(p, "must be in (0, 1]", *v);
+        break;
+      case Bound::kAtLeastOne:
+        if (!(x >= 1)) return invalid(p, "must be >= 1", *v);
+        break;
+    }
+    if (!std::isfinite(from_unit(x, unit))) return invalid(p, "is too large", *v);
+    out = from_unit(x, unit);
+    return Status::Ok();
+  }
+
+  Status read_bool(std::string_view key, bool& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is_boolean()) return invalid(path_of(key), "must be true or false", *v);
+    out = v->get<bool>();
+    return Status::Ok();
+  }
+
+  Status read_string(std::string_view key, std::string& out) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::Ok();
+    if (!v->is_string()) return invalid(path_of(key), "must be a string", *v);
+    out = v->get<std::string>();
+    return Status::Ok();
+  }
+
+  // Enum values are spelled as to_string() spells them (scenario.cc).
+  template <typename E>
+  Status read_enum(std::string_view key, E& out, std::initializer_list<E> values) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::Ok();
+    std::vector<std::string> names;
+    for (E e : values) {
+      if (v->is_string() && v->get<std::string>() == to_string(e)) {
+        out = e;
+        return Status::Ok();
+      }
+      names.emplace_back(std::string("\"") + to_string(e) + "\"");
+    }
+    return invalid(path_of(key), "must be one of " + join(names), *v);
+  }
+
+ private:
+  ObjectReader(const json& obj, std::string path) : obj_(&obj), path_(std::move(path)) {}
+
+  const json* find(std::string_view key) const {
+    auto it = obj_->find(std::string(key));
+    return it == obj_->end() ? nullptr : &*it;
+  }
+
+  const json* obj_;
+  std::string path_;
+};
+
+// Looks up r["preset"] with `lookup`; an unknown name lists the known ones.
+template <typename T, typename Lookup>
+Result<T> read_preset(const ObjectReader& r, Lookup lookup, const std::vector<std::string>& names, const char* what) {
+  std::string name;
+  HZP_RETURN_IF_ERROR(r.read_string("preset", name));
+  Result<T> found = lookup(name);
+  if (!found.ok())
+    return invalid(r.path_of("preset"), std::string("unknown ") + what + " (known: " + join(names) + ")",
+                   r.at("preset"));
+  return found;
+}
+
+std::vector<int> all_layers(int layers) {
+  std::vector<int> out(layers);
+  std::iota(out.begin(), out.end(), 0);
+  return out;
+}
+
+// model.moe.layers: "all" | [i, j, ...] | {"every": n, "offset": k}.
+Result<std::vector<int>> parse_moe_layers(const json& v, const std::string& path, int layers) {
+  std::vector<int> out;
+  if (v.is_string()) {
+    if (v.get<std::string>() != "all")
+      return invalid(path, "must be \"all\", an array of layer indices or {\"every\": n, \"offset\": k}", v);
+    out = all_layers(layers);
+  } else if (v.is_array()) {
+    std::set<int> seen;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const std::string p = path + "[" + std::to_string(i) + "]";
+      HZP_ASSIGN_OR_RETURN(std::int64_t index, as_int(v[i], p, 0, kIntMax));
+      if (index >= layers) return invalid(p, "layer index out of range [0, " + std::to_string(layers) + ")", v[i]);
+      if (!seen.insert(static_cast<int>(index)).second) return invalid(p, "duplicate layer index", v[i]);
+    }
+    out.assign(seen.begin(), seen.end());
+  } else if (v.is_object()) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(v, path, {"every", "offset"}));
+    HZP_RETURN_IF_ERROR(r.require("every"));
+    int every = 1;
+    int offset = 0;
+    HZP_RETURN_IF_ERROR(r.read_int("every", every));
+    HZP_RETURN_IF_ERROR(r.read_int("offset", offset, 0));
+    if (offset >= every)
+      return invalid(r.path_of("offset"), "must be less than every (" + std::to_string(every) + ")", r.at("offset"));
+    for (int i = offset; i < layers; i += every) out.push_back(i);
+  } else {
+    return invalid(path, "must be \"all\", an array of layer indices or {\"every\": n, \"offset\": k}", v);
+  }
+  if (out.empty()) return invalid(path, "selects no layer of " + std::to_string(layers), v);
+  return out;
+}
+
+Result<ModelSpec> parse_model(const json& value) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "model",
+                                                          {"name", "preset", "family", "layers", "hidden", "heads",
+                                                           "kv_heads", "ffn_hidden", "vocab", "tied_embeddings",
+                                                           "position", "max_positions", "moe"}));
+  ModelSpec m;
+  const bool from_preset = r.has("preset");
+  if (from_preset) {
+    HZP_ASSIGN_OR_RETURN(m, read_preset<ModelSpec>(r, model_preset, model_preset_names(), "model preset"));
+  } else {
+    for (const char* key : {"layers", "hidden", "heads", "ffn_hidden", "vocab"})
+      HZP_RETURN_IF_ERROR(r.require(key, "the model has no preset"));
+    m.name = "custom";
+    m.max_positions = 2048;
+  }
+  // A multi-head preset stays multi-head when `heads` is overridden, and a preset whose MoE covers every
+  // layer keeps covering every layer when `layers` is overridden.
+  const bool multi_head = m.kv_heads == m.heads;
+  bool moe_all_layers = m.has_moe && static_cast<int>(m.moe.layers.size()) == m.layers;
+
+  HZP_RETURN_IF_ERROR(r.read_string("name", m.name));
+  HZP_RETURN_IF_ERROR(r.read_enum("family", m.family, {ModelFamily::kLlama, ModelFamily::kGpt}));
+  if (!from_preset) {
+    m.tied_embeddings = m.family == ModelFamily::kGpt;
+    m.position = m.family == ModelFamily::kGpt ? PositionEmbedding::kLearned : PositionEmbedding::kRope;
+  }
+  HZP_RETURN_IF_ERROR(r.read_int("layers", m.layers));
+  HZP_RETURN_IF_ERROR(r.read_int("hidden", m.hidden));
+  HZP_RETURN_IF_ERROR(r.read_int("heads", m.heads));
+  HZP_RETURN_IF_ERROR(r.read_int("kv_heads", m.kv_heads));
+  HZP_RETURN_IF_ERROR(r.read_int("ffn_hidden", m.ffn_hidden));
+  HZP_RETURN_IF_ERROR(r.read_int("vocab", m.vocab));
+  HZP_RETURN_IF_ERROR(r.read_bool("tied_embeddings", m.tied_embeddings));
+  HZP_RETURN_IF_ERROR(r.read_enum("position", m.position,
+                                  {PositionEmbedding::kRope, PositionEmbedding::kLearned, PositionEmbedding::kAlibi}));
+  HZP_RETURN_IF_ERROR(r.read_int("max_positions", m.max_positions));
+  if (!r.has("kv_heads") && multi_head) m.kv_heads = m.heads;
+
+  if (m.hidden % m.heads != 0)
+    return invalid(r.path_of("heads"), "must divide hidden (" + std::to_string(m.hidden) + ")", m.heads);
+  if (m.heads % m.kv_heads != 0)
+    return invalid(r.path_of("kv_heads"), "must divide heads (" + std::to_string(m.heads) + ")", m.kv_heads);
+
+  if (r.has("moe") && r.at("moe").is_null()) {
+    m.has_moe = false;
+    m.moe = MoeSpec{};
+  } else if (r.has("moe")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader mr, r.child("moe", {"experts", "top_k", "expert_ffn_hidden", "layers"}));
+    if (!m.has_moe) {
+      for (const char* key : {"experts", "top_k", "expert_ffn_hidden"})
+        HZP_RETURN_IF_ERROR(mr.require(key, "the model has no preset MoE to take it from"));
+      moe_all_layers = true;
+    }
+    HZP_RETURN_IF_ERROR(mr.read_int("experts", m.moe.experts));
+    HZP_RETURN_IF_ERROR(mr.read_int("top_k", m.moe.top_k));
+    HZP_RETURN_IF_ERROR(mr.read_int("expert_ffn_hidden", m.moe.expert_ffn_hidden));
+    if (mr.has("layers")) {
+      HZP_ASSIGN_OR_RETURN(m.moe.layers, parse_moe_layers(mr.at("layers"), mr.path_of("layers"), m.layers));
+      moe_all_layers = false;
+    }
+    m.has_moe = true;
+    if (m.moe.top_k > m.moe.experts)
+      return invalid(mr.path_of("top_k"), "must be at most experts (" + std::to_string(m.moe.experts) + ")",
+                     m.moe.top_k);
+  }
+  if (m.has_moe && moe_all_layers) m.moe.layers = all_layers(m.layers);
+  if (m.has_moe && !m.moe.layers.empty() && m.moe.layers.back() >= m.layers)
+    return invalid("model.moe.layers", "layer index out of range [0, " + std::to_string(m.layers) + ")",
+                   m.moe.layers.back());
+  return m;
+}
+
+// An unknown GPU type has no calibration entry, so everything that entry would supply must be explicit.
+Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& gpu, bool from_preset) {
+  auto given = [&](const char* object, const char* key) {
+    if (!cluster.has(object)) return false;
+    const json& o = cluster.at(object);
+    return o.is_object() && o.contains(key);
+  };
+  std::vector<std::string> missing;
+  for (const char* key : {"peak_tflops", "memory_GiB", "hbm_GBps"})
+    if (!given("gpu", key)) missing.push_back(gpu.path_of(key));
+  for (const char* key : {"gemm", "memory_bound", "intra_node", "inter_node"})
+    if (!given("efficiency", key)) missing.push_back("cluster.efficiency." + std::string(key));
+  if (!from_preset) {
+    if (!given("intra_node", "latency_us")) missing.emplace_back("cluster.intra_node.latency_us");
+    if (!given("nic", "latency_us")) missing.emplace_back("cluster.nic.latency_us");
+  }
+  if (missing.empty()) return Status::Ok();
+  std::vector<std::string> known;
+  for (const auto& e : calibration_table()) known.push_back(e.gpu_type);
+  return invalid(
+      gpu.path_of("type"),
+      "no calibration entry for this GPU type (known: " + join(known) + "), so " + join(missing) + " must be given",
+      gpu.at("type"));
+}
+
+Result<ClusterSpec> parse_cluster(const json& value) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "cluster",
+                                                          {"name", "preset", "nodes", "gpus_per_node", "gpu",
+                                                           "intra_node", "nic", "inter_node", "efficiency"}));
+  ClusterSpec c;
+  const bool from_preset = r.has("preset");
+  if (from_preset) {
+    HZP_ASSIGN_OR_RETURN(c, read_preset<ClusterSpec>(r, cluster_preset, cluster_preset_names(), "cluster preset"));
+  } else {
+    for (const char* key : {"nodes", "gpus_per_node", "gpu", "intra_node", "nic"})
+      HZP_RETURN_IF_ERROR(r.require(key, "the cluster has no preset"));
+    c.name = "custom";
+    c.inter = default_inter_node();
+  }
+  HZP_RETURN_IF_ERROR(r.read_string("name", c.name));
+  HZP_RETURN_IF_ERROR(r.read_int("nodes", c.nodes));
+  HZP_RETURN_IF_ERROR(r.read_int("gpus_per_node", c.gpus_per_node));
+  if (int world = 0; __builtin_mul_overflow(c.nodes, c.gpus_per_node, &world))
+    return invalid(r.path_of("nodes"), "times gpus_per_node (" + std::to_string(c.gpus_per_node) + ") overflows",
+                   c.nodes);
+
+  if (r.has("gpu")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader g, r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps"}));
+    if (!from_preset) HZP_RETURN_IF_ERROR(g.require("type", "the cluster has no preset"));
+    // The type comes first: a new type brings its calibrated numbers, which explicit fields then override.
+    if (g.has("type")) {
+      std::string type;
+      HZP_RETURN_IF_ERROR(g.read_string("type", type));
+      Result<CalibrationEntry> cal = calibration_for(type);
+      if (cal.ok()) {
+        c.gpu = cal->gpu;
+        c.efficiency = cal->efficiency;
+        if (!from_preset) {
+          c.intra.latency_s = cal->intra_latency_s;
+          c.nic.latency_s = cal->nic_latency_s;
+        }
+      } else {
+        HZP_RETURN_IF_ERROR(check_uncalibrated_gpu(r, g, from_preset));
+        c.gpu = GpuSpec{type, 0, 0, 0};
+      }
+    }
+    HZP_RETURN_IF_ERROR(g.read_number("peak_tflops", c.gpu.peak_flops, kTflops));
+    HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB));
+    HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps));
+  }
+
+  if (r.has("intra_node")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader in, r.child("intra_node", {"topology", "bandwidth_GBps", "latency_us"}));
+    if (!from_preset) {
+      HZP_RETURN_IF_ERROR(in.require("topology", "the cluster has no preset"));
+      HZP_RETURN_IF_ERROR(in.require("bandwidth_GBps", "the cluster has no preset"));
+    }
+    HZP_RETURN_IF_ERROR(
+        in.read_enum("topology", c.intra.topology, {IntraNodeTopology::kSwitch, IntraNodeTopology::kFullMesh}));
+    HZP_RETURN_IF_ERROR(in.read_number("bandwidth_GBps", c.intra.bytes_per_s, kGBps));
+    HZP_RETURN_IF_ERROR(in.read_number("latency_us", c.intra.latency_s, kUs, Bound::kNonNegative));
+  }
+
+  if (r.has("nic")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader nic, r.child("nic", {"per_node", "bandwidth_Gbps", "latency_us", "mapping"}));
+    if (!from_preset) {
+      HZP_RETURN_IF_ERROR(nic.require("per_node", "the cluster has no preset"));
+      HZP_RETURN_IF_ERROR(nic.require("bandwidth_Gbps", "the cluster has no preset"));
+    }
+    HZP_RETURN_IF_ERROR(nic.read_int("per_node", c.nic.per_node));
+    HZP_RETURN_IF_ERROR(nic.read_number("bandwidth_Gbps", c.nic.bytes_per_s, kGbps));
+    HZP_RETURN_IF_ERROR(nic.read_number("latency_us", c.nic.latency_s, kUs, Bound::kNonNegative));
+    HZP_RETURN_IF_ERROR(nic.read_enum("mapping", c.nic.mapping, {NicMapping::kRail, NicMapping::kShared}));
+  }
+
+  if (r.has("inter_node")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader inter,
+                         r.child("inter_node", {"topology", "leaf_size", "oversubscription", "switch_latency_us"}));
+    std::string topology = "fat_tree";
+    HZP_RETURN_IF_ERROR(inter.read_string("topology", topology));
+    if (topology != "fat_tree")
+      return invalid(inter.path_of("topology"), "must be \"fat_tree\" (the only inter-node topology modelled)",
+                     inter.at("topology"));
+    HZP_RETURN_IF_ERROR(inter.read_int("leaf_size", c.inter.leaf_size));
+    HZP_RETURN_IF_ERROR(inter.read_number("oversubscription", c.inter.oversubscription, kOne, Bound::kAtLeastOne));
+    HZP_RETURN_IF_ERROR(inter.read_number("switch_latency_us", c.inter.switch_latency_s, kUs, Bound::kNonNegative));
+  }
+
+  if (r.has("efficiency")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader eff, r.child("efficiency", {"gemm", "memory_bound", "intra_node", "inter_node"}));
+    HZP_RETURN_IF_ERROR(eff.read_number("gemm", c.efficiency.gemm, kOne, Bound::kFraction));
+    HZP_RETURN_IF_ERROR(eff.read_number("memory_bound", c.efficiency.memory_bound, kOne, Bound::kFraction));
+    HZP_RETURN_IF_ERROR(eff.read_number("intra_node", c.efficiency.intra_node, kOne, Bound::kFraction));
+    HZP_RETURN_IF_ERROR(eff.read_number("inter_node", c.efficiency.inter_node, kOne, Bound::kFraction));
+  }
+
+  // Rail mapping pairs local GPU g with NIC g * nics / gpus_per_node, which needs one count to divide the other.
+  if (c.nic.mapping == NicMapping::kRail && c.gpus_per_node % c.nic.per_node != 0 &&
+      c.nic.per_node % c.gpus_per_node != 0)
+    return invalid(
+        "cluster.nic.per_node",
+        "with \"rail\" mapping must divide or be a multiple of gpus_per_node (" + std::to_string(c.gpus_per_node) + ")",
+        c.nic.per_node);
+  return c;
+}
+
+Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, const ClusterSpec& cluster) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       ObjectReader::open(value, "training",
+                                          {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
+                                           "precision", "optimizer", "recompute", "flash_attention"}));
+  TrainingSpec t;
+  HZP_RETURN_IF_ERROR(r.require("seq_len"));
+  HZP_RETURN_IF_ERROR(r.require("micro_batch"));
+  HZP_RETURN_IF_ERROR(r.read_int("seq_len", t.seq_len));
+  HZP_RETURN_IF_ERROR(r.read_int("micro_batch", t.micro_batch));
+  HZP_RETURN_IF_ERROR(r.read_enum("precision", t.precision, {Precision::kBf16, Precision::kFp16, Precision::kFp32}));
+  HZP_RETURN_IF_ERROR(r.read_string("optimizer", t.optimizer));
+  if (t.optimizer != "adamw")
+    return invalid(r.path_of("optimizer"), "must be \"adamw\" (the only optimizer modelled)", r.at("optimizer"));
+  HZP_RETURN_IF_ERROR(
+      r.read_enum("recompute", t.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull}));
+  HZP_RETURN_IF_ERROR(r.read_bool("flash_attention", t.flash_attention));
+
+  if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
+    return invalid(
+        r.path_of("seq_len"),
+        "exceeds model.max_positions (" + std::to_string(model.max_positions) + ") of the learned position table",
+        t.seq_len);
+
+  std::int64_t per_step = 0;  // sequences one step takes without accumulation: micro_batch x D
+  if (__builtin_mul_overflow(t.micro_batch, static_cast<std::int64_t>(cluster.world_size()), &per_step))
+    return invalid(r.path_of("micro_batch"), "times the data-parallel size overflows", t.micro_batch);
+
+  const bool by_tokens = r.has("global_batch_tokens");
+  if (by_tokens && r.has("global_batch_sequences"))
+    return invalid(r.path_of("global_batch_tokens"),
+                   "give either global_batch_sequences or global_batch_tokens, "
+                   "not both",
+                   r.at("global_batch_tokens"));
+  t.global_batch = per_step;
+  std::string batch_path = r.path_of("global_batch_sequences");
+  std::string shown;
+  if (by_tokens) {
+    batch_path = r.path_of("global_batch_tokens");
+    std::int64_t tokens = 0;
+    HZP_RETURN_IF_ERROR(r.read_int("global_batch_tokens", tokens));
+    if (tokens % t.seq_len != 0)
+      return invalid(batch_path,
+                     std::to_string(tokens) + " is not a multiple of seq_len (" + std::to_string(t.seq_len) + ")");
+    t.global_batch = tokens / t.seq_len;
+    shown = std::to_string(tokens) + " tokens = " + std::to_string(t.global_batch) + " sequences";
+  } else {
+    HZP_RETURN_IF_ERROR(r.read_int("global_batch_sequences", t.global_batch));
+    shown = std::to_string(t.global_batch);
+  }
+  if (t.global_batch % per_step != 0)
+    return invalid(batch_path, shown + " is not a multiple of micro_batch (" + std::to_string(t.micro_batch) +
+                                   ") x data-parallel size (" + std::to_string(cluster.world_size()) + ")");
+  return t;
+}
+
+Result<PolicySpec> parse_policy(const json& value, const ClusterSpec& cluster) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "policy", {"preset", "sharding", "overlap"}));
+  PolicySpec p;
+  p.preset = "custom";
+  p.overlap.bucket_bytes = 25 * 1024 * 1024;
+  const int gpus_per_node = cluster.gpus_per_node;
+  const int nodes = cluster.nodes;
+
+  // Without a default sharding (no preset, or amsp) every state's group must be explicit.
+  bool need_all_groups = true;
+  std::string why_all = "the policy has no preset";
+  if (r.has("preset")) {
+    HZP_RETURN_IF_ERROR(r.read_string("preset", p.preset));
+    const std::vector<std::string> names = policy_preset_names();
+    if (std::find(names.begin(), names.end(), p.preset) == names.end())
+      return invalid(r.path_of("preset"), "unknown policy preset (known: " + join(names) + ")", r.at("preset"));
+    Result<ShardingSpec> preset = sharding_preset(p.preset, gpus_per_node, nodes);
+    need_all_groups = !preset.ok();
+    if (preset.ok()) p.sharding = *preset;
+    why_all = "preset \"" + p.preset + "\" has no default sharding";
+  }
+
+  if (!r.has("sharding") && need_all_groups)
+    return invalid(r.path_of("sharding"), "missing params, grads and optimizer groups (" + why_all + ")");
+  if (r.has("sharding")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader s, r.child("sharding", {"params", "grads", "optimizer"}));
+    const std::pair<const char*, ShardGroup*> states[] = {
+        {"params", &p.sharding.params}, {"grads", &p.sharding.grads}, {"optimizer", &p.sharding.optimizer}};
+    for (const auto& [key, group] : states) {
+      if (need_all_groups) HZP_RETURN_IF_ERROR(s.require(key, why_all));
+      if (s.has(key)) {
+        HZP_ASSIGN_OR_RETURN(*group, parse_group(s.at(key), s.path_of(key)));
+      }
+    }
+  }
+  HZP_RETURN_IF_ERROR(check_sharding(p.sharding, gpus_per_node, nodes, r.path_of("sharding")));
+
+  if (r.has("overlap")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader o, r.child("overlap", {"prefetch_depth", "bucket_MiB", "separate_streams"}));
+    HZP_RETURN_IF_ERROR(o.read_int("prefetch_depth", p.overlap.prefetch_depth, 0));
+    double bucket = static_cast<double>(p.overlap.bucket_bytes);
+    HZP_RETURN_IF_ERROR(o.read_number("bucket_MiB", bucket, kMiB));
+    if (bucket < 1) return invalid(o.path_of("bucket_MiB"), "must be at least one byte", o.at("bucket_MiB"));
+    if (bucket > 0x1p62) return invalid(o.path_of("bucket_MiB"), "is too large", o.at("bucket_MiB"));
+    p.overlap.bucket_bytes = std::llround(bucket);
+    HZP_RETURN_IF_ERROR(o.read_bool("separate_streams", p.overlap.separate_streams));
+  }
+  return p;
+}
+
+// The JSON number that the parser turns back into exactly `si`, when one exists: a round trip through
+// scenario_to_json must not drift by an ulp per pass.
+double to_unit(double si, Unit u) {
+  const double v = si * u.divide / u.multiply;
+  double up = v;
+  double down = v;
+  for (int i = 0; i < 4; ++i) {
+    if (from_unit(up, u) == si) return up;
+    if (from_unit(down, u) == si) return down;
+    up = std::nextafter(up, std::numeric_limits<double>::infinity());
+    down = std::nextafter(down, -std::numeric_limits<double>::infinity());
+  }
+  return v;
+}
+
+json group_json(const ShardGroup& g) {
+  return json::array({g.s0, g.s1});
+}
+
+}  // namespace
+
+Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(doc, "", {"name", "model", "cluster", "training", "policy"}));
+  for (const char* key : {"model", "cluster", "training", "policy"}) HZP_RETURN_IF_ERROR(r.require(key));
+  Scenario s;
+  s.name = std::string(name);
+  HZP_RETURN_IF_ERROR(r.read_string("name", s.name));
+  HZP_ASSIGN_OR_RETURN(s.model, parse_model(r.at("model")));
+  HZP_ASSIGN_OR_RETURN(s.cluster, parse_cluster(r.at("cluster")));
+  HZP_ASSIGN_OR_RETURN(s.training, parse_training(r.at("training"), s.model, s.cluster));
+  HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.cluster));
+  return s;
+}
+
+Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    return Status::InvalidInput("empty document, expected a JSON object");
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep its line/column detail.
+    if (auto end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
+      what = what.substr(end + 2);
+    return Status::InvalidInput("malformed JSON at byte " + std::to_string(e.byte) + ": " + what);
+  } catch (const json::exception& e) {
+    return Status::InvalidInput(std::string("malformed JSON: ") + e.what());
+  }
+  return parse_scenario(doc, name);
+}
+
+Result<Scenario> load_scenario_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::InvalidInput(path + ": cannot open file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::InvalidInput(path + ": cannot read file");
+  const std::string stem = std::filesystem::path(path).stem().string();
+  Result<Scenario> s = parse_scenario_text(text.str(), stem);
+  // Syntax errors have no JSON path to lead with, so they lead with the file instead.
+  if (!s.ok() &&
+      (s.status().message().rfind("malformed JSON", 0) == 0 || s.status().message().rfind("empty document", 0) == 0))
+    return Status::InvalidInput(path + ": " + s.status().message());
+  return s;
+}
+
+nlohmann::json scenario_to_json(const Scenario& s) {
+  const ModelSpec& m = s.model;
+  json model = {
+      {"name", m.name},
+      {"family", to_string(m.family)},
+      {"layers", m.layers},
+      {"hidden", m.hidden},
+      {"heads", m.heads},
+      {"kv_heads", m.kv_heads},
+      {"ffn_hidden", m.ffn_hidden},
+      {"vocab", m.vocab},
+      {"tied_embeddings", m.tied_embeddings},
+      {"position", to_string(m.position)},
+      {"max_positions", m.max_positions},
+      {"moe", nullptr},
+  };
+  if (m.has_moe) {
+    const bool all = m.moe.layers == all_layers(m.layers);
+    model["moe"] = {
+        {"experts", m.moe.experts},
+        {"top_k", m.moe.top_k},
+        {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
+        {"layers", all ? json("all") : json(m.moe.layers)},
+    };
+  }
+
+  const ClusterSpec& c = s.cluster;
+  json cluster = {
+      {"name", c.name},
+      {"nodes", c.nodes},
+      {"gpus_per_node", c.gpus_per_node},
+      {"gpu",
+       {{"type", c.gpu.type},
+        {"peak_tflops", to_unit(c.gpu.peak_flops, kTflops)},
+        {"memory_GiB", to_unit(c.gpu.memory_bytes, kGiB)},
+        {"hbm_GBps", to_unit(c.gpu.hbm_bytes_per_s, kGBps)}}},
+      {"intra_node",
+       {{"topology", to_string(c.intra.topology)},
+        {"bandwidth_GBps", to_unit(c.intra.bytes_per_s, kGBps)},
+        {"latency_us", to_unit(c.intra.latency_s, kUs)}}},
+      {"nic",
+       {{"per_node", c.nic.per_node},
+        {"bandwidth_Gbps", to_unit(c.nic.bytes_per_s, kGbps)},
+        {"latency_us", to_unit(c.nic.latency_s, kUs)},
+        {"mapping", to_string(c.nic.mapping)}}},
+      {"inter_node",
+       {{"topology", "fat_tree"},
+        {"leaf_size", c.inter.leaf_size},
+        {"oversubscription", c.inter.oversubscription},
+        {"switch_latency_us", to_unit(c.inter.switch_latency_s, kUs)}}},
+      {"efficiency",
+       {{"gemm", c.efficiency.gemm},
+        {"memory_bound", c.efficiency.memory_bound},
+        {"intra_node", c.efficiency.intra_node},
+        {"inter_node", c.efficiency.inter_node}}},
+  };
+
+  const TrainingSpec& t = s.training;
+  json training = {
+      {"seq_len", t.seq_len},
+      {"micro_batch", t.micro_batch},
+      {"global_batch_sequences", t.global_batch},
+      {"precision", to_string(t.precision)},
+      {"optimizer", t.optimizer},
+      {"recompute", to_string(t.recompute)},
+      {"flash_attention", t.flash_attention},
+  };
+
+  const PolicySpec& p = s.policy;
+  json policy = {
+      {"sharding",
+       {{"params", group_json(p.sharding.params)},
+        {"grads", group_json(p.sharding.grads)},
+        {"optimizer", group_json(p.sharding.optimizer)}}},
+      {"overlap",
+       {{"prefetch_depth", p.overlap.prefetch_depth},
+        {"bucket_MiB", to_unit(static_cast<double>(p.overlap.bucket_bytes), kMiB)},
+        {"separate_streams", p.overlap.separate_streams}}},
+  };
+  if (p.preset != "custom") policy["preset"] = p.preset;
+
+  return {{"name", s.name}, {"model", model}, {"cluster", cluster}, {"training", training}, {"policy", policy}};
+}
+
+}  // namespace hzp

@@ -1,0 +1,3 @@
+// Catch2 entry point shared by every test binary.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
