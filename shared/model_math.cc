@@ -1,0 +1,393 @@
+// Model math per module: parameter counts, FLOPs, memory-bound bytes and saved activations of one
+// micro-batch on one GPU. The derivation, the sources and what is simplified are in docs/model_math.md;
+// the section names there match the functions here.
+#include "model_math.h"
+
+#include <algorithm>
+
+namespace hzp {
+
+bool ModelSpec::is_moe_layer(int layer) const {
+  return has_moe && std::binary_search(moe.layers.begin(), moe.layers.end(), layer);
+}
+
+const char* to_string(ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::kEmbedding: return "embedding";
+    case ModuleKind::kAttention: return "attention";
+    case ModuleKind::kMlp: return "mlp";
+    case ModuleKind::kMoe: return "moe";
+    case ModuleKind::kHead: return "head";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------------------------------------
+
+bool has_biases(const ModelSpec& m) { return m.family == ModelFamily::kGpt; }
+
+// RMSNorm has a weight only; LayerNorm a weight and a bias.
+std::int64_t norm_params(const ModelSpec& m) { return has_biases(m) ? 2 * m.hidden : m.hidden; }
+
+std::int64_t linear_params(const ModelSpec& m, std::int64_t in, std::int64_t out) {
+  return in * out + (has_biases(m) ? out : 0);
+}
+
+// One MLP (dense, or one expert) of the family's type, without its pre-norm.
+std::int64_t mlp_params(const ModelSpec& m, std::int64_t width) {
+  if (m.family == ModelFamily::kLlama) return 3 * m.hidden * width;  // gate, up, down
+  return linear_params(m, m.hidden, width) + linear_params(m, width, m.hidden);
+}
+
+std::int64_t embedding_params(const ModelSpec& m) {
+  const std::int64_t positions = m.position == PositionEmbedding::kLearned ? m.max_positions * m.hidden : 0;
+  return m.vocab * m.hidden + positions;
+}
+
+std::int64_t attention_params(const ModelSpec& m) {
+  const std::int64_t q_width = m.heads * m.head_dim();
+  const std::int64_t kv_width = m.kv_heads * m.head_dim();
+  return norm_params(m) + linear_params(m, m.hidden, q_width) + 2 * linear_params(m, m.hidden, kv_width) +
+         linear_params(m, q_width, m.hidden);
+}
+
+std::int64_t dense_mlp_params(const ModelSpec& m) { return norm_params(m) + mlp_params(m, m.ffn_hidden); }
+
+// The router has no bias in either family (Mixtral, Switch).
+std::int64_t moe_params(const ModelSpec& m) {
+  return norm_params(m) + m.hidden * m.moe.experts + m.moe.experts * mlp_params(m, m.moe.expert_ffn_hidden);
+}
+
+// A tied head shares the embedding matrix, so it owns only the final norm.
+std::int64_t head_params(const ModelSpec& m) {
+  return norm_params(m) + (m.tied_embeddings ? 0 : m.vocab * m.hidden);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Costs
+// ---------------------------------------------------------------------------------------------------------
+
+// The scenario's sizes as doubles: FLOPs and bytes overflow int64 for long sequences and big batches.
+struct Dims {
+  Dims(const ModelSpec& m, const TrainingSpec& t)
+      : model(m),
+        b(static_cast<double>(t.micro_batch)),
+        s(static_cast<double>(t.seq_len)),
+        tokens(b * s),
+        h(static_cast<double>(m.hidden)),
+        heads(m.heads),
+        q_width(static_cast<double>(m.heads * m.head_dim())),
+        kv_width(static_cast<double>(m.kv_heads * m.head_dim())),
+        vocab(static_cast<double>(m.vocab)),
+        e(t.precision == Precision::kFp32 ? 4.0 : 2.0),
+        flash(t.flash_attention),
+        recompute(t.recompute) {}
+
+  const ModelSpec& model;
+  double b, s, tokens, h, heads, q_width, kv_width, vocab;
+  double e;  // bytes per activation element
+  bool flash;
+  Recompute recompute;
+};
+
+// Forward and backward HBM bytes of one memory-bound kernel (read + write).
+struct Traffic {
+  double fwd = 0;
+  double bwd = 0;
+};
+
+// A norm reads x and writes y; its backward reads x and dy and writes dx (the weight-gradient reduction
+// happens in the same pass). The per-row statistics are a few bytes per token and are ignored.
+Traffic norm_traffic(const Dims& d) { return {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e}; }
+
+// Residual add reads two streams and writes one; in backward the block's input gradient is summed into the
+// skip path's gradient, which is the same shape of traffic.
+Traffic residual_traffic(const Dims& d) { return {3 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e}; }
+
+// SwiGLU reads gate and up and writes their product; backward reads both and dy, writes both gradients.
+// GELU reads one and writes one; backward reads x and dy, writes dx.
+Traffic activation_fn_traffic(const Dims& d, double elements) {
+  if (d.model.family == ModelFamily::kLlama) return {3 * elements * d.e, 5 * elements * d.e};
+  return {2 * elements * d.e, 3 * elements * d.e};
+}
+
+void add_traffic(ModuleCost& cost, Traffic t) {
+  cost.fwd_mem_bytes += t.fwd;
+  cost.bwd_mem_bytes += t.bwd;
+}
+
+// `rows` rows through a (k x n) matrix: 2·rows·k·n forward; backward computes both the input gradient and
+// the weight gradient, 2x forward. `in_model_flops` is false for matmuls the MFU count (BRIEF §2) leaves out.
+void add_matmul(ModuleCost& cost, double rows, double k, double n, bool in_model_flops = true) {
+  const double fwd = 2 * rows * k * n;
+  cost.fwd_flops += fwd;
+  cost.bwd_flops += 2 * fwd;
+  if (in_model_flops) cost.model_flops += 3 * fwd;
+}
+
+// Activations an MLP of the family's type saves after its input: SwiGLU keeps gate, up and their product
+// (the down projection's input); GELU keeps its input and output.
+double mlp_saved_bytes(const Dims& d, double rows, double width) {
+  const double tensors = d.model.family == ModelFamily::kLlama ? 3 : 2;
+  return tensors * rows * width * d.e;
+}
+
+ModuleCost embedding_cost(const Dims& d) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kEmbedding;
+  cost.params = embedding_params(d.model);
+  // Gather of token rows; backward scatter-adds dy into the gradient rows (read dy, read + write rows).
+  add_traffic(cost, {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e});
+  if (d.model.position == PositionEmbedding::kLearned) add_traffic(cost, residual_traffic(d));
+  // Backward needs only the token ids: a few bytes per token, ignored.
+  cost.activation_bytes = 0;
+  return cost;
+}
+
+ModuleCost attention_cost(const Dims& d, int layer) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kAttention;
+  cost.layer = layer;
+  cost.params = attention_params(d.model);
+  const double t = d.tokens;
+
+  add_traffic(cost, norm_traffic(d));
+  add_matmul(cost, t, d.h, d.q_width + 2 * d.kv_width);  // Q, K, V (bias fused into the GEMM epilogue)
+  if (d.model.position == PositionEmbedding::kRope) {
+    // Rotates Q and K in place; backward rotates their gradients back.
+    const double qk = t * (d.q_width + d.kv_width) * d.e;
+    add_traffic(cost, {2 * qk, 2 * qk});
+  }
+
+  // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
+  // Counted in full although causal: the Megatron convention of the MFU numerator.
+  const double head_rows = d.b * d.heads * d.s;
+  const double head_dim = d.q_width / d.heads;
+  add_matmul(cost, head_rows, head_dim, d.s);
+  add_matmul(cost, head_rows, d.s, head_dim);
+  const double qk_flops = 2 * head_rows * head_dim * d.s;  // == P·V's
+  const double scores = d.b * d.heads * d.s * d.s;
+  Traffic softmax;
+  if (d.flash) {
+    // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
+    // not model work: bwd_flops only.
+    cost.bwd_flops += qk_flops;
+  } else {
+    // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
+    softmax = {2 * scores * d.e, 3 * scores * d.e};
+    add_traffic(cost, softmax);
+  }
+
+  add_matmul(cost, t, d.q_width, d.h);  // output projection
+  add_traffic(cost, residual_traffic(d));
+
+  // Saved for backward with nothing recomputed (Korthikanti et al. §4.1 without dropout): the norm input
+  // (= the layer input), the QKV input, Q and K after rotation, V, the attention output (the projection
+  // input; flash also reads it back), and for the core either P or flash's logsumexp.
+  const double layer_input = t * d.h * d.e;
+  const double probs = d.flash ? 0 : scores * d.e;
+  const double logsumexp = d.flash ? d.b * d.heads * d.s * 4 : 0;  // fp32, one per query row per head
+  const double qkv_input = t * d.h * d.e;
+  const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e;
+  const double saved_all = layer_input + qkv_input + q_k_v_o + probs + logsumexp;
+  switch (d.recompute) {
+    case Recompute::kNone:
+      cost.activation_bytes = saved_all;
+      break;
+    case Recompute::kSelective:
+      // Drop the O(s²) probabilities and redo QKᵀ + softmax + PV before backward. Flash keeps nothing
+      // quadratic and already recomputes inside its backward, so selective costs it nothing.
+      cost.activation_bytes = saved_all - probs;
+      if (!d.flash) {
+        cost.recompute_flops = 2 * qk_flops;
+        cost.recompute_mem_bytes = softmax.fwd;
+      }
+      break;
+    case Recompute::kFull:
+      // Only the layer input is checkpointed (attributed to this, the layer's first block); the whole
+      // forward runs again before backward.
+      cost.activation_bytes = layer_input;
+      cost.recompute_flops = cost.fwd_flops;
+      cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+      break;
+  }
+  return cost;
+}
+
+ModuleCost dense_mlp_cost(const Dims& d, int layer) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kMlp;
+  cost.layer = layer;
+  cost.params = dense_mlp_params(d.model);
+  const double t = d.tokens;
+  const double f = static_cast<double>(d.model.ffn_hidden);
+  const bool swiglu = d.model.family == ModelFamily::kLlama;
+
+  add_traffic(cost, norm_traffic(d));
+  add_matmul(cost, t, d.h, swiglu ? 2 * f : f);  // gate + up, or fc1
+  add_traffic(cost, activation_fn_traffic(d, t * f));
+  add_matmul(cost, t, f, d.h);  // down, or fc2
+  add_traffic(cost, residual_traffic(d));
+
+  // Norm input, norm output (the first matmul's input), then the MLP's intermediates.
+  const double saved_all = 2 * t * d.h * d.e + mlp_saved_bytes(d, t, f);
+  if (d.recompute == Recompute::kFull) {
+    // The layer input saved by the attention block is all this layer keeps.
+    cost.activation_bytes = 0;
+    cost.recompute_flops = cost.fwd_flops;
+    cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+  } else {
+    cost.activation_bytes = saved_all;  // selective recompute targets attention only
+  }
+  return cost;
+}
+
+ModuleCost moe_cost(const Dims& d, int layer) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kMoe;
+  cost.layer = layer;
+  cost.params = moe_params(d.model);
+  const double t = d.tokens;
+  const double experts = d.model.moe.experts;
+  const double k = d.model.moe.top_k;
+  const double f = static_cast<double>(d.model.moe.expert_ffn_hidden);
+  const bool swiglu = d.model.family == ModelFamily::kLlama;
+  const double routed = t * k;  // token copies processed by experts
+
+  add_traffic(cost, norm_traffic(d));
+  // Router: logits, then softmax + top-k in fp32 (read logits, write probabilities). Real work but outside
+  // the MFU numerator of BRIEF §2, so fwd/bwd FLOPs only.
+  add_matmul(cost, t, d.h, experts, /*in_model_flops=*/false);
+  add_traffic(cost, {2 * t * experts * 4, 3 * t * experts * 4});
+  // Permute: each token is copied to its k experts' contiguous input buffers; backward moves the gradients
+  // back the same way. (The all-to-all between GPUs is communication, scheduled elsewhere.)
+  add_traffic(cost, {2 * routed * d.h * d.e, 2 * routed * d.h * d.e});
+
+  // Each expert is the family's MLP; together they see t·k rows.
+  add_matmul(cost, routed, d.h, swiglu ? 2 * f : f);
+  add_traffic(cost, activation_fn_traffic(d, routed * f));
+  add_matmul(cost, routed, f, d.h);
+
+  // Combine: gate-weighted sum of each token's k expert outputs. Backward reads dy and the expert outputs
+  // (for the gate gradient) and writes the k output gradients.
+  add_traffic(cost, {routed * d.h * d.e + t * d.h * d.e, t * d.h * d.e + 2 * routed * d.h * d.e});
+  add_traffic(cost, residual_traffic(d));
+
+  // Norm input, norm output (router input), fp32 router probabilities, the permuted expert inputs, the
+  // experts' intermediates, and their outputs (the combine's gate gradient needs them). Routing indices
+  // are a few bytes per token and ignored.
+  const double saved_all = 2 * t * d.h * d.e + t * experts * 4 + routed * d.h * d.e +
+                           mlp_saved_bytes(d, routed, f) + routed * d.h * d.e;
+  if (d.recompute == Recompute::kFull) {
+    cost.activation_bytes = 0;
+    cost.recompute_flops = cost.fwd_flops;
+    cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+  } else {
+    cost.activation_bytes = saved_all;
+  }
+  return cost;
+}
+
+ModuleCost head_cost(const Dims& d) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kHead;
+  cost.params = head_params(d.model);
+  const double t = d.tokens;
+
+  add_traffic(cost, norm_traffic(d));
+  add_matmul(cost, t, d.h, d.vocab);
+  // Cross-entropy in fp32 over t x V logits: forward reads them and writes log-probabilities; backward reads
+  // those and writes the logit gradients.
+  const double logits_fp32 = t * d.vocab * 4;
+  add_traffic(cost, {2 * logits_fp32, 2 * logits_fp32});
+
+  // Final-norm input and the logits matmul input. The head is never checkpointed; its fp32 logits live only
+  // from the loss to the head's backward and are counted in ModelCost::transient_bytes.
+  cost.activation_bytes = 2 * t * d.h * d.e;
+  return cost;
+}
+
+ModuleCost mlp_or_moe_cost(const Dims& d, int layer) {
+  return d.model.is_moe_layer(layer) ? moe_cost(d, layer) : dense_mlp_cost(d, layer);
+}
+
+}  // namespace
+
+std::int64_t parameter_count(const ModelSpec& model) {
+  std::int64_t params = embedding_params(model) + head_params(model);
+  for (int layer = 0; layer < model.layers; ++layer) {
+    params += attention_params(model) + (model.is_moe_layer(layer) ? moe_params(model) : dense_mlp_params(model));
+  }
+  return params;
+}
+
+ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training) {
+  const Dims d(model, training);
+  ModelCost out;
+  out.modules.push_back(embedding_cost(d));
+  for (int layer = 0; layer < model.layers; ++layer) {
+    out.modules.push_back(attention_cost(d, layer));
+    out.modules.push_back(mlp_or_moe_cost(d, layer));
+  }
+  out.modules.push_back(head_cost(d));
+
+  for (const ModuleCost& m : out.modules) {
+    out.params += m.params;
+    out.model_flops += m.model_flops;
+    out.activation_bytes += m.activation_bytes;
+  }
+
+  // Scratch that exists only while one module runs backward: the fp32 logits between loss and head
+  // backward; under full recompute, one layer's rebuilt activations (all but the checkpointed input);
+  // under selective recompute without flash, one layer's rebuilt probabilities.
+  double transient = d.tokens * d.vocab * 4;
+  if (training.recompute != Recompute::kNone) {
+    TrainingSpec no_recompute = training;
+    no_recompute.recompute = Recompute::kNone;
+    const Dims full_set(model, no_recompute);
+    for (int layer = 0; layer < model.layers; ++layer) {
+      const double attention_all = attention_cost(full_set, layer).activation_bytes;
+      const double rebuilt = training.recompute == Recompute::kFull
+                                 ? attention_all + mlp_or_moe_cost(full_set, layer).activation_bytes -
+                                       d.tokens * d.h * d.e
+                                 : attention_all - attention_cost(d, layer).activation_bytes;
+      transient = std::max(transient, rebuilt);
+    }
+  }
+  out.transient_bytes = transient;
+  return out;
+}
+
+double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::int64_t seq_len) {
+  const double big_b = static_cast<double>(sequences);
+  const double s = static_cast<double>(seq_len);
+  const double layers = model.layers;
+  const double h = static_cast<double>(model.hidden);
+  const double n_h = model.heads;
+  const double n_kv = model.kv_heads;
+  const double d_head = static_cast<double>(model.head_dim());
+  const double vocab = static_cast<double>(model.vocab);
+  // BRIEF §2 writes (3/2) for SwiGLU's three matrices; GELU's two give (2/2), so the closed form also holds
+  // for the GPT family.
+  const double matrices = model.family == ModelFamily::kLlama ? 3 : 2;
+
+  // (f/h)·topk·(matrices/2) averaged over layers: dense layers use (ffn_hidden, 1), MoE layers
+  // (expert_ffn_hidden, top_k).
+  double mlp_term = 0;
+  for (int layer = 0; layer < model.layers; ++layer) {
+    const bool moe = model.is_moe_layer(layer);
+    const double f = static_cast<double>(moe ? model.moe.expert_ffn_hidden : model.ffn_hidden);
+    const double topk = moe ? model.moe.top_k : 1;
+    mlp_term += (f / h) * topk * (matrices / 2);
+  }
+  if (model.layers > 0) mlp_term /= layers;
+
+  const double attention_term = (1 + n_kv / n_h + s / h) * (n_h * d_head / h);
+  return 12 * big_b * s * layers * h * h * (attention_term + mlp_term + vocab / (2 * layers * h));
+}
+
+}  // namespace hzp

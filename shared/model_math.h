@@ -1,0 +1,63 @@
+// Model math per module: parameter counts, forward/backward FLOPs, memory-bound bytes and activation bytes.
+//
+// Granularity is the module, the unit the schedule IR computes on: the embedding, each layer's attention
+// block (pre-norm + QKV + attention core + output projection), each layer's MLP block (pre-norm + dense MLP,
+// or router + experts for MoE layers), and the head (final norm + output projection + loss).
+// All numbers are for ONE micro-batch on ONE GPU (training.micro_batch sequences of training.seq_len).
+//
+// Conventions (documented in docs/model_math.md):
+// - A matmul of (m x k) by (k x n) costs 2mkn FLOPs. Backward of a matmul = 2x its forward.
+// - "FLOPs" below are hardware FLOPs actually executed (they include recomputation); `model_flops` is the
+//   MFU numerator (Megatron/LLaMA count, BRIEF §2: causal attention not halved, no recomputation).
+// - "mem_bytes" is the HBM traffic of the memory-bound kernels only (norms, activations, softmax,
+//   residual adds, rotary, elementwise); GEMM operand traffic is folded into the GEMM efficiency.
+// - Activation bytes are those saved for backward, in the training precision (2 bytes for bf16/fp16).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "scenario.h"
+
+namespace hzp {
+
+enum class ModuleKind { kEmbedding, kAttention, kMlp, kMoe, kHead };
+const char* to_string(ModuleKind kind);
+
+struct ModuleCost {
+  ModuleKind kind = ModuleKind::kEmbedding;
+  int layer = -1;                 // -1 for embedding and head
+  std::int64_t params = 0;        // parameters owned by this module (a tied head owns only the final norm)
+  double fwd_flops = 0;           // forward matmul FLOPs (incl. the MoE router; norms are costed in mem_bytes)
+  double fwd_mem_bytes = 0;       // forward memory-bound HBM bytes
+  double bwd_flops = 0;           // backward FLOPs, incl. flash-attention's recompute of scores
+  double bwd_mem_bytes = 0;
+  double recompute_flops = 0;     // extra forward FLOPs redone before backward (selective/full recompute)
+  double recompute_mem_bytes = 0;
+  double activation_bytes = 0;    // saved for backward under the scenario's recompute setting
+  double model_flops = 0;         // MFU numerator contribution: fwd + bwd model FLOPs
+};
+
+struct ModelCost {
+  std::vector<ModuleCost> modules;  // embedding, then (attention, mlp|moe) per layer, then head
+  std::int64_t params = 0;          // total parameters (sum over modules)
+  double model_flops = 0;           // per micro-batch per GPU, sum of modules' model_flops
+  double activation_bytes = 0;      // sum of modules' activation_bytes
+  double transient_bytes = 0;       // peak scratch beyond saved activations (e.g. fp32 logits for the loss,
+                                    // one layer's full activations while it is recomputed)
+};
+
+// Per-module costs for one micro-batch of `training` on one GPU.
+ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training);
+
+// Parameter count of the whole model (== model_cost(...).params).
+std::int64_t parameter_count(const ModelSpec& model);
+
+// BRIEF §2 closed form for model FLOPs of `sequences` sequences of `seq_len` tokens (fwd + bwd):
+// F = 12·B·s·L·h²·[(1 + n_kv/n_h + s/h)·(n_h·d_head/h) + (f/h)·topk·(3/2) + V/(2·L·h)].
+// For MoE models with MoE in every layer, f is the expert width and topk the routing fan-out; with a mix of
+// dense and MoE layers the MLP term is averaged over layers.
+double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::int64_t seq_len);
+
+}  // namespace hzp

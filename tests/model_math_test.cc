@@ -1,0 +1,363 @@
+// Tests for shared/model_math: parameter counts against published totals, per-module model FLOPs against the
+// BRIEF §2 closed form, activation memory against Korthikanti et al. 2022, and the recompute / flash /
+// MoE relationships docs/model_math.md derives.
+#include "model_math.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace hzp {
+namespace {
+
+ModelSpec llama(int layers, std::int64_t hidden, int heads, int kv_heads, std::int64_t ffn) {
+  ModelSpec m;
+  m.name = "test-llama";
+  m.family = ModelFamily::kLlama;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.ffn_hidden = ffn;
+  m.vocab = 32000;
+  m.tied_embeddings = false;
+  m.position = PositionEmbedding::kRope;
+  return m;
+}
+
+ModelSpec llama2_7b() { return llama(32, 4096, 32, 32, 11008); }
+ModelSpec llama2_70b() { return llama(80, 8192, 64, 8, 28672); }
+
+ModelSpec mixtral_8x7b() {
+  ModelSpec m = llama(32, 4096, 32, 8, 14336);
+  m.has_moe = true;
+  m.moe.experts = 8;
+  m.moe.top_k = 2;
+  m.moe.expert_ffn_hidden = 14336;
+  for (int layer = 0; layer < m.layers; ++layer) m.moe.layers.push_back(layer);
+  return m;
+}
+
+// GPT-2 small (124M): LayerNorm, GELU, learned positions, tied head.
+ModelSpec gpt2_small() {
+  ModelSpec m;
+  m.name = "test-gpt2";
+  m.family = ModelFamily::kGpt;
+  m.layers = 12;
+  m.hidden = 768;
+  m.heads = 12;
+  m.kv_heads = 12;
+  m.ffn_hidden = 4 * 768;
+  m.vocab = 50257;
+  m.tied_embeddings = true;
+  m.position = PositionEmbedding::kLearned;
+  m.max_positions = 1024;
+  return m;
+}
+
+TrainingSpec training(std::int64_t micro_batch, std::int64_t seq_len, Recompute recompute = Recompute::kNone,
+                      bool flash = true) {
+  TrainingSpec t;
+  t.micro_batch = micro_batch;
+  t.seq_len = seq_len;
+  t.global_batch = micro_batch;
+  t.precision = Precision::kBf16;
+  t.recompute = recompute;
+  t.flash_attention = flash;
+  return t;
+}
+
+double sum_over(const ModelCost& cost, double ModuleCost::*field) {
+  double total = 0;
+  for (const ModuleCost& m : cost.modules) total += m.*field;
+  return total;
+}
+
+const ModuleCost& module_at(const ModelCost& cost, ModuleKind kind, int layer) {
+  for (const ModuleCost& m : cost.modules) {
+    if (m.kind == kind && m.layer == layer) return m;
+  }
+  FAIL("no module " << to_string(kind) << " at layer " << layer);
+  return cost.modules.front();
+}
+
+TEST_CASE("parameter counts match published totals", "[model_math]") {
+  CHECK(parameter_count(llama2_7b()) == 6'738'415'616);
+  CHECK(parameter_count(llama2_70b()) == 68'976'648'192);
+  CHECK(parameter_count(mixtral_8x7b()) == 46'702'792'704);
+  // HF GPT2Model("gpt2").num_parameters(): biases, LayerNorm bias, 1024 learned positions, tied head.
+  CHECK(parameter_count(gpt2_small()) == 124'439'808);
+
+  for (const ModelSpec& m : {llama2_7b(), llama2_70b(), mixtral_8x7b(), gpt2_small()}) {
+    const ModelCost cost = model_cost(m, training(1, 128));
+    std::int64_t summed = 0;
+    for (const ModuleCost& module : cost.modules) summed += module.params;
+    CHECK(cost.params == parameter_count(m));
+    CHECK(summed == cost.params);
+  }
+}
+
+TEST_CASE("parameters sit in the module that owns them", "[model_math]") {
+  const ModelSpec gpt = gpt2_small();
+  const ModelCost cost = model_cost(gpt, training(1, 128));
+  CHECK(cost.modules.front().params == (50257 + 1024) * 768);  // token + position tables
+  CHECK(cost.modules.back().params == 2 * 768);                // tied: only the final LayerNorm
+
+  const ModelCost llama_cost = model_cost(llama2_7b(), training(1, 128));
+  CHECK(llama_cost.modules.back().params == 4096 + 32000 * 4096);  // final RMSNorm + output matrix
+  CHECK(llama_cost.modules.front().params == 32000 * 4096);         // rotary: no position table
+}
+
+TEST_CASE("modules come in schedule order with MoE where the spec says", "[model_math]") {
+  ModelSpec m = llama(4, 256, 4, 2, 512);
+  m.has_moe = true;
+  m.moe = {4, 2, 384, {1, 3}};
+  CHECK_FALSE(m.is_moe_layer(0));
+  CHECK(m.is_moe_layer(1));
+  CHECK(m.is_moe_layer(3));
+  CHECK_FALSE(m.is_moe_layer(4));
+  m.has_moe = false;
+  CHECK_FALSE(m.is_moe_layer(1));
+  m.has_moe = true;
+
+  const ModelCost cost = model_cost(m, training(2, 64));
+  REQUIRE(cost.modules.size() == 2 + 2 * 4);
+  CHECK(cost.modules[0].kind == ModuleKind::kEmbedding);
+  CHECK(cost.modules[0].layer == -1);
+  const ModuleKind expected_mlp[] = {ModuleKind::kMlp, ModuleKind::kMoe, ModuleKind::kMlp, ModuleKind::kMoe};
+  for (int layer = 0; layer < 4; ++layer) {
+    CHECK(cost.modules[1 + 2 * layer].kind == ModuleKind::kAttention);
+    CHECK(cost.modules[1 + 2 * layer].layer == layer);
+    CHECK(cost.modules[2 + 2 * layer].kind == expected_mlp[layer]);
+    CHECK(cost.modules[2 + 2 * layer].layer == layer);
+  }
+  CHECK(cost.modules.back().kind == ModuleKind::kHead);
+  CHECK(cost.modules.back().layer == -1);
+  CHECK(std::string(to_string(ModuleKind::kMoe)) == "moe");
+  CHECK(std::string(to_string(ModuleKind::kAttention)) == "attention");
+}
+
+TEST_CASE("BRIEF §2 formula against a hand computation", "[model_math]") {
+  // llama2-7b, B = 1, s = 4096: L = 32, h = 4096, n_kv/n_h = 1, s/h = 1, n_h·d/h = 1, f/h = 11008/4096.
+  //   attention term  (1 + 1 + 1)·1             = 3
+  //   MLP term        2.6875 · 1 · 1.5          = 4.03125
+  //   logits term     32000 / (2·32·4096)       = 0.1220703125
+  //   bracket                                   = 7.1533203125 = 7 + 157/1024
+  //   12·B·s·L·h² = 12·4096·32·4096²            = 26,388,279,066,624
+  //   F = 26,388,279,066,624·7 + (26,388,279,066,624/1024)·157
+  //     = 184,717,953,466,368 + 25,769,803,776·157
+  //     = 184,717,953,466,368 + 4,045,859,192,832 = 188,763,812,659,200
+  CHECK(model_flops_formula(llama2_7b(), 1, 4096) == Approx(188'763'812'659'200.0).epsilon(1e-12));
+}
+
+TEST_CASE("per-module model FLOPs sum to the BRIEF §2 formula", "[model_math]") {
+  struct Case {
+    ModelSpec model;
+    std::int64_t micro_batch, seq_len;
+  };
+  ModelSpec mixed = llama(6, 512, 8, 2, 1376);
+  mixed.has_moe = true;
+  mixed.moe = {8, 2, 704, {1, 4, 5}};
+  const Case cases[] = {
+      {llama2_7b(), 1, 4096}, {llama2_70b(), 1, 4096}, {mixtral_8x7b(), 2, 4096},
+      {gpt2_small(), 8, 1024},  // GELU: the (3/2) becomes (2/2), see model_flops_formula
+      {mixed, 4, 256},          // dense/MoE mix: MLP term averaged over layers
+  };
+  for (const Case& c : cases) {
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      for (bool flash : {true, false}) {
+        const ModelCost cost = model_cost(c.model, training(c.micro_batch, c.seq_len, r, flash));
+        const double formula = model_flops_formula(c.model, c.micro_batch, c.seq_len);
+        INFO(c.model.name << " layers " << c.model.layers << " recompute " << static_cast<int>(r) << " flash "
+                          << flash);
+        CHECK(cost.model_flops == Approx(formula).epsilon(1e-9));
+        CHECK(sum_over(cost, &ModuleCost::model_flops) == Approx(formula).epsilon(1e-9));
+      }
+    }
+  }
+}
+
+TEST_CASE("backward is 2x forward, plus flash attention's recompute of QK^T", "[model_math]") {
+  const ModelSpec m = llama2_7b();
+  const double b = 2, s = 2048, heads = 32, d = 128;
+  const double qk = 2 * b * s * s * heads * d;
+  const ModelCost flash = model_cost(m, training(2, 2048, Recompute::kNone, true));
+  const ModelCost plain = model_cost(m, training(2, 2048, Recompute::kNone, false));
+  for (std::size_t i = 0; i < flash.modules.size(); ++i) {
+    const ModuleCost& f = flash.modules[i];
+    const ModuleCost& p = plain.modules[i];
+    INFO(to_string(f.kind) << " layer " << f.layer);
+    CHECK(p.fwd_flops == f.fwd_flops);
+    CHECK(p.bwd_flops == Approx(2 * p.fwd_flops));
+    if (f.kind == ModuleKind::kAttention) {
+      CHECK(f.bwd_flops == Approx(2 * f.fwd_flops + qk));
+      // Forward QKV + core + O, as Megatron counts it.
+      CHECK(f.fwd_flops == Approx(2 * b * s * 4096 * (3 * 4096) + 2 * qk + 2 * b * s * 4096 * 4096));
+    } else {
+      CHECK(f.bwd_flops == Approx(2 * f.fwd_flops));
+    }
+  }
+  // Model FLOPs never see the flash recompute: 3x forward for everything but norms/router.
+  CHECK(flash.model_flops == Approx(plain.model_flops));
+}
+
+TEST_CASE("activations match Korthikanti et al. without the dropout terms", "[model_math]") {
+  // Their §4.1 count assumes ffn = 4h, n_kv = n_h, 2-byte activations, LayerNorm, GELU, and a materialised
+  // softmax, i.e. the GPT family without flash attention.
+  ModelSpec m = gpt2_small();
+  m.layers = 4;
+  m.hidden = 1024;
+  m.heads = 16;
+  m.kv_heads = 16;
+  m.ffn_hidden = 4 * 1024;
+  const double s = 2048, b = 2, h = 1024, a = 16;
+  const ModelCost cost = model_cost(m, training(2, 2048, Recompute::kNone, false));
+
+  const double korthikanti = 34 * s * b * h + 5 * a * s * s * b;
+  const double dropout_terms = a * s * s * b        // attention dropout mask (1 byte per score)
+                               + 2 * a * s * s * b  // attention dropout output kept for P·V; without
+                                                    // dropout P·V reads the softmax output, already counted
+                               + 2 * s * b * h;     // masks of the two dropouts after attention and MLP
+  const double expected_layer = korthikanti - dropout_terms;  // = 32·s·b·h + 2·a·s²·b
+  CHECK(expected_layer == 32 * s * b * h + 2 * a * s * s * b);
+  for (int layer = 0; layer < m.layers; ++layer) {
+    const double ours = module_at(cost, ModuleKind::kAttention, layer).activation_bytes +
+                        module_at(cost, ModuleKind::kMlp, layer).activation_bytes;
+    CHECK(ours == Approx(expected_layer).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("recompute settings trade activations for recompute FLOPs", "[model_math]") {
+  const ModelSpec m = llama2_7b();
+  const double b = 1, s = 4096, h = 4096, heads = 32, e = 2;
+  const double probs = b * heads * s * s * e;
+  const double core_fwd = 4 * b * s * s * heads * (h / heads);
+  const double logits_fp32 = b * s * 32000 * 4;
+
+  SECTION("without flash attention") {
+    const ModelCost none = model_cost(m, training(1, 4096, Recompute::kNone, false));
+    const ModelCost selective = model_cost(m, training(1, 4096, Recompute::kSelective, false));
+    const ModelCost full = model_cost(m, training(1, 4096, Recompute::kFull, false));
+
+    CHECK(none.activation_bytes - selective.activation_bytes == Approx(32 * probs));
+    CHECK(sum_over(none, &ModuleCost::recompute_flops) == 0);
+    CHECK(sum_over(selective, &ModuleCost::recompute_flops) == Approx(32 * core_fwd));
+    CHECK(sum_over(selective, &ModuleCost::recompute_mem_bytes) == Approx(32 * 2 * probs));  // softmax r + w
+
+    // Full: the layer input per layer, plus the head's two saved inputs; embedding saves nothing.
+    CHECK(full.activation_bytes == Approx(32 * b * s * h * e + 2 * b * s * h * e));
+    double layer_fwd = 0, layer_fwd_mem = 0;
+    for (const ModuleCost& c : full.modules) {
+      if (c.layer < 0) continue;
+      layer_fwd += c.fwd_flops;
+      layer_fwd_mem += c.fwd_mem_bytes;
+      CHECK(c.recompute_flops == c.fwd_flops);
+      if (c.kind == ModuleKind::kMlp) CHECK(c.activation_bytes == 0);
+    }
+    CHECK(sum_over(full, &ModuleCost::recompute_flops) == Approx(layer_fwd));
+    CHECK(sum_over(full, &ModuleCost::recompute_mem_bytes) == Approx(layer_fwd_mem));
+
+    // Transients: one layer's rebuilt set (everything but its checkpointed input) beats the fp32 logits
+    // at s = 4096 without flash; selective rebuilds one layer's probabilities.
+    const double layer_none = (none.activation_bytes - 2 * b * s * h * e) / 32;
+    CHECK(full.transient_bytes == Approx(layer_none - b * s * h * e));
+    CHECK(full.transient_bytes > logits_fp32);
+    CHECK(selective.transient_bytes == Approx(std::max(probs, logits_fp32)));
+    CHECK(none.transient_bytes == Approx(logits_fp32));
+  }
+
+  SECTION("with flash attention") {
+    const ModelCost none = model_cost(m, training(1, 4096, Recompute::kNone, true));
+    const ModelCost selective = model_cost(m, training(1, 4096, Recompute::kSelective, true));
+    CHECK(selective.activation_bytes == none.activation_bytes);
+    CHECK(sum_over(selective, &ModuleCost::recompute_flops) == 0);
+    CHECK(selective.transient_bytes == Approx(logits_fp32));
+
+    // Flash keeps the logsumexp (fp32 per head per row) instead of the s² probabilities.
+    const ModelCost plain = model_cost(m, training(1, 4096, Recompute::kNone, false));
+    const ModuleCost& a_flash = module_at(none, ModuleKind::kAttention, 0);
+    const ModuleCost& a_plain = module_at(plain, ModuleKind::kAttention, 0);
+    CHECK(a_plain.activation_bytes - a_flash.activation_bytes == Approx(probs - b * heads * s * 4));
+    // ...and never moves the scores through HBM: softmax forward reads + writes them, backward 3 passes.
+    CHECK(a_plain.fwd_mem_bytes - a_flash.fwd_mem_bytes == Approx(2 * probs));
+    CHECK(a_plain.bwd_mem_bytes - a_flash.bwd_mem_bytes == Approx(3 * probs));
+  }
+}
+
+TEST_CASE("fp32 activations take twice the bytes of bf16", "[model_math]") {
+  const ModelSpec m = gpt2_small();
+  TrainingSpec bf16 = training(4, 512, Recompute::kNone, false);
+  TrainingSpec fp32 = bf16;
+  fp32.precision = Precision::kFp32;
+  const ModelCost half = model_cost(m, bf16);
+  const ModelCost single = model_cost(m, fp32);
+  CHECK(single.activation_bytes == Approx(2 * half.activation_bytes));
+  CHECK(single.model_flops == half.model_flops);
+}
+
+TEST_CASE("MoE expert FLOPs scale with top_k, the router's do not", "[model_math]") {
+  ModelSpec m = llama(2, 256, 4, 4, 512);
+  m.has_moe = true;
+  m.moe = {8, 1, 384, {0, 1}};
+  const double tokens = 4 * 128;
+  const double router = 2 * tokens * 256 * 8;
+  const ModuleCost top1 = module_at(model_cost(m, training(4, 128)), ModuleKind::kMoe, 0);
+  m.moe.top_k = 2;
+  const ModuleCost top2 = module_at(model_cost(m, training(4, 128)), ModuleKind::kMoe, 0);
+
+  const double experts_top1 = top1.fwd_flops - router;
+  CHECK(experts_top1 == Approx(2 * (tokens * 1) * 256 * 384 * 3));  // SwiGLU: 3 matrices of h x f
+  CHECK(top2.fwd_flops - router == Approx(2 * experts_top1));
+  CHECK(top2.model_flops == Approx(2 * top1.model_flops));  // router outside the MFU numerator
+  CHECK(top1.model_flops == Approx(3 * experts_top1));
+  CHECK(top2.activation_bytes > top1.activation_bytes);
+  CHECK(top2.params == top1.params);  // all experts are held regardless of routing
+}
+
+TEST_CASE("tiny models give finite, positive costs in every setting", "[model_math]") {
+  ModelSpec moe_gpt = gpt2_small();
+  moe_gpt.layers = 2;
+  moe_gpt.hidden = 64;
+  moe_gpt.heads = 4;
+  moe_gpt.kv_heads = 4;
+  moe_gpt.ffn_hidden = 256;
+  moe_gpt.vocab = 256;
+  moe_gpt.max_positions = 32;
+  moe_gpt.has_moe = true;
+  moe_gpt.moe = {4, 2, 128, {1}};
+  ModelSpec alibi = moe_gpt;
+  alibi.position = PositionEmbedding::kAlibi;
+  alibi.tied_embeddings = false;
+  alibi.has_moe = false;
+
+  for (const ModelSpec& m : {llama(2, 64, 4, 1, 176), moe_gpt, alibi}) {
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      for (bool flash : {true, false}) {
+        const ModelCost cost = model_cost(m, training(2, 32, r, flash));
+        CHECK(cost.params > 0);
+        CHECK(std::isfinite(cost.model_flops));
+        CHECK(cost.model_flops > 0);
+        CHECK(cost.activation_bytes > 0);
+        CHECK(cost.transient_bytes > 0);
+        for (const ModuleCost& c : cost.modules) {
+          INFO(to_string(c.kind) << " layer " << c.layer);
+          CHECK(c.params > 0);
+          CHECK(c.fwd_mem_bytes > 0);
+          CHECK(c.bwd_mem_bytes > 0);
+          CHECK(c.activation_bytes >= 0);
+          CHECK(std::isfinite(c.bwd_flops));
+          if (c.kind != ModuleKind::kEmbedding) {
+            CHECK(c.fwd_flops > 0);
+            CHECK(c.bwd_flops > 0);
+            CHECK(c.model_flops > 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hzp
