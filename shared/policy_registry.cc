@@ -1,0 +1,50 @@
+// The policy table. DDP, ZeRO-1/2/3, HSDP/MiCS and explicit AMSP-style sharding differ only in their
+// groups, so they share the sharded data-parallel scheduler; hierarchical/async schedulers get their own
+// files here as they are written.
+#include "policy_registry.h"
+
+#include "schedule_builder.h"
+
+namespace hzp {
+namespace {
+
+template <const char* kName>
+Result<Schedule> data_parallel(const Scenario& scenario, const ModelCost& cost) {
+  return build_data_parallel_schedule(scenario, cost, kName);
+}
+
+constexpr char kDdp[] = "ddp", kZero1[] = "zero1", kZero2[] = "zero2", kZero3[] = "zero3", kFsdp[] = "fsdp",
+               kHsdp[] = "hsdp", kMics[] = "mics", kAmsp[] = "amsp", kCustom[] = "custom";
+
+}  // namespace
+
+const std::vector<PolicyEntry>& policy_registry() {
+  static const std::vector<PolicyEntry> table = {
+      {kDdp, "replicated P, G, OS; gradient all-reduce in buckets", data_parallel<kDdp>, true},
+      {kZero1, "optimizer states sharded over all GPUs", data_parallel<kZero1>, true},
+      {kZero2, "gradients and optimizer states sharded over all GPUs", data_parallel<kZero2>, true},
+      {kZero3, "P, G, OS sharded over all GPUs; per-layer all-gather with prefetch", data_parallel<kZero3>, true},
+      {kFsdp, "alias of zero3", data_parallel<kFsdp>, false},
+      {kHsdp, "P, G, OS sharded inside the node, replicated across nodes (MiCS, FSDP HYBRID_SHARD)",
+       data_parallel<kHsdp>, true},
+      {kMics, "alias of hsdp", data_parallel<kMics>, false},
+      {kAmsp, "explicit (s_p, s_g, s_os) partial sharding", data_parallel<kAmsp>, false},
+      {kCustom, "explicit sharding without a preset", data_parallel<kCustom>, false},
+      {"zeropp", "ZeRO-3 + secondary intra-node parameter copy (hpZ): scheduler not built yet", nullptr, false},
+      {"asynchzp", "AsyncHZP multi-stream asynchronous scheduling: scheduler not built yet", nullptr, false},
+  };
+  return table;
+}
+
+Result<Schedule> build_schedule(const Scenario& scenario, const ModelCost& cost) {
+  for (const PolicyEntry& entry : policy_registry()) {
+    if (scenario.policy.preset != entry.name) continue;
+    if (entry.build == nullptr)
+      return Status::Unimplemented("policy.preset: \"" + scenario.policy.preset + "\" resolves (see `hzp validate`) "
+                                   "but its scheduler is not implemented yet");
+    return entry.build(scenario, cost);
+  }
+  return Status::InvalidInput("policy.preset: no scheduler for \"" + scenario.policy.preset + "\"");
+}
+
+}  // namespace hzp

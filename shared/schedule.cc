@@ -1,0 +1,134 @@
+// Names of the IR's enums and the deterministic text dump used by golden tests.
+#include "schedule.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace hzp {
+
+const char* to_string(Phase v) {
+  switch (v) {
+    case Phase::kForward: return "fwd";
+    case Phase::kBackward: return "bwd";
+    case Phase::kRecompute: return "recompute";
+  }
+  return "?";
+}
+
+const char* to_string(CollectiveKind v) {
+  switch (v) {
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+  }
+  return "?";
+}
+
+const char* to_string(DType v) {
+  switch (v) {
+    case DType::kBf16: return "bf16";
+    case DType::kFp16: return "fp16";
+    case DType::kFp32: return "fp32";
+  }
+  return "?";
+}
+
+const char* to_string(Payload v) {
+  switch (v) {
+    case Payload::kParams: return "params";
+    case Payload::kGrads: return "grads";
+    case Payload::kActivations: return "activations";
+  }
+  return "?";
+}
+
+int dtype_bytes(DType v) { return v == DType::kFp32 ? 4 : 2; }
+
+namespace {
+
+std::string fmt_double(double v) {
+  // Whole numbers print exactly; others with 9 significant digits, which is stable across platforms.
+  char buf[64];
+  if (std::fabs(v) < 9e15 && v == std::floor(v))
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string fmt_ranks(const std::vector<int>& ranks) {
+  std::string out = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  return out + "]";
+}
+
+struct BodyPrinter {
+  const Schedule& schedule;
+  int rank;
+  std::ostringstream& os;
+
+  void operator()(const ComputeOp& c) const {
+    os << "compute " << to_string(c.module) << " layer=" << c.layer << " phase=" << to_string(c.phase)
+       << " mb=" << c.micro_batch << " flops=" << fmt_double(c.flops) << " mem_bytes=" << fmt_double(c.mem_bytes);
+  }
+  void operator()(const CollectiveOp& c) const {
+    os << to_string(c.kind) << " role=" << schedule.roles[c.role];
+    if (rank >= 0) os << " group=" << schedule.rank_groups[rank][c.role];
+    os << " bytes=" << c.bytes << " dtype=" << to_string(c.dtype) << " payload=" << to_string(c.payload)
+       << " layer=" << c.layer << " mb=" << c.micro_batch;
+  }
+  void operator()(const OptimizerStepOp& o) const {
+    os << "optimizer_step layer=" << o.layer << " shard_params=" << o.shard_params
+       << " mem_bytes=" << fmt_double(o.mem_bytes);
+  }
+  void operator()(const BufferAcquireOp& b) const {
+    os << "acquire pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " layer=" << b.layer;
+  }
+  void operator()(const BufferReleaseOp& b) const {
+    os << "release pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " layer=" << b.layer;
+  }
+};
+
+}  // namespace
+
+std::string dump_schedule(const Schedule& schedule, int rank) {
+  std::ostringstream os;
+  os << "# hzp schedule v1 policy=" << schedule.policy << " world=" << schedule.world_size
+     << " gpus_per_node=" << schedule.gpus_per_node << " programs=" << schedule.programs.size() << "\n";
+  os << "streams:";
+  for (size_t i = 0; i < schedule.streams.size(); ++i) os << " " << i << "=" << schedule.streams[i];
+  os << "\npools:";
+  for (const BufferPool& p : schedule.pools) os << " " << p.name << "(slots=" << p.slots << ",slot_bytes=" << p.slot_bytes << ")";
+  os << "\n";
+  const int first = rank < 0 ? 0 : rank;
+  const int last = rank < 0 ? schedule.world_size - 1 : rank;
+  for (int r = first; r <= last; ++r) {
+    os << "rank " << r << " program " << schedule.rank_program[r] << " groups:";
+    for (size_t role = 0; role < schedule.roles.size(); ++role) {
+      const int g = schedule.rank_groups[r][role];
+      os << " " << schedule.roles[role] << "=" << g << fmt_ranks(schedule.groups[g].ranks);
+    }
+    os << "\n";
+  }
+  const std::vector<int> programs_to_print =
+      rank < 0 ? [&] { std::vector<int> all; for (size_t p = 0; p < schedule.programs.size(); ++p) all.push_back(static_cast<int>(p)); return all; }()
+               : std::vector<int>{schedule.rank_program[rank]};
+  for (int p : programs_to_print) {
+    os << "program " << p << ":\n";
+    const Program& prog = schedule.programs[p];
+    for (size_t i = 0; i < prog.ops.size(); ++i) {
+      const Op& op = prog.ops[i];
+      os << "  " << i << " [" << schedule.streams[op.stream] << "] ";
+      std::visit(BodyPrinter{schedule, rank, os}, op.body);
+      if (!op.deps.empty()) os << " deps=" << fmt_ranks(op.deps);
+      os << "\n";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace hzp

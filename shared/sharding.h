@@ -1,0 +1,67 @@
+// The sharding plan: which process group each state uses on each rank, and the memory per GPU.
+//
+// Layout (BRIEF §2 notation, R GPUs per node, N nodes, rank r on node r / R with local index r % R):
+// a state sharded over (s0, s1) splits the cluster into blocks of s0 consecutive local ranks x s1
+// consecutive nodes; inside a block the rank at (node % s1, local % s0) holds shard
+// (node % s1) * s0 + local % s0. Intra-node groups are therefore contiguous local ranks; blocks that span
+// nodes take whole nodes ("fill the node first").
+//
+// The groups a data-parallel step needs (s_p | s_g | s_os required, s_g in {s_p, s_os}; q = s_os / s_p):
+//   param_shard    the s_p block: all-gathers parameters before compute.
+//   grad_shard     the s_g block: reduce-scatters gradients every micro-batch. When s_g == s_os its ring
+//                  order is (param position, refresh index), so the reduce-scatter leaves each rank exactly
+//                  its optimizer slice param_position * q + refresh_index.
+//   param_refresh  the q ranks of my s_os block that share my param position: all-gathers updated
+//                  parameters from optimizer slices into the parameter layout. When s_g == s_p it is also
+//                  where the gradient shard is reduce-scattered down to the optimizer slice once per step.
+//   os_replica     the D / s_os ranks at my position in every s_os block: all-reduce of the optimizer
+//                  slice's gradient once per step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model_math.h"
+#include "scenario.h"
+#include "schedule.h"
+#include "status.h"
+
+namespace hzp {
+
+enum class GroupRole { kParamShard, kGradShard, kParamRefresh, kOsReplica };
+inline constexpr int kNumGroupRoles = 4;
+const char* to_string(GroupRole role);
+
+// Group membership for every role and rank, deterministic. `groups` is deduplicated: ranks of one group
+// share its index. Built once per (cluster, sharding).
+struct ShardingLayout {
+  std::vector<std::string> roles;            // to_string of each GroupRole, in enum order
+  std::vector<ProcessGroup> groups;
+  std::vector<std::vector<int>> rank_groups; // [rank][role] -> index into groups
+};
+
+Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding);
+
+// Bytes per parameter of each model state for a precision (mixed precision keeps fp32 master + m + v).
+struct StateBytes {
+  double param = 0;     // working parameters
+  double grad = 0;      // gradients
+  double optimizer = 0; // master weights + Adam moments
+};
+StateBytes state_bytes_per_param(Precision precision);
+
+struct MemoryBreakdown {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0;
+  double activations = 0;
+  double buffers = 0;
+  double total() const { return params + grads + optimizer + activations + buffers; }
+};
+
+// Model states per GPU = param·Ψ/s_p + grad·Ψ/s_g + optimizer·Ψ/s_os (bf16: 2Ψ/s_p + 2Ψ/s_g + 12Ψ/s_os),
+// activations for one micro-batch in flight plus the transient peak, and the schedule's buffer pools.
+MemoryBreakdown memory_per_gpu(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule);
+
+}  // namespace hzp

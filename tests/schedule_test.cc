@@ -1,0 +1,126 @@
+// The schedule IR: golden dumps of a tiny model under each preset, and the validator catching planted
+// deadlocks (out-of-order collectives, stream-order cycles) and pool misuse.
+#include "test_util.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+using namespace hzp;
+using namespace hzp::test;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Compares against tests/golden/NAME.txt; HZP_UPDATE_GOLDEN=1 rewrites the file instead.
+void check_golden(const std::string& name, const std::string& actual) {
+  const std::string path = std::string(HZP_SOURCE_DIR) + "/tests/golden/" + name + ".txt";
+  if (std::getenv("HZP_UPDATE_GOLDEN")) {
+    std::ofstream(path) << actual;
+    WARN("rewrote " << path);
+    return;
+  }
+  const std::string expected = read_file(path);
+  INFO("golden file " << path << " (set HZP_UPDATE_GOLDEN=1 to regenerate after an intended change)");
+  REQUIRE(!expected.empty());
+  CHECK(actual == expected);
+}
+
+Schedule two_rank_schedule() {
+  Built b = build(scenario_from(nlohmann::json::parse(read_file(std::string(HZP_TEST_DATA_DIR) + "/golden/zero3.json"))));
+  return b.schedule;
+}
+
+}  // namespace
+
+TEST_CASE("golden IR dumps of the tiny model under each preset", "[schedule][golden]") {
+  for (const char* name : {"ddp", "zero1", "zero2", "zero3", "hsdp", "amsp", "zero3_single_stream"}) {
+    INFO(name);
+    const std::string path = std::string(HZP_TEST_DATA_DIR) + "/golden/" + name + ".json";
+    auto scenario = load_scenario_file(path);
+    REQUIRE(scenario.ok());
+    Built b = build(*scenario);
+    check_golden(name, dump_schedule(b.schedule, -1));
+  }
+}
+
+TEST_CASE("the dump is deterministic", "[schedule]") {
+  const Schedule a = two_rank_schedule(), b = two_rank_schedule();
+  CHECK(dump_schedule(a, -1) == dump_schedule(b, -1));
+}
+
+TEST_CASE("validator: a planted out-of-order collective is reported as a deadlock", "[schedule][validator]") {
+  Schedule s = two_rank_schedule();
+  REQUIRE(validate_schedule(s).ok());
+  // Rank 1 gets its own copy of the program with two parameter all-gathers swapped.
+  Program swapped = s.programs[0];
+  std::vector<int> gathers;
+  for (size_t i = 0; i < swapped.ops.size(); ++i)
+    if (const auto* c = std::get_if<CollectiveOp>(&swapped.ops[i].body); c && c->kind == CollectiveKind::kAllGather)
+      gathers.push_back(static_cast<int>(i));
+  REQUIRE(gathers.size() >= 2);
+  std::swap(swapped.ops[gathers[0]].body, swapped.ops[gathers[1]].body);
+  s.programs.push_back(swapped);
+  s.rank_program[1] = 1;
+  const Status st = validate_schedule(s);
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("deadlock") && Catch::Contains("param_shard") && Catch::Contains("rank 1"));
+}
+
+TEST_CASE("validator: collectives matched per group but crossed by stream order deadlock", "[schedule][validator]") {
+  // Two ranks, two groups with the same members, one stream: rank 0 issues x then y, rank 1 y then x.
+  // Each group sees one collective per member (orders agree), yet neither rank can make progress.
+  Schedule s;
+  s.policy = "planted";
+  s.world_size = 2;
+  s.gpus_per_node = 2;
+  s.streams = {"comm"};
+  s.roles = {"x", "y"};
+  s.groups = {{"x", {0, 1}, true, 2, 1}, {"y", {0, 1}, true, 2, 1}};
+  s.rank_groups = {{0, 1}, {0, 1}};
+  auto ar = [](int role) { return Op{0, {}, CollectiveOp{CollectiveKind::kAllReduce, role, 1024, DType::kBf16, Payload::kGrads, 0, 0}}; };
+  s.programs = {Program{{ar(0), ar(1)}}, Program{{ar(1), ar(0)}}};
+  s.rank_program = {0, 1};
+  const Status st = validate_schedule(s);
+  REQUIRE_FALSE(st.ok());
+  CHECK_THAT(st.message(), Catch::Contains("deadlock") && Catch::Contains("waiting"));
+}
+
+TEST_CASE("validator: structural and pool errors", "[schedule][validator]") {
+  SECTION("dependency on a later op") {
+    Schedule s = two_rank_schedule();
+    s.programs[0].ops[0].deps = {5};
+    CHECK_THAT(validate_schedule(s).message(), Catch::Contains("not an earlier op"));
+  }
+  SECTION("acquire of a held slot") {
+    Schedule s = two_rank_schedule();
+    for (Op& op : s.programs[0].ops)  // turn the first release into a no-op compute: its slot stays held
+      if (std::holds_alternative<BufferReleaseOp>(op.body)) {
+        op.body = ComputeOp{};
+        break;
+      }
+    CHECK_THAT(validate_schedule(s).message(), Catch::Contains("still held"));
+  }
+  SECTION("rank bound to a group it is not in") {
+    Schedule s = two_rank_schedule();
+    const int role = 0;
+    const int other = s.rank_groups[0][role] == 0 ? 1 : 0;
+    s.groups[other].ranks = {1};
+    s.rank_groups[0][role] = other;
+    CHECK_THAT(validate_schedule(s).message(), Catch::Contains("not a member"));
+  }
+}
+
+TEST_CASE("every preset schedule of a larger model validates", "[schedule][validator]") {
+  for (const char* policy : {"ddp", "zero1", "zero2", "zero3", "hsdp"}) {
+    INFO(policy);
+    build(scenario_from(scenario_json("llama2-7b", "dgx-h100", 4, policy, 4096, 32 * 2)));
+  }
+}
