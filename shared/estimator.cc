@@ -1,0 +1,76 @@
+// Analytic step-time estimate by list scheduling a program (see estimator.h).
+#include "estimator.h"
+
+#include <algorithm>
+
+#include "collective_cost.h"
+
+namespace hzp {
+
+double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op) {
+  const ClusterSpec& c = scenario.cluster;
+  if (const auto* comp = std::get_if<ComputeOp>(&op.body)) return compute_time(c, comp->flops, comp->mem_bytes);
+  if (const auto* opt = std::get_if<OptimizerStepOp>(&op.body)) return compute_time(c, 0, opt->mem_bytes);
+  if (const auto* coll = std::get_if<CollectiveOp>(&op.body)) {
+    const ProcessGroup& g = schedule.group_of(rank, coll->role);
+    return collective_time(c, coll->kind, static_cast<double>(coll->bytes), g.ranks_per_node, g.nodes);
+  }
+  return 0;  // buffer acquire / release: bookkeeping only
+}
+
+Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule) {
+  if (schedule.programs.empty()) return Status::Internal("estimate: schedule has no program");
+  Estimate est;
+  for (size_t p = 0; p < schedule.programs.size(); ++p) {
+    const int rank = static_cast<int>(std::find(schedule.rank_program.begin(), schedule.rank_program.end(),
+                                                static_cast<int>(p)) - schedule.rank_program.begin());
+    const std::vector<Op>& ops = schedule.programs[p].ops;
+    std::vector<OpTiming> t(ops.size());
+    std::vector<double> stream_free(schedule.streams.size(), 0.0);
+    double end = 0, compute = 0, comm = 0, bytes = 0, intra = 0, inter = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
+      double start = stream_free[op.stream];
+      for (int d : op.deps) start = std::max(start, t[d].end);
+      const double dur = op_duration(scenario, schedule, rank, op);
+      t[i] = {start, start + dur};
+      stream_free[op.stream] = t[i].end;
+      end = std::max(end, t[i].end);
+      if (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body)) compute += dur;
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
+        const ProcessGroup& g = schedule.group_of(rank, c->role);
+        const double sent = collective_bytes_sent(c->kind, static_cast<double>(c->bytes), static_cast<int>(g.ranks.size()));
+        comm += dur;
+        bytes += sent;
+        // In a ring spanning n nodes, n of the p hops cross a NIC.
+        const double inter_share = g.nodes > 1 ? static_cast<double>(g.nodes) / g.ranks.size() : 0.0;
+        inter += sent * inter_share;
+        intra += sent * (1 - inter_share);
+      }
+    }
+    if (p == 0 || end > est.step_time_s) {
+      est.step_time_s = end;
+      est.compute_s = compute;
+      est.comm_s = comm;
+      est.comm_bytes_per_gpu = bytes;
+      est.comm_bytes_intra = intra;
+      est.comm_bytes_inter = inter;
+    }
+    if (p == 0) est.timings = std::move(t);
+  }
+  est.exposed_comm_s = std::max(0.0, est.step_time_s - est.compute_s);
+  est.overlap_fraction = est.comm_s > 0 ? std::clamp(1 - est.exposed_comm_s / est.comm_s, 0.0, 1.0) : 1.0;
+
+  const double micro_batches = static_cast<double>(scenario.grad_accum_steps());
+  est.model_flops_per_gpu = cost.model_flops * micro_batches;
+  if (est.step_time_s > 0) {
+    est.tflops_per_gpu = est.model_flops_per_gpu / est.step_time_s / 1e12;
+    est.mfu = est.model_flops_per_gpu / (est.step_time_s * scenario.cluster.gpu.peak_flops);
+    est.tokens_per_s = static_cast<double>(scenario.training.global_batch * scenario.training.seq_len) / est.step_time_s;
+  }
+  est.memory = memory_per_gpu(scenario, cost, schedule);
+  est.fits_memory = est.memory.total() <= scenario.cluster.gpu.memory_bytes;
+  return est;
+}
+
+}  // namespace hzp

@@ -1,0 +1,146 @@
+// The `hzp` binary end to end: exit codes (0 ok, 2 bad input, 1 internal), error messages naming the JSON
+// path for every bad scenario in tests/data/bad, plan.json's documented shape, and outputs written
+// atomically without clobbering on error.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct RunResult {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::filesystem::path scratch_dir() {
+  auto dir = std::filesystem::temp_directory_path() / ("hzp_cli_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+RunResult run(const std::string& args) {
+  const auto dir = scratch_dir();
+  const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
+  const std::string cmd = std::string("'") + HZP_BINARY + "' " + args + " >'" + out + "' 2>'" + err + "'";
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+const std::string kData = HZP_TEST_DATA_DIR;
+const std::string kRoot = HZP_SOURCE_DIR;
+
+}  // namespace
+
+TEST_CASE("every bad scenario exits 2 with a message naming the JSON path", "[cli][bad-input]") {
+  std::ifstream expected(kData + "/bad/EXPECTED.txt");
+  REQUIRE(expected.good());
+  std::string line;
+  int cases = 0;
+  while (std::getline(expected, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto tab = line.find('\t');
+    REQUIRE(tab != std::string::npos);
+    const std::string file = line.substr(0, tab), needle = line.substr(tab + 1);
+    const RunResult r = run("validate '" + kData + "/bad/" + file + "'");
+    INFO(file << ": exit " << r.code << ", stderr: " << r.err);
+    CHECK(r.code == 2);
+    CHECK(r.err.find(needle) != std::string::npos);
+    CHECK(r.err.find("hzp: error: ") != std::string::npos);
+    ++cases;
+  }
+  CHECK(cases >= 15);
+}
+
+TEST_CASE("validate prints the resolved form and accepts its own output", "[cli]") {
+  const RunResult r = run("validate '" + kRoot + "/scenarios/default.json'");
+  REQUIRE(r.code == 0);
+  auto resolved = nlohmann::json::parse(r.out);
+  CHECK(resolved.contains("policy"));
+  CHECK(resolved["policy"]["sharding"]["params"].is_array());
+  const auto path = scratch_dir() / "resolved.json";
+  std::ofstream(path) << r.out;
+  const RunResult again = run("validate '" + path.string() + "'");
+  CHECK(again.code == 0);
+  CHECK(again.out == r.out);
+}
+
+TEST_CASE("plan prints every preset and writes plan.json in the documented shape", "[cli][plan]") {
+  const auto out_dir = scratch_dir() / "plan_out";
+  const RunResult r = run("plan '" + kRoot + "/scenarios/default.json' --out '" + out_dir.string() + "'");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  for (const char* policy : {"ddp", "zero1", "zero2", "zero3", "hsdp"}) CHECK(r.out.find(policy) != std::string::npos);
+  const auto plan = nlohmann::json::parse(slurp((out_dir / "plan.json").string()));
+  REQUIRE(plan["candidates"].size() >= 5);
+  for (const auto& c : plan["candidates"]) {
+    for (const char* key : {"policy", "sharding", "memory_bytes_per_gpu", "comm_bytes_per_gpu",
+                            "estimated_step_time_s", "estimated_mfu", "fits_memory"})
+      CHECK(c.contains(key));
+    for (const char* key : {"params", "grads", "optimizer", "activations", "buffers", "total"})
+      CHECK(c["memory_bytes_per_gpu"].contains(key));
+    for (const char* key : {"params", "grads", "optimizer"}) CHECK(c["sharding"][key].size() == 2);
+    CHECK(c["estimated_mfu"].get<double>() > 0);
+    CHECK(c["estimated_mfu"].get<double>() < 1);
+  }
+  CHECK(plan["best"].is_string());
+  CHECK_FALSE(std::filesystem::exists(out_dir / "plan.json.tmp"));
+}
+
+TEST_CASE("usage errors exit 2 and lose nothing already written", "[cli][bad-input]") {
+  CHECK(run("").code == 2);
+  CHECK(run("frobnicate").code == 2);
+  CHECK(run("validate").code == 2);
+  CHECK(run("validate '" + kData + "/does-not-exist.json'").code == 2);
+  CHECK(run("plan '" + kRoot + "/scenarios/default.json' --bogus 1").code == 2);
+  CHECK(run("schedule '" + kRoot + "/scenarios/default.json' --rank 100000").code == 2);
+  CHECK(run("schedule '" + kRoot + "/scenarios/default.json' --rank x").code == 2);
+  // --out pointing at an existing file: refused, the file keeps its content.
+  const auto blocker = scratch_dir() / "not_a_dir";
+  std::ofstream(blocker) << "keep me";
+  const RunResult r = run("plan '" + kRoot + "/scenarios/default.json' --out '" + blocker.string() + "'");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--out") != std::string::npos);
+  CHECK(slurp(blocker.string()) == "keep me");
+}
+
+TEST_CASE("help and version", "[cli]") {
+  const RunResult help = run("--help");
+  CHECK(help.code == 0);
+  for (const char* cmd : {"validate", "plan", "schedule"}) {
+    CHECK(help.out.find(cmd) != std::string::npos);
+    const RunResult h = run(std::string(cmd) + " --help");
+    CHECK(h.code == 0);
+    CHECK(h.out.find(std::string("usage: hzp ") + cmd) != std::string::npos);
+  }
+  const RunResult v = run("--version");
+  CHECK(v.code == 0);
+  CHECK(v.out.find("SimGrid") != std::string::npos);
+}
+
+TEST_CASE("schedule dumps one rank, or all", "[cli]") {
+  const RunResult r = run("schedule '" + kData + "/golden/zero3.json' --rank 1");
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("rank 1 program 0") != std::string::npos);
+  CHECK(r.out.find("all_gather role=param_shard") != std::string::npos);
+  const RunResult all = run("schedule '" + kData + "/golden/zero3.json' --rank all");
+  REQUIRE(all.code == 0);
+  CHECK(all.out.find("rank 3 program 0") != std::string::npos);
+}

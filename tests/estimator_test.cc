@@ -1,0 +1,103 @@
+// The analytic estimator against closed forms: a 1-GPU step is exactly its compute; ring collectives
+// follow (p-1)α + (p-1)/p·S/B; a single stream without prefetch serialises compute and communication;
+// overlap only ever helps.
+#include "test_util.h"
+
+#include "collective_cost.h"
+#include "schedule_builder.h"
+
+using namespace hzp;
+using namespace hzp::test;
+
+namespace {
+
+double sum_compute(const Built& b) {
+  double t = 0;
+  for (const Op& op : b.schedule.programs[0].ops)
+    if (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body))
+      t += op_duration(b.scenario, b.schedule, 0, op);
+  return t;
+}
+
+double sum_comm(const Built& b) {
+  double t = 0;
+  for (const Op& op : b.schedule.programs[0].ops)
+    if (std::holds_alternative<CollectiveOp>(op.body)) t += op_duration(b.scenario, b.schedule, 0, op);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("a 1-GPU DDP step takes exactly its compute time", "[estimator]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  const Built b = build(scenario_from(doc));
+  const Estimate e = estimate_of(b);
+  CHECK(e.step_time_s == Approx(sum_compute(b)).epsilon(1e-12));
+  CHECK(e.comm_s == 0);
+  CHECK(e.exposed_comm_s == Approx(0).margin(1e-12));
+  // Compute model: flops at peak·gemm efficiency + bytes at HBM·memory-bound efficiency, per op.
+  double expected = 0;
+  for (const ModuleCost& m : b.cost.modules)
+    expected += compute_time(b.scenario.cluster, m.fwd_flops + m.bwd_flops + m.recompute_flops,
+                             m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes);
+  expected += compute_time(b.scenario.cluster, 0, static_cast<double>(b.cost.params) * kAdamBytesPerParam);
+  CHECK(e.step_time_s == Approx(expected).epsilon(1e-9));
+  CHECK(e.mfu == Approx(b.cost.model_flops / (e.step_time_s * b.scenario.cluster.gpu.peak_flops)).epsilon(1e-12));
+}
+
+TEST_CASE("ring collectives follow the α–β closed form", "[estimator][collective]") {
+  const Scenario s = scenario_from(scenario_json("tiny-dense", "dgx-a100", 4, "ddp", 64));
+  const ClusterSpec& c = s.cluster;
+  const double S = 1e9;
+  // Intra-node all-gather among the 8 GPUs of a node: (7/8)·S/B + 7α.
+  const double b_intra = c.intra.bytes_per_s * c.efficiency.intra_node;
+  CHECK(collective_time(c, CollectiveKind::kAllGather, S, 8, 1) == Approx(7.0 / 8 * S / b_intra + 7 * c.intra.latency_s));
+  CHECK(collective_time(c, CollectiveKind::kAllReduce, S, 8, 1) ==
+        Approx(2 * (7.0 / 8 * S / b_intra + 7 * c.intra.latency_s)));
+  // One GPU per node across 4 nodes (a rail): its own NIC share.
+  const double nic_share = c.nic.per_node * c.nic.bytes_per_s / c.gpus_per_node * c.efficiency.inter_node;
+  const LinkModel rail = ring_link(c, 1, 4);
+  CHECK(rail.bandwidth == Approx(nic_share));
+  CHECK(collective_time(c, CollectiveKind::kReduceScatter, S, 1, 4) == Approx(3.0 / 4 * S / nic_share + 3 * rail.latency));
+  // Whole nodes across nodes: every NIC of the node, capped by NVLink.
+  CHECK(ring_link(c, 8, 4).bandwidth == Approx(std::min(8 * nic_share, b_intra)));
+  CHECK(collective_time(c, CollectiveKind::kAllGather, S, 1, 1) == 0);
+}
+
+TEST_CASE("one stream without prefetch serialises compute and communication", "[estimator][overlap]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero3", 4096);
+  doc["policy"]["overlap"] = {{"prefetch_depth", 0}, {"separate_streams", false}};
+  const Built serial = build(scenario_from(doc));
+  const Estimate es = estimate_of(serial);
+  CHECK(es.step_time_s == Approx(sum_compute(serial) + sum_comm(serial)).epsilon(1e-9));
+  CHECK(es.overlap_fraction == Approx(0).margin(1e-9));
+
+  doc["policy"]["overlap"] = {{"prefetch_depth", 1}, {"separate_streams", true}};
+  const Built overlapped = build(scenario_from(doc));
+  const Estimate eo = estimate_of(overlapped);
+  CHECK(eo.step_time_s < es.step_time_s);
+  CHECK(eo.step_time_s >= std::max(sum_compute(overlapped), eo.comm_s / overlapped.schedule.streams.size()) - 1e-12);
+  CHECK(eo.overlap_fraction > 0.5);
+  CHECK(eo.compute_s == Approx(es.compute_s));
+}
+
+TEST_CASE("model FLOPs in the estimate follow the BRIEF formula", "[estimator][flops]") {
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "dgx-h100", 2, "zero2", 4096, 16 * 4)));
+  const Estimate e = estimate_of(b);
+  CHECK(e.model_flops_per_gpu == Approx(model_flops_formula(b.scenario.model, 4, 4096)).epsilon(1e-9));
+  CHECK(e.tokens_per_s == Approx(64.0 * 4096 / e.step_time_s));
+}
+
+TEST_CASE("memory verdict: llama2-70b does not fit under DDP on 80 GB GPUs, fits under ZeRO-3 on 64", "[estimator][memory]") {
+  auto run = [](const char* policy) {
+    nlohmann::json doc = scenario_json("llama2-70b", "dgx-h100", 8, policy, 4096);
+    doc["training"]["recompute"] = "full";
+    return estimate_of(build(scenario_from(doc)));
+  };
+  const Estimate ddp = run("ddp"), zero3 = run("zero3");
+  CHECK_FALSE(ddp.fits_memory);
+  CHECK(ddp.memory.total() > 16 * 68e9);
+  CHECK(zero3.fits_memory);
+}

@@ -1,0 +1,54 @@
+// Entry point of the `hzp` CLI: dispatches to the subcommand table in cli_commands.cc.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "runtime_info.h"
+#include "sim_info.h"
+
+namespace {
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out,
+               "hzp — hierarchical, asynchronous ZeRO sharding: plan, simulate and run LLM training schedules.\n\n"
+               "usage: hzp COMMAND [ARGS]   (hzp COMMAND --help for details)\n\ncommands:\n");
+  for (const auto& c : hzp::cli::commands()) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out,
+               "\nexit codes: 0 ok, 2 bad input (scenario or arguments), 1 internal error.\n"
+               "scenario format: scenarios/README.md\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    print_usage(stderr);
+    return 2;
+  }
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_usage(stdout);
+    return 0;
+  }
+  if (args[0] == "--version") {
+    std::printf("hzp 0.1.0\n  sim: %s\n  runtime: %s\n", hzp::sim::backend_description().c_str(),
+                hzp::runtime::backend_description().c_str());
+    return 0;
+  }
+  for (const auto& c : hzp::cli::commands()) {
+    if (args[0] != c.name) continue;
+    std::vector<std::string> rest(args.begin() + 1, args.end());
+    for (const std::string& a : rest) {
+      if (a == "--help" || a == "-h") {
+        std::printf("%s", c.help);
+        return 0;
+      }
+    }
+    return c.run(rest);
+  }
+  std::fprintf(stderr, "hzp: unknown command '%s'\n\n", args[0].c_str());
+  print_usage(stderr);
+  return 2;
+}
