@@ -593,9 +593,44 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name) {
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
     return Status::InvalidInput("empty document, expected a JSON object");
+  // JSON allows duplicate keys and nlohmann keeps the last one: a silently ignored value. Track the keys of
+  // every open object while parsing and refuse the document on the first repeat.
+  struct Frame {
+    bool object;
+    std::string path;
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<Frame> open;
+  std::string duplicate;
+  auto join = [](const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; };
+  json::parser_callback_t track_keys = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start: {
+        std::string path;
+        if (!open.empty()) path = open.back().object ? join(open.back().path, open.back().last_key) : open.back().path + "[]";
+        open.push_back({event == json::parse_event_t::object_start, std::move(path), {}, {}});
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        Frame& frame = open.back();
+        frame.last_key = parsed.get<std::string>();
+        if (!frame.keys.insert(frame.last_key).second && duplicate.empty()) duplicate = join(frame.path, frame.last_key);
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
   json doc;
   try {
-    doc = json::parse(text);
+    doc = json::parse(text, track_keys);
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep its line/column detail.
@@ -605,6 +640,8 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view nam
   } catch (const json::exception& e) {
     return Status::InvalidInput(std::string("malformed JSON: ") + e.what());
   }
+  if (!duplicate.empty())
+    return Status::InvalidInput(duplicate + ": duplicate key (only one value may be given)");
   return parse_scenario(doc, name);
 }
 
