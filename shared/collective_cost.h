@@ -1,41 +1,75 @@
-// Closed-form (α–β) cost of collectives and compute, shared by the analytic estimator and the tests that
-// check the simulator against it.
+// Collective algorithms, their closed-form (α–β) costs and NCCL-like selection, plus the roofline compute
+// cost. Shared by the analytic estimator and the simulator: sim/ implements each algorithm as flows and is
+// tested against these formulas where nothing else competes for the links.
 //
-// Ring algorithms over p ranks moving a buffer of S bytes (nccl-tests' size convention):
-//   all-gather, reduce-scatter, broadcast (pipelined):  (p-1)·α + (p-1)/p · S / B
-//   all-reduce (reduce-scatter + all-gather):           2·[(p-1)·α + (p-1)/p · S / B]
-//   all-to-all (pairwise):                               (p-1)·α + (p-1)/p · S / B
-// B is the ring's bottleneck per-GPU bandwidth:
-//   intra-node   intra.bytes_per_s · efficiency.intra_node; on a full mesh only the s0-1 links to group
-//                members carry traffic, so B is scaled by (s0-1)/(R-1);
-//   inter-node   the NIC bandwidth a group member can count on when every GPU of the node runs a collective
-//                of the same shape at once (symmetric data-parallel load): s0 · nics·nic_bw / R, at
-//                efficiency.inter_node, divided by the oversubscription when the group spans leaf switches.
-//                NCCL reaches this by running one ring channel per NIC (rails).
-//   B = min(intra, inter) for groups that span nodes.
-// α is the per-step latency of the slowest hop: intra-node latency, or NIC latency plus 2 switch hops
-// (4 when the group spans leaf switches).
+// Notation: a group has s0 members on each of s1 nodes (p = s0·s1), moving a buffer of S bytes (nccl-tests'
+// size convention: all-gather output, reduce-scatter input, all-reduce buffer, all-to-all send buffer).
+// Per-GPU, per-direction bandwidths:
+//   B_i    intra-node: intra.bytes_per_s · efficiency.intra_node (switch). On a full mesh each pair of GPUs
+//          has its own link of B_i/(R-1).
+//   B_rail a member's share of the node's NICs when every GPU of the node drives the NICs at once (the
+//          symmetric load of data parallelism): nic.per_node · nic_bw · efficiency.inter_node / R, divided
+//          by the oversubscription when the group spans leaf switches.
+//   α_i, α_n   per-step latency inside a node / across nodes (NIC latency + 2 or 4 switch hops).
+//
+// Algorithms (t_pass = one reduce-scatter or all-gather pass; all-reduce = RS + AG):
+//   ring          NCCL ring with one channel per NIC. AG/RS: (p-1)α + (p-1)/p·S/B; AR: 2x; BC: (p-1)α + S/B;
+//                 B = B_i inside a node, min(B_i, s0·B_rail) across nodes, α = α_n across nodes.
+//   direct        full mesh, one node: every member sends its 1/p to each peer over the pair links at once.
+//                 AG/RS: (p-1)α_i + (R-1)/p·S/B_i; AR: 2x.
+//   hierarchical  s0 > 1 and s1 > 1 (NCCL/MiCS 2-level): intra-node RS (ring or direct) -> s0 concurrent
+//                 inter-node rings over rails on S/s0 -> intra-node AG. AG: inter AG then intra AG; RS: intra
+//                 RS then inter RS; AR: intra RS + inter AR + intra AG. Inter rings use B_rail and α_n.
+//   pairwise      all-to-all: each member sends S/p to every peer at once.
+//                 (p-1)α + max(intra part, inter part): intra (s0-1)/p·S/B_i on a switch, (R-1)/p·S/B_i on a
+//                 mesh (one pair link per peer); inter (p-s0)/p·S/B_rail.
+// Selection (NCCL's tuner does the same with its own model): the cheapest applicable algorithm, unless the
+// scenario forces one (cluster.collective_algorithm) and it applies to the group.
 #pragma once
 
-#include <cstdint>
+#include <vector>
 
 #include "scenario.h"
 #include "schedule.h"
 
 namespace hzp {
 
-struct LinkModel {
-  double bandwidth = 0;  // bytes/s, per GPU, per direction
-  double latency = 0;    // seconds per ring step
+enum class CollectiveAlgorithm { kRing, kDirect, kHierarchical, kPairwise };
+const char* to_string(CollectiveAlgorithm algorithm);
+
+// How a group sits on the cluster.
+struct GroupShape {
+  int ranks_per_node = 1;  // s0
+  int nodes = 1;           // s1
+  int nics = 1;            // distinct NICs serving one node's members (rail mapping)
+  int size() const { return ranks_per_node * nodes; }
 };
+GroupShape group_shape(const ClusterSpec& cluster, const ProcessGroup& group);
 
-// The ring bottleneck for a group with `ranks_per_node` members on each of `nodes` nodes.
-LinkModel ring_link(const ClusterSpec& cluster, int ranks_per_node, int nodes);
+// The per-GPU bandwidths and latencies of the formulas above.
+struct LinkParams {
+  double intra = 0;      // B_i
+  double rail = 0;       // B_rail
+  double alpha_intra = 0;
+  double alpha_inter = 0;
+};
+LinkParams link_params(const ClusterSpec& cluster, const GroupShape& shape);
 
-// Seconds for one collective over a group of the given shape.
-double collective_time(const ClusterSpec& cluster, CollectiveKind kind, double bytes, int ranks_per_node, int nodes);
+bool algorithm_applies(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind,
+                       const GroupShape& shape);
 
-// Bytes one GPU sends for a collective of p ranks (ring): AG/RS/BC/A2A (p-1)/p·S, AR 2(p-1)/p·S.
+// Seconds for one collective with the given algorithm (must apply).
+double algorithm_time(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,
+                      const GroupShape& shape);
+
+// The algorithm NCCL-like selection picks (cheapest applicable, or the scenario's forced choice).
+CollectiveAlgorithm choose_algorithm(const ClusterSpec& cluster, CollectiveKind kind, double bytes,
+                                     const GroupShape& shape);
+
+// algorithm_time of choose_algorithm; 0 for a group of one or an empty buffer.
+double collective_time(const ClusterSpec& cluster, CollectiveKind kind, double bytes, const GroupShape& shape);
+
+// Bytes one GPU sends for a collective of p ranks (ring volume): AG/RS/BC/A2A (p-1)/p·S, AR 2(p-1)/p·S.
 double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks);
 
 // Roofline-sum compute time: flops at the GEMM efficiency plus memory-bound bytes at the HBM efficiency.

@@ -12,8 +12,8 @@ double op_duration(const Scenario& scenario, const Schedule& schedule, int rank,
   if (const auto* comp = std::get_if<ComputeOp>(&op.body)) return compute_time(c, comp->flops, comp->mem_bytes);
   if (const auto* opt = std::get_if<OptimizerStepOp>(&op.body)) return compute_time(c, 0, opt->mem_bytes);
   if (const auto* coll = std::get_if<CollectiveOp>(&op.body)) {
-    const ProcessGroup& g = schedule.group_of(rank, coll->role);
-    return collective_time(c, coll->kind, static_cast<double>(coll->bytes), g.ranks_per_node, g.nodes);
+    return collective_time(c, coll->kind, static_cast<double>(coll->bytes),
+                           group_shape(c, schedule.group_of(rank, coll->role)));
   }
   return 0;  // buffer acquire / release: bookkeeping only
 }

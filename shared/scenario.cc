@@ -45,6 +45,18 @@ const char* to_string(NicMapping v) {
   return "?";
 }
 
+const char* to_string(CollectiveAlgorithmChoice v) {
+  switch (v) {
+    case CollectiveAlgorithmChoice::kAuto:
+      return "auto";
+    case CollectiveAlgorithmChoice::kRing:
+      return "ring";
+    case CollectiveAlgorithmChoice::kHierarchical:
+      return "hierarchical";
+  }
+  return "?";
+}
+
 const char* to_string(Precision v) {
   switch (v) {
     case Precision::kBf16:

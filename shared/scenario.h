@@ -52,6 +52,8 @@ struct ModelSpec {
 
 enum class IntraNodeTopology { kSwitch, kFullMesh };
 enum class NicMapping { kRail, kShared };  // rail: local GPU g uses NIC g*nics/gpus_per_node
+// NCCL_ALGO-like override of the collective algorithm selection (collective_cost.h); auto = cheapest.
+enum class CollectiveAlgorithmChoice { kAuto, kRing, kHierarchical };
 
 // Achievable fractions of peak, calibrated per GPU type from single-node facts (calibration.h).
 struct Efficiency {
@@ -96,6 +98,7 @@ struct ClusterSpec {
   NicSpec nic;
   InterNodeSpec inter;
   Efficiency efficiency;
+  CollectiveAlgorithmChoice collective_algorithm = CollectiveAlgorithmChoice::kAuto;
 
   int world_size() const { return nodes * gpus_per_node; }
 };
@@ -165,6 +168,7 @@ const char* to_string(ModelFamily v);
 const char* to_string(PositionEmbedding v);
 const char* to_string(IntraNodeTopology v);
 const char* to_string(NicMapping v);
+const char* to_string(CollectiveAlgorithmChoice v);
 const char* to_string(Precision v);
 const char* to_string(Recompute v);
 

@@ -352,7 +352,8 @@ Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& g
 Result<ClusterSpec> parse_cluster(const json& value) {
   HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "cluster",
                                                           {"name", "preset", "nodes", "gpus_per_node", "gpu",
-                                                           "intra_node", "nic", "inter_node", "efficiency"}));
+                                                           "intra_node", "nic", "inter_node", "efficiency",
+                                                           "collective_algorithm"}));
   ClusterSpec c;
   const bool from_preset = r.has("preset");
   if (from_preset) {
@@ -439,6 +440,10 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(eff.read_number("intra_node", c.efficiency.intra_node, kOne, Bound::kFraction));
     HZP_RETURN_IF_ERROR(eff.read_number("inter_node", c.efficiency.inter_node, kOne, Bound::kFraction));
   }
+
+  HZP_RETURN_IF_ERROR(r.read_enum("collective_algorithm", c.collective_algorithm,
+                                  {CollectiveAlgorithmChoice::kAuto, CollectiveAlgorithmChoice::kRing,
+                                   CollectiveAlgorithmChoice::kHierarchical}));
 
   // Rail mapping pairs local GPU g with NIC g * nics / gpus_per_node, which needs one count to divide the other.
   if (c.nic.mapping == NicMapping::kRail && c.gpus_per_node % c.nic.per_node != 0 &&
@@ -715,6 +720,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
         {"memory_bound", c.efficiency.memory_bound},
         {"intra_node", c.efficiency.intra_node},
         {"inter_node", c.efficiency.inter_node}}},
+      {"collective_algorithm", to_string(c.collective_algorithm)},
   };
 
   const TrainingSpec& t = s.training;

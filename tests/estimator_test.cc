@@ -47,23 +47,53 @@ TEST_CASE("a 1-GPU DDP step takes exactly its compute time", "[estimator]") {
   CHECK(e.mfu == Approx(b.cost.model_flops / (e.step_time_s * b.scenario.cluster.gpu.peak_flops)).epsilon(1e-12));
 }
 
-TEST_CASE("ring collectives follow the α–β closed form", "[estimator][collective]") {
+TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator][collective]") {
   const Scenario s = scenario_from(scenario_json("tiny-dense", "dgx-a100", 4, "ddp", 64));
   const ClusterSpec& c = s.cluster;
   const double S = 1e9;
-  // Intra-node all-gather among the 8 GPUs of a node: (7/8)·S/B + 7α.
   const double b_intra = c.intra.bytes_per_s * c.efficiency.intra_node;
-  CHECK(collective_time(c, CollectiveKind::kAllGather, S, 8, 1) == Approx(7.0 / 8 * S / b_intra + 7 * c.intra.latency_s));
-  CHECK(collective_time(c, CollectiveKind::kAllReduce, S, 8, 1) ==
-        Approx(2 * (7.0 / 8 * S / b_intra + 7 * c.intra.latency_s)));
-  // One GPU per node across 4 nodes (a rail): its own NIC share.
-  const double nic_share = c.nic.per_node * c.nic.bytes_per_s / c.gpus_per_node * c.efficiency.inter_node;
-  const LinkModel rail = ring_link(c, 1, 4);
-  CHECK(rail.bandwidth == Approx(nic_share));
-  CHECK(collective_time(c, CollectiveKind::kReduceScatter, S, 1, 4) == Approx(3.0 / 4 * S / nic_share + 3 * rail.latency));
-  // Whole nodes across nodes: every NIC of the node, capped by NVLink.
-  CHECK(ring_link(c, 8, 4).bandwidth == Approx(std::min(8 * nic_share, b_intra)));
-  CHECK(collective_time(c, CollectiveKind::kAllGather, S, 1, 1) == 0);
+  const double rail = c.nic.per_node * c.nic.bytes_per_s / c.gpus_per_node * c.efficiency.inter_node;
+  const GroupShape node{8, 1, 8}, rail_group{1, 4, 1}, all{8, 4, 8};
+  const LinkParams l = link_params(c, all);
+  CHECK(l.intra == Approx(b_intra));
+  CHECK(l.rail == Approx(rail));
+  // Intra-node ring all-gather among the 8 GPUs of a node: (7/8)·S/B + 7α.
+  CHECK(collective_time(c, CollectiveKind::kAllGather, S, node) == Approx(7.0 / 8 * S / b_intra + 7 * c.intra.latency_s));
+  CHECK(choose_algorithm(c, CollectiveKind::kAllGather, S, node) == CollectiveAlgorithm::kRing);
+  CHECK(collective_time(c, CollectiveKind::kAllReduce, S, node) == Approx(2 * (7.0 / 8 * S / b_intra + 7 * c.intra.latency_s)));
+  // One GPU per node across 4 nodes (a rail ring): its NIC share.
+  CHECK(collective_time(c, CollectiveKind::kReduceScatter, S, rail_group) ==
+        Approx(3.0 / 4 * S / rail + 3 * l.alpha_inter));
+  // Whole nodes: the ring has one channel per NIC (8 rails), capped by NVLink; hierarchical: intra RS,
+  // 8 concurrent rail rings on S/8, intra AG.
+  const double ring = 2 * (31.0 / 32 * S / std::min(8 * rail, b_intra) + 31 * l.alpha_inter);
+  const double intra_pass = 7.0 / 8 * S / b_intra + 7 * c.intra.latency_s;
+  const double hier = 2 * intra_pass + 2 * (3.0 / 4 * (S / 8) / rail + 3 * l.alpha_inter);
+  CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, all) == Approx(ring));
+  CHECK(algorithm_time(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kAllReduce, S, all) == Approx(hier));
+  CHECK(collective_time(c, CollectiveKind::kAllReduce, S, all) == Approx(std::min(ring, hier)));
+  // Latency-bound sizes: the 2-level algorithm pays 2·(7 intra + 3 inter) steps instead of 2·31 inter steps.
+  CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e4, all) == CollectiveAlgorithm::kHierarchical);
+  // All-to-all, pairwise: max(intra 7/32·S/B_i, inter 24/32·S/B_rail) + 31 α.
+  CHECK(collective_time(c, CollectiveKind::kAllToAll, S, all) ==
+        Approx(31 * l.alpha_inter + std::max(7.0 / 32 * S / b_intra, 24.0 / 32 * S / rail)));
+  CHECK(collective_time(c, CollectiveKind::kAllGather, S, GroupShape{1, 1, 1}) == 0);
+}
+
+TEST_CASE("full mesh: direct inside the node, forced algorithms only where they apply", "[estimator][collective]") {
+  nlohmann::json doc = scenario_json("tiny-dense", "npu-16", 4, "ddp", 64);
+  doc["cluster"]["collective_algorithm"] = "ring";
+  const Scenario s = scenario_from(doc);
+  const ClusterSpec& c = s.cluster;
+  const double b = c.intra.bytes_per_s * c.efficiency.intra_node;
+  const GroupShape node{16, 1, 8}, half{8, 1, 4};
+  // Every GPU sends its 1/p to each peer over its own pair link of B/(R-1).
+  CHECK(choose_algorithm(c, CollectiveKind::kAllGather, 1e9, node) == CollectiveAlgorithm::kDirect);
+  CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, node) == Approx(15.0 / 16 * 1e9 / b + 15 * c.intra.latency_s));
+  CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, half) == Approx(15.0 / 8 * 1e9 / b + 7 * c.intra.latency_s));
+  // "ring" is forced where it applies (one GPU per node) and ignored where it does not.
+  CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{1, 4, 1}) == CollectiveAlgorithm::kRing);
+  CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{16, 4, 8}) == CollectiveAlgorithm::kHierarchical);
 }
 
 TEST_CASE("one stream without prefetch serialises compute and communication", "[estimator][overlap]") {
