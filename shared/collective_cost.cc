@@ -73,7 +73,11 @@ double ring_time(const ClusterSpec& c, CollectiveKind kind, double bytes, const 
   const int p = s.size();
   if (s.nodes == 1) return intra_time(c, kind, bytes, p, l);
   double bandwidth = s.ranks_per_node * l.rail;
-  if (s.ranks_per_node > 1) bandwidth = std::min(bandwidth, l.intra);
+  // Intra-node hops: a switch port carries every channel; on a full mesh channel k uses its own pair link,
+  // so min(s0-1, channels) of the R-1 pair links carry the ring.
+  if (s.ranks_per_node > 1)
+    bandwidth = std::min(bandwidth, full_mesh(c) ? l.intra * std::min(s.ranks_per_node - 1, s.nics) / (c.gpus_per_node - 1)
+                                                 : l.intra);
   if (kind == CollectiveKind::kBroadcast) return (p - 1) * l.alpha_inter + bytes / bandwidth;
   const double pass = ring_pass(p, l.alpha_inter, bytes, bandwidth);
   return kind == CollectiveKind::kAllReduce ? 2 * pass : pass;
@@ -117,9 +121,8 @@ bool algorithm_applies(const ClusterSpec& c, CollectiveAlgorithm algorithm, Coll
     case CollectiveAlgorithm::kHierarchical:
       return !a2a && kind != CollectiveKind::kBroadcast && s.ranks_per_node > 1 && s.nodes > 1;
     case CollectiveAlgorithm::kRing:
-      // On a full mesh a ring would use one pair link per GPU: direct / hierarchical replace it whenever
-      // more than one GPU of a node takes part.
-      return !a2a && (!full_mesh(c) || s.ranks_per_node == 1 || kind == CollectiveKind::kBroadcast);
+      // Inside one full-mesh node the direct algorithm replaces the ring (which would use one pair link).
+      return !a2a && (!full_mesh(c) || s.nodes > 1 || s.ranks_per_node == 1 || kind == CollectiveKind::kBroadcast);
   }
   return false;
 }
@@ -152,6 +155,9 @@ CollectiveAlgorithm choose_algorithm(const ClusterSpec& c, CollectiveKind kind, 
   for (CollectiveAlgorithm a : {CollectiveAlgorithm::kRing, CollectiveAlgorithm::kDirect,
                                 CollectiveAlgorithm::kHierarchical, CollectiveAlgorithm::kPairwise}) {
     if (!algorithm_applies(c, a, kind, s)) continue;
+    // NCCL runs all-gather and reduce-scatter as rings only; its tree (here: the 2-level algorithm) serves
+    // all-reduce. MiCS-style 2-level gathers are used only when the scenario forces them.
+    if (a == CollectiveAlgorithm::kHierarchical && kind != CollectiveKind::kAllReduce) continue;
     const double t = algorithm_time(c, a, kind, bytes, s);
     if (t < best_time) {
       best = a;

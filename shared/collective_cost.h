@@ -23,8 +23,11 @@
 //   pairwise      all-to-all: each member sends S/p to every peer at once.
 //                 (p-1)α + max(intra part, inter part): intra (s0-1)/p·S/B_i on a switch, (R-1)/p·S/B_i on a
 //                 mesh (one pair link per peer); inter (p-s0)/p·S/B_rail.
-// Selection (NCCL's tuner does the same with its own model): the cheapest applicable algorithm, unless the
-// scenario forces one (cluster.collective_algorithm) and it applies to the group.
+//   On a full mesh spanning nodes, the ring's intra-node hops use min(s0-1, channels) pair links.
+// Selection (NCCL's tuner does the same with its own model): the cheapest applicable algorithm among those
+// NCCL would consider — all-gather / reduce-scatter are rings (direct on one full-mesh node), all-reduce may
+// also be 2-level (standing in for NCCL's tree) — unless the scenario forces one (cluster.collective_algorithm)
+// and it applies to the group; forcing "hierarchical" gives MiCS-style 2-level gathers too.
 #pragma once
 
 #include <vector>

@@ -91,9 +91,14 @@ TEST_CASE("full mesh: direct inside the node, forced algorithms only where they 
   CHECK(choose_algorithm(c, CollectiveKind::kAllGather, 1e9, node) == CollectiveAlgorithm::kDirect);
   CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, node) == Approx(15.0 / 16 * 1e9 / b + 15 * c.intra.latency_s));
   CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, half) == Approx(15.0 / 8 * 1e9 / b + 7 * c.intra.latency_s));
-  // "ring" is forced where it applies (one GPU per node) and ignored where it does not.
+  // "ring" is forced where it applies (across nodes) and ignored where it does not (inside one mesh node).
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{1, 4, 1}) == CollectiveAlgorithm::kRing);
-  CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{16, 4, 8}) == CollectiveAlgorithm::kHierarchical);
+  CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{16, 4, 8}) == CollectiveAlgorithm::kRing);
+  CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, node) == CollectiveAlgorithm::kDirect);
+  // Across mesh nodes the ring's intra hops use min(s0-1, channels) = 8 of the 15 pair links.
+  const LinkParams l = link_params(c, GroupShape{16, 4, 8});
+  CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 1e9, GroupShape{16, 4, 8}) ==
+        Approx(63 * l.alpha_inter + 63.0 / 64 * 1e9 / std::min(16 * l.rail, b * 8 / 15)));
 }
 
 TEST_CASE("one stream without prefetch serialises compute and communication", "[estimator][overlap]") {
