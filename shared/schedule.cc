@@ -125,6 +125,7 @@ std::string dump_schedule(const Schedule& schedule, int rank) {
       os << "  " << i << " [" << schedule.streams[op.stream] << "] ";
       std::visit(BodyPrinter{schedule, rank, os}, op.body);
       if (!op.deps.empty()) os << " deps=" << fmt_ranks(op.deps);
+      if (!op.prev_step_deps.empty()) os << " prev_step_deps=" << fmt_ranks(op.prev_step_deps);
       os << "\n";
     }
   }

@@ -6,6 +6,8 @@
 //     streams are in-order queues, like CUDA streams — and (b) every dependency has finished.
 //   - a collective starts only when every member of its group has reached it (NCCL semantics); cross-rank
 //     order is therefore implied by collectives, never by dependencies.
+//   - a program is one training step; executors that run several steps repeat it, honouring each op's
+//     `prev_step_deps` on the previous repetition.
 //
 // Ranks that run the same program share it: `programs` holds each distinct program once and
 // `rank_program[r]` says which one rank r runs. Collectives name a group *role* (e.g. "param shard"),
@@ -85,6 +87,10 @@ struct Op {
   int stream = 0;            // index into Schedule::streams
   std::vector<int> deps;     // indices of earlier ops of the same program
   OpBody body;
+  // Loop-carried dependencies: ops of the *previous* step this op waits for when steps run back to back
+  // (e.g. the first read of a unit's parameters waits for last step's optimizer update of that unit).
+  // Executors of a single step ignore them.
+  std::vector<int> prev_step_deps;
 };
 
 struct ProcessGroup {

@@ -55,10 +55,11 @@ class ProgramBuilder {
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-    program_.ops.push_back(Op{stream_index(separate_ ? stream : "compute"), std::move(deps), std::move(body)});
+    program_.ops.push_back(Op{stream_index(separate_ ? stream : "compute"), std::move(deps), std::move(body), {}});
     return static_cast<int>(program_.ops.size()) - 1;
   }
   Program take() { return std::move(program_); }
+  Op& op(int index) { return program_.ops[index]; }
 
  private:
   int stream_index(const std::string& name) {
@@ -156,6 +157,11 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
                                             units[buckets[b].units.back()].layer, 0});
   }
 
+  // The first op of the step that reads each unit's parameters: it must wait for last step's update.
+  std::vector<int> first_read(units.size(), -1);
+  for (size_t b = 0; b < buckets.size(); ++b)
+    for (int u : buckets[b].units) first_read[u] = refresh_op[b];
+
   // The compute visits of the whole step, in order: prefetching runs across micro-batch boundaries.
   struct Visit {
     int unit;
@@ -181,6 +187,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
           prog.add("param_gather", {acquire, refresh_op[bucket_of_unit[v.unit]]},
                    CollectiveOp{CollectiveKind::kAllGather, role_param, unit_bytes(units[v.unit].params), dtype,
                                 Payload::kParams, units[v.unit].layer, v.micro_batch});
+      if (first_read[v.unit] < 0) first_read[v.unit] = gather_op[next_gather];
     }
   };
 
@@ -203,9 +210,11 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
 
     int last_compute = -1;
     if (v.phase == Phase::kForward) {
-      for (const ModuleCost* m : unit.modules)
+      for (const ModuleCost* m : unit.modules) {
         last_compute = prog.add("compute", deps, ComputeOp{m->kind, unit.layer, Phase::kForward, v.micro_batch,
                                                            m->fwd_flops, m->fwd_mem_bytes});
+        if (first_read[v.unit] < 0) first_read[v.unit] = last_compute;
+      }
     } else {
       for (const ModuleCost* m : unit.modules)
         if (m->recompute_flops > 0 || m->recompute_mem_bytes > 0)
@@ -251,8 +260,9 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
   // Step end: AdamW on each bucket's optimizer slice as soon as its gradients are final.
   for (size_t b = 0; b < buckets.size(); ++b) {
     const std::int64_t shard = buckets[b].params / s_os;
-    prog.add("compute", {final_grad_op[b]},
-             OptimizerStepOp{units[buckets[b].units.back()].layer, shard, shard * kAdamBytesPerParam});
+    const int update = prog.add("compute", {final_grad_op[b]},
+                                OptimizerStepOp{units[buckets[b].units.back()].layer, shard, shard * kAdamBytesPerParam});
+    for (int u : buckets[b].units) prog.op(first_read[u]).prev_step_deps.push_back(update);
   }
   schedule.programs.push_back(prog.take());
   return schedule;

@@ -16,7 +16,8 @@
 //   last micro-batch only, per bucket as soon as its gradients are final:
 //                reduce-scatter down to the optimizer slice in param_refresh (q_g = s_os/s_g > 1),
 //                all-reduce the slice across os_replica (D/s_os > 1).
-//   step end     AdamW on this rank's optimizer slice, per bucket.
+//   step end     AdamW on this rank's optimizer slice, per bucket. The first op of the next step that reads
+//                a unit's parameters (refresh, gather or forward) depends on it across the step boundary.
 //
 // Buckets: with s_p > 1 every unit is its own bucket (FSDP's wrapping unit); with replicated parameters,
 // consecutive units in backward order are packed until `bucket_bytes` (DDP / DeepSpeed buckets).

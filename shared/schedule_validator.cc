@@ -41,6 +41,9 @@ Status check_structure(const Schedule& s) {
       if (op.stream < 0 || op.stream >= static_cast<int>(s.streams.size())) return Status::Internal(where + ": no such stream");
       for (int d : op.deps)
         if (d < 0 || d >= static_cast<int>(i)) return Status::Internal(where + ": dependency " + std::to_string(d) + " is not an earlier op");
+      for (int d : op.prev_step_deps)
+        if (d < 0 || d >= static_cast<int>(ops.size()))
+          return Status::Internal(where + ": previous-step dependency " + std::to_string(d) + " does not exist");
       if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
         if (c->role < 0 || c->role >= static_cast<int>(s.roles.size())) return Status::Internal(where + ": no such group role");
         if (c->bytes < 0) return Status::Internal(where + ": negative byte count");

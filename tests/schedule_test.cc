@@ -85,7 +85,7 @@ TEST_CASE("validator: collectives matched per group but crossed by stream order 
   s.roles = {"x", "y"};
   s.groups = {{"x", {0, 1}, true, 2, 1}, {"y", {0, 1}, true, 2, 1}};
   s.rank_groups = {{0, 1}, {0, 1}};
-  auto ar = [](int role) { return Op{0, {}, CollectiveOp{CollectiveKind::kAllReduce, role, 1024, DType::kBf16, Payload::kGrads, 0, 0}}; };
+  auto ar = [](int role) { return Op{0, {}, CollectiveOp{CollectiveKind::kAllReduce, role, 1024, DType::kBf16, Payload::kGrads, 0, 0}, {}}; };
   s.programs = {Program{{ar(0), ar(1)}}, Program{{ar(1), ar(0)}}};
   s.rank_program = {0, 1};
   const Status st = validate_schedule(s);
