@@ -251,6 +251,7 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   cost.kind = ModuleKind::kMoe;
   cost.layer = layer;
   cost.params = moe_params(d.model);
+  cost.expert_params = d.model.moe.experts * mlp_params(d.model, d.model.moe.expert_ffn_hidden);
   const double t = d.tokens;
   const double experts = d.model.moe.experts;
   const double k = d.model.moe.top_k;

@@ -247,6 +247,12 @@ Status check_sharding(const ShardingSpec& sharding, int gpus_per_node, int nodes
   if (g.s0 > os.s0 || g.s1 > os.s1)
     return Status::InvalidInput(base + ".grads: group " + show(g) + " is sharded wider than optimizer " + show(os) +
                                 "; need params <= grads <= optimizer in both s0 and s1");
+  if (g.s0 % p.s0 != 0 || g.s1 % p.s1 != 0)
+    return Status::InvalidInput(base + ".params: group " + show(p) + " must divide grads " + show(g) +
+                                " in both s0 and s1, so that every grads shard is made of whole params shards");
+  if (os.s0 % g.s0 != 0 || os.s1 % g.s1 != 0)
+    return Status::InvalidInput(base + ".grads: group " + show(g) + " must divide optimizer " + show(os) +
+                                " in both s0 and s1, so that every optimizer shard is made of whole grads shards");
   if (g.size() != p.size() && g.size() != os.size())
     return Status::InvalidInput(base + ".grads: grads must be sharded like params or like optimizer, got " + show(g) +
                                 " (params " + show(p) + ", optimizer " + show(os) + ")");

@@ -150,6 +150,10 @@ struct PolicySpec {
   std::string preset;                 // "ddp", "zero1", ..., or "custom" when only explicit sharding given
   ShardingSpec sharding;              // always resolved (presets are expanded by the parser)
   OverlapSpec overlap;
+  // Expert parallelism for MoE layers: each expert lives on one of `expert_parallel` consecutive ranks
+  // (1 = every rank holds every expert). Expert states are then sharded like the dense ones but only over
+  // the ranks that hold the same experts (the expert-data-parallel group, D / expert_parallel ranks).
+  int expert_parallel = 1;
 };
 
 struct Scenario {

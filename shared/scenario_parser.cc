@@ -511,8 +511,9 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
   return t;
 }
 
-Result<PolicySpec> parse_policy(const json& value, const ClusterSpec& cluster) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "policy", {"preset", "sharding", "overlap"}));
+Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "expert_parallel"}));
   PolicySpec p;
   p.preset = "custom";
   p.overlap.bucket_bytes = 25 * 1024 * 1024;
@@ -558,6 +559,20 @@ Result<PolicySpec> parse_policy(const json& value, const ClusterSpec& cluster) {
     p.overlap.bucket_bytes = std::llround(bucket);
     HZP_RETURN_IF_ERROR(o.read_bool("separate_streams", p.overlap.separate_streams));
   }
+
+  HZP_RETURN_IF_ERROR(r.read_int("expert_parallel", p.expert_parallel));
+  const int ep = p.expert_parallel;
+  if (ep > 1) {
+    const std::string at = r.path_of("expert_parallel");
+    if (!model.has_moe) return invalid(at, "needs a MoE model (the model has no moe block)", ep);
+    if (model.moe.experts % ep != 0)
+      return invalid(at, "does not divide the " + std::to_string(model.moe.experts) + " experts", ep);
+    if (ep <= gpus_per_node ? gpus_per_node % ep != 0 : ep % gpus_per_node != 0 || nodes % (ep / gpus_per_node) != 0)
+      return invalid(at,
+                     "must divide the " + std::to_string(gpus_per_node) +
+                         " GPUs per node, or be a whole number of nodes dividing the " + std::to_string(nodes) + " nodes",
+                     ep);
+  }
   return p;
 }
 
@@ -591,7 +606,7 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   HZP_ASSIGN_OR_RETURN(s.model, parse_model(r.at("model")));
   HZP_ASSIGN_OR_RETURN(s.cluster, parse_cluster(r.at("cluster")));
   HZP_ASSIGN_OR_RETURN(s.training, parse_training(r.at("training"), s.model, s.cluster));
-  HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.cluster));
+  HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster));
   return s;
 }
 
@@ -744,6 +759,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
        {{"prefetch_depth", p.overlap.prefetch_depth},
         {"bucket_MiB", to_unit(static_cast<double>(p.overlap.bucket_bytes), kMiB)},
         {"separate_streams", p.overlap.separate_streams}}},
+      {"expert_parallel", p.expert_parallel},
   };
   if (p.preset != "custom") policy["preset"] = p.preset;
 

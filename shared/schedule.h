@@ -111,8 +111,16 @@ struct Program {
   std::vector<Op> ops;
 };
 
+// Model-state bytes each rank keeps resident for the whole run (set by the scheduler from its sharding).
+struct StateBytesPerRank {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0;
+};
+
 struct Schedule {
   std::string policy;
+  StateBytesPerRank state_bytes;
   int world_size = 0;
   int gpus_per_node = 0;
   std::vector<std::string> streams;       // e.g. {"compute", "allgather", "reduce_scatter", "allreduce"}

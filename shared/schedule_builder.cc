@@ -2,44 +2,57 @@
 #include "schedule_builder.h"
 
 #include <algorithm>
-#include <map>
+#include <array>
 
 #include "sharding.h"
 
 namespace hzp {
 namespace {
 
+// How one kind of state is sharded: the dense states, or (with expert parallelism) the expert states.
+struct StateGroups {
+  int role_param = 0, role_grad = 0, role_refresh = 0, role_replica = 0;
+  int s_p = 1, s_g = 1, s_os = 1, replicas = 1;  // group sizes on every rank
+  int q_refresh() const { return s_os / s_p; }  // optimizer slices per parameter shard
+  int q_grad() const { return s_os / s_g; }     // reduce-scatter from grad shard to optimizer slice
+};
+
 // A parameter unit: the granularity of all-gathers (embedding, one layer, head).
 struct Unit {
   int layer = -1;                     // -1 embedding, 0..L-1 layers, L head
   std::vector<const ModuleCost*> modules;
-  std::int64_t params = 0;
+  std::array<std::int64_t, 2> params = {0, 0};  // per kind (dense, expert): parameters this rank's EP slot uses
 };
 
-// Consecutive units (in backward order) whose gradients are reduced together.
+// Consecutive units (in backward order) whose gradients of one kind are reduced together.
 struct Bucket {
+  int kind = 0;                       // 0 dense, 1 expert
   std::vector<int> units;             // unit indices in backward order; the last one completes the bucket
   std::int64_t params = 0;
 };
 
-std::vector<Unit> make_units(const ModelCost& cost, int layers) {
+std::vector<Unit> make_units(const ModelCost& cost, int layers, int expert_parallel) {
   std::vector<Unit> units(layers + 2);
   for (size_t i = 0; i < units.size(); ++i) units[i].layer = static_cast<int>(i) - 1;
-  units.back().layer = layers;
   for (const ModuleCost& m : cost.modules) {
     const size_t u = m.kind == ModuleKind::kEmbedding ? 0 : m.kind == ModuleKind::kHead ? units.size() - 1 : m.layer + 1;
     units[u].modules.push_back(&m);
-    units[u].params += m.params;
+    // With expert parallelism each rank holds 1/EP of the experts; without, experts are ordinary params.
+    const std::int64_t experts = expert_parallel > 1 ? m.expert_params : 0;
+    units[u].params[0] += m.params - experts;
+    units[u].params[1] += experts / expert_parallel;
   }
   return units;
 }
 
-std::vector<Bucket> make_buckets(const std::vector<Unit>& units, bool per_unit, double bucket_params) {
+std::vector<Bucket> make_buckets(const std::vector<Unit>& units, int kind, bool per_unit, double bucket_params) {
   std::vector<Bucket> buckets;
   for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
-    if (buckets.empty() || per_unit || static_cast<double>(buckets.back().params) >= bucket_params) buckets.emplace_back();
+    if (units[u].params[kind] == 0) continue;
+    if (buckets.empty() || per_unit || static_cast<double>(buckets.back().params) >= bucket_params)
+      buckets.push_back(Bucket{kind, {}, 0});
     buckets.back().units.push_back(u);
-    buckets.back().params += units[u].params;
+    buckets.back().params += units[u].params[kind];
   }
   return buckets;
 }
@@ -88,14 +101,28 @@ class SlotPool {
   std::vector<int> last_release_;
 };
 
+StateGroups state_groups(const Schedule& s, GroupRole param, GroupRole grad, GroupRole refresh, GroupRole replica) {
+  StateGroups g;
+  g.role_param = static_cast<int>(param);
+  g.role_grad = static_cast<int>(grad);
+  g.role_refresh = static_cast<int>(refresh);
+  g.role_replica = static_cast<int>(replica);
+  auto size = [&](int role) { return static_cast<int>(s.group_of(0, role).ranks.size()); };
+  g.s_p = size(g.role_param);
+  g.s_g = size(g.role_grad);
+  g.s_os = g.s_p * size(g.role_refresh);
+  g.replicas = size(g.role_replica);
+  return g;
+}
+
 }  // namespace
 
 Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const ModelCost& cost,
                                               const std::string& policy_name) {
-  const ShardingSpec& s = scenario.policy.sharding;
   const OverlapSpec& overlap = scenario.policy.overlap;
   const int world = scenario.data_parallel();
-  HZP_ASSIGN_OR_RETURN(ShardingLayout layout, build_sharding_layout(scenario.cluster, s));
+  const int ep = scenario.policy.expert_parallel;
+  HZP_ASSIGN_OR_RETURN(ShardingLayout layout, build_sharding_layout(scenario.cluster, scenario.policy.sharding, ep));
 
   Schedule schedule;
   schedule.policy = policy_name;
@@ -110,57 +137,73 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
   const DType dtype = scenario.training.precision == Precision::kFp32   ? DType::kFp32
                       : scenario.training.precision == Precision::kFp16 ? DType::kFp16
                                                                         : DType::kBf16;
-  const int s_p = s.params.size(), s_g = s.grads.size(), s_os = s.optimizer.size();
-  const int q_refresh = s_os / s_p;         // optimizer slices per parameter shard
-  const int q_grad = s_os / s_g;            // reduce-scatter from grad shard to optimizer slice
-  const int replicas = world / s_os;        // copies of each optimizer slice
   const long long micro_batches = scenario.grad_accum_steps();
-  const int role_param = static_cast<int>(GroupRole::kParamShard);
-  const int role_grad = static_cast<int>(GroupRole::kGradShard);
-  const int role_refresh = static_cast<int>(GroupRole::kParamRefresh);
-  const int role_replica = static_cast<int>(GroupRole::kOsReplica);
+  const std::array<StateGroups, 2> kinds = {
+      state_groups(schedule, GroupRole::kParamShard, GroupRole::kGradShard, GroupRole::kParamRefresh,
+                   GroupRole::kOsReplica),
+      ep > 1 ? state_groups(schedule, GroupRole::kExpertParamShard, GroupRole::kExpertGradShard,
+                            GroupRole::kExpertParamRefresh, GroupRole::kExpertOsReplica)
+             : StateGroups{}};
+  const int num_kinds = ep > 1 ? 2 : 1;
 
-  const int layers = scenario.model.layers;
-  std::vector<Unit> units = make_units(cost, layers);
-  const std::vector<Bucket> buckets =
-      make_buckets(units, s_p > 1, static_cast<double>(overlap.bucket_bytes) / state.grad);
-  std::vector<int> bucket_of_unit(units.size());
+  std::vector<Unit> units = make_units(cost, scenario.model.layers, ep);
+  std::vector<Bucket> buckets;
+  for (int k = 0; k < num_kinds; ++k) {
+    std::vector<Bucket> b = make_buckets(units, k, kinds[k].s_p > 1, static_cast<double>(overlap.bucket_bytes) / state.grad);
+    buckets.insert(buckets.end(), b.begin(), b.end());
+  }
+  std::vector<std::array<int, 2>> bucket_of(units.size(), {-1, -1});  // [unit][kind]
   for (size_t b = 0; b < buckets.size(); ++b)
-    for (int u : buckets[b].units) bucket_of_unit[u] = static_cast<int>(b);
-  auto unit_bytes = [&](std::int64_t params) { return static_cast<std::int64_t>(params * state.param); };
+    for (int u : buckets[b].units) bucket_of[u][buckets[b].kind] = static_cast<int>(b);
+  auto param_bytes = [&](std::int64_t params) { return static_cast<std::int64_t>(params * state.param); };
   auto grad_bytes = [&](std::int64_t params) { return static_cast<std::int64_t>(params * state.grad); };
+
+  // Resident model states: each kind's parameters over its groups.
+  for (int k = 0; k < num_kinds; ++k) {
+    double psi = 0;
+    for (const Unit& u : units) psi += static_cast<double>(u.params[k]);
+    schedule.state_bytes.params += state.param * psi / kinds[k].s_p;
+    schedule.state_bytes.grads += state.grad * psi / kinds[k].s_g;
+    schedule.state_bytes.optimizer += state.optimizer * psi / kinds[k].s_os;
+  }
 
   ProgramBuilder prog(schedule, overlap.separate_streams);
 
   // Fixed pools, sized once from the largest unit / bucket.
   std::int64_t max_unit = 0, max_bucket = 0;
-  for (const Unit& u : units) max_unit = std::max(max_unit, u.params);
-  for (const Bucket& b : buckets) max_bucket = std::max(max_bucket, b.params);
-  const int gather_slots = overlap.prefetch_depth + 1;
-  SlotPool gather_pool(-1, gather_slots), grad_pool(-1, 2);
-  if (s_p > 1) {
-    gather_pool = SlotPool(static_cast<int>(schedule.pools.size()), gather_slots);
-    schedule.pools.push_back({"param_gather", gather_slots, unit_bytes(max_unit)});
+  bool any_gather = false, any_reduce = false;
+  for (int k = 0; k < num_kinds; ++k) {
+    any_gather = any_gather || kinds[k].s_p > 1;
+    any_reduce = any_reduce || kinds[k].s_g > 1;
   }
-  if (s_g > 1) {
-    grad_pool = SlotPool(static_cast<int>(schedule.pools.size()), 2);
-    schedule.pools.push_back({"grad_reduce", 2, grad_bytes(s_p > 1 ? max_unit : max_bucket)});
+  for (const Unit& u : units) max_unit = std::max(max_unit, u.params[0] + u.params[1]);
+  for (const Bucket& b : buckets) max_bucket = std::max(max_bucket, kinds[b.kind].s_p > 1 ? 0 : b.params);
+  const int gather_slots = overlap.prefetch_depth + 1;
+  const int reduce_slots = 2 * num_kinds;  // double-buffered per kind of state
+  SlotPool gather_pool(-1, gather_slots), grad_pool(-1, reduce_slots);
+  if (any_gather) {
+    gather_pool = SlotPool(static_cast<int>(schedule.pools.size()), gather_slots);
+    schedule.pools.push_back({"param_gather", gather_slots, param_bytes(max_unit)});
+  }
+  if (any_reduce) {
+    grad_pool = SlotPool(static_cast<int>(schedule.pools.size()), reduce_slots);
+    schedule.pools.push_back({"grad_reduce", reduce_slots, grad_bytes(std::max(max_unit, max_bucket))});
   }
 
   // Step start: refresh each bucket's parameters from last step's optimizer slices.
   std::vector<int> refresh_op(buckets.size(), -1);
-  if (q_refresh > 1) {
-    for (int b = static_cast<int>(buckets.size()) - 1; b >= 0; --b)
+  for (int b = static_cast<int>(buckets.size()) - 1; b >= 0; --b) {
+    const StateGroups& g = kinds[buckets[b].kind];
+    if (g.q_refresh() > 1)
       refresh_op[b] = prog.add("replica_sync", {},
-                               CollectiveOp{CollectiveKind::kAllGather, role_refresh,
-                                            unit_bytes(buckets[b].params) / s_p, dtype, Payload::kParams,
-                                            units[buckets[b].units.back()].layer, 0});
+                               CollectiveOp{CollectiveKind::kAllGather, g.role_refresh, param_bytes(buckets[b].params) / g.s_p,
+                                            dtype, Payload::kParams, units[buckets[b].units.back()].layer, 0});
   }
-
-  // The first op of the step that reads each unit's parameters: it must wait for last step's update.
-  std::vector<int> first_read(units.size(), -1);
+  // The first op of the step that reads each unit's parameters of each kind: it waits for last step's update.
+  std::vector<std::array<int, 2>> first_read(units.size(), {-1, -1});
   for (size_t b = 0; b < buckets.size(); ++b)
-    for (int u : buckets[b].units) first_read[u] = refresh_op[b];
+    for (int u : buckets[b].units) first_read[u][buckets[b].kind] = refresh_op[b];
+  auto refresh_of = [&](int unit, int kind) { return bucket_of[unit][kind] < 0 ? -1 : refresh_op[bucket_of[unit][kind]]; };
 
   // The compute visits of the whole step, in order: prefetching runs across micro-batch boundaries.
   struct Visit {
@@ -174,95 +217,129 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) visits.push_back({u, Phase::kBackward, mb});
   }
 
-  std::vector<int> gather_op(visits.size(), -1), gather_slot(visits.size(), -1);
+  std::vector<std::vector<int>> gather_ops(visits.size());
+  std::vector<int> gather_slot(visits.size(), -1);
   size_t next_gather = 0;
   auto issue_gathers_through = [&](size_t last) {
-    for (; s_p > 1 && next_gather <= last && next_gather < visits.size(); ++next_gather) {
+    for (; any_gather && next_gather <= last && next_gather < visits.size(); ++next_gather) {
       const Visit& v = visits[next_gather];
+      const Unit& unit = units[v.unit];
       const int slot = gather_pool.next_slot();
-      const int acquire = prog.add("param_gather", {gather_pool.last_release(slot)},
-                                   BufferAcquireOp{gather_pool.pool(), slot, units[v.unit].layer});
+      const int acquire =
+          prog.add("param_gather", {gather_pool.last_release(slot)}, BufferAcquireOp{gather_pool.pool(), slot, unit.layer});
       gather_slot[next_gather] = slot;
-      gather_op[next_gather] =
-          prog.add("param_gather", {acquire, refresh_op[bucket_of_unit[v.unit]]},
-                   CollectiveOp{CollectiveKind::kAllGather, role_param, unit_bytes(units[v.unit].params), dtype,
-                                Payload::kParams, units[v.unit].layer, v.micro_batch});
-      if (first_read[v.unit] < 0) first_read[v.unit] = gather_op[next_gather];
+      for (int k = 0; k < num_kinds; ++k) {
+        if (kinds[k].s_p <= 1 || unit.params[k] == 0) continue;
+        const int gather = prog.add("param_gather", {acquire, refresh_of(v.unit, k)},
+                                    CollectiveOp{CollectiveKind::kAllGather, kinds[k].role_param, param_bytes(unit.params[k]),
+                                                 dtype, Payload::kParams, unit.layer, v.micro_batch});
+        gather_ops[next_gather].push_back(gather);
+        if (first_read[v.unit][k] < 0) first_read[v.unit][k] = gather;
+      }
     }
   };
 
+  // Expert parallelism: tokens go all-to-all to their experts before the experts and come back after them;
+  // the backward pass does the same with gradients. The compute stream waits for them (as in Megatron and
+  // DeepSpeed-MoE), so they run on it.
+  const double act_bytes = scenario.training.precision == Precision::kFp32 ? 4 : 2;
+  const std::int64_t a2a_bytes =
+      ep > 1 ? static_cast<std::int64_t>(static_cast<double>(scenario.training.micro_batch * scenario.training.seq_len) *
+                                         scenario.model.moe.top_k * scenario.model.hidden * act_bytes)
+             : 0;
+  auto all_to_all = [&](int layer, int mb, std::vector<int> deps) {
+    return prog.add("compute", std::move(deps),
+                    CollectiveOp{CollectiveKind::kAllToAll, static_cast<int>(GroupRole::kExpertParallel), a2a_bytes, dtype,
+                                 Payload::kActivations, layer, mb});
+  };
+  auto compute = [&](const ModuleCost* m, int layer, Phase phase, int mb, std::vector<int> deps, double flops,
+                     double bytes) {
+    const bool a2a = ep > 1 && m->kind == ModuleKind::kMoe && phase != Phase::kRecompute;
+    if (a2a) deps = {all_to_all(layer, mb, std::move(deps))};  // dispatch (fwd) / combine gradient (bwd)
+    int op = prog.add("compute", std::move(deps), ComputeOp{m->kind, layer, phase, mb, flops, bytes});
+    if (a2a) op = all_to_all(layer, mb, {op});  // combine (fwd) / dispatch gradient (bwd)
+    return op;
+  };
+
   std::vector<int> final_grad_op(buckets.size(), -1);
-  int grad_slot = -1;
+  std::vector<int> grad_slot(buckets.size(), -1);
   for (size_t i = 0; i < visits.size(); ++i) {
     const Visit& v = visits[i];
     const Unit& unit = units[v.unit];
     const bool last_mb = v.micro_batch == micro_batches - 1;
     issue_gathers_through(i + overlap.prefetch_depth);
-    std::vector<int> deps = {gather_op[i]};
-    if (s_p == 1) deps.push_back(refresh_op[bucket_of_unit[v.unit]]);
+    std::vector<int> deps = gather_ops[i];
+    for (int k = 0; k < num_kinds; ++k)
+      if (kinds[k].s_p == 1) deps.push_back(refresh_of(v.unit, k));
 
-    const Bucket& bucket = buckets[bucket_of_unit[v.unit]];
-    if (v.phase == Phase::kBackward && s_g > 1 && v.unit == bucket.units.front()) {
-      grad_slot = grad_pool.next_slot();
-      deps.push_back(prog.add("compute", {grad_pool.last_release(grad_slot)},
-                              BufferAcquireOp{grad_pool.pool(), grad_slot, unit.layer}));
+    // Backward writes each sharded kind's gradients into a reduce slot taken when its bucket starts.
+    for (int k = 0; k < num_kinds && v.phase == Phase::kBackward; ++k) {
+      const int b = bucket_of[v.unit][k];
+      if (b < 0 || kinds[k].s_g <= 1 || v.unit != buckets[b].units.front()) continue;
+      grad_slot[b] = grad_pool.next_slot();
+      deps.push_back(prog.add("compute", {grad_pool.last_release(grad_slot[b])},
+                              BufferAcquireOp{grad_pool.pool(), grad_slot[b], unit.layer}));
     }
 
     int last_compute = -1;
     if (v.phase == Phase::kForward) {
       for (const ModuleCost* m : unit.modules) {
-        last_compute = prog.add("compute", deps, ComputeOp{m->kind, unit.layer, Phase::kForward, v.micro_batch,
-                                                           m->fwd_flops, m->fwd_mem_bytes});
-        if (first_read[v.unit] < 0) first_read[v.unit] = last_compute;
+        last_compute = compute(m, unit.layer, Phase::kForward, v.micro_batch, deps, m->fwd_flops, m->fwd_mem_bytes);
+        deps = {last_compute};
+        for (int k = 0; k < num_kinds; ++k)
+          if (first_read[v.unit][k] < 0) first_read[v.unit][k] = last_compute;
       }
     } else {
       for (const ModuleCost* m : unit.modules)
         if (m->recompute_flops > 0 || m->recompute_mem_bytes > 0)
-          prog.add("compute", deps, ComputeOp{m->kind, unit.layer, Phase::kRecompute, v.micro_batch,
-                                              m->recompute_flops, m->recompute_mem_bytes});
-      for (auto it = unit.modules.rbegin(); it != unit.modules.rend(); ++it)
-        last_compute = prog.add("compute", deps, ComputeOp{(*it)->kind, unit.layer, Phase::kBackward,
-                                                           v.micro_batch, (*it)->bwd_flops, (*it)->bwd_mem_bytes});
+          deps = {compute(m, unit.layer, Phase::kRecompute, v.micro_batch, deps, m->recompute_flops, m->recompute_mem_bytes)};
+      for (auto it = unit.modules.rbegin(); it != unit.modules.rend(); ++it) {
+        last_compute = compute(*it, unit.layer, Phase::kBackward, v.micro_batch, deps, (*it)->bwd_flops, (*it)->bwd_mem_bytes);
+        deps = {last_compute};
+      }
     }
-    if (s_p > 1) {
-      const int release = prog.add("compute", {last_compute},
-                                   BufferReleaseOp{gather_pool.pool(), gather_slot[i], unit.layer});
+    if (any_gather) {
+      const int release = prog.add("compute", {last_compute}, BufferReleaseOp{gather_pool.pool(), gather_slot[i], unit.layer});
       gather_pool.set_release(gather_slot[i], release);
     }
+    if (v.phase != Phase::kBackward) continue;
 
-    // Gradient communication once the bucket's last unit has finished its backward.
-    if (v.phase != Phase::kBackward || v.unit != bucket.units.back()) continue;
-    const int b = bucket_of_unit[v.unit];
-    std::int64_t bytes = grad_bytes(bucket.params);
-    int prev = last_compute;
-    if (s_g > 1) {
-      prev = prog.add("grad_reduce", {prev},
-                      CollectiveOp{CollectiveKind::kReduceScatter, role_grad, bytes, dtype, Payload::kGrads,
-                                   unit.layer, v.micro_batch});
-      const int release = prog.add("grad_reduce", {prev}, BufferReleaseOp{grad_pool.pool(), grad_slot, unit.layer});
-      grad_pool.set_release(grad_slot, release);
-      bytes /= s_g;
+    // Gradient communication of each bucket whose last unit has just finished its backward.
+    for (int k = 0; k < num_kinds; ++k) {
+      const int b = bucket_of[v.unit][k];
+      if (b < 0 || v.unit != buckets[b].units.back()) continue;
+      const StateGroups& g = kinds[k];
+      std::int64_t bytes = grad_bytes(buckets[b].params);
+      int prev = last_compute;
+      if (g.s_g > 1) {
+        prev = prog.add("grad_reduce", {prev},
+                        CollectiveOp{CollectiveKind::kReduceScatter, g.role_grad, bytes, dtype, Payload::kGrads, unit.layer,
+                                     v.micro_batch});
+        const int release = prog.add("grad_reduce", {prev}, BufferReleaseOp{grad_pool.pool(), grad_slot[b], unit.layer});
+        grad_pool.set_release(grad_slot[b], release);
+        bytes /= g.s_g;
+      }
+      if (!last_mb) continue;
+      if (g.q_grad() > 1) {
+        prev = prog.add("replica_sync", {prev},
+                        CollectiveOp{CollectiveKind::kReduceScatter, g.role_refresh, bytes, dtype, Payload::kGrads,
+                                     unit.layer, v.micro_batch});
+        bytes /= g.q_grad();
+      }
+      if (g.replicas > 1)
+        prev = prog.add("replica_sync", {prev},
+                        CollectiveOp{CollectiveKind::kAllReduce, g.role_replica, bytes, dtype, Payload::kGrads, unit.layer,
+                                     v.micro_batch});
+      final_grad_op[b] = prev;
     }
-    if (!last_mb) continue;
-    if (q_grad > 1) {
-      prev = prog.add("replica_sync", {prev},
-                      CollectiveOp{CollectiveKind::kReduceScatter, role_refresh, bytes, dtype, Payload::kGrads,
-                                   unit.layer, v.micro_batch});
-      bytes /= q_grad;
-    }
-    if (replicas > 1)
-      prev = prog.add("replica_sync", {prev},
-                      CollectiveOp{CollectiveKind::kAllReduce, role_replica, bytes, dtype, Payload::kGrads,
-                                   unit.layer, v.micro_batch});
-    final_grad_op[b] = prev;
   }
 
   // Step end: AdamW on each bucket's optimizer slice as soon as its gradients are final.
   for (size_t b = 0; b < buckets.size(); ++b) {
-    const std::int64_t shard = buckets[b].params / s_os;
+    const std::int64_t shard = buckets[b].params / kinds[buckets[b].kind].s_os;
     const int update = prog.add("compute", {final_grad_op[b]},
                                 OptimizerStepOp{units[buckets[b].units.back()].layer, shard, shard * kAdamBytesPerParam});
-    for (int u : buckets[b].units) prog.op(first_read[u]).prev_step_deps.push_back(update);
+    for (int u : buckets[b].units) prog.op(first_read[u][buckets[b].kind]).prev_step_deps.push_back(update);
   }
   schedule.programs.push_back(prog.take());
   return schedule;

@@ -13,6 +13,11 @@ const char* to_string(GroupRole role) {
     case GroupRole::kGradShard: return "grad_shard";
     case GroupRole::kParamRefresh: return "param_refresh";
     case GroupRole::kOsReplica: return "os_replica";
+    case GroupRole::kExpertParallel: return "expert_parallel";
+    case GroupRole::kExpertParamShard: return "expert_param_shard";
+    case GroupRole::kExpertGradShard: return "expert_grad_shard";
+    case GroupRole::kExpertParamRefresh: return "expert_param_refresh";
+    case GroupRole::kExpertOsReplica: return "expert_os_replica";
   }
   return "?";
 }
@@ -69,7 +74,7 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
 
 }  // namespace
 
-Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& s) {
+Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& s, int expert_parallel) {
   const int R = cluster.gpus_per_node, N = cluster.nodes, world = cluster.world_size();
   for (ShardGroup g : {s.params, s.grads, s.optimizer}) {
     if (g.s0 < 1 || g.s1 < 1 || R % g.s0 != 0 || N % g.s1 != 0)
@@ -83,9 +88,14 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
   if (!(s.grads == s.params || s.grads == s.optimizer))
     return Status::InvalidInput("policy.sharding.grads: must be sharded like params or like optimizer");
 
+  const int ep = expert_parallel;
+  if (ep < 1 || world % ep != 0)
+    return Status::InvalidInput("policy.expert_parallel: " + std::to_string(ep) + " does not divide " +
+                                std::to_string(world) + " GPUs");
+  const int num_roles = ep > 1 ? kNumGroupRoles : kNumDenseRoles;
   ShardingLayout layout;
-  for (int i = 0; i < kNumGroupRoles; ++i) layout.roles.push_back(to_string(static_cast<GroupRole>(i)));
-  layout.rank_groups.assign(world, std::vector<int>(kNumGroupRoles, -1));
+  for (int i = 0; i < num_roles; ++i) layout.roles.push_back(to_string(static_cast<GroupRole>(i)));
+  layout.rank_groups.assign(world, std::vector<int>(num_roles, -1));
 
   auto block = [&](ShardGroup g) { return [=](int r) -> long long { return coords(r, R, g).block; }; };
   auto position = [&](ShardGroup g) { return [=](int r) -> long long { return coords(r, R, g).position; }; };
@@ -106,6 +116,27 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
   add_role(layout, GroupRole::kParamRefresh, world, R,
            [=](int r) -> long long { return os_block(r) * static_cast<long long>(world) + p(r); }, rank_order);
   add_role(layout, GroupRole::kOsReplica, world, R, position(s.optimizer), rank_order);
+  if (ep == 1) return layout;
+
+  add_role(layout, GroupRole::kExpertParallel, world, R, [=](int r) -> long long { return r / ep; }, rank_order);
+  // Expert roles: the dense role's group of r, restricted to the ranks holding r's experts (same r % ep).
+  for (int dense = 0; dense < kNumDenseRoles; ++dense) {
+    const GroupRole role = static_cast<GroupRole>(static_cast<int>(GroupRole::kExpertParamShard) + dense);
+    const std::vector<std::vector<int>> dense_of = layout.rank_groups;
+    std::vector<long long> order(world);  // keep the dense group's ring order
+    for (const ProcessGroup& g : layout.groups)
+      if (g.role == layout.roles[dense])
+        for (size_t i = 0; i < g.ranks.size(); ++i) order[g.ranks[i]] = static_cast<long long>(i);
+    add_role(layout, role, world, R,
+             [&](int r) -> long long { return static_cast<long long>(dense_of[r][dense]) * ep + r % ep; },
+             [&](int r) -> long long { return order[r]; });
+    const int first = layout.rank_groups[0][static_cast<int>(role)];
+    for (int r = 0; r < world; ++r)
+      if (layout.groups[layout.rank_groups[r][static_cast<int>(role)]].ranks.size() != layout.groups[first].ranks.size())
+        return Status::InvalidInput("policy.expert_parallel: " + std::to_string(ep) + " splits the " +
+                                    layout.roles[dense] + " groups unevenly; expert_parallel and each group's s0 "
+                                    "must divide one another");
+  }
   return layout;
 }
 
@@ -119,13 +150,11 @@ StateBytes state_bytes_per_param(Precision precision) {
 }
 
 MemoryBreakdown memory_per_gpu(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule) {
-  const ShardingSpec& s = scenario.policy.sharding;
-  const StateBytes b = state_bytes_per_param(scenario.training.precision);
-  const double psi = static_cast<double>(cost.params);
+  (void)scenario;
   MemoryBreakdown m;
-  m.params = b.param * psi / s.params.size();
-  m.grads = b.grad * psi / s.grads.size();
-  m.optimizer = b.optimizer * psi / s.optimizer.size();
+  m.params = schedule.state_bytes.params;
+  m.grads = schedule.state_bytes.grads;
+  m.optimizer = schedule.state_bytes.optimizer;
   m.activations = cost.activation_bytes + cost.transient_bytes;
   for (const BufferPool& pool : schedule.pools) m.buffers += static_cast<double>(pool.slots) * pool.slot_bytes;
   return m;

@@ -16,6 +16,11 @@
 //                  where the gradient shard is reduce-scattered down to the optimizer slice once per step.
 //   os_replica     the D / s_os ranks at my position in every s_os block: all-reduce of the optimizer
 //                  slice's gradient once per step.
+//
+// With expert parallelism EP, rank r holds experts of slot r % EP; its expert states are sharded like the
+// dense ones but over the ranks that hold the same experts: each expert_* group is the matching dense
+// group intersected with {r' : r' % EP == r % EP}. Every group of a role must come out the same size
+// (EP and each s0 divide one another), else the layout is refused.
 #pragma once
 
 #include <cstdint>
@@ -29,8 +34,16 @@
 
 namespace hzp {
 
-enum class GroupRole { kParamShard, kGradShard, kParamRefresh, kOsReplica };
-inline constexpr int kNumGroupRoles = 4;
+enum class GroupRole {
+  kParamShard, kGradShard, kParamRefresh, kOsReplica,
+  // Only with expert parallelism (policy.expert_parallel > 1):
+  kExpertParallel,  // the EP consecutive ranks that together hold every expert: all-to-all of tokens
+  kExpertParamShard, kExpertGradShard, kExpertParamRefresh, kExpertOsReplica,  // the dense roles' groups
+                                                                               // restricted to the ranks
+                                                                               // holding the same experts
+};
+inline constexpr int kNumDenseRoles = 4;
+inline constexpr int kNumGroupRoles = 9;
 const char* to_string(GroupRole role);
 
 // Group membership for every role and rank, deterministic. `groups` is deduplicated: ranks of one group
@@ -41,7 +54,8 @@ struct ShardingLayout {
   std::vector<std::vector<int>> rank_groups; // [rank][role] -> index into groups
 };
 
-Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding);
+Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
+                                            int expert_parallel = 1);
 
 // Bytes per parameter of each model state for a precision (mixed precision keeps fp32 master + m + v).
 struct StateBytes {
@@ -62,6 +76,8 @@ struct MemoryBreakdown {
 
 // Model states per GPU = param·Ψ/s_p + grad·Ψ/s_g + optimizer·Ψ/s_os (bf16: 2Ψ/s_p + 2Ψ/s_g + 12Ψ/s_os),
 // activations for one micro-batch in flight plus the transient peak, and the schedule's buffer pools.
+// Model states come from the schedule (Schedule::state_bytes, set by its builder: with expert parallelism
+// the expert part is sharded by its own groups).
 MemoryBreakdown memory_per_gpu(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule);
 
 }  // namespace hzp

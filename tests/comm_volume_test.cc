@@ -73,3 +73,19 @@ TEST_CASE("hierarchical ZeRO on one node is flat ZeRO-3", "[comm][equivalence]")
   a.policy = b.policy = "";
   CHECK(dump_schedule(a, -1) == dump_schedule(b, -1));
 }
+
+TEST_CASE("expert parallelism: four all-to-alls per MoE layer per micro-batch, on the EP group", "[comm][moe]") {
+  nlohmann::json doc = scenario_json("mixtral-8x7b", "dgx-h100", 2, "zero3", 4096, 16 * 2);
+  doc["policy"]["expert_parallel"] = 8;
+  const Built b = build(scenario_from(doc));
+  int a2a = 0;
+  for (const Op& op : b.schedule.programs[0].ops)
+    if (const auto* c = std::get_if<CollectiveOp>(&op.body); c && c->kind == CollectiveKind::kAllToAll) {
+      ++a2a;
+      // Every token's hidden state goes to its top-2 experts: b·s·k·h bf16 values.
+      CHECK(c->bytes == 1LL * 4096 * 2 * 4096 * 2);
+      CHECK(b.schedule.group_of(0, c->role).ranks == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+      CHECK(op.stream == 0);
+    }
+  CHECK(a2a == 4 * 32 * 2);
+}

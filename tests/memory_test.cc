@@ -78,3 +78,23 @@ TEST_CASE("process groups: intra-node groups are contiguous local ranks, determi
   CHECK(s.group_of(5, static_cast<int>(GroupRole::kParamShard)).intra_node);
   CHECK(s.group_of(5, static_cast<int>(GroupRole::kParamRefresh)).nodes == 2);
 }
+
+TEST_CASE("expert parallelism: each GPU keeps 1/EP of the experts, sharded over the ranks holding them", "[memory][moe]") {
+  // mixtral-8x7b on 2 x 8 GPUs, EP = 8: the expert-data-parallel group is the 2 ranks with the same experts.
+  auto states = [](const char* policy, int ep) {
+    nlohmann::json doc = scenario_json("mixtral-8x7b", "dgx-h100", 2, policy, 4096);
+    doc["policy"]["expert_parallel"] = ep;
+    doc["training"]["recompute"] = "full";
+    Built b = build(scenario_from(doc));
+    const MemoryBreakdown m = memory_per_gpu(b.scenario, b.cost, b.schedule);
+    double experts = 0;
+    for (const ModuleCost& mc : b.cost.modules) experts += static_cast<double>(mc.expert_params);
+    return std::tuple{m.params + m.grads + m.optimizer, static_cast<double>(b.cost.params) - experts, experts};
+  };
+  const auto [ddp, dense, experts] = states("ddp", 8);
+  CHECK(ddp == Approx(16 * dense + 16 * experts / 8).epsilon(1e-9));
+  CHECK(std::get<0>(states("zero3", 8)) == Approx(16 * dense / 16 + 16 * (experts / 8) / 2).epsilon(1e-9));
+  CHECK(std::get<0>(states("hsdp", 8)) == Approx(16 * dense / 8 + 16 * (experts / 8) / 1).epsilon(1e-9));
+  CHECK(std::get<0>(states("zero3", 1)) == Approx(16 * (dense + experts) / 16).epsilon(1e-9));
+  CHECK(std::get<0>(states("zero3", 2)) == Approx(16 * dense / 16 + 16 * (experts / 2) / 8).epsilon(1e-9));
+}
