@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
-#include <set>
+#include <vector>
 
 namespace hzp {
 
@@ -23,17 +23,20 @@ GroupShape group_shape(const ClusterSpec& c, const ProcessGroup& group) {
   GroupShape shape;
   const int R = c.gpus_per_node;
   const int first_node = group.ranks.front() / R;
-  std::set<int> nodes, nics;
-  int on_first = 0;
+  std::vector<char> node_seen(c.nodes, 0), nic_seen(c.nic.per_node, 0);
+  int nodes = 0, on_first = 0, nics = 0;
   for (int r : group.ranks) {
-    nodes.insert(r / R);
+    if (!node_seen[r / R]) ++nodes;
+    node_seen[r / R] = 1;
     if (r / R != first_node) continue;
     ++on_first;
-    nics.insert(c.nic.mapping == NicMapping::kRail ? (r % R) * c.nic.per_node / R : 0);
+    const int nic = (r % R) * c.nic.per_node / R;
+    if (!nic_seen[nic]) ++nics;
+    nic_seen[nic] = 1;
   }
   shape.ranks_per_node = on_first;
-  shape.nodes = static_cast<int>(nodes.size());
-  shape.nics = c.nic.mapping == NicMapping::kRail ? static_cast<int>(nics.size()) : c.nic.per_node;
+  shape.nodes = nodes;
+  shape.nics = c.nic.mapping == NicMapping::kRail ? nics : c.nic.per_node;
   return shape;
 }
 

@@ -144,3 +144,34 @@ TEST_CASE("schedule dumps one rank, or all", "[cli]") {
   REQUIRE(all.code == 0);
   CHECK(all.out.find("rank 3 program 0") != std::string::npos);
 }
+
+TEST_CASE("simulate writes summary.json and a Perfetto timeline; bad flags exit 2", "[cli][sim]") {
+  const auto out_dir = scratch_dir() / "sim_out";
+  const RunResult r = run("simulate '" + kData + "/golden/zero3.json' --out '" + out_dir.string() + "' --steps 2");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("step time") != std::string::npos);
+  const auto summary = nlohmann::json::parse(slurp((out_dir / "summary.json").string()));
+  for (const char* key : {"step_time_s", "tokens_per_s", "tokens_per_gpu_per_s", "mfu", "tflops_per_gpu", "compute_s",
+                          "exposed_comm_s", "overlap_fraction", "peak_memory_bytes", "peak_memory_breakdown_bytes",
+                          "comm_bytes", "gpus", "sim_wall_s"})
+    CHECK(summary.contains(key));
+  CHECK(summary["steps"] == 2);
+  const auto timeline = nlohmann::json::parse(slurp((out_dir / "timeline.json").string()));
+  CHECK(timeline["traceEvents"].size() > 10);
+
+  CHECK(run("simulate '" + kData + "/golden/zero3.json' --steps 0").code == 2);
+  CHECK(run("simulate '" + kData + "/golden/zero3.json' --steps two").code == 2);
+  CHECK(run("simulate '" + kData + "/bad/unknown_key_top.json'").code == 2);
+}
+
+TEST_CASE("simulate reports an out-of-memory scenario as a verdict", "[cli][sim]") {
+  const auto out_dir = scratch_dir() / "sim_oom";
+  const RunResult r = run("simulate '" + kData + "/oom_ddp_13b.json' --out '" +
+                          out_dir.string() + "'");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("OUT OF MEMORY") != std::string::npos);
+  const auto summary = nlohmann::json::parse(slurp((out_dir / "summary.json").string()));
+  CHECK(summary["fits_memory"] == false);
+}

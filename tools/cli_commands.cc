@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "cli.h"
+#include "estimator.h"
+#include "cli_collective.h"
+#include "executor.h"
 #include "model_math.h"
 #include "plan.h"
 #include "policy_registry.h"
@@ -41,7 +44,8 @@ struct Args {
   }
 };
 
-Result<Args> parse_args(const std::vector<std::string>& argv, const std::vector<std::string>& flags) {
+Result<Args> parse_args(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
+                        bool scenario_required = true) {
   Args out;
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
@@ -55,7 +59,7 @@ Result<Args> parse_args(const std::vector<std::string>& argv, const std::vector<
       return Status::InvalidInput("unexpected argument '" + a + "'");
     }
   }
-  if (!out.scenario) return Status::InvalidInput("missing SCENARIO argument");
+  if (!out.scenario && scenario_required) return Status::InvalidInput("missing SCENARIO argument");
   return out;
 }
 
@@ -143,6 +147,77 @@ int run_schedule(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// `hzp simulate` without a scenario runs scenarios/default.json: from the working directory if it is there,
+// else from the source tree the binary was built from.
+std::string default_scenario_path() {
+  const std::string local = "scenarios/default.json";
+  if (std::filesystem::exists(local)) return local;
+  return std::string(HZP_SOURCE_DIR) + "/" + local;
+}
+
+Result<int> parse_positive(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(text, &used);
+    if (used == text.size() && v > 0) return v;
+  } catch (const std::exception&) {
+  }
+  return Status::InvalidInput(flag + ": expected a positive integer, got '" + text + "'");
+}
+
+int run_simulate(const std::vector<std::string>& argv) {
+  auto args = parse_args(argv, {"--out", "--steps", "--timeline-ranks"}, /*scenario_required=*/false);
+  if (!args.ok()) return usage_error("simulate", args.status().message());
+  const std::string path = args->scenario.value_or(default_scenario_path());
+  sim::SimOptions options;
+  options.progress = true;
+  for (auto [flag, field] : {std::pair{"--steps", &options.steps}, std::pair{"--timeline-ranks", &options.timeline_max_ranks}}) {
+    if (auto v = args->get(flag)) {
+      auto n = parse_positive(flag, *v);
+      if (!n.ok()) return usage_error("simulate", n.status().message());
+      *field = *n;
+    }
+  }
+  auto scenario = load_scenario_file(path);
+  if (!scenario.ok()) return fail(scenario.status());
+  const std::string out_dir = args->get("--out").value_or("out/" + scenario->name);
+  const ModelCost cost = model_cost(scenario->model, scenario->training);
+  auto schedule = build_schedule(*scenario, cost);
+  if (!schedule.ok()) return fail(schedule.status());
+  if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
+  auto analytic = estimate(*scenario, cost, *schedule);
+  if (!analytic.ok()) return fail(analytic.status());
+  std::fprintf(stderr, "sim: %s — %s, %s on %d GPUs, %zu ops per rank per step\n", scenario->name.c_str(),
+               scenario->model.name.c_str(), scenario->policy.preset.c_str(), scenario->data_parallel(),
+               schedule->programs[0].ops.size());
+  auto result = sim::simulate(*scenario, cost, *schedule, options);
+  if (!result.ok()) return fail(result.status());
+  const sim::SimResult& r = *result;
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  const MemoryBreakdown& m = r.peak_memory;
+  std::printf("simulated %s: %s, %s on %d GPUs (%d x %d %s), %d step%s\n", scenario->name.c_str(),
+              scenario->model.name.c_str(), scenario->policy.preset.c_str(), r.gpus, scenario->cluster.nodes,
+              scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(), r.steps, r.steps > 1 ? "s" : "");
+  std::printf("  step time     %.4f s  (compute %.4f s, exposed communication %.4f s, overlap %.1f %%)\n",
+              r.step_time_s, r.compute_s, r.exposed_comm_s, 100 * r.overlap_fraction);
+  std::printf("  analytic      %.4f s  (estimator, no contention)\n", analytic->step_time_s);
+  std::printf("  throughput    %.0f tokens/s, %.0f tokens/s/GPU, %.1f TFLOP/s/GPU, MFU %.1f %%\n", r.tokens_per_s,
+              r.tokens_per_gpu_per_s, r.tflops_per_gpu, 100 * r.mfu);
+  std::printf("  memory        %s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f, buffers %.2f GiB)\n",
+              r.memory_verdict.c_str(), m.params / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
+              m.buffers / GiB);
+  std::printf("  traffic/GPU   %.3f GB intra-node, %.3f GB inter-node per step\n", r.comm_bytes_intra_node / 1e9,
+              r.comm_bytes_inter_node / 1e9);
+  std::printf("  simulation    %lld ops, %lld collectives in %.2f s wall (%.0f ops/s)\n", r.ops_executed, r.collectives,
+              r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0);
+  if (Status s = write_output(out_dir, "summary.json", sim::summary_json(*scenario, r).dump(2) + "\n"); !s.ok()) return fail(s);
+  if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(*scenario, *schedule, r).dump() + "\n"); !s.ok())
+    return fail(s);
+  std::printf("wrote %s/summary.json and %s/timeline.json (open in ui.perfetto.dev; %zu GPUs recorded)\n",
+              out_dir.c_str(), out_dir.c_str(), r.timeline_ranks.size());
+  return 0;
+}
+
 }  // namespace
 
 const std::vector<Command>& commands() {
@@ -166,6 +241,17 @@ const std::vector<Command>& commands() {
        "0; 'all' prints every rank's groups and every distinct program): streams, buffer pools, process\n"
        "groups, then ops in program order with their stream and dependencies.\n",
        run_schedule},
+      {"simulate", "simulate a training step on the SimGrid model of the cluster",
+       "usage: hzp simulate [SCENARIO] [--out DIR] [--steps N] [--timeline-ranks K]\n\n"
+       "Runs the scenario's schedule on a SimGrid model of its cluster (NVSwitch or full-mesh nodes, NIC\n"
+       "rails, fat-tree) with every collective as flows that share links. SCENARIO defaults to\n"
+       "scenarios/default.json. Prints a summary and writes DIR/summary.json and DIR/timeline.json (Chrome /\n"
+       "Perfetto trace: one process per GPU, one thread per stream; all GPUs up to K = 64, else a sample of\n"
+       "node 0 and evenly spaced nodes). DIR defaults to out/<scenario name>. --steps N runs N steps back to\n"
+       "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory false).\n",
+       run_simulate},
+      {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
+       run_collective_command},
   };
   return table;
 }

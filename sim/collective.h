@@ -1,0 +1,34 @@
+// Flow-level collectives: one interface, one algorithm per file (sim/collectives/*.cc), one registry.
+//
+// A collective is simulated as a few phases; each phase is one SimGrid flow per participant (per channel),
+// never one comm per ring step: a ring all-gather over p ranks is p concurrent flows of (p-1)/p·S plus
+// (p-1) latency terms. Links carry no latency; each algorithm adds its α terms explicitly (as NCCL's cost
+// model does), so that with nothing else on the links the simulated time equals the closed form of
+// shared/collective_cost.h. Concurrent collectives share links through SimGrid's max-min sharing.
+#pragma once
+
+#include "collective_cost.h"
+#include "platform.h"
+#include "schedule.h"
+
+namespace hzp::sim {
+
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  double bytes = 0;                    // nccl-tests size convention (collective_cost.h)
+  const ProcessGroup* group = nullptr; // members in ring order
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::kRing;
+};
+
+// Bytes put on the wire, by link class.
+struct CollectiveTraffic {
+  double intra_node_bytes = 0;
+  double inter_node_bytes = 0;
+};
+
+// Runs the collective from the calling SimGrid actor: starts the flows of each phase, waits for them,
+// sleeps the latency terms, and returns when the collective is complete (simulated time has advanced).
+// `call.algorithm` must apply to the group (algorithm_applies).
+CollectiveTraffic run_collective(const Platform& platform, const CollectiveCall& call);
+
+}  // namespace hzp::sim

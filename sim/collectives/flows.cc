@@ -1,0 +1,110 @@
+// Flow builders and the phase helper shared by every collective algorithm (algorithm.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include <simgrid/s4u/Actor.hpp>
+
+#include "algorithm.h"
+
+namespace hzp::sim::collectives {
+namespace sg4 = simgrid::s4u;
+
+Context make_context(const Platform& platform, const CollectiveCall& call) {
+  Context ctx{platform, call, call.group->ranks, {}, {}, {}, false};
+  const ClusterSpec& c = *platform.cluster;
+  for (int i = 0; i < ctx.size(); ++i) {
+    const int node = platform.node_of(ctx.ranks[i]);
+    if (ctx.blocks.empty() || ctx.blocks.back().node != node) ctx.blocks.push_back({node, i, i});
+    ++ctx.blocks.back().end;
+  }
+  // The shape as group_shape() would give it, without its O(p log p) sets: this runs on every call.
+  ctx.shape.ranks_per_node = ctx.blocks.front().size();
+  ctx.shape.nodes = static_cast<int>(ctx.blocks.size());
+  ctx.shape.nics = c.nic.per_node;
+  if (c.nic.mapping == NicMapping::kRail) {
+    std::vector<char> used(c.nic.per_node, 0);
+    for (int k = 0; k < ctx.blocks.front().size(); ++k) used[platform.nic_index(ctx.rank(ctx.blocks.front(), k))] = 1;
+    ctx.shape.nics = static_cast<int>(std::count(used.begin(), used.end(), 1));
+  }
+  ctx.links = link_params(c, ctx.shape);
+  ctx.full_mesh = c.intra.topology == IntraNodeTopology::kFullMesh;
+  return ctx;
+}
+
+void Phase::start(sg4::Host* src, sg4::Host* dst, double bytes) {
+  // SimGrid moves whole bytes; a sub-byte share (a tiny buffer over many ranks) takes no time anyway.
+  const auto whole = static_cast<std::uint64_t>(std::llround(bytes));
+  if (whole > 0) flows_.push_back({src, dst, whole});
+}
+
+void Phase::gpu_flow(sg4::Host* src, sg4::Host* dst, double bytes) {
+  if (bytes <= 0 || src == dst) return;
+  traffic_.intra_node_bytes += bytes;
+  start(src, dst, bytes);
+}
+
+void Phase::nic_flow(sg4::Host* src, sg4::Host* dst, double bytes) {
+  if (bytes <= 0 || src == dst) return;
+  traffic_.inter_node_bytes += bytes;
+  start(src, dst, bytes);
+}
+
+void Phase::count_intra(double bytes) { traffic_.intra_node_bytes += bytes; }
+
+void Phase::rank_nic_flow(const Platform& platform, int src_rank, int dst_rank, double bytes) {
+  const int width = platform.nics_per_gpu();
+  const auto& src_nics = platform.nics[platform.node_of(src_rank)];
+  const auto& dst_nics = platform.nics[platform.node_of(dst_rank)];
+  for (int i = 0; i < width; ++i)
+    nic_flow(src_nics[platform.nic_index(src_rank) + i], dst_nics[platform.nic_index(dst_rank) + i], bytes / width);
+}
+
+void Phase::finish(double latency_s) {
+  // All flows of the phase start at the same simulated instant; every one must land before the next phase
+  // reads its data. (SimGrid 3.32 spends time linear in the number of flows in flight on each completion,
+  // whichever actor issues or waits: see bench/README.md.)
+  std::vector<sg4::CommPtr> comms;
+  comms.reserve(flows_.size());
+  for (const Flow& f : flows_) comms.push_back(sg4::Comm::sendto_async(f.src, f.dst, f.bytes));
+  sg4::Comm::wait_all(comms);
+  flows_.clear();
+  if (latency_s > 0) sg4::this_actor::sleep_for(latency_s);
+}
+
+void add_ring_hops(Phase& phase, const Context& ctx, const Block& block, double hop_bytes, bool wrap, int spread) {
+  const int n = block.size();
+  if (n <= 1) return;
+  // Every hop of the chain carries hop_bytes over its own GPU links, so member 0's hop stands for all of
+  // them under the symmetric load of a schedule; the bytes of every hop are counted.
+  const auto& gpus = ctx.platform.gpus;
+  for (int j = 1; j <= spread; ++j) phase.gpu_flow(gpus[ctx.rank(block, 0)], gpus[ctx.rank(block, j % n)], hop_bytes / spread);
+  phase.count_intra(((wrap ? n : n - 1) - 1) * hop_bytes);
+}
+
+void add_direct_pairs(Phase& phase, const Context& ctx, const Block& block, double pair_bytes) {
+  const int n = block.size();
+  if (n <= 1) return;
+  // Representative member pair, as for ring hops: a switch port carries a member's n-1 transfers, a
+  // full-mesh pair link exactly one.
+  const auto& gpus = ctx.platform.gpus;
+  const double carried = ctx.full_mesh ? pair_bytes : (n - 1) * pair_bytes;
+  phase.gpu_flow(gpus[ctx.rank(block, 0)], gpus[ctx.rank(block, 1)], carried);
+  phase.count_intra(n * (n - 1) * pair_bytes - carried);
+}
+
+bool spans_every_nic(const Context& ctx, const Block& block) {
+  const Platform& p = ctx.platform;
+  const int count = p.cluster->nic.per_node;
+  if (p.cluster->nic.mapping == NicMapping::kShared) return true;
+  std::vector<int> members(count, 0);
+  for (int k = 0; k < block.size(); ++k)
+    for (int i = 0; i < p.nics_per_gpu(); ++i) ++members[p.nic_index(ctx.rank(block, k)) + i];
+  return std::all_of(members.begin(), members.end(), [&](int m) { return m == members.front() && m > 0; });
+}
+
+void Phase::node_flow(const Platform& platform, int src_node, int dst_node, double bytes) {
+  nic_flow(platform.node_nics[src_node], platform.node_nics[dst_node], bytes);
+}
+
+}  // namespace hzp::sim::collectives

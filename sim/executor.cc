@@ -1,0 +1,312 @@
+// The SimGrid executor: one actor per (rank, stream) replaying the schedule IR (see executor.h).
+#include "executor.h"
+
+#include <simgrid/s4u/Actor.hpp>
+#include <simgrid/s4u/ConditionVariable.hpp>
+#include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/Mutex.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "collective.h"
+#include "collective_cost.h"
+#include "platform.h"
+
+namespace hzp::sim {
+namespace sg4 = simgrid::s4u;
+namespace {
+
+bool g_engine_used = false;  // SimGrid keeps one clock per process: one simulation per process.
+
+// One collective call in flight: members arrive, the last one runs the flows, everyone leaves.
+struct Instance {
+  int arrived = 0;
+  int left = 0;
+  bool done = false;
+  double start = 0;
+  sg4::MutexPtr mutex = sg4::Mutex::create();
+  sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
+};
+
+struct RankState {
+  std::vector<int> completed_step;   // per op: the last step in which it completed (-1: never)
+  std::vector<int> collective_seq;   // per role: collectives this rank has issued on it
+  sg4::MutexPtr mutex = sg4::Mutex::create();
+  sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
+  double live_activations = 0;
+  double peak_activations = 0;
+  double compute_busy = 0;
+  double comm_busy = 0;
+  int waiting = 0;  // streams blocked on cv: notify only when someone listens (each notify is a simcall)
+  bool recorded = false;
+};
+
+class Executor {
+ public:
+  Executor(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule, const SimOptions& options,
+           const Platform& platform)
+      : scenario_(scenario), cost_(cost), schedule_(schedule), options_(options), platform_(platform) {
+    const ClusterSpec& c = scenario.cluster;
+    for (const ProcessGroup& g : schedule.groups) shapes_.push_back(group_shape(c, g));
+    ranks_.resize(schedule.world_size);
+    for (int r = 0; r < schedule.world_size; ++r) {
+      ranks_[r].completed_step.assign(schedule.program_of(r).ops.size(), -1);
+      ranks_[r].collective_seq.assign(schedule.roles.size(), 0);
+    }
+    result_.timeline_ranks = timeline_sample(schedule.world_size, schedule.gpus_per_node, options.timeline_max_ranks);
+    for (int r : result_.timeline_ranks) ranks_[r].recorded = true;
+    for (const ModuleCost& m : cost.modules) {
+      const int unit = m.kind == ModuleKind::kEmbedding ? -1 : m.kind == ModuleKind::kHead ? scenario.model.layers : m.layer;
+      activation_of_[{unit, static_cast<int>(m.kind)}] += m.activation_bytes;
+    }
+    // Per program, each stream's ops in program order.
+    for (const Program& p : schedule.programs) {
+      std::vector<std::vector<int>> per_stream(schedule.streams.size());
+      for (size_t i = 0; i < p.ops.size(); ++i) per_stream[p.ops[i].stream].push_back(static_cast<int>(i));
+      stream_ops_.push_back(std::move(per_stream));
+    }
+  }
+
+  void spawn() {
+    for (int r = 0; r < schedule_.world_size; ++r)
+      for (size_t s = 0; s < schedule_.streams.size(); ++s) {
+        if (stream_ops_[schedule_.rank_program[r]][s].empty()) continue;
+        sg4::Actor::create("r" + std::to_string(r) + "." + schedule_.streams[s], platform_.gpus[r],
+                           [this, r, s] { run_stream(r, static_cast<int>(s)); });
+      }
+  }
+
+  SimResult finish(double wall_s) {
+    SimResult& out = result_;
+    const double steps = options_.steps;
+    const int world = schedule_.world_size;
+    out.gpus = world;
+    out.steps = options_.steps;
+    out.total_time_s = sg4::Engine::get_clock();
+    out.step_time_s = out.total_time_s / steps;
+    double comm_sum = 0;
+    for (const RankState& r : ranks_) {
+      out.compute_s = std::max(out.compute_s, r.compute_busy / steps);
+      comm_sum += r.comm_busy / steps;
+    }
+    out.comm_s = comm_sum / world;
+    out.exposed_comm_s = std::max(0.0, out.step_time_s - out.compute_s);
+    out.overlap_fraction = out.comm_s > 0 ? std::clamp(1 - out.exposed_comm_s / out.comm_s, 0.0, 1.0) : 1.0;
+    out.comm_bytes_intra_node = traffic_.intra_node_bytes / world / steps;
+    out.comm_bytes_inter_node = traffic_.inter_node_bytes / world / steps;
+    out.model_flops_per_gpu = cost_.model_flops * static_cast<double>(scenario_.grad_accum_steps());
+    if (out.step_time_s > 0) {
+      out.mfu = out.model_flops_per_gpu / (out.step_time_s * scenario_.cluster.gpu.peak_flops);
+      out.tflops_per_gpu = out.model_flops_per_gpu / out.step_time_s / 1e12;
+      out.tokens_per_s = static_cast<double>(scenario_.training.global_batch * scenario_.training.seq_len) / out.step_time_s;
+      out.tokens_per_gpu_per_s = out.tokens_per_s / world;
+    }
+    // Memory: states and pools are allocated once (core memory model); activations as measured.
+    const MemoryBreakdown fixed = memory_per_gpu(scenario_, cost_, schedule_);
+    double worst = -1;
+    for (int r = 0; r < world; ++r) {
+      MemoryBreakdown m = fixed;
+      m.activations = ranks_[r].peak_activations + cost_.transient_bytes;
+      if (m.total() > worst) {
+        worst = m.total();
+        out.peak_memory = m;
+        out.peak_memory_rank = r;
+      }
+    }
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    const double capacity = scenario_.cluster.gpu.memory_bytes;
+    out.fits_memory = worst <= capacity;
+    char verdict[256];
+    std::snprintf(verdict, sizeof verdict, "%s: rank %d peaks at %.2f GiB of %.2f GiB",
+                  out.fits_memory ? "fits" : "OUT OF MEMORY", out.peak_memory_rank, worst / GiB, capacity / GiB);
+    out.memory_verdict = verdict;
+    out.sim_wall_s = wall_s;
+    return std::move(out);
+  }
+
+ private:
+  bool deps_done(const RankState& st, const Op& op, int step) const {
+    for (int d : op.deps)
+      if (st.completed_step[d] < step) return false;
+    for (int d : op.prev_step_deps)
+      if (st.completed_step[d] < step - 1) return false;
+    return true;
+  }
+
+  void run_stream(int rank, int stream) {
+    RankState& st = ranks_[rank];
+    const Program& program = schedule_.program_of(rank);
+    const std::vector<int>& ops = stream_ops_[schedule_.rank_program[rank]][stream];
+    auto last_progress = std::chrono::steady_clock::now();
+    for (int step = 0; step < options_.steps; ++step) {
+      for (size_t k = 0; k < ops.size(); ++k) {
+        const int index = ops[k];
+        const Op& op = program.ops[index];
+        // Wait for dependencies on other streams of this rank; their completion notifies st.cv. Actors run
+        // one at a time and only yield inside simcalls, so the unlocked check cannot race.
+        if (!deps_done(st, op, step)) {
+          std::unique_lock<sg4::Mutex> lock(*st.mutex);
+          ++st.waiting;
+          while (!deps_done(st, op, step)) st.cv->wait(lock);
+          --st.waiting;
+        }
+        const double start = sg4::Engine::get_clock();
+        const double transfer_start = execute(rank, op, start);
+        ++ops_executed_;
+        if (st.recorded)
+          result_.spans.push_back({rank, index, step, start, sg4::Engine::get_clock(), transfer_start});
+        st.completed_step[index] = step;
+        if (st.waiting > 0) st.cv->notify_all();
+        if (options_.progress && rank == 0 && stream == 0 && k % 256 == 0) {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - last_progress > std::chrono::seconds(2)) {
+            last_progress = now;
+            std::fprintf(stderr, "sim: step %d/%d, rank 0 op %zu/%zu, simulated %.3f s, %lld ops executed\n", step + 1,
+                         options_.steps, k, ops.size(), sg4::Engine::get_clock(), ops_executed_);
+          }
+        }
+      }
+    }
+  }
+
+  // Executes one op from the calling stream actor; returns when it is complete. For collectives, returns
+  // the time its flows started (the last member's arrival).
+  double execute(int rank, const Op& op, double start) {
+    RankState& st = ranks_[rank];
+    const ClusterSpec& c = scenario_.cluster;
+    if (const auto* comp = std::get_if<ComputeOp>(&op.body)) {
+      const double d = compute_time(c, comp->flops, comp->mem_bytes);
+      sg4::this_actor::sleep_for(d);
+      st.compute_busy += d;
+      const double act = activation(comp->layer, comp->module);
+      if (comp->phase == Phase::kForward) st.live_activations += act;
+      if (comp->phase == Phase::kBackward) st.live_activations -= act;
+      st.peak_activations = std::max(st.peak_activations, st.live_activations);
+      return start;
+    }
+    if (const auto* opt = std::get_if<OptimizerStepOp>(&op.body)) {
+      const double d = compute_time(c, 0, opt->mem_bytes);
+      sg4::this_actor::sleep_for(d);
+      st.compute_busy += d;
+      return start;
+    }
+    if (const auto* coll = std::get_if<CollectiveOp>(&op.body)) return collective(rank, *coll);
+    return start;  // buffer acquire / release: the pool is allocated once; nothing to wait for
+  }
+
+  double collective(int rank, const CollectiveOp& op) {
+    RankState& st = ranks_[rank];
+    const int group_index = schedule_.rank_groups[rank][op.role];
+    const ProcessGroup& group = schedule_.groups[group_index];
+    const long long key = static_cast<long long>(group_index) << 32 | st.collective_seq[op.role]++;
+    if (group.ranks.size() <= 1) return sg4::Engine::get_clock();
+    auto it = instances_.find(key);
+    if (it == instances_.end()) {
+      // Creating the instance's SimGrid mutex and condition variable are simcalls: other actors may run
+      // meanwhile and create the same instance. Build it first, then look again before inserting.
+      Instance fresh;
+      it = instances_.find(key);
+      if (it == instances_.end()) it = instances_.emplace(key, std::move(fresh)).first;
+    }
+    Instance& inst = it->second;
+    ++inst.arrived;
+    if (inst.arrived == static_cast<int>(group.ranks.size())) {
+      // Last to arrive: every member is at the head of its stream, so the collective runs now.
+      inst.start = sg4::Engine::get_clock();
+      const GroupShape& shape = shapes_[group_index];
+      const CollectiveCall call{op.kind, static_cast<double>(op.bytes), &group,
+                                choose_algorithm(scenario_.cluster, op.kind, static_cast<double>(op.bytes), shape)};
+      const CollectiveTraffic t = run_collective(platform_, call);
+      traffic_.intra_node_bytes += t.intra_node_bytes;
+      traffic_.inter_node_bytes += t.inter_node_bytes;
+      ++result_.collectives;
+      inst.done = true;
+      inst.cv->notify_all();
+    } else {
+      std::unique_lock<sg4::Mutex> lock(*inst.mutex);
+      while (!inst.done) inst.cv->wait(lock);
+    }
+    const double transfer_start = inst.start;
+    st.comm_busy += sg4::Engine::get_clock() - transfer_start;
+    if (++inst.left == static_cast<int>(group.ranks.size())) instances_.erase(key);
+    return transfer_start;
+  }
+
+  double activation(int layer, ModuleKind kind) const {
+    auto it = activation_of_.find({layer, static_cast<int>(kind)});
+    return it == activation_of_.end() ? 0 : it->second;
+  }
+
+  const Scenario& scenario_;
+  const ModelCost& cost_;
+  const Schedule& schedule_;
+  const SimOptions& options_;
+  const Platform& platform_;
+  std::vector<GroupShape> shapes_;
+  std::vector<RankState> ranks_;
+  std::vector<std::vector<std::vector<int>>> stream_ops_;  // [program][stream] -> op indices
+  std::map<std::pair<int, int>, double> activation_of_;   // (unit layer, module kind) -> bytes
+  std::unordered_map<long long, Instance> instances_;
+  CollectiveTraffic traffic_;
+  long long ops_executed_ = 0;
+  SimResult result_;
+
+ public:
+  long long ops_executed() const { return ops_executed_; }
+};
+
+}  // namespace
+
+std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks) {
+  std::vector<int> ranks;
+  if (world <= max_ranks) {
+    for (int r = 0; r < world; ++r) ranks.push_back(r);
+    return ranks;
+  }
+  for (int r = 0; r < std::min(gpus_per_node, max_ranks); ++r) ranks.push_back(r);
+  const int nodes = world / gpus_per_node;
+  const int more = max_ranks - static_cast<int>(ranks.size());
+  for (int i = 1; i <= more && nodes > 1; ++i) {
+    const int node = static_cast<int>(static_cast<long long>(i) * (nodes - 1) / more);
+    const int rank = std::max(node, 1) * gpus_per_node;
+    if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
+  }
+  return ranks;
+}
+
+Result<SimResult> simulate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
+                           const SimOptions& options) {
+  if (g_engine_used) return Status::Internal("simulate: one SimGrid simulation per process (SimGrid keeps its clock)");
+  if (options.steps < 1) return Status::InvalidInput("--steps: must be at least 1, got " + std::to_string(options.steps));
+  g_engine_used = true;
+  int argc = 2;
+  char arg0[] = "hzp";
+  char arg1[] = "--log=root.thresh:warning";
+  char* argv[] = {arg0, arg1, nullptr};
+  sg4::Engine engine(&argc, argv);
+  configure_engine(engine);
+  HZP_ASSIGN_OR_RETURN(Platform platform, build_platform(engine, scenario.cluster));
+  Executor executor(scenario, cost, schedule, options, platform);
+  executor.spawn();
+  const auto t0 = std::chrono::steady_clock::now();
+  engine.run();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const long long expected = [&] {
+    long long n = 0;
+    for (int r = 0; r < schedule.world_size; ++r) n += static_cast<long long>(schedule.program_of(r).ops.size());
+    return n * options.steps;
+  }();
+  if (executor.ops_executed() != expected)
+    return Status::Internal("simulate: the simulation stopped after " + std::to_string(executor.ops_executed()) + " of " +
+                            std::to_string(expected) + " ops (a deadlock the validator did not catch)");
+  SimResult result = executor.finish(wall);
+  result.ops_executed = expected;
+  return result;
+}
+
+}  // namespace hzp::sim

@@ -1,0 +1,82 @@
+// The SimGrid executor: runs a schedule IR on the simulated cluster and reports what happened.
+//
+// Every (rank, stream) is one SimGrid actor that executes its ops in program order, like a CUDA stream:
+// an op starts when the previous op of its stream is done and its dependencies (same step) and
+// loop-carried dependencies (previous step) are done. Compute and optimizer ops take the roofline time of
+// shared/collective_cost.h on their GPU (one compute stream per GPU: nothing to share). A collective
+// starts when every member of its group has reached it (NCCL semantics); the last member to arrive runs
+// its flows (sim/collective.h), which share links with every other flow in flight — including collectives
+// of other streams of the same GPU. The executor never re-decides what the IR says.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model_math.h"
+#include "scenario.h"
+#include "schedule.h"
+#include "sharding.h"
+#include "status.h"
+
+namespace hzp::sim {
+
+struct SimOptions {
+  int steps = 1;                 // training steps run back to back
+  int timeline_max_ranks = 64;   // ranks recorded for the timeline (all of them up to this many)
+  bool progress = false;         // progress lines on stderr for long simulations
+};
+
+// One executed op of a recorded rank.
+struct OpSpan {
+  int rank = 0;
+  int op = 0;
+  int step = 0;
+  double start = 0;        // the stream reached the op (collectives: may wait for peers)
+  double end = 0;
+  double transfer_start = 0;  // collectives: when the last member arrived and flows started
+};
+
+struct SimResult {
+  int gpus = 0;
+  int steps = 0;
+  double total_time_s = 0;
+  double step_time_s = 0;            // total / steps
+  double compute_s = 0;              // per step: compute + optimizer time of the busiest rank
+  double comm_s = 0;                 // per step, averaged over ranks: time collectives were transferring
+  double exposed_comm_s = 0;         // step_time - compute
+  double overlap_fraction = 0;       // 1 - exposed / comm
+  double comm_bytes_intra_node = 0;  // per GPU per step, bytes put on intra-node links
+  double comm_bytes_inter_node = 0;  // per GPU per step, bytes put through NICs
+  double model_flops_per_gpu = 0;    // per step
+  double mfu = 0;
+  double tflops_per_gpu = 0;
+  double tokens_per_s = 0;
+  double tokens_per_gpu_per_s = 0;
+  MemoryBreakdown peak_memory;       // of the rank with the highest peak
+  int peak_memory_rank = 0;
+  bool fits_memory = true;
+  std::string memory_verdict;
+  double sim_wall_s = 0;
+  long long ops_executed = 0;
+  long long collectives = 0;
+  std::vector<int> timeline_ranks;
+  std::vector<OpSpan> spans;
+};
+
+// Runs the simulation. One SimGrid engine per process: a second call in the same process is refused.
+Result<SimResult> simulate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
+                           const SimOptions& options);
+
+// The ranks recorded in the timeline: all up to `max_ranks`; above, every GPU of node 0 and then the
+// first GPU of evenly spaced nodes, `max_ranks` in all.
+std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks);
+
+// summary.json (documented in sim/README.md).
+nlohmann::json summary_json(const Scenario& scenario, const SimResult& result);
+
+// Chrome / Perfetto trace: one process per recorded GPU, one thread per stream, ts/dur in µs.
+nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule, const SimResult& result);
+
+}  // namespace hzp::sim

@@ -1,0 +1,160 @@
+// The SimGrid platform of a cluster (platform.h): engine configuration and the zone tree.
+//
+//   cluster (star zone = the non-blocking spine; routes only between leaf zones)
+//   ├── gpus-<n>   GPU hosts: one star zone of per-GPU NVSwitch ports, or full zones of per-pair mesh links
+//   └── leaf-<l>   one star zone per leaf switch holding the NIC hosts of its nodes; its gateway router
+//                  reaches the spine through the leaf's own uplink
+//
+// GPU hosts and NIC hosts never talk to each other: an inter-node flow is modelled NIC -> NIC (GPUDirect
+// RDMA takes the data from the GPU to its rail NIC over PCIe, not over NVLink), an intra-node flow GPU -> GPU.
+#include "platform.h"
+
+#include <algorithm>
+#include <string>
+
+#include <simgrid/s4u/Link.hpp>
+#include <simgrid/s4u/NetZone.hpp>
+
+namespace hzp::sim {
+namespace sg4 = simgrid::s4u;
+
+void configure_engine(sg4::Engine& engine) {
+  // CM02 (Casanova & Marchal 2002): plain max-min sharing of link bandwidth, no TCP-derived corrections.
+  // The default LV08 model multiplies latencies by 13 and bandwidths by 0.97 (fitted to TCP on Ethernet);
+  // NCCL over NVLink / InfiniBand is calibrated by the efficiency factors instead.
+  engine.set_config("network/model:CM02");
+  // Make the factors explicit, so that a future default cannot silently rescale every flow.
+  engine.set_config("network/latency-factor:1");
+  engine.set_config("network/bandwidth-factor:1");
+  // Cross-traffic would charge every flow's acknowledgements (5 % of its rate) on the reverse route; RDMA
+  // and NVLink acknowledgements are negligible, and it would make the two directions of a link interfere.
+  engine.set_config("network/crosstraffic:0");
+  // Sharing independent of route length. CM02 gives a flow the LMM sharing penalty "route latency +
+  // weight-S · Σ 1/bandwidth" — RTT-proportional, so a flow crossing the spine would get less of a shared
+  // NIC than one staying in its leaf — except that a flow whose route has zero latency gets weight 1. Every
+  // link here has zero latency (algorithms sleep their α terms instead), so all flows on a link get equal
+  // shares whatever their route (measured: with 1 µs per link, a 2-link and a 4-link flow split a NIC 2:1
+  // even with weight-S 0). weight-S is CM02's default 0; set explicitly because it only matters once a
+  // latency is added, and then it should add no bandwidth term either.
+  engine.set_config("network/weight-S:0");
+  // TCP-gamma caps each flow at gamma / (2·route latency), a TCP window limit RDMA does not have. Routes
+  // have zero latency here (no cap at all); set it huge so that a latency added later cannot quietly cap flows.
+  engine.set_config("network/TCP-gamma:1e18");
+  // One simulation thread: parallel contexts crash beyond ~64 hosts with SimGrid 3.32 (BRIEF §4).
+  engine.set_config("contexts/nthreads:1");
+}
+
+int Platform::nics_per_gpu() const { return std::max(1, cluster->nic.per_node / cluster->gpus_per_node); }
+
+int Platform::nic_index(int rank) const {
+  const int R = cluster->gpus_per_node;
+  const int count = cluster->nic.per_node;
+  const int g = rank % R;
+  // rail: GPU g sits on the PCIe switch of NIC g·nics/R (NCCL's rail-aligned rings rely on it);
+  // shared: every GPU reaches every NIC, spread round-robin so that each NIC serves R/nics GPUs.
+  return cluster->nic.mapping == NicMapping::kRail ? g * count / R : g * nics_per_gpu() % count;
+}
+
+sg4::Host* Platform::nic_of(int rank) const { return nics[node_of(rank)][nic_index(rank)]; }
+
+Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
+  if (c.nodes < 1 || c.gpus_per_node < 1 || c.nic.per_node < 1 || c.inter.leaf_size < 1)
+    return Status::InvalidInput("build_platform: cluster needs at least one node, GPU, NIC and node per leaf");
+  if (engine.get_netzone_root() != nullptr)
+    return Status::Internal("build_platform: the engine already has a platform (one simulation per process)");
+  const int R = c.gpus_per_node;
+  const double gpu_speed = c.gpu.peak_flops * c.efficiency.gemm;
+  const double gpu_link = c.intra.bytes_per_s * c.efficiency.intra_node;
+  const double nic_link = c.nic.bytes_per_s * c.efficiency.inter_node;
+  const int leaves = (c.nodes + c.inter.leaf_size - 1) / c.inter.leaf_size;
+
+  Platform p;
+  p.cluster = &c;
+  p.gpus.reserve(static_cast<size_t>(c.world_size()));
+  p.nics.resize(c.nodes);
+  sg4::NetZone* root = sg4::create_star_zone("cluster");
+
+  // GPU zones. SimGrid 3.32 checks every new host and link name against every zone of the platform, so
+  // the zone count is kept small: one star zone holds all GPUs of a switched cluster (its routes are
+  // exactly the per-node switch ports; cross-node GPU routes exist but no flow uses them), and full-mesh
+  // nodes are packed into full zones of up to kMeshZoneGpus GPUs (a full zone's table is quadratic).
+  const bool mesh = c.intra.topology == IntraNodeTopology::kFullMesh;
+  constexpr int kMeshZoneGpus = 512;
+  const int nodes_per_zone = mesh ? std::max(1, kMeshZoneGpus / R) : c.nodes;
+  for (int first_node = 0; first_node < c.nodes; first_node += nodes_per_zone) {
+    const int last_node = std::min(c.nodes, first_node + nodes_per_zone);
+    const std::string name = "gpus-" + std::to_string(first_node);
+    sg4::NetZone* zone = mesh ? sg4::create_full_zone(name) : sg4::create_star_zone(name);
+    zone->set_parent(root);
+    for (int rank = first_node * R; rank < last_node * R; ++rank)
+      p.gpus.push_back(zone->create_host("gpu-" + std::to_string(rank), gpu_speed)->seal());
+    for (int n = first_node; n < last_node; ++n) {
+      sg4::Host* const* gpu = &p.gpus[static_cast<size_t>(n) * R];
+      if (!mesh) {
+        // NVSwitch: each GPU's NVLinks are one full-duplex port of the non-blocking switch.
+        for (int g = 0; g < R; ++g) {
+          sg4::SplitDuplexLink* port = zone->create_split_duplex_link("nvl-" + std::to_string(n * R + g), gpu_link);
+          port->seal();
+          zone->add_route(gpu[g]->get_netpoint(), nullptr, nullptr, nullptr, {{port, sg4::LinkInRoute::Direction::UP}},
+                          true);
+        }
+        continue;
+      }
+      // Full mesh: the GPU's bandwidth is split evenly over R-1 point-to-point links, one per peer.
+      for (int a = 0; a < R; ++a)
+        for (int b = a + 1; b < R; ++b) {
+          sg4::SplitDuplexLink* pair = zone->create_split_duplex_link(
+              "mesh-" + std::to_string(n) + "-" + std::to_string(a) + "-" + std::to_string(b), gpu_link / (R - 1));
+          pair->seal();
+          zone->add_route(gpu[a]->get_netpoint(), gpu[b]->get_netpoint(), nullptr, nullptr,
+                          {{pair, sg4::LinkInRoute::Direction::UP}}, true);
+        }
+    }
+    zone->seal();
+  }
+
+  for (int l = 0; l < leaves; ++l) {
+    const std::string leaf = "leaf-" + std::to_string(l);
+    sg4::NetZone* zone = sg4::create_star_zone(leaf);
+    zone->set_parent(root);
+    // The leaf switch itself is the zone's centre; the router is where its uplink starts.
+    simgrid::kernel::routing::NetPoint* gateway = zone->create_router(leaf + "-switch");
+    const int first_node = l * c.inter.leaf_size;
+    const int last_node = std::min(c.nodes, first_node + c.inter.leaf_size);
+    for (int n = first_node; n < last_node; ++n) {
+      // The node's NICs together: every rail's traffic also crosses this bundle, whose capacity is the sum of
+      // the rails, so it never limits rail traffic alone. A collective that spreads its bytes evenly over
+      // all rails sends one flow through the bundle instead of one per rail: same link loads, far fewer
+      // flows (SimGrid 3.32 pays O(flows in flight) per finished flow, sim/README.md).
+      const std::string node = "nic-" + std::to_string(n);
+      sg4::SplitDuplexLink* bundle = zone->create_split_duplex_link(node + "-bundle", c.nic.per_node * nic_link);
+      bundle->seal();
+      sg4::Host* all = zone->create_host(node + "-all", 1.0)->seal();
+      zone->add_route(all->get_netpoint(), nullptr, nullptr, nullptr, {{bundle, sg4::LinkInRoute::Direction::UP}}, true);
+      p.node_nics.push_back(all);
+      for (int k = 0; k < c.nic.per_node; ++k) {
+        const std::string name = node + "-" + std::to_string(k);
+        sg4::Host* nic = zone->create_host(name, 1.0)->seal();
+        sg4::SplitDuplexLink* cable = zone->create_split_duplex_link(name + "-link", nic_link);
+        cable->seal();
+        zone->add_route(nic->get_netpoint(), nullptr, nullptr, nullptr,
+                        {{cable, sg4::LinkInRoute::Direction::UP}, {bundle, sg4::LinkInRoute::Direction::UP}}, true);
+        p.nics[n].push_back(nic);
+      }
+    }
+    zone->seal();
+    // Each leaf reaches the spine through its own uplink: the leaf's downlink capacity (a full leaf, even
+    // when the last one is partly populated) over the oversubscription. Per-leaf uplinks, not one shared
+    // backbone: a single cluster-wide link would put every inter-leaf flow in one sharing system and make
+    // each re-solve cost O(all flows) (BRIEF §4).
+    const double uplink_bw = c.inter.leaf_size * c.nic.per_node * nic_link / c.inter.oversubscription;
+    sg4::SplitDuplexLink* uplink = root->create_split_duplex_link(leaf + "-uplink", uplink_bw);
+    uplink->seal();
+    root->add_route(zone->get_netpoint(), nullptr, gateway, nullptr, {{uplink, sg4::LinkInRoute::Direction::UP}},
+                    true);
+  }
+  root->seal();
+  return p;
+}
+
+}  // namespace hzp::sim

@@ -1,0 +1,105 @@
+// summary.json and the Perfetto timeline of a simulation.
+#include "executor.h"
+
+#include <cstdio>
+#include <map>
+
+#include "collective_cost.h"
+
+namespace hzp::sim {
+
+nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
+  const MemoryBreakdown& m = r.peak_memory;
+  return {
+      {"scenario", scenario.name},
+      {"policy", scenario.policy.preset},
+      {"gpus", r.gpus},
+      {"steps", r.steps},
+      {"step_time_s", r.step_time_s},
+      {"tokens_per_s", r.tokens_per_s},
+      {"tokens_per_gpu_per_s", r.tokens_per_gpu_per_s},
+      {"mfu", r.mfu},
+      {"tflops_per_gpu", r.tflops_per_gpu},
+      {"compute_s", r.compute_s},
+      {"comm_s", r.comm_s},
+      {"exposed_comm_s", r.exposed_comm_s},
+      {"overlap_fraction", r.overlap_fraction},
+      {"peak_memory_bytes", m.total()},
+      {"peak_memory_rank", r.peak_memory_rank},
+      {"peak_memory_breakdown_bytes",
+       {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"activations", m.activations},
+        {"buffers", m.buffers}}},
+      {"gpu_memory_bytes", scenario.cluster.gpu.memory_bytes},
+      {"fits_memory", r.fits_memory},
+      {"memory_verdict", r.memory_verdict},
+      {"comm_bytes", {{"intra_node_per_gpu", r.comm_bytes_intra_node}, {"inter_node_per_gpu", r.comm_bytes_inter_node}}},
+      {"sim_wall_s", r.sim_wall_s},
+      {"ops_executed", r.ops_executed},
+      {"collectives", r.collectives},
+      {"events_per_s", r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0},
+      {"timeline_ranks", r.timeline_ranks},
+  };
+}
+
+namespace {
+
+std::string op_name(const Op& op) {
+  if (const auto* c = std::get_if<ComputeOp>(&op.body))
+    return std::string(to_string(c->module)) + " " + to_string(c->phase) + " L" + std::to_string(c->layer);
+  if (const auto* c = std::get_if<CollectiveOp>(&op.body))
+    return std::string(to_string(c->kind)) + " " + to_string(c->payload) + " L" + std::to_string(c->layer);
+  if (std::holds_alternative<OptimizerStepOp>(op.body)) return "optimizer_step";
+  if (std::holds_alternative<BufferAcquireOp>(op.body)) return "acquire";
+  return "release";
+}
+
+}  // namespace
+
+nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule, const SimResult& r) {
+  nlohmann::json events = nlohmann::json::array();
+  std::map<std::pair<int, int>, const char*> algorithm_cache;  // (group, op index) -> algorithm name
+  const int R = scenario.cluster.gpus_per_node;
+  for (int rank : r.timeline_ranks) {
+    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank},
+                      {"args", {{"name", "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + ")"}}}});
+    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+    for (size_t s = 0; s < schedule.streams.size(); ++s)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", s},
+                        {"args", {{"name", schedule.streams[s]}}}});
+  }
+  for (const OpSpan& span : r.spans) {
+    const Op& op = schedule.program_of(span.rank).ops[span.op];
+    if (std::holds_alternative<BufferAcquireOp>(op.body) || std::holds_alternative<BufferReleaseOp>(op.body)) continue;
+    nlohmann::json args = {{"step", span.step}, {"op", span.op}};
+    std::string cat = "compute";
+    if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
+      args["flops"] = c->flops;
+      args["micro_batch"] = c->micro_batch;
+    } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
+      cat = "comm";
+      const ProcessGroup& g = schedule.group_of(span.rank, c->role);
+      args["bytes"] = c->bytes;
+      args["group"] = schedule.rank_groups[span.rank][c->role];
+      args["group_role"] = schedule.roles[c->role];
+      args["group_size"] = g.ranks.size();
+      const int group = schedule.rank_groups[span.rank][c->role];
+      auto [it, fresh] = algorithm_cache.try_emplace({group, span.op}, nullptr);
+      if (fresh)
+        it->second = to_string(choose_algorithm(scenario.cluster, c->kind, static_cast<double>(c->bytes),
+                                                group_shape(scenario.cluster, g)));
+      args["algorithm"] = it->second;
+      args["wait_for_peers_us"] = (span.transfer_start - span.start) * 1e6;
+      args["micro_batch"] = c->micro_batch;
+    } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
+      args["shard_params"] = o->shard_params;
+    }
+    events.push_back({{"name", op_name(op)}, {"cat", cat}, {"ph", "X"}, {"pid", span.rank},
+                      {"tid", op.stream}, {"ts", span.start * 1e6}, {"dur", (span.end - span.start) * 1e6},
+                      {"args", std::move(args)}});
+  }
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"},
+          {"otherData", {{"scenario", scenario.name}, {"policy", scenario.policy.preset}, {"gpus", r.gpus},
+                         {"recorded_ranks", r.timeline_ranks.size()}}}};
+}
+
+}  // namespace hzp::sim

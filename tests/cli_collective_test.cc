@@ -1,0 +1,74 @@
+// `hzp collective` end to end: the table it prints (simulated time = closed form on an idle cluster) and
+// its exit codes on bad arguments.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <vector>
+
+namespace {
+
+struct Output {
+  int code = -1;
+  std::string text;  // stdout and stderr together
+};
+
+Output hzp_collective(const std::string& args) {
+  const std::string cmd = std::string("'") + HZP_BINARY + "' collective " + args + " 2>&1";
+  Output out;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.text.append(buffer, n);
+  const int status = pclose(pipe);
+  out.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("hzp collective prints one row per size and the simulation agrees with the closed form", "[cli][sim]") {
+  const Output r = hzp_collective("--cluster dgx-a100 --op all_reduce --group all --bytes 1M:8M");
+  INFO(r.text);
+  REQUIRE(r.code == 0);
+  std::istringstream lines(r.text);
+  std::string line;
+  int rows = 0;
+  long long expected_size = 1 << 20;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#' || line.find("size(B)") != std::string::npos) continue;
+    std::istringstream fields(line);
+    long long size = 0;
+    double time_us = 0, algbw = 0, busbw = 0, model_us = 0;
+    std::string algorithm;
+    REQUIRE(fields >> size >> time_us >> algbw >> busbw >> model_us >> algorithm);
+    CHECK(size == expected_size);
+    CHECK(time_us == Approx(model_us).epsilon(1e-3));       // printed with 2 decimals
+    CHECK(busbw == Approx(algbw * 2 * 15 / 16).epsilon(1e-2));  // nccl-tests all-reduce factor, p = 16
+    expected_size *= 2;
+    ++rows;
+  }
+  CHECK(rows == 4);
+}
+
+TEST_CASE("hzp collective refuses bad arguments with exit code 2", "[cli]") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--op all_reduce --group node --bytes 1M", "missing --cluster"},
+      {"--cluster dgx-a100 --op allreduce --group node --bytes 1M", "--op"},
+      {"--cluster nope --op all_reduce --group node --bytes 1M", "cluster.preset"},
+      {"--cluster dgx-a100 --op all_reduce --group 12 --bytes 1M", "whole nodes"},
+      {"--cluster dgx-a100 --op all_reduce --group node --bytes 1X", "--bytes"},
+      {"--cluster dgx-a100 --op all_reduce --group node --bytes 8M:1M", "below MIN"},
+      {"--cluster dgx-a100 --op all_reduce --group 16 --nodes 1 --bytes 1M", "--nodes"},
+      {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --algorithm direct", "does not apply"},
+      {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --colour red", "unknown option --colour"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const Output r = hzp_collective(args);
+    INFO(args << "\n" << r.text);
+    CHECK(r.code == 2);
+    CHECK(r.text.find(needle) != std::string::npos);
+  }
+}

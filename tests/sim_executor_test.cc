@@ -1,0 +1,168 @@
+// The SimGrid executor end to end. Every test case creates its own SimGrid engine, so each must run in its
+// own process: ctest does that (one test per case); running this binary on several cases at once does not.
+#include "test_util.h"
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "collective_cost.h"
+#include "executor.h"
+
+using namespace hzp;
+using namespace hzp::test;
+
+namespace {
+
+sim::SimResult run_sim(const Built& b, int steps = 1) {
+  sim::SimOptions options;
+  options.steps = steps;
+  auto r = sim::simulate(b.scenario, b.cost, b.schedule, options);
+  if (!r.ok()) FAIL(r.status().message());
+  return *r;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("sim: a 1-GPU DDP step takes exactly its compute time", "[sim]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  const Built b = build(scenario_from(doc));
+  const sim::SimResult r = run_sim(b);
+  double compute = 0;
+  for (const Op& op : b.schedule.programs[0].ops) compute += op_duration(b.scenario, b.schedule, 0, op);
+  CHECK(r.step_time_s == Approx(compute).epsilon(1e-9));
+  CHECK(r.exposed_comm_s == Approx(0).margin(1e-9));
+  CHECK(r.collectives == 0);
+}
+
+TEST_CASE("sim: DDP on 2 nodes agrees with the analytic estimator", "[sim][estimator]") {
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "dgx-a100", 2, "ddp", 4096, 16 * 2)));
+  const sim::SimResult r = run_sim(b);
+  CHECK(r.step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.02));
+}
+
+TEST_CASE("sim: ZeRO-1 on 2 nodes agrees with the analytic estimator", "[sim][estimator]") {
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "dgx-a100", 2, "zero1", 4096, 16 * 2)));
+  CHECK(run_sim(b).step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.02));
+}
+
+TEST_CASE("sim: ZeRO-2 on 2 nodes agrees with the analytic estimator", "[sim][estimator]") {
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "dgx-a100", 2, "zero2", 4096, 16 * 2)));
+  CHECK(run_sim(b).step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.02));
+}
+
+TEST_CASE("sim: ZeRO-3 on one stream (no concurrent collectives) agrees with the estimator", "[sim][estimator]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero3", 4096, 16 * 2);
+  doc["policy"]["overlap"] = {{"separate_streams", false}, {"prefetch_depth", 0}};
+  const Built b = build(scenario_from(doc));
+  const sim::SimResult r = run_sim(b);
+  CHECK(r.step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.02));
+  CHECK(r.overlap_fraction == Approx(0).margin(0.01));
+}
+
+TEST_CASE("sim: ZeRO-3 with overlap: streams share links, never faster than the estimator", "[sim][estimator]") {
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "a800", 4, "zero3", 2048, 32 * 2)));
+  const sim::SimResult r = run_sim(b);
+  const Estimate e = estimate_of(b);
+  CHECK(r.step_time_s >= e.step_time_s * (1 - 1e-6));
+  CHECK(r.compute_s == Approx(e.compute_s).epsilon(1e-6));
+  CHECK(r.overlap_fraction > 0);
+  // Traffic put on the wire: per GPU, the ring volume of every collective (AG fwd + AG bwd + RS per
+  // micro-batch, 2 micro-batches), split between NVLink and NICs.
+  CHECK(r.comm_bytes_intra_node + r.comm_bytes_inter_node == Approx(e.comm_bytes_per_gpu).epsilon(0.01));
+}
+
+TEST_CASE("sim: measured peak memory equals the core's memory model", "[sim][memory]") {
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "a800", 2, "zero3", 4096, 16 * 2)));
+  const sim::SimResult r = run_sim(b);
+  const MemoryBreakdown m = memory_per_gpu(b.scenario, b.cost, b.schedule);
+  CHECK(r.peak_memory.activations == Approx(m.activations).epsilon(1e-9));
+  CHECK(r.peak_memory.total() == Approx(m.total()).epsilon(1e-9));
+  CHECK(r.fits_memory);
+}
+
+TEST_CASE("sim: an out-of-memory scenario is simulated and reported, not a crash", "[sim][memory]") {
+  const Built b = build(scenario_from(scenario_json("llama2-13b", "a800", 1, "ddp", 4096)));
+  const sim::SimResult r = run_sim(b);
+  CHECK_FALSE(r.fits_memory);
+  CHECK_THAT(r.memory_verdict, Catch::Contains("OUT OF MEMORY"));
+  CHECK(r.step_time_s > 0);
+}
+
+TEST_CASE("sim: several steps run back to back", "[sim]") {
+  const Built b = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 2, "zero3", 256)));
+  const sim::SimResult r = run_sim(b, 3);
+  CHECK(r.steps == 3);
+  CHECK(r.ops_executed == 3LL * 16 * static_cast<long long>(b.schedule.programs[0].ops.size()));
+  CHECK(r.total_time_s == Approx(3 * r.step_time_s));
+}
+
+TEST_CASE("sim: a second simulation in the same process is refused", "[sim]") {
+  const Built b = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 1, "ddp", 64)));
+  run_sim(b);
+  auto again = sim::simulate(b.scenario, b.cost, b.schedule, sim::SimOptions{});
+  REQUIRE_FALSE(again.ok());
+  CHECK_THAT(again.status().message(), Catch::Contains("one SimGrid simulation per process"));
+}
+
+TEST_CASE("sim: the event log of a tiny scenario matches its golden file", "[sim][golden]") {
+  auto scenario = load_scenario_file(std::string(HZP_TEST_DATA_DIR) + "/golden/zero3.json");
+  REQUIRE(scenario.ok());
+  const Built b = build(*scenario);
+  const sim::SimResult r = run_sim(b);
+  std::ostringstream log;
+  char line[256];
+  for (const sim::OpSpan& s : r.spans) {
+    std::snprintf(line, sizeof line, "%.9f %.9f rank=%d step=%d op=%d [%s]\n", s.start, s.end, s.rank, s.step, s.op,
+                  b.schedule.streams[b.schedule.program_of(s.rank).ops[s.op].stream].c_str());
+    log << line;
+  }
+  const std::string path = std::string(HZP_SOURCE_DIR) + "/tests/golden/sim_zero3_events.txt";
+  if (std::getenv("HZP_UPDATE_GOLDEN")) {
+    std::ofstream(path) << log.str();
+    WARN("rewrote " << path);
+    return;
+  }
+  INFO("golden file " << path << " (HZP_UPDATE_GOLDEN=1 regenerates it after an intended change)");
+  CHECK(log.str() == read_file(path));
+}
+
+TEST_CASE("sim: timeline is a Chrome trace with one process per GPU and one thread per stream", "[sim]") {
+  const Built b = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 2, "zero3", 64)));
+  const sim::SimResult r = run_sim(b);
+  const nlohmann::json t = sim::timeline_json(b.scenario, b.schedule, r);
+  int complete = 0;
+  std::set<int> pids;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++complete;
+      pids.insert(e["pid"].get<int>());
+      CHECK(e["dur"].get<double>() >= 0);
+      if (e["cat"] == "comm") CHECK(e["args"].contains("bytes"));
+    }
+  }
+  CHECK(pids.size() == 16);
+  CHECK(complete > 0);
+  const nlohmann::json s = sim::summary_json(b.scenario, r);
+  for (const char* key : {"step_time_s", "tokens_per_s", "tokens_per_gpu_per_s", "mfu", "tflops_per_gpu", "compute_s",
+                          "exposed_comm_s", "overlap_fraction", "peak_memory_bytes", "comm_bytes", "gpus", "sim_wall_s"})
+    CHECK(s.contains(key));
+}
+
+TEST_CASE("timeline sample: all ranks up to the limit, then node 0 and spread nodes", "[sim]") {
+  CHECK(sim::timeline_sample(16, 8, 64).size() == 16);
+  const std::vector<int> big = sim::timeline_sample(8192, 8, 64);
+  CHECK(big.size() == 64);
+  CHECK(big[7] == 7);
+  CHECK(big.back() == 8184);
+}

@@ -1,0 +1,310 @@
+// `hzp collective`: one collective over a range of sizes on the simulated cluster, printed like
+// nccl-tests (size, time, algorithm and bus bandwidth), with the closed form of shared/collective_cost.h
+// beside each simulated time.
+#include "cli_collective.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <simgrid/s4u/Actor.hpp>
+#include <simgrid/s4u/Engine.hpp>
+
+#include "collective.h"
+#include "collective_cost.h"
+#include "platform.h"
+#include "scenario_parser.h"
+
+namespace hzp::cli {
+
+const char* const kCollectiveHelp =
+    "usage: hzp collective --cluster PRESET|FILE.json --op OP --group GROUP --bytes MIN[:MAX]\n"
+    "                      [--nodes N] [--algorithm ALGO]\n\n"
+    "Simulates one collective on the SimGrid model of a cluster for sizes MIN, 2·MIN, 4·MIN, ... <= MAX and\n"
+    "prints an nccl-tests-style table: size(B), time_us, algbw_GBps (size / time), busbw_GBps (algbw x the\n"
+    "nccl-tests factor: all_reduce 2(p-1)/p, all_gather / reduce_scatter / all_to_all (p-1)/p, broadcast 1),\n"
+    "model_us (the closed form of shared/collective_cost.h) and the algorithm used. Sizes follow nccl-tests:\n"
+    "all_gather output, reduce_scatter input, all_reduce / broadcast buffer, all_to_all send buffer.\n\n"
+    "  --cluster PRESET|FILE.json  a cluster preset (dgx-a100, a800, dgx-h100, h800, npu-16) or a JSON file\n"
+    "                              holding a cluster object (format: scenarios/README.md)\n"
+    "  --op OP                     all_gather | reduce_scatter | all_reduce | all_to_all | broadcast\n"
+    "  --group GROUP               node: the GPUs of node 0; all: every GPU; N: the first N GPUs (whole\n"
+    "                              nodes when N exceeds the GPUs of one node)\n"
+    "  --bytes MIN[:MAX]           sizes in bytes; suffixes K, M, G = 2^10, 2^20, 2^30 (e.g. 1K:1G)\n"
+    "  --nodes N                   nodes of the cluster; default: the cluster file's, else just enough for\n"
+    "                              the group (all: 2)\n"
+    "  --algorithm ALGO            auto (default: NCCL-like selection per size) | ring | direct |\n"
+    "                              hierarchical | pairwise; a forced algorithm must apply to the group\n\n"
+    "Exit codes: 0 ok, 2 bad arguments or cluster, 1 internal error.\n";
+
+namespace {
+namespace sg4 = simgrid::s4u;
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "hzp collective: %s (see hzp collective --help)\n", message.c_str());
+  return 2;
+}
+
+int fail(const Status& status) {
+  std::fprintf(stderr, "hzp: error: %s\n", status.message().c_str());
+  return status.code() == StatusCode::kInvalidInput ? 2 : 1;
+}
+
+Result<long long> parse_count(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    const long long v = std::stoll(text, &used);
+    if (used == text.size() && v > 0) return v;
+  } catch (const std::exception&) {
+  }
+  return Status::InvalidInput(flag + ": expected a positive integer, got '" + text + "'");
+}
+
+// "64K" -> 65536; K/M/G are powers of 2^10, as nccl-tests reads them.
+Result<long long> parse_size(const std::string& text) {
+  if (text.empty()) return Status::InvalidInput("--bytes: empty size");
+  long long scale = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K': case 'k': scale = 1LL << 10; break;
+    case 'M': case 'm': scale = 1LL << 20; break;
+    case 'G': case 'g': scale = 1LL << 30; break;
+    default: break;
+  }
+  if (scale > 1) digits.pop_back();
+  auto v = parse_count("--bytes", digits);
+  if (!v.ok()) return Status::InvalidInput("--bytes: expected a size like 1024, 64K, 8M or 1G, got '" + text + "'");
+  return *v * scale;
+}
+
+Result<CollectiveKind> parse_op(const std::string& text) {
+  for (CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce,
+                           CollectiveKind::kAllToAll, CollectiveKind::kBroadcast})
+    if (text == to_string(k)) return k;
+  return Status::InvalidInput("--op: expected all_gather, reduce_scatter, all_reduce, all_to_all or broadcast, got '" +
+                              text + "'");
+}
+
+// nullopt = auto.
+Result<std::optional<CollectiveAlgorithm>> parse_algorithm(const std::string& text) {
+  if (text == "auto") return std::optional<CollectiveAlgorithm>();
+  for (CollectiveAlgorithm a : {CollectiveAlgorithm::kRing, CollectiveAlgorithm::kDirect,
+                                CollectiveAlgorithm::kHierarchical, CollectiveAlgorithm::kPairwise})
+    if (text == to_string(a)) return std::optional<CollectiveAlgorithm>(a);
+  return Status::InvalidInput("--algorithm: expected auto, ring, direct, hierarchical or pairwise, got '" + text + "'");
+}
+
+// nccl-tests' bus bandwidth factor: what each rank's busiest link carries relative to the buffer.
+double bus_factor(CollectiveKind kind, int p) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return 2.0 * (p - 1) / p;
+    case CollectiveKind::kBroadcast: return 1;
+    default: return static_cast<double>(p - 1) / p;
+  }
+}
+
+// The cluster object: a preset name or the contents of a JSON file.
+Result<nlohmann::json> cluster_json(const std::string& arg) {
+  if (arg.size() < 5 || arg.compare(arg.size() - 5, 5, ".json") != 0) return nlohmann::json{{"preset", arg}};
+  std::ifstream in(arg);
+  if (!in) return Status::InvalidInput("--cluster: cannot read " + arg);
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return Status::InvalidInput("--cluster: " + arg + " is not a JSON object");
+  return doc;
+}
+
+struct Options {
+  std::string cluster;
+  std::optional<long long> nodes;
+  CollectiveKind kind = CollectiveKind::kAllReduce;
+  std::string group;
+  long long min_bytes = 0;
+  long long max_bytes = 0;
+  std::optional<CollectiveAlgorithm> algorithm;
+};
+
+Result<Options> parse_options(const std::vector<std::string>& args) {
+  Options o;
+  bool have_op = false, have_bytes = false;
+  for (size_t i = 0; i < args.size(); i += 2) {
+    const std::string& flag = args[i];
+    if (i + 1 >= args.size()) {
+      if (flag.rfind("--", 0) != 0) return Status::InvalidInput("unexpected argument '" + flag + "'");
+      return Status::InvalidInput("option " + flag + " needs a value");
+    }
+    const std::string& value = args[i + 1];
+    if (flag == "--cluster") {
+      o.cluster = value;
+    } else if (flag == "--nodes") {
+      HZP_ASSIGN_OR_RETURN(o.nodes, parse_count(flag, value));
+    } else if (flag == "--op") {
+      HZP_ASSIGN_OR_RETURN(o.kind, parse_op(value));
+      have_op = true;
+    } else if (flag == "--group") {
+      o.group = value;
+    } else if (flag == "--bytes") {
+      const size_t colon = value.find(':');
+      HZP_ASSIGN_OR_RETURN(o.min_bytes, parse_size(value.substr(0, colon)));
+      o.max_bytes = o.min_bytes;
+      if (colon != std::string::npos) {
+        HZP_ASSIGN_OR_RETURN(o.max_bytes, parse_size(value.substr(colon + 1)));
+      }
+      if (o.max_bytes < o.min_bytes) return Status::InvalidInput("--bytes: MAX (" + value.substr(colon + 1) + ") is below MIN");
+      have_bytes = true;
+    } else if (flag == "--algorithm") {
+      HZP_ASSIGN_OR_RETURN(o.algorithm, parse_algorithm(value));
+    } else {
+      return Status::InvalidInput(flag.rfind("--", 0) == 0 ? "unknown option " + flag : "unexpected argument '" + flag + "'");
+    }
+  }
+  if (o.cluster.empty()) return Status::InvalidInput("missing --cluster");
+  if (!have_op) return Status::InvalidInput("missing --op");
+  if (o.group.empty()) return Status::InvalidInput("missing --group");
+  if (!have_bytes) return Status::InvalidInput("missing --bytes");
+  return o;
+}
+
+// The group's ranks on the built cluster, from --group.
+Result<std::vector<int>> group_ranks(const Options& o, const ClusterSpec& c) {
+  const int R = c.gpus_per_node;
+  int size = 0;
+  if (o.group == "node") {
+    size = R;
+  } else if (o.group == "all") {
+    size = c.world_size();
+  } else {
+    HZP_ASSIGN_OR_RETURN(const long long n, parse_count("--group", o.group));
+    if (n > c.world_size())
+      return Status::InvalidInput("--group: " + o.group + " GPUs exceed the cluster's " + std::to_string(c.world_size()) +
+                                  " (" + std::to_string(c.nodes) + " nodes x " + std::to_string(R) + ")");
+    if (n > R && n % R != 0)
+      return Status::InvalidInput("--group: " + o.group + " GPUs must fill whole nodes of " + std::to_string(R) +
+                                  " GPUs when they span nodes");
+    size = static_cast<int>(n);
+  }
+  std::vector<int> ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  return ranks;
+}
+
+// Nodes the cluster gets: --nodes, else just enough for the group (`all`: 2).
+Result<long long> nodes_for(const Options& o, int gpus_per_node) {
+  long long needed = 1;
+  if (o.group == "all") {
+    needed = 2;
+  } else if (o.group != "node") {
+    HZP_ASSIGN_OR_RETURN(const long long n, parse_count("--group", o.group));
+    needed = (n + gpus_per_node - 1) / gpus_per_node;
+  }
+  if (!o.nodes) return needed;
+  if (o.group != "all" && *o.nodes < needed)
+    return Status::InvalidInput("--nodes: " + std::to_string(*o.nodes) + " nodes of " + std::to_string(gpus_per_node) +
+                                " GPUs cannot hold --group " + o.group);
+  return *o.nodes;
+}
+
+// The cluster, validated and calibrated exactly as a scenario's: a minimal scenario around it.
+Result<ClusterSpec> parse_cluster(const nlohmann::json& cluster) {
+  nlohmann::json doc = {{"model", {{"preset", "tiny-dense"}}},
+                        {"training", {{"seq_len", 128}, {"micro_batch", 1}}},
+                        {"policy", {{"preset", "ddp"}}}};
+  doc["cluster"] = cluster;
+  HZP_ASSIGN_OR_RETURN(Scenario scenario, parse_scenario(doc, "collective"));
+  return scenario.cluster;
+}
+
+std::string count_of(long long n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+struct Row {
+  long long bytes = 0;
+  double seconds = 0;
+  double model_seconds = 0;
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::kRing;
+};
+
+}  // namespace
+
+int run_collective_command(const std::vector<std::string>& args) {
+  auto options = parse_options(args);
+  if (!options.ok()) return usage_error(options.status().message());
+  const Options& o = *options;
+  auto json = cluster_json(o.cluster);
+  if (!json.ok()) return fail(json.status());
+  auto probe = parse_cluster(*json);  // the preset's GPUs per node decide the default node count
+  if (!probe.ok()) return fail(probe.status());
+  Options sized = o;  // a cluster file's own "nodes" counts as --nodes unless --nodes is given
+  if (!sized.nodes && json->contains("nodes") && (*json)["nodes"].is_number_integer())
+    sized.nodes = (*json)["nodes"].get<long long>();
+  auto nodes = nodes_for(sized, probe->gpus_per_node);
+  if (!nodes.ok()) return usage_error(nodes.status().message());
+  (*json)["nodes"] = *nodes;
+  auto loaded = parse_cluster(*json);
+  if (!loaded.ok()) return fail(loaded.status());
+  const ClusterSpec cluster = std::move(loaded).value();
+  auto ranks = group_ranks(o, cluster);
+  if (!ranks.ok()) return usage_error(ranks.status().message());
+  ProcessGroup group;
+  group.role = "collective";
+  group.ranks = std::move(ranks).value();
+  const GroupShape shape = group_shape(cluster, group);
+  group.ranks_per_node = shape.ranks_per_node;
+  group.nodes = shape.nodes;
+  group.intra_node = shape.nodes == 1;
+  const int p = shape.size();
+  if (o.algorithm && !algorithm_applies(cluster, *o.algorithm, o.kind, shape))
+    return usage_error(std::string("--algorithm ") + to_string(*o.algorithm) + " does not apply to " + to_string(o.kind) +
+                       " over " + count_of(shape.ranks_per_node, "GPU") + " on each of " + count_of(shape.nodes, "node") +
+                       " of " + cluster.name + ": ring, direct (one full-mesh node), hierarchical (several GPUs on "
+                       "several nodes) and pairwise (all_to_all only) apply as shared/collective_cost.h says");
+
+  std::vector<Row> rows;
+  for (long long bytes = o.min_bytes;; bytes *= 2) {
+    const double b = static_cast<double>(bytes);
+    const CollectiveAlgorithm a = o.algorithm ? *o.algorithm : choose_algorithm(cluster, o.kind, b, shape);
+    rows.push_back({bytes, 0, algorithm_time(cluster, a, o.kind, b, shape), a});
+    if (bytes > o.max_bytes / 2) break;
+  }
+
+  // One SimGrid engine per process: every size runs in one simulation, one after the other.
+  int argc = 2;
+  char arg0[] = "hzp";
+  char arg1[] = "--log=root.thresh:warning";
+  char* argv[] = {arg0, arg1, nullptr};
+  sg4::Engine engine(&argc, argv);
+  sim::configure_engine(engine);
+  auto platform = sim::build_platform(engine, cluster);
+  if (!platform.ok()) return fail(platform.status());
+  sg4::Actor::create("collective", platform->gpus[group.ranks.front()], [&] {
+    for (Row& row : rows) {
+      const double start = sg4::Engine::get_clock();
+      sim::run_collective(*platform, {o.kind, static_cast<double>(row.bytes), &group, row.algorithm});
+      row.seconds = sg4::Engine::get_clock() - start;
+    }
+  });
+  engine.run();
+
+  std::printf("# hzp collective: %s over %s (%d per node on %s) of %s: %s of %d x %s\n", to_string(o.kind),
+              count_of(p, "GPU").c_str(), shape.ranks_per_node, count_of(shape.nodes, "node").c_str(),
+              cluster.name.c_str(), count_of(cluster.nodes, "node").c_str(), cluster.gpus_per_node,
+              cluster.gpu.type.c_str());
+  std::printf("# intra-node %s %.0f GB/s x %.2f, %d NICs x %.0f Gb/s x %.2f (%s), leaves of %d nodes, algorithm %s\n",
+              to_string(cluster.intra.topology), cluster.intra.bytes_per_s / 1e9, cluster.efficiency.intra_node,
+              cluster.nic.per_node, cluster.nic.bytes_per_s * 8 / 1e9, cluster.efficiency.inter_node,
+              to_string(cluster.nic.mapping), cluster.inter.leaf_size, o.algorithm ? to_string(*o.algorithm) : "auto");
+  std::printf("%14s %12s %12s %12s %12s  %s\n", "size(B)", "time_us", "algbw_GBps", "busbw_GBps", "model_us", "algorithm");
+  for (const Row& row : rows) {
+    const double algbw = row.seconds > 0 ? row.bytes / row.seconds / 1e9 : 0;
+    std::printf("%14lld %12.2f %12.2f %12.2f %12.2f  %s\n", row.bytes, row.seconds * 1e6, algbw,
+                algbw * bus_factor(o.kind, p), row.model_seconds * 1e6, to_string(row.algorithm));
+  }
+  return 0;
+}
+
+}  // namespace hzp::cli
