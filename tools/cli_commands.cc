@@ -6,11 +6,13 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.h"
 #include "estimator.h"
 #include "cli_collective.h"
+#include "cli_search.h"
 #include "executor.h"
 #include "model_math.h"
 #include "plan.h"
@@ -103,11 +105,27 @@ int run_validate(const std::vector<std::string>& argv) {
   return 0;
 }
 
-int run_plan(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--out"});
+Result<int> parse_positive(const std::string& flag, const std::string& text);
+
+int run_plan(const std::vector<std::string>& all_args) {
+  std::vector<std::string> argv;
+  bool search = false;
+  for (const std::string& a : all_args) (a == "--search" ? search = true : (argv.push_back(a), false));
+  auto args = parse_args(argv, search ? std::vector<std::string>{"--out", "--top", "--jobs"} : std::vector<std::string>{"--out"});
   if (!args.ok()) return usage_error("plan", args.status().message());
   auto scenario = load_scenario_file(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
+  if (search) {
+    int top = 8, jobs = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    for (auto [flag, field] : {std::pair{"--top", &top}, std::pair{"--jobs", &jobs}}) {
+      if (auto v = args->get(flag)) {
+        auto n = parse_positive(flag, *v);
+        if (!n.ok()) return usage_error("plan", n.status().message());
+        *field = *n;
+      }
+    }
+    return run_plan_search(*scenario, top, jobs, args->get("--out").value_or("out/" + scenario->name + "-plan"));
+  }
   auto plan = plan_presets(*scenario);
   if (!plan.ok()) return fail(plan.status());
   std::printf("%s", plan_table(*scenario, *plan).c_str());
@@ -229,11 +247,18 @@ const std::vector<Command>& commands() {
        "its schedule and proves it deadlock-free. Exit 0 valid, 2 invalid, 1 internal error.\n",
        run_validate},
       {"plan", "compare every preset policy: memory, communication, step time, MFU",
-       "usage: hzp plan SCENARIO [--out DIR]\n\n"
+       "usage: hzp plan SCENARIO [--out DIR]\n"
+       "       hzp plan SCENARIO --search [--top K] [--jobs J] [--out DIR]\n\n"
        "For each preset policy (ddp, zero1, zero2, zero3, hsdp — plus the scenario's own sharding when it is\n"
        "not one of them) on the scenario's model, cluster and training setup: memory per GPU by category,\n"
        "whether it fits, bytes each GPU sends per step, and the analytic step time and MFU. The best is the\n"
-       "fastest that fits. --out DIR writes DIR/plan.json (format in README.md).\n",
+       "fastest that fits. --out DIR writes DIR/plan.json (format in README.md).\n\n"
+       "--search enumerates every valid (s_p, s_g, s_os) sharding (AMSP rules) x prefetch depth {0,1,2} x\n"
+       "overlap on/off, drops what does not fit, ranks the rest with the analytic estimator, simulates the\n"
+       "top K (default 8) and every fitting preset in SimGrid, J processes at a time (default: the cores),\n"
+       "and writes DIR/plan.json (every simulated candidate with estimated and simulated step time), and\n"
+       "DIR/best.json, the fastest simulated candidate as a ready-to-run scenario (DIR defaults to\n"
+       "out/<scenario>-plan). Progress goes to stderr.\n",
        run_plan},
       {"schedule", "dump a rank's schedule IR (ops, streams, groups, pools)",
        "usage: hzp schedule SCENARIO [--rank R|all]\n\n"

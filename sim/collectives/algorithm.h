@@ -28,7 +28,7 @@ struct Block {
 struct Context {
   const Platform& platform;
   const CollectiveCall& call;
-  const std::vector<int>& ranks;  // the group, ring order
+  std::vector<int> ranks;         // the group's members in physical order: node by node (see make_context)
   std::vector<Block> blocks;      // one per node visited (members of a node are consecutive in ring order)
   GroupShape shape;               // s0 = members of the first node, s1 = nodes
   LinkParams links;               // α terms (and bandwidths) of the closed forms

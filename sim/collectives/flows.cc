@@ -11,7 +11,10 @@ namespace hzp::sim::collectives {
 namespace sg4 = simgrid::s4u;
 
 Context make_context(const Platform& platform, const CollectiveCall& call) {
+  // NCCL builds its rings from the topology, whatever the communicator's rank order (which only decides
+  // which chunk each rank ends up with): walk the members node by node. Ranks are numbered node-major.
   Context ctx{platform, call, call.group->ranks, {}, {}, {}, false};
+  std::sort(ctx.ranks.begin(), ctx.ranks.end());
   const ClusterSpec& c = *platform.cluster;
   for (int i = 0; i < ctx.size(); ++i) {
     const int node = platform.node_of(ctx.ranks[i]);

@@ -1,0 +1,220 @@
+// `hzp plan --search`: enumerate, rank analytically, simulate the top K (and the presets) in parallel
+// SimGrid processes, and pick the fastest simulated candidate.
+#include "cli_search.h"
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plan.h"
+#include "planner.h"
+#include "policy_registry.h"
+#include "scenario_parser.h"
+
+extern char** environ;
+
+namespace hzp::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Simulation {
+  std::string label;      // "#3" for a searched candidate, the preset name for a preset
+  Scenario scenario;
+  Estimate estimate;
+  double simulated_step_s = -1;
+  double simulated_mfu = 0;
+  bool simulated_fits = false;
+  std::string error;
+};
+
+std::string describe(const Scenario& s) {
+  const ShardingSpec& g = s.policy.sharding;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "P[%d,%d] G[%d,%d] OS[%d,%d] prefetch %d%s", g.params.s0, g.params.s1, g.grads.s0,
+                g.grads.s1, g.optimizer.s0, g.optimizer.s1, s.policy.overlap.prefetch_depth,
+                s.policy.overlap.separate_streams ? "" : " one-stream");
+  return buf;
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("hzp") : p.string();
+}
+
+// Runs `hzp simulate` for every entry, `jobs` processes at a time; one SimGrid engine per process.
+void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) {
+  const std::string exe = self_exe();
+  std::map<pid_t, size_t> running;
+  size_t next = 0, finished = 0;
+  auto reap_one = [&] {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    auto it = running.find(pid);
+    if (it == running.end()) return;
+    Simulation& sim = sims[it->second];
+    running.erase(it);
+    ++finished;
+    const fs::path out = dir / ("sim-" + std::to_string(it->second));
+    std::ifstream in(out / "summary.json");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !in) {
+      sim.error = "simulation failed (see " + (out / "stderr.txt").string() + ")";
+    } else {
+      const nlohmann::json summary = nlohmann::json::parse(in, nullptr, false);
+      if (summary.is_discarded()) {
+        sim.error = "unreadable summary.json";
+      } else {
+        sim.simulated_step_s = summary.value("step_time_s", -1.0);
+        sim.simulated_mfu = summary.value("mfu", 0.0);
+        sim.simulated_fits = summary.value("fits_memory", false);
+      }
+    }
+    std::fprintf(stderr, "plan: simulated %zu/%zu (%s)\n", finished, sims.size(), sim.label.c_str());
+  };
+  for (; next < sims.size(); ++next) {
+    while (static_cast<int>(running.size()) >= jobs) reap_one();
+    const fs::path out = dir / ("sim-" + std::to_string(next));
+    fs::create_directories(out);
+    const fs::path file = out / "scenario.json";
+    std::ofstream(file) << scenario_to_json(sims[next].scenario).dump(2) << "\n";
+    const std::string stdout_path = (out / "stdout.txt").string(), stderr_path = (out / "stderr.txt").string();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> args = {exe, "simulate", file.string(), "--out", out.string(), "--timeline-ranks", "8"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0)
+      running[pid] = next;
+    else
+      sims[next].error = "could not start " + exe;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  while (!running.empty()) reap_one();
+}
+
+nlohmann::json sharding_json(const ShardingSpec& s) {
+  auto g = [](ShardGroup x) { return nlohmann::json::array({x.s0, x.s1}); };
+  return {{"params", g(s.params)}, {"grads", g(s.grads)}, {"optimizer", g(s.optimizer)}};
+}
+
+}  // namespace
+
+int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  SearchOptions options;
+  auto found = search_policies(scenario, options, [](long long done, long long total) {
+    std::fprintf(stderr, "plan: estimated %lld/%lld candidates\r", done, total);
+  });
+  std::fprintf(stderr, "\n");
+  if (!found.ok()) {
+    std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
+    return found.status().code() == StatusCode::kInvalidInput ? 2 : 1;
+  }
+  const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const SearchResult& r = *found;
+  std::printf("search: %lld candidates estimated, %lld rejected for memory, %lld invalid, %zu fit; analytic ranking "
+              "took %.3f s\n",
+              r.evaluated, r.rejected_memory, r.rejected_invalid, r.ranked.size(), search_s);
+  if (r.ranked.empty()) {
+    std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
+    return 0;
+  }
+
+  // The top K searched candidates, then every fitting preset for comparison.
+  std::vector<Simulation> sims;
+  for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top_k; ++i)
+    sims.push_back({"#" + std::to_string(i + 1), r.ranked[i].scenario, r.ranked[i].estimate, -1, 0, false, ""});
+  const size_t searched = sims.size();
+  for (const PolicyEntry& entry : policy_registry()) {
+    if (!entry.in_plan) continue;
+    auto variant = with_policy(scenario, entry.name);
+    if (!variant.ok()) continue;
+    auto est = evaluate(*variant);
+    if (!est.ok() || !est->fits_memory) continue;
+    sims.push_back({entry.name, *variant, *est, -1, 0, false, ""});
+  }
+  const fs::path dir = fs::path(out_dir) / "candidates";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "hzp: error: --out %s: cannot create directory: %s\n", out_dir.c_str(), ec.message().c_str());
+    return 2;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  simulate_all(sims, jobs, dir);
+  const double sim_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+
+  // The presets are points of the search space too: the pick is the fastest simulated of all, so it is never
+  // slower than a preset that fits.
+  (void)searched;
+  int best = -1;
+  for (size_t i = 0; i < sims.size(); ++i)
+    if (sims[i].error.empty() && sims[i].simulated_fits &&
+        (best < 0 || sims[i].simulated_step_s < sims[best].simulated_step_s))
+      best = static_cast<int>(i);
+  std::printf("\n%-8s %-44s %10s %10s %7s %s\n", "rank", "policy", "est s", "sim s", "MFU", "");
+  for (size_t i = 0; i < sims.size(); ++i) {
+    const Simulation& s = sims[i];
+    char simulated[32] = "failed";
+    if (s.error.empty()) std::snprintf(simulated, sizeof simulated, "%.4f", s.simulated_step_s);
+    std::printf("%-8s %-44s %10.4f %10s %6.1f%% %s\n", s.label.c_str(), describe(s.scenario).c_str(),
+                s.estimate.step_time_s, simulated, 100 * s.simulated_mfu,
+                static_cast<int>(i) == best ? "<- best" : s.error.c_str());
+  }
+  std::printf("simulated %zu scenarios with %d parallel processes in %.1f s\n", sims.size(), jobs, sim_s);
+
+  nlohmann::json candidates = nlohmann::json::array();
+  for (const Simulation& s : sims) {
+    const MemoryBreakdown& m = s.estimate.memory;
+    candidates.push_back({{"policy", s.label.rfind('#', 0) == 0 ? "amsp" : s.label},
+                          {"rank", s.label},
+                          {"sharding", sharding_json(s.scenario.policy.sharding)},
+                          {"overlap", {{"prefetch_depth", s.scenario.policy.overlap.prefetch_depth},
+                                       {"separate_streams", s.scenario.policy.overlap.separate_streams}}},
+                          {"memory_bytes_per_gpu", {{"params", m.params}, {"grads", m.grads},
+                                                    {"optimizer", m.optimizer}, {"activations", m.activations},
+                                                    {"buffers", m.buffers}, {"total", m.total()}}},
+                          {"comm_bytes_per_gpu", s.estimate.comm_bytes_per_gpu},
+                          {"estimated_step_time_s", s.estimate.step_time_s},
+                          {"estimated_mfu", s.estimate.mfu},
+                          {"fits_memory", s.estimate.fits_memory},
+                          {"simulated_step_time_s", s.error.empty() ? nlohmann::json(s.simulated_step_s) : nlohmann::json()},
+                          {"simulated_mfu", s.simulated_mfu},
+                          {"error", s.error}});
+  }
+  nlohmann::json plan = {{"scenario", scenario.name},
+                         {"gpus", scenario.data_parallel()},
+                         {"search", {{"evaluated", r.evaluated}, {"rejected_memory", r.rejected_memory},
+                                     {"rejected_invalid", r.rejected_invalid}, {"fitting", r.ranked.size()},
+                                     {"analytic_ranking_s", search_s}, {"simulated", sims.size()},
+                                     {"simulation_wall_s", sim_s}, {"jobs", jobs}}},
+                         {"candidates", candidates},
+                         {"best", best >= 0 ? nlohmann::json(sims[best].label) : nlohmann::json()}};
+  std::ofstream(fs::path(out_dir) / "plan.json") << plan.dump(2) << "\n";
+  if (best >= 0) {
+    nlohmann::json winner = scenario_to_json(sims[best].scenario);
+    winner["name"] = scenario.name + "-best";
+    std::ofstream(fs::path(out_dir) / "best.json") << winner.dump(2) << "\n";
+    std::printf("wrote %s/plan.json and %s/best.json (%s)\n", out_dir.c_str(), out_dir.c_str(),
+                describe(sims[best].scenario).c_str());
+  }
+  return best >= 0 ? 0 : 1;
+}
+
+}  // namespace hzp::cli
