@@ -13,6 +13,11 @@ Result<Schedule> data_parallel(const Scenario& scenario, const ModelCost& cost) 
   return build_data_parallel_schedule(scenario, cost, kName);
 }
 
+// ZeRO++ hpZ: ZeRO-3 plus a secondary parameter copy sharded inside the node for backward all-gathers.
+Result<Schedule> zeropp(const Scenario& scenario, const ModelCost& cost) {
+  return build_data_parallel_schedule(scenario, cost, "zeropp", SchedulerOptions{.secondary_param_copy = true});
+}
+
 constexpr char kDdp[] = "ddp", kZero1[] = "zero1", kZero2[] = "zero2", kZero3[] = "zero3", kFsdp[] = "fsdp",
                kHsdp[] = "hsdp", kMics[] = "mics", kAmsp[] = "amsp", kCustom[] = "custom";
 
@@ -30,7 +35,7 @@ const std::vector<PolicyEntry>& policy_registry() {
       {kMics, "alias of hsdp", data_parallel<kMics>, false},
       {kAmsp, "explicit (s_p, s_g, s_os) partial sharding", data_parallel<kAmsp>, false},
       {kCustom, "explicit sharding without a preset", data_parallel<kCustom>, false},
-      {"zeropp", "ZeRO-3 + secondary intra-node parameter copy (hpZ): scheduler not built yet", nullptr, false},
+      {"zeropp", "ZeRO-3 + secondary intra-node parameter copy for backward all-gathers (ZeRO++ hpZ)", zeropp, true},
       {"asynchzp", "AsyncHZP multi-stream asynchronous scheduling: scheduler not built yet", nullptr, false},
   };
   return table;

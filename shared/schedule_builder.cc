@@ -101,12 +101,13 @@ class SlotPool {
   std::vector<int> last_release_;
 };
 
-StateGroups state_groups(const Schedule& s, GroupRole param, GroupRole grad, GroupRole refresh, GroupRole replica) {
+StateGroups state_groups(const Schedule& s, const ShardingLayout& layout, GroupRole param, GroupRole grad,
+                         GroupRole refresh, GroupRole replica) {
   StateGroups g;
-  g.role_param = static_cast<int>(param);
-  g.role_grad = static_cast<int>(grad);
-  g.role_refresh = static_cast<int>(refresh);
-  g.role_replica = static_cast<int>(replica);
+  g.role_param = layout.role(param);
+  g.role_grad = layout.role(grad);
+  g.role_refresh = layout.role(refresh);
+  g.role_replica = layout.role(replica);
   auto size = [&](int role) { return static_cast<int>(s.group_of(0, role).ranks.size()); };
   g.s_p = size(g.role_param);
   g.s_g = size(g.role_grad);
@@ -118,19 +119,24 @@ StateGroups state_groups(const Schedule& s, GroupRole param, GroupRole grad, Gro
 }  // namespace
 
 Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const ModelCost& cost,
-                                              const std::string& policy_name) {
+                                              const std::string& policy_name, const SchedulerOptions& options) {
   const OverlapSpec& overlap = scenario.policy.overlap;
   const int world = scenario.data_parallel();
   const int ep = scenario.policy.expert_parallel;
-  HZP_ASSIGN_OR_RETURN(ShardingLayout layout, build_sharding_layout(scenario.cluster, scenario.policy.sharding, ep));
+  // The secondary copy only helps when parameters are sharded beyond the node.
+  const bool secondary = options.secondary_param_copy && scenario.policy.sharding.params.s1 > 1;
+  HZP_ASSIGN_OR_RETURN(ShardingLayout layout,
+                       build_sharding_layout(scenario.cluster, scenario.policy.sharding,
+                                             LayoutOptions{ep, secondary}));
+  const std::string refresh_stream = options.dedicated_refresh_stream ? "param_refresh" : "replica_sync";
 
   Schedule schedule;
   schedule.policy = policy_name;
   schedule.world_size = world;
   schedule.gpus_per_node = scenario.cluster.gpus_per_node;
   schedule.roles = layout.roles;
-  schedule.groups = std::move(layout.groups);
-  schedule.rank_groups = std::move(layout.rank_groups);
+  schedule.groups = layout.groups;
+  schedule.rank_groups = layout.rank_groups;
   schedule.rank_program.assign(world, 0);
 
   const StateBytes state = state_bytes_per_param(scenario.training.precision);
@@ -139,11 +145,12 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
                                                                         : DType::kBf16;
   const long long micro_batches = scenario.grad_accum_steps();
   const std::array<StateGroups, 2> kinds = {
-      state_groups(schedule, GroupRole::kParamShard, GroupRole::kGradShard, GroupRole::kParamRefresh,
+      state_groups(schedule, layout, GroupRole::kParamShard, GroupRole::kGradShard, GroupRole::kParamRefresh,
                    GroupRole::kOsReplica),
-      ep > 1 ? state_groups(schedule, GroupRole::kExpertParamShard, GroupRole::kExpertGradShard,
+      ep > 1 ? state_groups(schedule, layout, GroupRole::kExpertParamShard, GroupRole::kExpertGradShard,
                             GroupRole::kExpertParamRefresh, GroupRole::kExpertOsReplica)
              : StateGroups{}};
+  const int role_secondary = secondary ? layout.role(GroupRole::kParamSecondary) : -1;
   const int num_kinds = ep > 1 ? 2 : 1;
 
   std::vector<Unit> units = make_units(cost, scenario.model.layers, ep);
@@ -165,6 +172,8 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     schedule.state_bytes.params += state.param * psi / kinds[k].s_p;
     schedule.state_bytes.grads += state.grad * psi / kinds[k].s_g;
     schedule.state_bytes.optimizer += state.optimizer * psi / kinds[k].s_os;
+    // hpZ's secondary copy: the dense parameters again, sharded over the node.
+    if (secondary && k == 0) schedule.state_bytes.params += state.param * psi / scenario.cluster.gpus_per_node;
   }
 
   ProgramBuilder prog(schedule, overlap.separate_streams);
@@ -195,7 +204,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
   for (int b = static_cast<int>(buckets.size()) - 1; b >= 0; --b) {
     const StateGroups& g = kinds[buckets[b].kind];
     if (g.q_refresh() > 1)
-      refresh_op[b] = prog.add("replica_sync", {},
+      refresh_op[b] = prog.add(refresh_stream, {},
                                CollectiveOp{CollectiveKind::kAllGather, g.role_refresh, param_bytes(buckets[b].params) / g.s_p,
                                             dtype, Payload::kParams, units[buckets[b].units.back()].layer, 0});
   }
@@ -230,8 +239,10 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
       gather_slot[next_gather] = slot;
       for (int k = 0; k < num_kinds; ++k) {
         if (kinds[k].s_p <= 1 || unit.params[k] == 0) continue;
+        // hpZ: backward gathers the dense parameters from the node's secondary copy.
+        const int role = k == 0 && role_secondary >= 0 && v.phase == Phase::kBackward ? role_secondary : kinds[k].role_param;
         const int gather = prog.add("param_gather", {acquire, refresh_of(v.unit, k)},
-                                    CollectiveOp{CollectiveKind::kAllGather, kinds[k].role_param, param_bytes(unit.params[k]),
+                                    CollectiveOp{CollectiveKind::kAllGather, role, param_bytes(unit.params[k]),
                                                  dtype, Payload::kParams, unit.layer, v.micro_batch});
         gather_ops[next_gather].push_back(gather);
         if (first_read[v.unit][k] < 0) first_read[v.unit][k] = gather;
@@ -249,7 +260,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
              : 0;
   auto all_to_all = [&](int layer, int mb, std::vector<int> deps) {
     return prog.add("compute", std::move(deps),
-                    CollectiveOp{CollectiveKind::kAllToAll, static_cast<int>(GroupRole::kExpertParallel), a2a_bytes, dtype,
+                    CollectiveOp{CollectiveKind::kAllToAll, layout.role(GroupRole::kExpertParallel), a2a_bytes, dtype,
                                  Payload::kActivations, layer, mb});
   };
   auto compute = [&](const ModuleCost* m, int layer, Phase phase, int mb, std::vector<int> deps, double flops,

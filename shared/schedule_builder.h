@@ -34,8 +34,19 @@
 
 namespace hzp {
 
+// Variations of the timeline above, each owned by the policy that asks for it (policy_registry.cc).
+struct SchedulerOptions {
+  // ZeRO++ hpZ: after the forward all-gather over the s_p group, each GPU keeps the gathered unit sharded
+  // among the GPUs of its node (Ψ/R more parameter bytes per GPU), so the backward all-gather stays inside
+  // the node (param_secondary group). A no-op when s_p fits in one node.
+  bool secondary_param_copy = false;
+  // AsyncHZP: the parameter refresh gets its own stream ("param_refresh") instead of sharing replica_sync
+  // with the cross-replica all-reduce, so last step's refresh never queues behind this step's sync.
+  bool dedicated_refresh_stream = false;
+};
+
 Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const ModelCost& cost,
-                                              const std::string& policy_name);
+                                              const std::string& policy_name, const SchedulerOptions& options = {});
 
 // Bytes of AdamW HBM traffic per optimizer-slice parameter: read grad, read+write master, m, v, write
 // working param (mixed precision 2 + 8 + 8 + 8 + 2; fp32 4 + 8 + 8 + 8).

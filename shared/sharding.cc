@@ -18,6 +18,7 @@ const char* to_string(GroupRole role) {
     case GroupRole::kExpertGradShard: return "expert_grad_shard";
     case GroupRole::kExpertParamRefresh: return "expert_param_refresh";
     case GroupRole::kExpertOsReplica: return "expert_os_replica";
+    case GroupRole::kParamSecondary: return "param_secondary";
   }
   return "?";
 }
@@ -42,7 +43,10 @@ bool divides(ShardGroup small, ShardGroup big) { return big.s0 % small.s0 == 0 &
 void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_node,
               const std::function<long long(int)>& key_of,
               const std::function<long long(int)>& order_of) {
-  const int role_index = static_cast<int>(role);
+  const int role_index = static_cast<int>(layout.roles.size());
+  layout.roles.push_back(to_string(role));
+  layout.index[static_cast<int>(role)] = role_index;
+  for (std::vector<int>& groups_of_rank : layout.rank_groups) groups_of_rank.push_back(-1);
   std::unordered_map<long long, int> index_of_key;
   const int first_group = static_cast<int>(layout.groups.size());
   for (int r = 0; r < world; ++r) {
@@ -74,7 +78,8 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
 
 }  // namespace
 
-Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& s, int expert_parallel) {
+Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& s,
+                                            const LayoutOptions& options) {
   const int R = cluster.gpus_per_node, N = cluster.nodes, world = cluster.world_size();
   for (ShardGroup g : {s.params, s.grads, s.optimizer}) {
     if (g.s0 < 1 || g.s1 < 1 || R % g.s0 != 0 || N % g.s1 != 0)
@@ -88,14 +93,13 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
   if (!(s.grads == s.params || s.grads == s.optimizer))
     return Status::InvalidInput("policy.sharding.grads: must be sharded like params or like optimizer");
 
-  const int ep = expert_parallel;
+  const int ep = options.expert_parallel;
   if (ep < 1 || world % ep != 0)
     return Status::InvalidInput("policy.expert_parallel: " + std::to_string(ep) + " does not divide " +
                                 std::to_string(world) + " GPUs");
-  const int num_roles = ep > 1 ? kNumGroupRoles : kNumDenseRoles;
   ShardingLayout layout;
-  for (int i = 0; i < num_roles; ++i) layout.roles.push_back(to_string(static_cast<GroupRole>(i)));
-  layout.rank_groups.assign(world, std::vector<int>(num_roles, -1));
+  layout.index.fill(-1);
+  layout.rank_groups.assign(world, {});
 
   auto block = [&](ShardGroup g) { return [=](int r) -> long long { return coords(r, R, g).block; }; };
   auto position = [&](ShardGroup g) { return [=](int r) -> long long { return coords(r, R, g).position; }; };
@@ -116,26 +120,30 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
   add_role(layout, GroupRole::kParamRefresh, world, R,
            [=](int r) -> long long { return os_block(r) * static_cast<long long>(world) + p(r); }, rank_order);
   add_role(layout, GroupRole::kOsReplica, world, R, position(s.optimizer), rank_order);
+  if (options.secondary_param_copy) add_role(layout, GroupRole::kParamSecondary, world, R, block({R, 1}), rank_order);
   if (ep == 1) return layout;
 
   add_role(layout, GroupRole::kExpertParallel, world, R, [=](int r) -> long long { return r / ep; }, rank_order);
   // Expert roles: the dense role's group of r, restricted to the ranks holding r's experts (same r % ep).
   for (int dense = 0; dense < kNumDenseRoles; ++dense) {
     const GroupRole role = static_cast<GroupRole>(static_cast<int>(GroupRole::kExpertParamShard) + dense);
-    const std::vector<std::vector<int>> dense_of = layout.rank_groups;
+    const int dense_index = layout.role(static_cast<GroupRole>(dense));
+    std::vector<int> dense_of(world);
+    for (int r = 0; r < world; ++r) dense_of[r] = layout.rank_groups[r][dense_index];
     std::vector<long long> order(world);  // keep the dense group's ring order
     for (const ProcessGroup& g : layout.groups)
-      if (g.role == layout.roles[dense])
+      if (g.role == layout.roles[dense_index])
         for (size_t i = 0; i < g.ranks.size(); ++i) order[g.ranks[i]] = static_cast<long long>(i);
     add_role(layout, role, world, R,
-             [&](int r) -> long long { return static_cast<long long>(dense_of[r][dense]) * ep + r % ep; },
+             [&](int r) -> long long { return static_cast<long long>(dense_of[r]) * ep + r % ep; },
              [&](int r) -> long long { return order[r]; });
-    const int first = layout.rank_groups[0][static_cast<int>(role)];
+    const int index = layout.role(role);
+    const size_t size = layout.groups[layout.rank_groups[0][index]].ranks.size();
     for (int r = 0; r < world; ++r)
-      if (layout.groups[layout.rank_groups[r][static_cast<int>(role)]].ranks.size() != layout.groups[first].ranks.size())
+      if (layout.groups[layout.rank_groups[r][index]].ranks.size() != size)
         return Status::InvalidInput("policy.expert_parallel: " + std::to_string(ep) + " splits the " +
-                                    layout.roles[dense] + " groups unevenly; expert_parallel and each group's s0 "
-                                    "must divide one another");
+                                    layout.roles[dense_index] + " groups unevenly; expert_parallel and each group's "
+                                    "s0 must divide one another");
   }
   return layout;
 }

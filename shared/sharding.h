@@ -23,6 +23,7 @@
 // (EP and each s0 divide one another), else the layout is refused.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -41,21 +42,32 @@ enum class GroupRole {
   kExpertParamShard, kExpertGradShard, kExpertParamRefresh, kExpertOsReplica,  // the dense roles' groups
                                                                                // restricted to the ranks
                                                                                // holding the same experts
+  // Only with a secondary parameter copy (ZeRO++ hpZ): the GPUs of my node, which hold the copy sharded
+  // among themselves and all-gather it in backward.
+  kParamSecondary,
 };
 inline constexpr int kNumDenseRoles = 4;
-inline constexpr int kNumGroupRoles = 9;
+inline constexpr int kNumGroupRoles = 10;
 const char* to_string(GroupRole role);
 
 // Group membership for every role and rank, deterministic. `groups` is deduplicated: ranks of one group
 // share its index. Built once per (cluster, sharding).
 struct ShardingLayout {
-  std::vector<std::string> roles;            // to_string of each GroupRole, in enum order
+  std::vector<std::string> roles;            // to_string of each present GroupRole, in the order built
   std::vector<ProcessGroup> groups;
-  std::vector<std::vector<int>> rank_groups; // [rank][role] -> index into groups
+  std::vector<std::vector<int>> rank_groups; // [rank][role index] -> index into groups
+  std::array<int, kNumGroupRoles> index{};   // GroupRole -> role index, -1 when the role is absent
+
+  int role(GroupRole r) const { return index[static_cast<int>(r)]; }
+};
+
+struct LayoutOptions {
+  int expert_parallel = 1;          // > 1 adds the expert roles
+  bool secondary_param_copy = false;  // adds kParamSecondary
 };
 
 Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
-                                            int expert_parallel = 1);
+                                            const LayoutOptions& options = {});
 
 // Bytes per parameter of each model state for a precision (mixed precision keeps fp32 master + m + v).
 struct StateBytes {

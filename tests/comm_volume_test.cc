@@ -89,3 +89,23 @@ TEST_CASE("expert parallelism: four all-to-alls per MoE layer per micro-batch, o
     }
   CHECK(a2a == 4 * 32 * 2);
 }
+
+TEST_CASE("ZeRO++ hpZ: backward all-gathers stay inside the node", "[comm][zeropp]") {
+  const int nodes = 4;
+  const double R = 8, D = 32;
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "a800", nodes, "zeropp", 4096)));
+  const double psi = static_cast<double>(b.cost.params);
+  // forward AG over D + reduce-scatter over D + backward AG over the node's R GPUs.
+  const double expected = 2 * (D - 1) / D * 2 * psi + (R - 1) / R * 2 * psi;
+  CHECK(bytes_sent(b) == Approx(expected).epsilon(1e-6));
+  const MemoryBreakdown m = memory_per_gpu(b.scenario, b.cost, b.schedule);
+  CHECK(m.params + m.grads + m.optimizer == Approx(16 * psi / D + 2 * psi / R).epsilon(1e-12));
+}
+
+TEST_CASE("ZeRO++ on one node is ZeRO-3 (the secondary copy would be the primary)", "[comm][zeropp][equivalence]") {
+  const Built zeropp = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 1, "zeropp", 64)));
+  const Built zero3 = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 1, "zero3", 64)));
+  Schedule a = zeropp.schedule, b = zero3.schedule;
+  a.policy = b.policy = "";
+  CHECK(dump_schedule(a, -1) == dump_schedule(b, -1));
+}
