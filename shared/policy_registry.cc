@@ -21,6 +21,13 @@ Result<Schedule> zeropp(const Scenario& scenario, const ModelCost& cost) {
 constexpr char kDdp[] = "ddp", kZero1[] = "zero1", kZero2[] = "zero2", kZero3[] = "zero3", kFsdp[] = "fsdp",
                kHsdp[] = "hsdp", kMics[] = "mics", kAmsp[] = "amsp", kCustom[] = "custom";
 
+// AsyncHZP: P and G sharded inside the node, OS over all GPUs (presets.cc), with every communication kind
+// on its own stream: parameter gathers, gradient reduce-scatters, the cross-replica sync, and the refresh.
+// Not yet: backward prefetch at module (rather than layer) granularity.
+Result<Schedule> asynchzp(const Scenario& scenario, const ModelCost& cost) {
+  return build_data_parallel_schedule(scenario, cost, "asynchzp", SchedulerOptions{.dedicated_refresh_stream = true});
+}
+
 }  // namespace
 
 const std::vector<PolicyEntry>& policy_registry() {
@@ -36,7 +43,7 @@ const std::vector<PolicyEntry>& policy_registry() {
       {kAmsp, "explicit (s_p, s_g, s_os) partial sharding", data_parallel<kAmsp>, false},
       {kCustom, "explicit sharding without a preset", data_parallel<kCustom>, false},
       {"zeropp", "ZeRO-3 + secondary intra-node parameter copy for backward all-gathers (ZeRO++ hpZ)", zeropp, true},
-      {"asynchzp", "AsyncHZP multi-stream asynchronous scheduling: scheduler not built yet", nullptr, false},
+      {"asynchzp", "AsyncHZP: per-state groups, one stream per communication kind, fixed buffer pools", asynchzp, true},
   };
   return table;
 }

@@ -109,3 +109,21 @@ TEST_CASE("ZeRO++ on one node is ZeRO-3 (the secondary copy would be the primary
   a.policy = b.policy = "";
   CHECK(dump_schedule(a, -1) == dump_schedule(b, -1));
 }
+
+TEST_CASE("AsyncHZP with its async features off is the same sharding run synchronously", "[asynchzp][equivalence]") {
+  auto built = [](const char* policy) {
+    nlohmann::json doc = scenario_json("tiny-dense", "dgx-a100", 2, policy, 64, 16 * 2);
+    doc["policy"]["sharding"] = {{"params", {8, 1}}, {"grads", {8, 1}}, {"optimizer", {8, 2}}};
+    doc["policy"]["overlap"] = {{"separate_streams", false}, {"prefetch_depth", 0}};
+    return build(scenario_from(doc));
+  };
+  Schedule a = built("asynchzp").schedule, b = built("amsp").schedule;
+  a.policy = b.policy = "";
+  CHECK(dump_schedule(a, -1) == dump_schedule(b, -1));
+  // With them on, the refresh runs on its own stream, beside the gathers, reduce-scatters and sync.
+  nlohmann::json doc = scenario_json("tiny-dense", "dgx-a100", 2, "asynchzp", 64, 16 * 2);
+  const Built on = build(scenario_from(doc));
+  CHECK(on.scenario.policy.sharding.params == ShardGroup{8, 1});
+  CHECK(on.scenario.policy.sharding.optimizer == ShardGroup{8, 2});
+  CHECK(std::find(on.schedule.streams.begin(), on.schedule.streams.end(), "param_refresh") != on.schedule.streams.end());
+}

@@ -41,7 +41,7 @@ Schedule two_rank_schedule() {
 }  // namespace
 
 TEST_CASE("golden IR dumps of the tiny model under each preset", "[schedule][golden]") {
-  for (const char* name : {"ddp", "zero1", "zero2", "zero3", "hsdp", "amsp", "zero3_single_stream", "zero3_moe_ep", "zeropp"}) {
+  for (const char* name : {"ddp", "zero1", "zero2", "zero3", "hsdp", "amsp", "zero3_single_stream", "zero3_moe_ep", "zeropp", "asynchzp"}) {
     INFO(name);
     const std::string path = std::string(HZP_TEST_DATA_DIR) + "/golden/" + name + ".json";
     auto scenario = load_scenario_file(path);
