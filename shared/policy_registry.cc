@@ -23,9 +23,10 @@ constexpr char kDdp[] = "ddp", kZero1[] = "zero1", kZero2[] = "zero2", kZero3[] 
 
 // AsyncHZP: P and G sharded inside the node, OS over all GPUs (presets.cc), with every communication kind
 // on its own stream: parameter gathers, gradient reduce-scatters, the cross-replica sync, and the refresh.
-// Not yet: backward prefetch at module (rather than layer) granularity.
+// Backward gathers and prefetches module by module.
 Result<Schedule> asynchzp(const Scenario& scenario, const ModelCost& cost) {
-  return build_data_parallel_schedule(scenario, cost, "asynchzp", SchedulerOptions{.dedicated_refresh_stream = true});
+  return build_data_parallel_schedule(scenario, cost, "asynchzp",
+                                      SchedulerOptions{.dedicated_refresh_stream = true, .backward_module_gather = true});
 }
 
 }  // namespace

@@ -215,15 +215,37 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
   auto refresh_of = [&](int unit, int kind) { return bucket_of[unit][kind] < 0 ? -1 : refresh_op[bucket_of[unit][kind]]; };
 
   // The compute visits of the whole step, in order: prefetching runs across micro-batch boundaries.
+  // A visit computes some modules of one unit with their parameters gathered: the whole unit, or — for
+  // AsyncHZP's backward with prefetching and no recomputation — one module, so that the next module's
+  // gather overlaps this one's backward.
   struct Visit {
     int unit;
     Phase phase;
     int micro_batch;
+    std::vector<const ModuleCost*> modules;  // in forward order
+    std::array<std::int64_t, 2> params;      // per kind, gathered for this visit
+    bool first_of_unit;                       // in execution order
+    bool last_of_unit;
   };
+  const bool module_visits = options.backward_module_gather && overlap.prefetch_depth > 0 &&
+                             scenario.training.recompute == Recompute::kNone;
   std::vector<Visit> visits;
   for (int mb = 0; mb < micro_batches; ++mb) {
-    for (int u = 0; u < static_cast<int>(units.size()); ++u) visits.push_back({u, Phase::kForward, mb});
-    for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) visits.push_back({u, Phase::kBackward, mb});
+    for (int u = 0; u < static_cast<int>(units.size()); ++u)
+      visits.push_back({u, Phase::kForward, mb, units[u].modules, units[u].params, true, true});
+    for (int u = static_cast<int>(units.size()) - 1; u >= 0; --u) {
+      const std::vector<const ModuleCost*>& modules = units[u].modules;
+      if (!module_visits || modules.size() < 2) {
+        visits.push_back({u, Phase::kBackward, mb, modules, units[u].params, true, true});
+        continue;
+      }
+      for (size_t i = modules.size(); i-- > 0;) {
+        const ModuleCost* m = modules[i];
+        const std::int64_t experts = ep > 1 ? m->expert_params : 0;
+        visits.push_back({u, Phase::kBackward, mb, {m}, {m->params - experts, experts / ep}, i + 1 == modules.size(),
+                          i == 0});
+      }
+    }
   }
 
   std::vector<std::vector<int>> gather_ops(visits.size());
@@ -238,11 +260,11 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
           prog.add("param_gather", {gather_pool.last_release(slot)}, BufferAcquireOp{gather_pool.pool(), slot, unit.layer});
       gather_slot[next_gather] = slot;
       for (int k = 0; k < num_kinds; ++k) {
-        if (kinds[k].s_p <= 1 || unit.params[k] == 0) continue;
+        if (kinds[k].s_p <= 1 || v.params[k] == 0) continue;
         // hpZ: backward gathers the dense parameters from the node's secondary copy.
         const int role = k == 0 && role_secondary >= 0 && v.phase == Phase::kBackward ? role_secondary : kinds[k].role_param;
         const int gather = prog.add("param_gather", {acquire, refresh_of(v.unit, k)},
-                                    CollectiveOp{CollectiveKind::kAllGather, role, param_bytes(unit.params[k]),
+                                    CollectiveOp{CollectiveKind::kAllGather, role, param_bytes(v.params[k]),
                                                  dtype, Payload::kParams, unit.layer, v.micro_batch});
         gather_ops[next_gather].push_back(gather);
         if (first_read[v.unit][k] < 0) first_read[v.unit][k] = gather;
@@ -286,7 +308,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     // Backward writes each sharded kind's gradients into a reduce slot taken when its bucket starts.
     for (int k = 0; k < num_kinds && v.phase == Phase::kBackward; ++k) {
       const int b = bucket_of[v.unit][k];
-      if (b < 0 || kinds[k].s_g <= 1 || v.unit != buckets[b].units.front()) continue;
+      if (b < 0 || kinds[k].s_g <= 1 || v.unit != buckets[b].units.front() || !v.first_of_unit) continue;
       grad_slot[b] = grad_pool.next_slot();
       deps.push_back(prog.add("compute", {grad_pool.last_release(grad_slot[b])},
                               BufferAcquireOp{grad_pool.pool(), grad_slot[b], unit.layer}));
@@ -294,17 +316,17 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
 
     int last_compute = -1;
     if (v.phase == Phase::kForward) {
-      for (const ModuleCost* m : unit.modules) {
+      for (const ModuleCost* m : v.modules) {
         last_compute = compute(m, unit.layer, Phase::kForward, v.micro_batch, deps, m->fwd_flops, m->fwd_mem_bytes);
         deps = {last_compute};
         for (int k = 0; k < num_kinds; ++k)
           if (first_read[v.unit][k] < 0) first_read[v.unit][k] = last_compute;
       }
     } else {
-      for (const ModuleCost* m : unit.modules)
+      for (const ModuleCost* m : v.modules)
         if (m->recompute_flops > 0 || m->recompute_mem_bytes > 0)
           deps = {compute(m, unit.layer, Phase::kRecompute, v.micro_batch, deps, m->recompute_flops, m->recompute_mem_bytes)};
-      for (auto it = unit.modules.rbegin(); it != unit.modules.rend(); ++it) {
+      for (auto it = v.modules.rbegin(); it != v.modules.rend(); ++it) {
         last_compute = compute(*it, unit.layer, Phase::kBackward, v.micro_batch, deps, (*it)->bwd_flops, (*it)->bwd_mem_bytes);
         deps = {last_compute};
       }
@@ -318,7 +340,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     // Gradient communication of each bucket whose last unit has just finished its backward.
     for (int k = 0; k < num_kinds; ++k) {
       const int b = bucket_of[v.unit][k];
-      if (b < 0 || v.unit != buckets[b].units.back()) continue;
+      if (b < 0 || v.unit != buckets[b].units.back() || !v.last_of_unit) continue;
       const StateGroups& g = kinds[k];
       std::int64_t bytes = grad_bytes(buckets[b].params);
       int prev = last_compute;

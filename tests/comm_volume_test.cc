@@ -127,3 +127,12 @@ TEST_CASE("AsyncHZP with its async features off is the same sharding run synchro
   CHECK(on.scenario.policy.sharding.optimizer == ShardGroup{8, 2});
   CHECK(std::find(on.schedule.streams.begin(), on.schedule.streams.end(), "param_refresh") != on.schedule.streams.end());
 }
+
+TEST_CASE("amsp with every group = the data-parallel group is zero3", "[equivalence]") {
+  nlohmann::json doc = scenario_json("tiny-dense", "dgx-a100", 2, "amsp", 64, 16 * 2);
+  doc["policy"]["sharding"] = {{"params", {8, 2}}, {"grads", {8, 2}}, {"optimizer", {8, 2}}};
+  Schedule a = build(scenario_from(doc)).schedule;
+  Schedule b = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 2, "zero3", 64, 16 * 2))).schedule;
+  a.policy = b.policy = "";
+  CHECK(dump_schedule(a, -1) == dump_schedule(b, -1));
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Smoke test of tools/sweep.py: sweeps two tiny golden scenarios into a temporary folder and checks that
+# results.csv has one row per scenario, without errors, and that the plots and index.html exist.
+# Usage: bash tests/sweep_smoke.sh [HZP]   (HZP defaults to build/hzp; paths are relative to the repo root)
+# Skips (exit 0) when no python3 with matplotlib is found.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hzp="${1:-build/hzp}"
+
+python=""
+for candidate in python3 /usr/bin/python3; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c "import matplotlib" 2>/dev/null; then
+    python="$candidate"
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "sweep_smoke: SKIPPED: matplotlib is not importable (install python3-matplotlib)"
+  exit 0
+fi
+
+out="$(mktemp -d "${TMPDIR:-/tmp}/hzp-sweep-smoke.XXXXXX")"
+trap 'rm -rf "$out"' EXIT
+
+"$python" tools/sweep.py --hzp "$hzp" --jobs 2 --out "$out" tests/data/golden/ddp.json tests/data/golden/zero3.json
+
+fail() { echo "sweep_smoke: FAILED: $*"; exit 1; }
+
+rows=$(($(wc -l < "$out/results.csv") - 1))
+[ "$rows" -eq 2 ] || fail "results.csv has $rows data rows, expected 2"
+# The last column is the error: empty on every row.
+errors=$("$python" -c 'import csv, sys; print(sum(1 for r in csv.DictReader(open(sys.argv[1])) if r["error"]))' \
+  "$out/results.csv")
+[ "$errors" -eq 0 ] || fail "$errors scenarios failed: $(cat "$out/results.csv")"
+for f in mfu_vs_gpus.png memory_by_policy.png exposed_comm_by_policy.png index.html; do
+  [ -s "$out/$f" ] || fail "$f missing or empty"
+done
+grep -q "tools/sweep.py" "$out/index.html" || fail "index.html does not show the command line"
+echo "sweep_smoke: ok"
