@@ -98,4 +98,17 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
   return result;
 }
 
+Status resolve_auto_sharding(Scenario& scenario) {
+  if (!scenario.policy.auto_sharding) return Status::Ok();
+  Scenario fixed = scenario;
+  fixed.policy.auto_sharding = false;
+  HZP_ASSIGN_OR_RETURN(SearchResult found, search_policies(fixed, SearchOptions{}));
+  if (found.ranked.empty())
+    return Status::InvalidInput("policy.sharding: \"auto\" found no sharding that fits in GPU memory");
+  scenario.policy = found.ranked.front().scenario.policy;
+  scenario.policy.preset = "amsp";
+  scenario.policy.auto_sharding = false;
+  return Status::Ok();
+}
+
 }  // namespace hzp

@@ -36,6 +36,10 @@ struct SearchResult {
   long long rejected_invalid = 0;       // rejected by the scheduler (e.g. uneven expert groups)
 };
 
+// For "sharding": "auto": replaces the scenario's policy by the search's analytic best (groups, prefetch,
+// streams; preset stays "amsp"). A no-op without auto_sharding; kInvalidInput when nothing fits.
+Status resolve_auto_sharding(Scenario& scenario);
+
 // `progress(done, total)` is called now and then (may be empty).
 Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptions& options,
                                      const std::function<void(long long, long long)>& progress = {});

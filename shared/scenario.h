@@ -154,6 +154,9 @@ struct PolicySpec {
   // (1 = every rank holds every expert). Expert states are then sharded like the dense ones but only over
   // the ranks that hold the same experts (the expert-data-parallel group, D / expert_parallel ranks).
   int expert_parallel = 1;
+  // "sharding": "auto" (amsp): the groups are the planner's analytic pick, filled in by
+  // resolve_auto_sharding (planner.h) before anything else uses the scenario.
+  bool auto_sharding = false;
 };
 
 struct Scenario {

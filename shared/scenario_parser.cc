@@ -534,9 +534,17 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     why_all = "preset \"" + p.preset + "\" has no default sharding";
   }
 
-  if (!r.has("sharding") && need_all_groups)
+  if (r.has("sharding") && r.at("sharding").is_string()) {
+    if (r.at("sharding") != "auto")
+      return invalid(r.path_of("sharding"), "must be an object of groups or \"auto\"", r.at("sharding"));
+    if (p.preset != "amsp")
+      return invalid(r.path_of("sharding"), "\"auto\" needs \"preset\": \"amsp\" (the planner picks the groups)",
+                     r.at("sharding"));
+    p.auto_sharding = true;
+    p.sharding = *sharding_preset("zero3", gpus_per_node, nodes);  // placeholder until resolve_auto_sharding
+  } else if (!r.has("sharding") && need_all_groups) {
     return invalid(r.path_of("sharding"), "missing params, grads and optimizer groups (" + why_all + ")");
-  if (r.has("sharding")) {
+  } else if (r.has("sharding")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader s, r.child("sharding", {"params", "grads", "optimizer"}));
     const std::pair<const char*, ShardGroup*> states[] = {
         {"params", &p.sharding.params}, {"grads", &p.sharding.grads}, {"optimizer", &p.sharding.optimizer}};

@@ -175,3 +175,14 @@ TEST_CASE("simulate reports an out-of-memory scenario as a verdict", "[cli][sim]
   const auto summary = nlohmann::json::parse(slurp((out_dir / "summary.json").string()));
   CHECK(summary["fits_memory"] == false);
 }
+
+TEST_CASE("\"sharding\": \"auto\" resolves to the planner's pick, printed explicitly", "[cli][planner]") {
+  const RunResult r = run("validate '" + kData + "/auto_amsp.json'");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.err.find("planner's analytic pick") != std::string::npos);
+  const auto resolved = nlohmann::json::parse(r.out);
+  CHECK(resolved["policy"]["preset"] == "amsp");
+  CHECK(resolved["policy"]["sharding"]["params"].is_array());
+  CHECK(resolved["policy"]["sharding"]["optimizer"].is_array());
+}

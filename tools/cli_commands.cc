@@ -16,6 +16,7 @@
 #include "executor.h"
 #include "model_math.h"
 #include "plan.h"
+#include "planner.h"
 #include "policy_registry.h"
 #include "scenario_parser.h"
 #include "schedule_validator.h"
@@ -83,10 +84,24 @@ Status write_output(const std::string& dir, const std::string& name, const std::
   return Status::Ok();
 }
 
+// Every command reads scenarios through here: parse, then let the planner fill in "sharding": "auto".
+Result<Scenario> load(const std::string& path) {
+  HZP_ASSIGN_OR_RETURN(Scenario scenario, load_scenario_file(path));
+  if (scenario.policy.auto_sharding) {
+    HZP_RETURN_IF_ERROR(resolve_auto_sharding(scenario));
+    const ShardingSpec& s = scenario.policy.sharding;
+    std::fprintf(stderr, "hzp: policy.sharding \"auto\" -> params [%d, %d], grads [%d, %d], optimizer [%d, %d], "
+                 "prefetch %d (the planner's analytic pick; `hzp plan --search` also simulates the top candidates)\n",
+                 s.params.s0, s.params.s1, s.grads.s0, s.grads.s1, s.optimizer.s0, s.optimizer.s1,
+                 scenario.policy.overlap.prefetch_depth);
+  }
+  return scenario;
+}
+
 int run_validate(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {});
   if (!args.ok()) return usage_error("validate", args.status().message());
-  auto scenario = load_scenario_file(*args->scenario);
+  auto scenario = load(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
   std::printf("%s\n", scenario_to_json(*scenario).dump(2).c_str());
   const ModelCost cost = model_cost(scenario->model, scenario->training);
@@ -113,7 +128,7 @@ int run_plan(const std::vector<std::string>& all_args) {
   for (const std::string& a : all_args) (a == "--search" ? search = true : (argv.push_back(a), false));
   auto args = parse_args(argv, search ? std::vector<std::string>{"--out", "--top", "--jobs"} : std::vector<std::string>{"--out"});
   if (!args.ok()) return usage_error("plan", args.status().message());
-  auto scenario = load_scenario_file(*args->scenario);
+  auto scenario = load(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
   if (search) {
     int top = 8, jobs = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -139,7 +154,7 @@ int run_plan(const std::vector<std::string>& all_args) {
 int run_schedule(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {"--rank"});
   if (!args.ok()) return usage_error("schedule", args.status().message());
-  auto scenario = load_scenario_file(*args->scenario);
+  auto scenario = load(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
   int rank = 0;
   if (auto r = args->get("--rank")) {
@@ -196,7 +211,7 @@ int run_simulate(const std::vector<std::string>& argv) {
       *field = *n;
     }
   }
-  auto scenario = load_scenario_file(path);
+  auto scenario = load(path);
   if (!scenario.ok()) return fail(scenario.status());
   const std::string out_dir = args->get("--out").value_or("out/" + scenario->name);
   const ModelCost cost = model_cost(scenario->model, scenario->training);
