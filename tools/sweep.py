@@ -1,0 +1,539 @@
+#!/usr/bin/env python3
+"""Simulates many scenarios with `hzp simulate` and tabulates and plots the results.
+
+    python3 tools/sweep.py [--hzp build/hzp] [--jobs N] [--out DIR] [--no-svg] [--keep-runs] SCENARIO_OR_DIR...
+
+Directories are expanded to their *.json files (sorted). Each scenario is first resolved with
+`hzp validate` (its metadata — model, GPU type, policy, sharding — comes from the resolved JSON on stdout),
+then simulated with `hzp simulate`, each in its own process, N scenarios at a time. A scenario that fails
+is reported in the table with its exit status and last stderr line; the sweep goes on, and exits 1 at the
+end (2 on a bad command line, 0 when every scenario was simulated).
+
+Writes into DIR (default out/sweep), every file through a temporary file and a rename:
+  results.csv                  one row per scenario (rewritten as each scenario finishes)
+  mfu_vs_gpus.png/.svg         MFU vs GPU count, one line per (model, policy); no .svg with --no-svg
+  memory_by_policy.png/.svg    peak memory per category per policy, one panel per model
+  exposed_comm_by_policy.png/.svg  exposed communication vs GPU count, one panel per model
+  index.html                   the plots, the table and the command line that produced them
+  runs/<name>/                 summary.json and timeline.json of every scenario (only with --keep-runs)
+
+Plotting needs matplotlib (Debian: python3-matplotlib, for /usr/bin/python3). When the interpreter running
+this script lacks it and /usr/bin/python3 has it, the script re-runs itself under /usr/bin/python3.
+"""
+import argparse
+import concurrent.futures
+import csv
+import datetime
+import html
+import io
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+REEXEC_ENV = "HZP_SWEEP_REEXEC"
+GiB = 2.0**30
+GB = 1e9
+MEMORY_CATEGORIES = ["params", "grads", "optimizer", "activations", "buffers"]
+# Policies in plots and legends follow this order (from replicated to the papers' policies); others after.
+POLICY_ORDER = ["ddp", "zero1", "zero2", "zero3", "fsdp", "zeropp", "hsdp", "mics", "amsp", "asynchzp", "custom"]
+PLOT_DPI = 100
+
+# CSV columns, in order. Numbers are rounded to 6 significant digits when written.
+COLUMNS = [
+    "scenario", "file", "model", "gpu_type", "gpus", "nodes", "policy",
+    "sharding_params", "sharding_grads", "sharding_optimizer", "recompute",
+    "step_time_s", "mfu", "tokens_per_gpu_per_s", "exposed_comm_s", "overlap_fraction",
+    *[f"peak_{c}_GiB" for c in MEMORY_CATEGORIES], "peak_total_GiB", "gpu_memory_GiB", "fits_memory",
+    "comm_intra_node_GB_per_gpu", "comm_inter_node_GB_per_gpu", "sim_wall_s", "error",
+]
+
+
+class UsageError(Exception):
+    """A bad command line: reported in one line, exit status 2."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line and inputs
+
+def parse_args(argv):
+    """Parses the command line; raises UsageError on a bad value."""
+    parser = argparse.ArgumentParser(
+        prog="sweep.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO_OR_DIR",
+                        help="scenario JSON files, or directories whose *.json files are all simulated")
+    parser.add_argument("--hzp", default="build/hzp", help="the hzp binary (default: build/hzp)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="scenarios simulated at a time (default: the number of CPUs)")
+    parser.add_argument("--out", default=os.path.join("out", "sweep"), help="output folder (default: out/sweep)")
+    parser.add_argument("--no-svg", action="store_true", help="write the plots as PNG only (no SVG copies)")
+    parser.add_argument("--keep-runs", action="store_true",
+                        help="keep every scenario's summary.json and timeline.json under OUT/runs/")
+    args = parser.parse_args(argv)
+    if not args.scenarios:
+        raise UsageError("no scenarios given (pass scenario files or directories of *.json)")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    args.formats = ["png"] if args.no_svg else ["png", "svg"]
+    args.hzp = resolve_binary(args.hzp)
+    args.files = expand_scenarios(args.scenarios)
+    return args
+
+
+def resolve_binary(hzp):
+    """Returns the path of the hzp binary: a path as given, or a bare name looked up in PATH."""
+    path = hzp if os.sep in hzp else shutil.which(hzp)
+    if not path or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise UsageError(f"hzp binary not found or not executable: {hzp} "
+                         "(build it with `cmake --build build -j2`, or pass --hzp PATH)")
+    return path
+
+
+def expand_scenarios(paths):
+    """Expands directories to their *.json files (sorted); keeps files in the order given, without repeats."""
+    files = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
+            if not found:
+                raise UsageError(f"no *.json scenarios in directory {path}")
+            files.extend(found)
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise UsageError(f"no such scenario file or directory: {path}")
+    return list(dict.fromkeys(files))
+
+
+def import_pyplot():
+    """Returns matplotlib.pyplot with the Agg backend, re-running the script under /usr/bin/python3 when this
+    interpreter has no matplotlib and that one may (once: the environment marks the re-run)."""
+    try:
+        import matplotlib
+    except ImportError:
+        if os.environ.get(REEXEC_ENV) or not os.access(SYSTEM_PYTHON, os.X_OK) \
+                or os.path.realpath(sys.executable) == os.path.realpath(SYSTEM_PYTHON):
+            raise UsageError("matplotlib is not installed (Debian: apt-get install python3-matplotlib, "
+                             f"then run with {SYSTEM_PYTHON})")
+        print(f"sweep: no matplotlib in {sys.executable}; re-running under {SYSTEM_PYTHON}", file=sys.stderr)
+        os.environ[REEXEC_ENV] = "1"
+        os.execv(SYSTEM_PYTHON, [SYSTEM_PYTHON] + sys.argv)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running hzp
+
+def run_hzp(hzp, args):
+    """Runs `hzp ARGS...` in its own process; returns (stdout, None) or (stdout, error message)."""
+    try:
+        proc = subprocess.run([hzp, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        return "", f"{args[0]}: cannot run {hzp}: {e.strerror}"
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        last = lines[-1].strip() if lines else "(no stderr)"
+        return proc.stdout, f"{args[0]}: exit {proc.returncode}: {last}"
+    return proc.stdout, None
+
+
+def simulate_one(hzp, path, run_dir):
+    """Resolves and simulates one scenario. Returns (resolved scenario or None, summary or None, error or
+    None). run_dir receives summary.json and timeline.json (None: a temporary folder, removed afterwards)."""
+    stdout, error = run_hzp(hzp, ["validate", path])
+    if error:
+        return None, None, error
+    try:
+        resolved = json.loads(stdout)
+    except json.JSONDecodeError as e:
+        return None, None, f"validate: stdout is not the resolved JSON ({e})"
+    with tempfile.TemporaryDirectory(prefix="hzp-sweep-") as tmp:
+        out = run_dir or tmp
+        _, error = run_hzp(hzp, ["simulate", path, "--out", out])
+        if error:
+            return resolved, None, error
+        try:
+            with open(os.path.join(out, "summary.json")) as f:
+                return resolved, json.load(f), None
+        except (OSError, json.JSONDecodeError) as e:
+            return resolved, None, f"simulate: no readable summary.json ({e})"
+
+
+def result_row(path, resolved, summary, error):
+    """One CSV row (a dict over COLUMNS) from a scenario's resolved form and simulation summary."""
+    row = {c: "" for c in COLUMNS}
+    row["file"] = path
+    row["scenario"] = os.path.splitext(os.path.basename(path))[0]
+    row["error"] = error or ""
+    if resolved:
+        cluster, policy = resolved["cluster"], resolved["policy"]
+        row.update({
+            "scenario": resolved.get("name", row["scenario"]),
+            "model": resolved["model"]["name"],
+            "gpu_type": cluster["gpu"]["type"],
+            "gpus": cluster["nodes"] * cluster["gpus_per_node"],
+            "nodes": cluster["nodes"],
+            "policy": policy.get("preset", "custom"),
+            "recompute": resolved["training"]["recompute"],
+            "gpu_memory_GiB": cluster["gpu"]["memory_GiB"],
+        })
+        for state in ("params", "grads", "optimizer"):
+            s0, s1 = policy["sharding"][state]
+            row[f"sharding_{state}"] = f"{s0}x{s1}"
+    if summary:
+        breakdown = summary["peak_memory_breakdown_bytes"]
+        row.update({
+            "scenario": summary.get("scenario", row["scenario"]),
+            "gpus": summary["gpus"],
+            "policy": summary.get("policy", row["policy"]),
+            "step_time_s": summary["step_time_s"],
+            "mfu": summary["mfu"],
+            "tokens_per_gpu_per_s": summary["tokens_per_gpu_per_s"],
+            "exposed_comm_s": summary["exposed_comm_s"],
+            "overlap_fraction": summary["overlap_fraction"],
+            "peak_total_GiB": summary["peak_memory_bytes"] / GiB,
+            "gpu_memory_GiB": summary["gpu_memory_bytes"] / GiB,
+            "fits_memory": summary["fits_memory"],
+            "comm_intra_node_GB_per_gpu": summary["comm_bytes"]["intra_node_per_gpu"] / GB,
+            "comm_inter_node_GB_per_gpu": summary["comm_bytes"]["inter_node_per_gpu"] / GB,
+            "sim_wall_s": summary["sim_wall_s"],
+        })
+        for c in MEMORY_CATEGORIES:
+            row[f"peak_{c}_GiB"] = breakdown.get(c, 0.0) / GiB
+    return row
+
+
+def run_sweep(args, on_row):
+    """Simulates args.files, args.jobs at a time; calls on_row(index, row) as each finishes (in this
+    thread). Returns the rows in input order."""
+    rows = [None] * len(args.files)
+
+    def task(i, path):
+        run_dir = None
+        if args.keep_runs:
+            stem = os.path.splitext(os.path.basename(path))[0]
+            run_dir = os.path.join(args.out, "runs", f"{i:03d}-{stem}")
+        start = time.monotonic()
+        row = result_row(path, *simulate_one(args.hzp, path, run_dir))
+        return i, row, time.monotonic() - start
+
+    # Threads only wait: every simulation runs in its own hzp process.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(task, i, path) for i, path in enumerate(args.files)]
+        try:
+            for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+                i, row, wall = future.result()
+                rows[i] = row
+                status = f"FAILED ({row['error']})" if row["error"] else f"MFU {float(row['mfu']) * 100:.1f} %"
+                print(f"sweep: [{done}/{len(futures)}] {row['scenario']}: {status}, {wall:.1f} s",
+                      file=sys.stderr)
+                on_row(i, row)
+        except KeyboardInterrupt:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Output files
+
+def write_atomic(path, data):
+    """Writes str or bytes to path through a temporary file in the same folder and a rename, so a reader
+    (or an interrupted run) never sees a half-written file and the previous version survives a failure."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def format_cell(value):
+    """A CSV/HTML cell: numbers to 6 significant digits, booleans as true/false."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def csv_text(rows):
+    """The results table as CSV text (header + one line per finished scenario)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        if row is not None:
+            writer.writerow([format_cell(row[c]) for c in COLUMNS])
+    return buf.getvalue()
+
+
+def save_figure(fig, out, stem, formats):
+    """Lays the figure out and saves it as OUT/STEM.<format> for each format (each atomically); returns the
+    PNG's file name."""
+    fig.tight_layout()
+    for fmt in formats:
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=PLOT_DPI, bbox_inches="tight")
+        write_atomic(os.path.join(out, f"{stem}.{fmt}"), buf.getvalue())
+    return f"{stem}.png"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plots
+
+def simulated(rows):
+    """The rows that have simulation results."""
+    return [r for r in rows if r is not None and not r["error"]]
+
+
+def group_by(rows, key):
+    """{key(row): [rows]} in first-seen order."""
+    groups = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return groups
+
+
+def machine_key(row):
+    """What one panel shows: a model on one GPU type."""
+    return row["model"], row["gpu_type"]
+
+
+def machine_label(key, several_types):
+    """'model' or, when the sweep spans several GPU types, 'model on gpu_type'."""
+    model, gpu_type = key
+    return f"{model} on {gpu_type}" if several_types else model
+
+
+def several_gpu_types(rows):
+    """Whether the rows span more than one GPU type (labels then name it)."""
+    return len({r["gpu_type"] for r in rows}) > 1
+
+
+def panel_grid(plt, count, width=5.0, height=3.8):
+    """A figure with one axis per panel, at most 3 per row; returns (fig, axes used)."""
+    cols = min(3, count)
+    nrows = math.ceil(count / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(width * cols, height * nrows), squeeze=False)
+    flat = [ax for line in axes for ax in line]
+    for ax in flat[count:]:
+        ax.set_visible(False)
+    return fig, flat[:count]
+
+
+MARKERS = ["o", "s", "^", "D", "v", "P", "*", "X", "<", ">"]
+
+
+def policy_rank(row):
+    """Sort key putting rows in POLICY_ORDER (unknown policies last, by name); stable otherwise."""
+    policy = row["policy"]
+    return (POLICY_ORDER.index(policy) if policy in POLICY_ORDER else len(POLICY_ORDER), policy)
+
+
+def policy_colors(plt, rows):
+    """{policy: color}, the same in every plot of one sweep (rows are in policy order)."""
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    return {p: cycle[i % len(cycle)] for i, p in enumerate(policies)}
+
+
+def draw_lines(ax, rows, series_key, label, style, value):
+    """One line per series over GPU count (log2 x axis, ticks at the counts present); style(key) gives the
+    line's color and marker. Points that do not fit in memory are overdrawn with a large 'x'."""
+    for key, series in group_by(rows, series_key).items():
+        series = sorted(series, key=lambda r: int(r["gpus"]))
+        ax.plot([int(r["gpus"]) for r in series], [value(r) for r in series], label=label(key), **style(key))
+        oom = [r for r in series if not r["fits_memory"]]
+        if oom:
+            ax.plot([int(r["gpus"]) for r in oom], [value(r) for r in oom], linestyle="none", marker="x",
+                    markersize=12, color=style(key)["color"])
+    counts = sorted({int(r["gpus"]) for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.minorticks_off()
+    ax.set_xlabel("GPUs")
+    ax.grid(True, alpha=0.3)
+
+
+def plot_mfu_vs_gpus(plt, rows, out, formats):
+    """mfu_vs_gpus: MFU vs GPU count, one line per (model, policy) (and GPU type when several); color by
+    policy, marker by model."""
+    several = several_gpu_types(rows)
+    colors = policy_colors(plt, rows)
+    machines = list(group_by(rows, machine_key))
+    rows = sorted(rows, key=lambda r: (machines.index(machine_key(r)), policy_rank(r)))  # legend order
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    draw_lines(ax, rows, lambda r: (r["model"], r["gpu_type"], r["policy"]),
+               lambda k: f"{machine_label(k[:2], several)} / {k[2]}",
+               lambda k: {"color": colors[k[2]], "marker": MARKERS[machines.index(k[:2]) % len(MARKERS)]},
+               lambda r: float(r["mfu"]) * 100)
+    ax.set_ylabel("MFU (%)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("MFU vs GPU count (x: does not fit in memory)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
+    name = save_figure(fig, out, "mfu_vs_gpus", formats)
+    plt.close(fig)
+    return name
+
+
+def plot_exposed_comm(plt, rows, out, formats):
+    """exposed_comm_by_policy: exposed communication seconds vs GPU count, one panel per model, one line
+    per policy."""
+    several = several_gpu_types(rows)
+    colors = policy_colors(plt, rows)
+    machines = group_by(rows, machine_key)
+    fig, axes = panel_grid(plt, len(machines))
+    for ax, (key, panel) in zip(axes, machines.items()):
+        draw_lines(ax, panel, lambda r: r["policy"], str, lambda p: {"color": colors[p], "marker": "o"},
+                   lambda r: float(r["exposed_comm_s"]))
+        ax.set_ylabel("exposed communication (s)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(machine_label(key, several), fontsize="medium")
+        ax.legend(fontsize="small")
+    fig.suptitle("Exposed communication per step by policy (x: does not fit in memory)")
+    name = save_figure(fig, out, "exposed_comm_by_policy", formats)
+    plt.close(fig)
+    return name
+
+
+def largest_fitting_count(panel):
+    """The largest GPU count at which some scenario of the panel fits (the largest count if none fits)."""
+    fitting = [int(r["gpus"]) for r in panel if r["fits_memory"]]
+    return max(fitting or [int(r["gpus"]) for r in panel])
+
+
+def plot_memory(plt, rows, out, formats):
+    """memory_by_policy: stacked peak memory per category, one bar per policy, one panel per model at its
+    largest fitting GPU count; the GPU memory as a dashed line."""
+    several = several_gpu_types(rows)
+    machines = group_by(rows, machine_key)
+    fig, axes = panel_grid(plt, len(machines))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (key, panel) in zip(axes, machines.items()):
+        gpus = largest_fitting_count(panel)
+        bars = [r for r in panel if int(r["gpus"]) == gpus]
+        policies = [r["policy"] for r in bars]
+        labels = [r["policy"] if policies.count(r["policy"]) == 1 else r["scenario"] for r in bars]
+        bottom = [0.0] * len(bars)
+        for color, category in zip(colors, MEMORY_CATEGORIES):
+            heights = [float(r[f"peak_{category}_GiB"]) for r in bars]
+            ax.bar(labels, heights, bottom=bottom, color=color, label=category)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        ax.axhline(float(bars[0]["gpu_memory_GiB"]), color="black", linestyle="--", label="GPU memory")
+        ax.set_ylabel("peak memory per GPU (GiB)")
+        ax.set_title(f"{machine_label(key, several)}, {gpus} GPUs", fontsize="medium")
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
+    fig.suptitle("Peak memory per GPU by category and policy, at the largest GPU count where one fits")
+    name = save_figure(fig, out, "memory_by_policy", formats)
+    plt.close(fig)
+    return name
+
+
+def make_plots(plt, rows, out, formats):
+    """Draws every plot from the simulated rows; returns the PNG file names (none if nothing simulated)."""
+    ok = sorted(simulated(rows), key=policy_rank)
+    if not ok:
+        return []
+    return [plot(plt, ok, out, formats) for plot in (plot_mfu_vs_gpus, plot_memory, plot_exposed_comm)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# index.html
+
+def index_html(rows, plots, command, note):
+    """The report page: command line, plots, and the results table (failed scenarios highlighted)."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
+    body = []
+    for row in rows:
+        if row is None:
+            continue
+        cls = ' class="failed"' if row["error"] else ""
+        cells = "".join(f"<td>{esc(format_cell(row[c]))}</td>" for c in COLUMNS)
+        body.append(f"<tr{cls}>{cells}</tr>")
+    images = "\n".join(f'<p><img src="{esc(p)}" alt="{esc(p)}"></p>' for p in plots)
+    failed = sum(1 for r in rows if r is not None and r["error"])
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>hzp sweep</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; }}
+table {{ border-collapse: collapse; font-size: 12px; }}
+th, td {{ border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }}
+tr.failed td {{ background: #fdd; }}
+img {{ max-width: 100%; }}
+code {{ background: #f4f4f4; padding: 2px 4px; }}
+</style></head><body>
+<h1>hzp sweep</h1>
+<p>Produced by <code>{esc(command)}</code> {esc(note)}</p>
+<p>{len([r for r in rows if r is not None])} scenarios, {failed} failed. Table: <a href="results.csv">results.csv</a>.</p>
+{images}
+<table><tr>{head}</tr>
+{chr(10).join(body)}
+</table>
+</body></html>
+"""
+
+
+def command_line():
+    """The command that produced this run, and where it ran from relative to the repository."""
+    command = "python3 " + shlex.join(sys.argv)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    where = "from the repository root" if os.path.samefile(os.getcwd(), repo) else f"in {os.getcwd()}"
+    stamp = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    return command, f"(run {where}, {stamp})."
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+def main(argv):
+    try:
+        args = parse_args(argv)
+        plt = import_pyplot()
+    except UsageError as e:
+        print(f"sweep: error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    csv_path = os.path.join(args.out, "results.csv")
+    print(f"sweep: {len(args.files)} scenarios, {args.jobs} at a time, {args.hzp} -> {args.out}", file=sys.stderr)
+
+    start = time.monotonic()
+    finished = [None] * len(args.files)
+
+    def on_row(i, row):
+        finished[i] = row
+        write_atomic(csv_path, csv_text(finished))
+
+    try:
+        rows = run_sweep(args, on_row)
+    except KeyboardInterrupt:
+        done = sum(r is not None for r in finished)
+        print(f"sweep: interrupted; {csv_path} holds the {done} scenarios finished", file=sys.stderr)
+        return 130
+
+    plots = make_plots(plt, rows, args.out, args.formats)
+    command, note = command_line()
+    write_atomic(os.path.join(args.out, "index.html"), index_html(rows, plots, command, note))
+    failed = sum(1 for r in rows if r["error"])
+    print(f"sweep: {len(rows)} scenarios ({failed} failed) in {time.monotonic() - start:.1f} s; wrote {csv_path}, "
+          f"{', '.join(plots) or 'no plots'} and index.html", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
