@@ -8,6 +8,11 @@
 #include <chrono>
 #include <thread>
 
+#include <gloo/allreduce_ring.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "store/gloo_store.h"
 #include "store/store.h"
 
 using namespace hzp;
@@ -117,4 +122,54 @@ TEST_CASE("store: bad addresses are errors; stopping the server releases a waiti
   auto v = c->get("never", 30s);
   stopper.join();
   CHECK_FALSE(v.ok());
+}
+
+TEST_CASE("store: two Gloo contexts rendezvous through it and all-reduce", "[store][gloo]") {
+  auto server = serve();
+  constexpr int kRanks = 2;
+  std::vector<std::vector<float>> data(kRanks);
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    data[r] = {1.0f + r, 10.0f * (r + 1), -3.0f};
+    ranks.emplace_back([&, r] {
+      try {
+        auto c = StoreClient::connect("127.0.0.1", server->port(), "secret", 5s);
+        if (!c.ok()) throw std::runtime_error(c.status().message());
+        GlooStore store(std::move(c).value(), 10s);
+        auto device = gloo::transport::tcp::CreateDevice("127.0.0.1");
+        auto context = std::make_shared<gloo::rendezvous::Context>(r, kRanks);
+        context->setTimeout(10s);
+        context->connectFullMesh(store, device);
+        std::vector<float*> ptrs = {data[r].data()};
+        gloo::AllreduceRing<float>(context, ptrs, static_cast<int>(data[r].size())).run();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].empty());
+    CHECK(data[r] == std::vector<float>{3.0f, 30.0f, -6.0f});
+  }
+}
+
+TEST_CASE("store: a Gloo rendezvous with a missing peer fails with the key, not a hang", "[store][gloo]") {
+  StoreLimits limits;
+  limits.max_wait = 300ms;
+  auto server = serve(limits);
+  auto c = StoreClient::connect("127.0.0.1", server->port(), "secret", 5s);
+  REQUIRE(c.ok());
+  GlooStore store(std::move(c).value(), 300ms);
+  auto device = gloo::transport::tcp::CreateDevice("127.0.0.1");
+  auto context = std::make_shared<gloo::rendezvous::Context>(0, 2);  // rank 1 never comes
+  context->setTimeout(1s);
+  try {
+    context->connectFullMesh(store, device);
+    FAIL("connectFullMesh succeeded without rank 1");
+  } catch (const gloo::Exception& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("store"));
+  }
 }
