@@ -140,7 +140,6 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   std::vector<Simulation> sims;
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top_k; ++i)
     sims.push_back({"#" + std::to_string(i + 1), r.ranked[i].scenario, r.ranked[i].estimate, -1, 0, false, ""});
-  const size_t searched = sims.size();
   for (const PolicyEntry& entry : policy_registry()) {
     if (!entry.in_plan) continue;
     auto variant = with_policy(scenario, entry.name);
@@ -162,7 +161,6 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
 
   // The presets are points of the search space too: the pick is the fastest simulated of all, so it is never
   // slower than a preset that fits.
-  (void)searched;
   int best = -1;
   for (size_t i = 0; i < sims.size(); ++i)
     if (sims[i].error.empty() && sims[i].simulated_fits &&
