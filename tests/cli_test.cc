@@ -110,6 +110,8 @@ TEST_CASE("usage errors exit 2 and lose nothing already written", "[cli][bad-inp
   CHECK(run("validate").code == 2);
   CHECK(run("validate '" + kData + "/does-not-exist.json'").code == 2);
   CHECK(run("plan '" + kRoot + "/scenarios/default.json' --bogus 1").code == 2);
+  CHECK(run("plan '" + kRoot + "/scenarios/default.json' --search --top 0").code == 2);
+  CHECK(run("plan '" + kRoot + "/scenarios/default.json' --search --jobs many").code == 2);
   CHECK(run("schedule '" + kRoot + "/scenarios/default.json' --rank 100000").code == 2);
   CHECK(run("schedule '" + kRoot + "/scenarios/default.json' --rank x").code == 2);
   // --out pointing at an existing file: refused, the file keeps its content.
