@@ -118,6 +118,26 @@ struct TrainingSpec {
   std::string optimizer = "adamw";    // only AdamW is modelled
   Recompute recompute = Recompute::kNone;
   bool flash_attention = true;
+  // Clip gradients to this global L2 norm (0 = no clipping). The norm spans every shard, so the schedule
+  // gains a world all-reduce of the partial squared norms before the optimizer (schedule_builder.h).
+  double grad_clip = 0;
+};
+
+// Settings only the runtime reads (runtime/): the optimizer's hyper-parameters, the step count, seeding,
+// evaluation and checkpoints. The simulator ignores them. Defaults suit the tiny models in scenarios/runtime.
+struct RunSpec {
+  std::int64_t steps = 100;           // optimizer steps to train
+  double lr = 3e-3;                   // peak learning rate
+  double min_lr = 3e-4;               // cosine decays to this at `steps`
+  std::int64_t warmup_steps = 10;     // linear warm-up from 0
+  double weight_decay = 0.1;          // AdamW, matrices only
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  std::int64_t seed = 1234;           // weights and data order
+  std::int64_t eval_interval = 0;     // validation loss every N steps (0 = only at the end)
+  std::int64_t eval_batches = 4;      // validation micro-batches per rank per evaluation
+  std::int64_t checkpoint_interval = 0;  // write a checkpoint every N steps (0 = only at the end, if asked)
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -165,6 +185,7 @@ struct Scenario {
   ClusterSpec cluster;
   TrainingSpec training;
   PolicySpec policy;
+  RunSpec run;
 
   int data_parallel() const { return cluster.world_size(); }
   // Micro-batches per optimizer step on each GPU: global_batch / (micro_batch * D).

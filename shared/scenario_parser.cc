@@ -459,7 +459,7 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
   HZP_ASSIGN_OR_RETURN(ObjectReader r,
                        ObjectReader::open(value, "training",
                                           {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
-                                           "precision", "optimizer", "recompute", "flash_attention"}));
+                                           "precision", "optimizer", "recompute", "flash_attention", "grad_clip"}));
   TrainingSpec t;
   HZP_RETURN_IF_ERROR(r.require("seq_len"));
   HZP_RETURN_IF_ERROR(r.require("micro_batch"));
@@ -472,6 +472,7 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
   HZP_RETURN_IF_ERROR(
       r.read_enum("recompute", t.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull}));
   HZP_RETURN_IF_ERROR(r.read_bool("flash_attention", t.flash_attention));
+  HZP_RETURN_IF_ERROR(r.read_number("grad_clip", t.grad_clip, kOne, Bound::kNonNegative));
 
   if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
     return invalid(
@@ -509,6 +510,32 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
     return invalid(batch_path, shown + " is not a multiple of micro_batch (" + std::to_string(t.micro_batch) +
                                    ") x data-parallel size (" + std::to_string(cluster.world_size()) + ")");
   return t;
+}
+
+Result<RunSpec> parse_run(const json& value) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       ObjectReader::open(value, "run",
+                                          {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2",
+                                           "eps", "seed", "eval_interval", "eval_batches", "checkpoint_interval"}));
+  RunSpec run;
+  HZP_RETURN_IF_ERROR(r.read_int("steps", run.steps));
+  HZP_RETURN_IF_ERROR(r.read_number("lr", run.lr, kOne));
+  HZP_RETURN_IF_ERROR(r.read_number("min_lr", run.min_lr, kOne, Bound::kNonNegative));
+  HZP_RETURN_IF_ERROR(r.read_int("warmup_steps", run.warmup_steps, 0));
+  HZP_RETURN_IF_ERROR(r.read_number("weight_decay", run.weight_decay, kOne, Bound::kNonNegative));
+  HZP_RETURN_IF_ERROR(r.read_number("beta1", run.beta1, kOne, Bound::kNonNegative));
+  HZP_RETURN_IF_ERROR(r.read_number("beta2", run.beta2, kOne, Bound::kNonNegative));
+  HZP_RETURN_IF_ERROR(r.read_number("eps", run.eps, kOne));
+  HZP_RETURN_IF_ERROR(r.read_int("seed", run.seed, 0));
+  HZP_RETURN_IF_ERROR(r.read_int("eval_interval", run.eval_interval, 0));
+  HZP_RETURN_IF_ERROR(r.read_int("eval_batches", run.eval_batches));
+  HZP_RETURN_IF_ERROR(r.read_int("checkpoint_interval", run.checkpoint_interval, 0));
+  for (const char* key : {"beta1", "beta2"}) {
+    const double b = std::string(key) == "beta1" ? run.beta1 : run.beta2;
+    if (b >= 1) return invalid(r.path_of(key), "must be in [0, 1)", r.at(key));
+  }
+  if (run.min_lr > run.lr) return invalid(r.path_of("min_lr"), "must not exceed lr (" + std::to_string(run.lr) + ")", run.min_lr);
+  return run;
 }
 
 Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster) {
@@ -606,7 +633,7 @@ json group_json(const ShardGroup& g) {
 }  // namespace
 
 Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(doc, "", {"name", "model", "cluster", "training", "policy"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(doc, "", {"name", "model", "cluster", "training", "policy", "run"}));
   for (const char* key : {"model", "cluster", "training", "policy"}) HZP_RETURN_IF_ERROR(r.require(key));
   Scenario s;
   s.name = std::string(name);
@@ -615,6 +642,9 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   HZP_ASSIGN_OR_RETURN(s.cluster, parse_cluster(r.at("cluster")));
   HZP_ASSIGN_OR_RETURN(s.training, parse_training(r.at("training"), s.model, s.cluster));
   HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster));
+  if (r.has("run")) {
+    HZP_ASSIGN_OR_RETURN(s.run, parse_run(r.at("run")));
+  }
   return s;
 }
 
@@ -755,6 +785,16 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"optimizer", t.optimizer},
       {"recompute", to_string(t.recompute)},
       {"flash_attention", t.flash_attention},
+      {"grad_clip", t.grad_clip},
+  };
+  const RunSpec& u = s.run;
+  json run = {
+      {"steps", u.steps},           {"lr", u.lr},
+      {"min_lr", u.min_lr},         {"warmup_steps", u.warmup_steps},
+      {"weight_decay", u.weight_decay}, {"beta1", u.beta1},
+      {"beta2", u.beta2},           {"eps", u.eps},
+      {"seed", u.seed},             {"eval_interval", u.eval_interval},
+      {"eval_batches", u.eval_batches}, {"checkpoint_interval", u.checkpoint_interval},
   };
 
   const PolicySpec& p = s.policy;
@@ -771,7 +811,8 @@ nlohmann::json scenario_to_json(const Scenario& s) {
   };
   if (p.preset != "custom") policy["preset"] = p.preset;
 
-  return {{"name", s.name}, {"model", model}, {"cluster", cluster}, {"training", training}, {"policy", policy}};
+  return {{"name", s.name}, {"model", model}, {"cluster", cluster}, {"training", training}, {"policy", policy},
+          {"run", run}};
 }
 
 }  // namespace hzp

@@ -42,6 +42,7 @@ const char* to_string(Payload v) {
     case Payload::kParams: return "params";
     case Payload::kGrads: return "grads";
     case Payload::kActivations: return "activations";
+    case Payload::kGradNorm: return "grad_norm";
   }
   return "?";
 }
@@ -80,16 +81,20 @@ struct BodyPrinter {
     if (rank >= 0) os << " group=" << schedule.rank_groups[rank][c.role];
     os << " bytes=" << c.bytes << " dtype=" << to_string(c.dtype) << " payload=" << to_string(c.payload)
        << " layer=" << c.layer << " mb=" << c.micro_batch;
+    if (c.bucket >= 0) os << " bucket=" << c.bucket;
+    if (c.module >= 0) os << " module=" << c.module;
   }
   void operator()(const OptimizerStepOp& o) const {
-    os << "optimizer_step layer=" << o.layer << " shard_params=" << o.shard_params
+    os << "optimizer_step bucket=" << o.bucket << " layer=" << o.layer << " shard_params=" << o.shard_params
        << " mem_bytes=" << fmt_double(o.mem_bytes);
   }
   void operator()(const BufferAcquireOp& b) const {
     os << "acquire pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " layer=" << b.layer;
+    if (b.bucket >= 0) os << " bucket=" << b.bucket;
   }
   void operator()(const BufferReleaseOp& b) const {
     os << "release pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " layer=" << b.layer;
+    if (b.bucket >= 0) os << " bucket=" << b.bucket;
   }
 };
 
@@ -103,6 +108,10 @@ std::string dump_schedule(const Schedule& schedule, int rank) {
   for (size_t i = 0; i < schedule.streams.size(); ++i) os << " " << i << "=" << schedule.streams[i];
   os << "\npools:";
   for (const BufferPool& p : schedule.pools) os << " " << p.name << "(slots=" << p.slots << ",slot_bytes=" << p.slot_bytes << ")";
+  os << "\nbuckets:";
+  for (const GradBucket& b : schedule.buckets) {
+    os << " " << (b.kind == 0 ? "dense" : "expert") << fmt_ranks(b.layers);
+  }
   os << "\n";
   const int first = rank < 0 ? 0 : rank;
   const int last = rank < 0 ? schedule.world_size - 1 : rank;

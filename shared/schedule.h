@@ -28,7 +28,9 @@ enum class Phase { kForward, kBackward, kRecompute };
 enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 enum class DType { kBf16, kFp16, kFp32 };
 // What a collective moves; lets executors and reports attribute communication to a state.
-enum class Payload { kParams, kGrads, kActivations };
+// kGradNorm: the partial squared L2 norms of every rank's final gradient shards, summed over the world
+// before clipping (the executor computes its partial sum when the all-reduce is due).
+enum class Payload { kParams, kGrads, kActivations, kGradNorm };
 
 const char* to_string(Phase v);
 const char* to_string(CollectiveKind v);
@@ -59,10 +61,14 @@ struct CollectiveOp {
   int layer = -1;            // unit (-1 embedding, 0..L-1 layers, L head); for a bucket of several units, the
                              // one whose backward completes it
   int micro_batch = 0;
+  int bucket = -1;           // gradient reduction and parameter refresh: index into Schedule::buckets
+  int module = -1;           // parameter all-gather of ONE module of the unit (its index in the unit, forward
+                             // order: 0 attention, 1 MLP/MoE); -1 = the whole unit
 };
 
 // The AdamW update of this rank's optimizer shard of one unit: memory-bound.
 struct OptimizerStepOp {
+  int bucket = -1;           // index into Schedule::buckets
   int layer = -1;
   std::int64_t shard_params = 0;
   double mem_bytes = 0;
@@ -74,11 +80,13 @@ struct BufferAcquireOp {
   int pool = 0;
   int slot = 0;
   int layer = -1;
+  int bucket = -1;           // a gradient slot holds this bucket (Schedule::buckets); -1 for parameter slots
 };
 struct BufferReleaseOp {
   int pool = 0;
   int slot = 0;
   int layer = -1;
+  int bucket = -1;
 };
 
 using OpBody = std::variant<ComputeOp, CollectiveOp, OptimizerStepOp, BufferAcquireOp, BufferReleaseOp>;
@@ -107,6 +115,14 @@ struct BufferPool {
   std::int64_t slot_bytes = 0;
 };
 
+// Units whose gradients of one kind are reduced and updated together. Gradient collectives, refreshes and
+// optimizer steps name their bucket; a buffer of a bucket is its units' parameters concatenated in this
+// order, each unit's modules in forward order.
+struct GradBucket {
+  int kind = 0;              // 0 dense states, 1 expert states (expert parallelism only)
+  std::vector<int> layers;   // units in backward order (-1 embedding, 0..L-1, L head)
+};
+
 struct Program {
   std::vector<Op> ops;
 };
@@ -127,6 +143,7 @@ struct Schedule {
   std::vector<std::string> roles;         // group roles used by collectives
   std::vector<ProcessGroup> groups;       // every concrete group, deterministic order
   std::vector<BufferPool> pools;
+  std::vector<GradBucket> buckets;
   std::vector<Program> programs;
   std::vector<int> rank_program;          // size world_size
   std::vector<std::vector<int>> rank_groups;  // [rank][role] -> index into groups

@@ -160,8 +160,14 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     buckets.insert(buckets.end(), b.begin(), b.end());
   }
   std::vector<std::array<int, 2>> bucket_of(units.size(), {-1, -1});  // [unit][kind]
-  for (size_t b = 0; b < buckets.size(); ++b)
-    for (int u : buckets[b].units) bucket_of[u][buckets[b].kind] = static_cast<int>(b);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    GradBucket table_entry{buckets[b].kind, {}};
+    for (int u : buckets[b].units) {
+      bucket_of[u][buckets[b].kind] = static_cast<int>(b);
+      table_entry.layers.push_back(units[u].layer);
+    }
+    schedule.buckets.push_back(std::move(table_entry));
+  }
   auto param_bytes = [&](std::int64_t params) { return static_cast<std::int64_t>(params * state.param); };
   auto grad_bytes = [&](std::int64_t params) { return static_cast<std::int64_t>(params * state.grad); };
 
@@ -206,7 +212,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     if (g.q_refresh() > 1)
       refresh_op[b] = prog.add(refresh_stream, {},
                                CollectiveOp{CollectiveKind::kAllGather, g.role_refresh, param_bytes(buckets[b].params) / g.s_p,
-                                            dtype, Payload::kParams, units[buckets[b].units.back()].layer, 0});
+                                            dtype, Payload::kParams, units[buckets[b].units.back()].layer, 0, b});
   }
   // The first op of the step that reads each unit's parameters of each kind: it waits for last step's update.
   std::vector<std::array<int, 2>> first_read(units.size(), {-1, -1});
@@ -226,6 +232,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     std::array<std::int64_t, 2> params;      // per kind, gathered for this visit
     bool first_of_unit;                       // in execution order
     bool last_of_unit;
+    int module = -1;                          // index in the unit of a one-module visit
   };
   const bool module_visits = options.backward_module_gather && overlap.prefetch_depth > 0 &&
                              scenario.training.recompute == Recompute::kNone;
@@ -243,7 +250,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
         const ModuleCost* m = modules[i];
         const std::int64_t experts = ep > 1 ? m->expert_params : 0;
         visits.push_back({u, Phase::kBackward, mb, {m}, {m->params - experts, experts / ep}, i + 1 == modules.size(),
-                          i == 0});
+                          i == 0, static_cast<int>(i)});
       }
     }
   }
@@ -265,7 +272,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
         const int role = k == 0 && role_secondary >= 0 && v.phase == Phase::kBackward ? role_secondary : kinds[k].role_param;
         const int gather = prog.add("param_gather", {acquire, refresh_of(v.unit, k)},
                                     CollectiveOp{CollectiveKind::kAllGather, role, param_bytes(v.params[k]),
-                                                 dtype, Payload::kParams, unit.layer, v.micro_batch});
+                                                 dtype, Payload::kParams, unit.layer, v.micro_batch, -1, v.module});
         gather_ops[next_gather].push_back(gather);
         if (first_read[v.unit][k] < 0) first_read[v.unit][k] = gather;
       }
@@ -311,7 +318,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
       if (b < 0 || kinds[k].s_g <= 1 || v.unit != buckets[b].units.front() || !v.first_of_unit) continue;
       grad_slot[b] = grad_pool.next_slot();
       deps.push_back(prog.add("compute", {grad_pool.last_release(grad_slot[b])},
-                              BufferAcquireOp{grad_pool.pool(), grad_slot[b], unit.layer}));
+                              BufferAcquireOp{grad_pool.pool(), grad_slot[b], unit.layer, b}));
     }
 
     int last_compute = -1;
@@ -347,8 +354,8 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
       if (g.s_g > 1) {
         prev = prog.add("grad_reduce", {prev},
                         CollectiveOp{CollectiveKind::kReduceScatter, g.role_grad, bytes, dtype, Payload::kGrads, unit.layer,
-                                     v.micro_batch});
-        const int release = prog.add("grad_reduce", {prev}, BufferReleaseOp{grad_pool.pool(), grad_slot[b], unit.layer});
+                                     v.micro_batch, b});
+        const int release = prog.add("grad_reduce", {prev}, BufferReleaseOp{grad_pool.pool(), grad_slot[b], unit.layer, b});
         grad_pool.set_release(grad_slot[b], release);
         bytes /= g.s_g;
       }
@@ -356,22 +363,39 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
       if (g.q_grad() > 1) {
         prev = prog.add("replica_sync", {prev},
                         CollectiveOp{CollectiveKind::kReduceScatter, g.role_refresh, bytes, dtype, Payload::kGrads,
-                                     unit.layer, v.micro_batch});
+                                     unit.layer, v.micro_batch, b});
         bytes /= g.q_grad();
       }
       if (g.replicas > 1)
         prev = prog.add("replica_sync", {prev},
                         CollectiveOp{CollectiveKind::kAllReduce, g.role_replica, bytes, dtype, Payload::kGrads, unit.layer,
-                                     v.micro_batch});
+                                     v.micro_batch, b});
       final_grad_op[b] = prev;
     }
+  }
+
+  // Gradient clipping needs the norm over every shard before any update: a world all-reduce of each rank's
+  // partial squared norm once all gradients are final (as FSDP's clip_grad_norm_ / DeepSpeed do).
+  int norm_op = -1;
+  if (scenario.training.grad_clip > 0) {
+    ProcessGroup world_group{"world", {}, world <= scenario.cluster.gpus_per_node, std::min(world, scenario.cluster.gpus_per_node),
+                             scenario.cluster.nodes};
+    for (int r = 0; r < world; ++r) world_group.ranks.push_back(r);
+    const int role_world = static_cast<int>(schedule.roles.size());
+    schedule.roles.push_back("world");
+    schedule.groups.push_back(std::move(world_group));
+    for (std::vector<int>& g : schedule.rank_groups) g.push_back(static_cast<int>(schedule.groups.size()) - 1);
+    norm_op = prog.add("compute", final_grad_op,
+                       CollectiveOp{CollectiveKind::kAllReduce, role_world, 4, DType::kFp32, Payload::kGradNorm,
+                                    scenario.model.layers, static_cast<int>(micro_batches) - 1});
   }
 
   // Step end: AdamW on each bucket's optimizer slice as soon as its gradients are final.
   for (size_t b = 0; b < buckets.size(); ++b) {
     const std::int64_t shard = buckets[b].params / kinds[buckets[b].kind].s_os;
-    const int update = prog.add("compute", {final_grad_op[b]},
-                                OptimizerStepOp{units[buckets[b].units.back()].layer, shard, shard * kAdamBytesPerParam});
+    const int update = prog.add("compute", {norm_op >= 0 ? norm_op : final_grad_op[b]},
+                                OptimizerStepOp{static_cast<int>(b), units[buckets[b].units.back()].layer, shard,
+                                                shard * kAdamBytesPerParam});
     for (int u : buckets[b].units) prog.op(first_read[u][buckets[b].kind]).prev_step_deps.push_back(update);
   }
   schedule.programs.push_back(prog.take());
