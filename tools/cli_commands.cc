@@ -13,6 +13,7 @@
 #include "estimator.h"
 #include "cli_collective.h"
 #include "cli_search.h"
+#include "cli_train.h"
 #include "executor.h"
 #include "model_math.h"
 #include "plan.h"
@@ -292,6 +293,8 @@ const std::vector<Command>& commands() {
        run_simulate},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
        run_collective_command},
+      {"train", "train the scenario's model on local CPU ranks (Gloo) with its policy's schedule", kTrainHelp,
+       run_train_command},
   };
   return table;
 }

@@ -177,9 +177,10 @@ StoreServer::~StoreServer() {
   impl_->changed.notify_all();
   boost::system::error_code ec;
   // Unblock the accept and every connection's read; then join.
+  // shutdown() wakes the blocked accept(); the descriptor is closed only after the thread has left it.
   ::shutdown(impl_->acceptor.native_handle(), SHUT_RDWR);
-  impl_->acceptor.close(ec);
   impl_->accept_thread.join();
+  impl_->acceptor.close(ec);
   std::vector<std::thread> threads;
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);

@@ -1,0 +1,188 @@
+// The local launcher of `hzp train` (see launcher.h).
+#include <utility>  // before Boost.Asio headers pulled in by the store (BRIEF §4)
+
+#include "launch/launcher.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "store/store.h"
+
+extern char** environ;
+
+namespace hzp::runtime {
+namespace {
+
+std::string random_token() {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  unsigned char bytes[16] = {};
+  if (!urandom.read(reinterpret_cast<char*>(bytes), sizeof bytes)) {
+    std::random_device rd;
+    for (unsigned char& b : bytes) b = static_cast<unsigned char>(rd());
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char b : bytes) {
+    token += hex[b >> 4];
+    token += hex[b & 15];
+  }
+  return token;
+}
+
+std::string describe(int status) {
+  if (WIFSIGNALED(status)) return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+volatile sig_atomic_t g_interrupted = 0;
+void on_signal(int) { g_interrupted = 1; }
+
+}  // namespace
+
+int launch_local(const TrainOptions& options, const std::vector<std::string>& argv_tail) {
+  const int n = options.nproc > 0 ? options.nproc : 1;
+  // Bad scenarios are reported once, here, before any rank starts.
+  auto scenario = load_train_scenario(options, n);
+  if (!scenario.ok()) {
+    std::fprintf(stderr, "hzp train: %s\n", scenario.status().message().c_str());
+    return scenario.status().code() == StatusCode::kInvalidInput ? 2 : 1;
+  }
+  const std::string token = random_token();
+  StoreLimits limits;
+  limits.max_wait = std::chrono::milliseconds(static_cast<long long>(options.timeout_s) * 1000);
+  auto server = StoreServer::start("127.0.0.1", 0, token, limits);
+  if (!server.ok()) {
+    std::fprintf(stderr, "hzp train: cannot start the store: %s\n", server.status().message().c_str());
+    return 1;
+  }
+  const std::uint16_t port = (*server)->port();
+  auto client = StoreClient::connect("127.0.0.1", port, token);
+  if (!client.ok()) {
+    std::fprintf(stderr, "hzp train: cannot reach the store: %s\n", client.status().message().c_str());
+    return 1;
+  }
+
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) {
+    std::fprintf(stderr, "hzp train: cannot find this executable (/proc/self/exe)\n");
+    return 1;
+  }
+  self[len] = '\0';
+  std::vector<std::string> args = {self, "train"};
+  args.insert(args.end(), argv_tail.begin(), argv_tail.end());
+
+  const int per_node = options.gpus_per_node > 0 ? options.gpus_per_node : n;
+  std::map<pid_t, int> rank_of;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string kv = *e;
+      const std::string key = kv.substr(0, kv.find('='));
+      static const char* ours[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                   "HZP_STORE_TOKEN", "HZP_LAUNCHED", "HZP_STORE_ADDR", "HZP_STORE_PORT"};
+      bool skip = false;
+      for (const char* o : ours) skip = skip || key == o;
+      if (!skip) env.push_back(kv);
+    }
+    env.push_back("RANK=" + std::to_string(r));
+    env.push_back("WORLD_SIZE=" + std::to_string(n));
+    env.push_back("LOCAL_RANK=" + std::to_string(r % per_node));
+    env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(per_node));
+    env.push_back("MASTER_ADDR=127.0.0.1");
+    env.push_back("MASTER_PORT=" + std::to_string(port));
+    env.push_back("HZP_STORE_TOKEN=" + token);
+    env.push_back("HZP_LAUNCHED=1");
+    std::vector<char*> argv, envp;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      std::fprintf(stderr, "hzp train: fork failed: %s\n", std::strerror(errno));
+      for (const auto& [p, rank] : rank_of) kill(p, SIGKILL);
+      return 1;
+    }
+    if (pid == 0) {
+      execve(self, argv.data(), envp.data());
+      std::fprintf(stderr, "hzp train: cannot start rank %d: %s\n", r, std::strerror(errno));
+      std::_Exit(127);
+    }
+    rank_of[pid] = r;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  // Supervise: reap children; the first abnormal exit is published so survivors can name it.
+  std::map<int, int> status_of;  // rank -> wait status
+  int first_failed = -1;
+  auto deadline = std::chrono::steady_clock::time_point::max();
+  const auto grace = std::chrono::seconds(options.timeout_s + 15);
+  bool killed_stragglers = false;
+  while (static_cast<int>(status_of.size()) < n) {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid > 0 && rank_of.count(pid)) {
+      const int r = rank_of[pid];
+      status_of[r] = status;
+      const bool bad = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      if (bad && first_failed < 0) {
+        first_failed = r;
+        const std::string what = std::to_string(r) + " (" + describe(status) + ")";
+        std::fprintf(stderr, "hzp train: rank %s\n", what.c_str());
+        (void)(*client)->set("hzp/lost", what);
+        deadline = std::chrono::steady_clock::now() + grace;
+      }
+      continue;
+    }
+    if (g_interrupted && first_failed < 0) {
+      std::fprintf(stderr, "hzp train: interrupted; stopping every rank\n");
+      for (const auto& [p, r] : rank_of)
+        if (!status_of.count(r)) kill(p, SIGTERM);
+      first_failed = -2;
+      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    }
+    if (!killed_stragglers && std::chrono::steady_clock::now() > deadline) {
+      for (const auto& [p, r] : rank_of)
+        if (!status_of.count(r)) {
+          std::fprintf(stderr, "hzp train: rank %d still running %lld s after the failure; killing it\n", r,
+                       static_cast<long long>(grace.count()));
+          kill(p, SIGKILL);
+        }
+      killed_stragglers = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  bool all_ok = true;
+  bool all_bad_input = true;
+  for (const auto& [r, status] : status_of) {
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    all_ok = all_ok && ok;
+    all_bad_input = all_bad_input && WIFEXITED(status) && WEXITSTATUS(status) == 2;
+  }
+  if (all_ok) return 0;
+  std::string summary;
+  for (const auto& [r, status] : status_of) summary += "\n  rank " + std::to_string(r) + ": " + describe(status);
+  std::fprintf(stderr, "hzp train: failed%s%s\n",
+               first_failed >= 0 ? (" (first lost: rank " + std::to_string(first_failed) + ")").c_str() : "",
+               summary.c_str());
+  return all_bad_input ? 2 : 1;
+}
+
+}  // namespace hzp::runtime

@@ -1,0 +1,58 @@
+#include "train/data.h"
+
+#include <fstream>
+#include <sstream>
+
+namespace hzp::runtime {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+Result<ByteDataset> ByteDataset::load(const std::string& path, std::int64_t seq_len) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::InvalidInput("data: cannot read '" + path + "'");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  ByteDataset d;
+  d.text_ = buf.str();
+  d.seq_len_ = seq_len;
+  d.split_ = static_cast<std::int64_t>(d.text_.size()) * 9 / 10;
+  if (d.val_bytes() < 4 * (seq_len + 1))
+    return Status::InvalidInput("data: '" + path + "' has " + std::to_string(d.text_.size()) +
+                                " bytes, too few for a validation split of sequences of " + std::to_string(seq_len) +
+                                " tokens");
+  return d;
+}
+
+void ByteDataset::fill(std::int64_t begin, std::int64_t length, std::uint64_t key, std::int64_t micro_batch,
+                       std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const {
+  const std::int64_t span = length - seq_len_ - 1;
+  tokens.resize(micro_batch * seq_len_);
+  targets.resize(micro_batch * seq_len_);
+  for (std::int64_t b = 0; b < micro_batch; ++b) {
+    const std::uint64_t r = splitmix64(key ^ splitmix64(static_cast<std::uint64_t>(b) + 0x5851f42d4c957f2dull));
+    const std::int64_t start = begin + static_cast<std::int64_t>(r % static_cast<std::uint64_t>(span));
+    for (std::int64_t t = 0; t < seq_len_; ++t) {
+      tokens[b * seq_len_ + t] = static_cast<unsigned char>(text_[start + t]);
+      targets[b * seq_len_ + t] = static_cast<unsigned char>(text_[start + t + 1]);
+    }
+  }
+}
+
+void ByteDataset::train_batch(std::uint64_t seed, std::int64_t step, std::int64_t group, std::int64_t micro_batch,
+                              std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const {
+  const std::uint64_t key = splitmix64(splitmix64(seed) ^ splitmix64(static_cast<std::uint64_t>(step) * 1000003ull + group));
+  fill(0, split_, key, micro_batch, tokens, targets);
+}
+
+void ByteDataset::val_batch(std::uint64_t seed, std::int64_t group, std::int64_t micro_batch,
+                            std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const {
+  const std::uint64_t key = splitmix64(splitmix64(seed + 0x7a11d) ^ splitmix64(static_cast<std::uint64_t>(group)));
+  fill(split_, val_bytes(), key, micro_batch, tokens, targets);
+}
+
+}  // namespace hzp::runtime

@@ -1,0 +1,103 @@
+// The runtime executor: runs the core's schedule IR (shared/schedule.h) for one rank on the backend
+// (runtime/backend) and trains the model (runtime/model) with it.
+//
+// The host thread walks the rank's program in order and enqueues every op on its stream, after making the
+// stream wait for the events of the op's dependencies on other streams (CUDA-style). What each op does:
+//   compute            the module's forward/backward for the micro-batch, reading parameters from the
+//                      unit's gather slot (sharded parameters) or from the resident copy (replicated), and
+//                      accumulating gradients into the bucket's gradient slot (sharded gradients) or the
+//                      resident gradients (replicated);
+//   all_gather params  shards -> gather slot (param_shard / param_secondary), or optimizer slices -> the
+//                      parameter shard (param_refresh, the refresh of last step's update);
+//   reduce_scatter     gradient slot -> resident gradient shard (grad_shard), or gradient shard -> optimizer
+//                      slice in place (param_refresh);
+//   all_reduce         optimizer slice across replicas (os_replica), or the partial squared norms (world);
+//   all_to_all         MoE tokens to the ranks holding their experts and back (expert_parallel);
+//   acquire / release  pool slot bookkeeping (gradient slots are zeroed when acquired);
+//   optimizer_step     AdamW on this rank's optimizer slice of the bucket, then its gradients are zeroed.
+//
+// Sharded buffers: every module's parameters form a segment, padded to a multiple of the largest group size
+// so that every group splits it evenly. A state sharded over s ranks keeps the piece at the rank's position
+// in that group; the optimizer slice is piece (param position * q + refresh position) of s_os pieces, which
+// lies inside both the parameter shard and the gradient shard (sharding.h explains why).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "schedule.h"
+#include "scenario.h"
+#include "status.h"
+#include "train/data.h"
+
+namespace hzp::runtime {
+
+// Makes the communicator of `ranks` (global ranks in group order) for a key unique to it, e.g. "g3/s2".
+using CommunicatorFactory =
+    std::function<Result<std::unique_ptr<Communicator>>(const std::vector<int>& ranks, const std::string& key,
+                                                        const std::string& display_name)>;
+
+struct StepMetrics {
+  double loss = 0;        // mean token cross-entropy over the global batch (nats)
+  double aux_loss = 0;    // MoE load-balancing loss (without its coefficient), mean over micro-batches, summed over layers
+  double grad_norm = 0;   // global L2 norm before clipping (0 when clipping is off)
+  double lr = 0;
+  double seconds = 0;
+};
+
+// One executed op, for --trace.
+struct TraceEvent {
+  std::int64_t step = 0;
+  int op = 0;
+  int stream = 0;
+  double start_us = 0;    // steady clock, microseconds since its epoch (shared by processes on a host)
+  double end_us = 0;
+  std::int64_t bytes = 0; // bytes the op moved (collectives), fp32 as executed
+};
+
+// Bytes per memory category on this rank: "params", "grads", "optimizer", "pool:<name>", plus "eval".
+using MemoryReport = std::map<std::string, std::int64_t>;
+
+class Executor {
+ public:
+  // `world` is a communicator over every rank, used for metrics and checkpoint agreement (outside the IR).
+  static Result<std::unique_ptr<Executor>> create(const Scenario& scenario, const Schedule& schedule, int rank,
+                                                  const ByteDataset* data, CommunicatorFactory make_comm,
+                                                  std::function<void(const Status&)> on_fatal);
+  ~Executor();
+
+  // Runs training step `step` (0-based): every micro-batch, gradient sync and the optimizer. Returns the
+  // global metrics (all ranks agree on them).
+  Result<StepMetrics> train_step(std::int64_t step);
+  // Mean validation cross-entropy over `groups` validation micro-batch groups (dealt round-robin to ranks).
+  Result<double> evaluate(std::int64_t groups);
+
+  // Sharded checkpoint of this rank (parameters, Adam moments, the next step), written to `path`
+  // atomically (temp file + rename). load() refuses a file of another layout.
+  Status save(const std::string& path, std::int64_t next_step) const;
+  Result<std::int64_t> load(const std::string& path);
+
+  MemoryReport memory() const;
+  const std::vector<TraceEvent>& trace() const { return trace_; }
+  // Model-state bytes the core predicts for this rank (Schedule::state_bytes, pools).
+  int rank() const;
+
+  struct Impl;
+
+ private:
+  explicit Executor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::vector<TraceEvent> trace_;
+};
+
+// Learning rate of `step` (0-based): linear warm-up to lr over warmup_steps, then cosine to min_lr at `steps`.
+double learning_rate(const RunSpec& run, std::int64_t step);
+
+}  // namespace hzp::runtime

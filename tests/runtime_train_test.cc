@@ -1,0 +1,322 @@
+// Training end to end through the `hzp train` binary: every sharding policy gives the losses of one
+// process, measured memory matches the core's model, the tiny models learn, a killed rank is reported by
+// every survivor, checkpoints resume bit for bit, traces are complete; plus launcher-environment parsing.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "launch/launch_env.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const std::string kData = std::string(HZP_TEST_DATA_DIR) + "/tinyshakespeare_200k.txt";
+
+struct RunResult {
+  int code = -1;
+  std::string output;
+  double seconds = 0;
+};
+
+RunResult run(const std::string& command) {
+  static int counter = 0;
+  const fs::path log = fs::temp_directory_path() / ("hzp_rt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".log");
+  const auto t0 = std::chrono::steady_clock::now();
+  const int status = std::system((command + " > " + log.string() + " 2>&1").c_str());
+  RunResult r;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.output = ss.str();
+  fs::remove(log);
+  return r;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("hzp_rt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// The tiny models of the tests: small enough that 20 steps on 4 ranks take a few seconds.
+json tiny_scenario(bool moe, const json& policy, int steps = 20) {
+  json model = {{"preset", moe ? "tiny-moe" : "tiny-dense"}, {"layers", 2}, {"hidden", 32}, {"heads", 4}, {"ffn_hidden", 64}};
+  if (moe) model["moe"] = {{"experts", 4}, {"top_k", 2}, {"expert_ffn_hidden", 32}};
+  return {{"model", model},
+          {"cluster", {{"preset", "dgx-a100"}, {"gpus_per_node", 4}}},
+          {"training", {{"seq_len", 32}, {"micro_batch", 2}, {"global_batch_sequences", 16}, {"precision", "fp32"}, {"grad_clip", 1.0}}},
+          {"policy", policy},
+          {"run", {{"steps", steps}, {"lr", 0.003}, {"warmup_steps", 5}, {"eval_batches", 4}}}};
+}
+
+std::string write_scenario(const fs::path& dir, const std::string& name, const json& doc) {
+  const fs::path p = dir / (name + ".json");
+  std::ofstream(p) << doc.dump(2);
+  return p.string();
+}
+
+std::string train_cmd(const std::string& scenario, int nproc, int per_node, const fs::path& out, const std::string& extra = "") {
+  return std::string(HZP_BINARY) + " train " + scenario + " --nproc " + std::to_string(nproc) + " --gpus-per-node " +
+         std::to_string(per_node) + " --threads 1 --timeout-s 30 --data " + kData + " --out " + out.string() + " " + extra;
+}
+
+// (step -> loss) and (step -> val_loss) from metrics.jsonl.
+struct Curve {
+  std::map<long long, double> loss, val;
+};
+Curve read_curve(const fs::path& out) {
+  Curve c;
+  std::ifstream in(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    if (j.contains("loss")) c.loss[j["step"]] = j["loss"];
+    if (j.contains("val_loss")) c.val[j["step"]] = j["val_loss"];
+  }
+  return c;
+}
+
+Curve train_ok(const std::string& cmd, const fs::path& out) {
+  const RunResult r = run(cmd);
+  INFO(cmd << "\n" << r.output);
+  REQUIRE(r.code == 0);
+  return read_curve(out);
+}
+
+// Memory per rank: model states and pools as measured against the core's memory model (within 5 %).
+void check_memory(const fs::path& out, int nproc) {
+  for (int r = 0; r < nproc; ++r) {
+    std::ifstream in(out / ("memory_rank" + std::to_string(r) + ".json"));
+    const json m = json::parse(in);
+    INFO("rank " << r << ": " << m.dump());
+    const json& got = m["measured"];
+    const double states = got.value("params", 0.0) + got.value("grads", 0.0) + got.value("optimizer", 0.0);
+    const double model = m["model"]["params"].get<double>() + m["model"]["grads"].get<double>() + m["model"]["optimizer"].get<double>();
+    CHECK(states == Approx(model).epsilon(0.05));
+    for (const auto& [name, bytes] : m["model"]["pools"].items())
+      CHECK(got.value("pool:" + name, 0.0) == Approx(bytes.get<double>()).epsilon(0.05));
+  }
+}
+
+// Every policy, 4 ranks on 2 emulated nodes, against one process: same losses over 20 steps.
+void check_equivalence(bool moe, const json& policy, const std::string& name) {
+  const fs::path dir = fresh_dir("eq_" + name);
+  json one_policy = {{"preset", "ddp"}};
+  const std::string ref = write_scenario(dir, "ref", tiny_scenario(moe, one_policy));
+  const std::string test = write_scenario(dir, name, tiny_scenario(moe, policy));
+  const Curve a = train_ok(train_cmd(ref, 1, 1, dir / "ref"), dir / "ref");
+  const Curve b = train_ok(train_cmd(test, 4, 2, dir / "test"), dir / "test");
+  REQUIRE(a.loss.size() == 20);
+  REQUIRE(b.loss.size() == 20);
+  double worst = 0;
+  for (const auto& [step, loss] : a.loss) worst = std::max(worst, std::abs(b.loss.at(step) - loss) / loss);
+  INFO(name << ": worst relative loss difference " << worst);
+  CHECK(worst <= 1e-5);
+  CHECK(a.loss.rbegin()->second < a.loss.begin()->second);  // it trains at all
+  check_memory(dir / "test", 4);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("runtime equivalence: ddp on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "ddp"}}, "ddp"); }
+TEST_CASE("runtime equivalence: zero1 on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zero1"}}, "zero1"); }
+TEST_CASE("runtime equivalence: zero2 on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zero2"}}, "zero2"); }
+TEST_CASE("runtime equivalence: zero3 on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zero3"}}, "zero3"); }
+TEST_CASE("runtime equivalence: hsdp on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "hsdp"}}, "hsdp"); }
+TEST_CASE("runtime equivalence: amsp partial sharding on 4 ranks = 1 process", "[train]") {
+  // P and G inside the node, OS over both nodes: the refresh all-gather and the q = 2 reduce-scatter run.
+  check_equivalence(false, {{"preset", "amsp"}, {"sharding", {{"params", {2, 1}}, {"grads", {2, 1}}, {"optimizer", {2, 2}}}}}, "amsp");
+}
+TEST_CASE("runtime equivalence: asynchzp on 4 ranks = 1 process", "[train]") {
+  check_equivalence(false, {{"preset", "asynchzp"}, {"overlap", {{"prefetch_depth", 2}}}}, "asynchzp");
+}
+TEST_CASE("runtime equivalence: zeropp (hpZ) on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zeropp"}}, "zeropp"); }
+TEST_CASE("runtime equivalence: MoE zero2 with expert parallelism 2 on 4 ranks = 1 process", "[train]") {
+  check_equivalence(true, {{"preset", "zero2"}, {"expert_parallel", 2}}, "moe_ep2");
+}
+TEST_CASE("runtime equivalence: MoE zero3 with experts replicated on 4 ranks = 1 process", "[train]") {
+  check_equivalence(true, {{"preset", "zero3"}}, "moe_zero3");
+}
+
+TEST_CASE("runtime: checkpoint resume continues the loss curve bit for bit", "[train]") {
+  const fs::path dir = fresh_dir("resume");
+  json doc = tiny_scenario(false, {{"preset", "asynchzp"}}, 10);
+  doc["run"]["checkpoint_interval"] = 5;
+  const std::string scen = write_scenario(dir, "s", doc);
+  const Curve whole = train_ok(train_cmd(scen, 4, 2, dir / "whole"), dir / "whole");
+  train_ok(train_cmd(scen, 4, 2, dir / "part", "--checkpoint-dir " + (dir / "ckpt").string() + " --stop-after 5"), dir / "part");
+  CHECK(fs::exists(dir / "ckpt" / "step_5" / "rank_3.bin"));
+  const Curve resumed = train_ok(train_cmd(scen, 4, 2, dir / "part", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"),
+                                 dir / "part");
+  REQUIRE(resumed.loss.size() == 10);
+  for (const auto& [step, loss] : whole.loss) {
+    INFO("step " << step);
+    CHECK(resumed.loss.at(step) == loss);  // exact
+  }
+  // A checkpoint of another layout is refused with a clear error.
+  json other = doc;
+  other["policy"] = {{"preset", "zero3"}};
+  const std::string other_path = write_scenario(dir, "other", other);
+  const RunResult r = run(train_cmd(other_path, 4, 2, dir / "other", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"));
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("another layout"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: a killed rank makes every other rank fail fast, naming it", "[train]") {
+  const fs::path dir = fresh_dir("fault");
+  const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero3"}}, 50));
+  const std::string cmd = "HZP_FAULT_KILL_RANK=2 HZP_FAULT_KILL_STEP=3 " + train_cmd(scen, 4, 2, dir / "out");
+  const RunResult r = run(cmd);
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK(r.seconds < 30 + 15);  // the configured timeout plus the launcher's grace: no hang
+  CHECK_THAT(r.output, Catch::Contains("rank 2 (killed by signal 9"));
+  for (int survivor : {0, 1, 3}) CHECK_THAT(r.output, Catch::Contains("rank " + std::to_string(survivor) + ": lost rank 2"));
+  CHECK_THAT(r.output, Catch::Contains("first lost: rank 2"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: traces hold every executed op of every rank", "[train]") {
+  const fs::path dir = fresh_dir("trace");
+  const std::string scen = write_scenario(dir, "s", tiny_scenario(true, {{"preset", "zero3"}, {"expert_parallel", 2}}, 2));
+  train_ok(train_cmd(scen, 4, 2, dir / "out",
+                     "--trace " + (dir / "t.json").string() + " --perfetto " + (dir / "p.json").string()),
+           dir / "out");
+  std::ifstream in(dir / "t.json");
+  const json t = json::parse(in);
+  CHECK(t["format"] == "hzp-trace");
+  CHECK(t["version"] == 1);
+  CHECK(t["world_size"] == 4);
+  // Ops per rank from the schedule dump: every one of them, every step, every rank.
+  const RunResult dump = run(std::string(HZP_BINARY) + " schedule " + scen);
+  REQUIRE(dump.code == 0);
+  std::map<int, int> per_rank;
+  bool a2a = false, refresh_or_gather = false;
+  for (const json& e : t["events"]) {
+    per_rank[e["rank"]]++;
+    CHECK(e["end_us"].get<double>() >= e["start_us"].get<double>());
+    if (e["kind"] == "all_to_all") a2a = true;
+    if (e["kind"] == "all_gather") {
+      refresh_or_gather = true;
+      CHECK(e["bytes"].get<long long>() > 0);
+    }
+  }
+  CHECK(a2a);
+  CHECK(refresh_or_gather);
+  REQUIRE(per_rank.size() == 4);
+  const int ops = per_rank[0] / 2;
+  for (const auto& [rank, n] : per_rank) CHECK(n == 2 * ops);
+  std::ifstream pin(dir / "p.json");
+  const json p = json::parse(pin);
+  CHECK(p["traceEvents"].size() > t["events"].size());
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: bad input is refused with the path and exit code 2", "[train]") {
+  const fs::path dir = fresh_dir("bad");
+  json gpt = tiny_scenario(false, {{"preset", "ddp"}});
+  gpt["model"] = {{"preset", "gpt3-175b"}, {"layers", 2}, {"hidden", 32}, {"heads", 4}, {"ffn_hidden", 64}, {"vocab", 256}};
+  RunResult r = run(train_cmd(write_scenario(dir, "gpt", gpt), 1, 1, dir / "o"));
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("model."));
+  json bf16 = tiny_scenario(false, {{"preset", "ddp"}});
+  bf16["training"]["precision"] = "bf16";
+  r = run(train_cmd(write_scenario(dir, "bf16", bf16), 1, 1, dir / "o"));
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("training.precision"));
+  const std::string ok = write_scenario(dir, "ok", tiny_scenario(false, {{"preset", "ddp"}}));
+  r = run(train_cmd(ok, 4, 3, dir / "o"));
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--gpus-per-node 3"));
+  r = run(train_cmd(ok, 3, 3, dir / "o"));  // 16 sequences do not split over 3 ranks x 2
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("training.global_batch_sequences"));
+  r = run(std::string(HZP_BINARY) + " train " + ok + " --data /nonexistent/file.txt");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("/nonexistent/file.txt"));
+  r = run(std::string(HZP_BINARY) + " train " + ok + " --nproc zero");
+  CHECK(r.code == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: ranks started by an external launcher (torchrun-style variables) train", "[train]") {
+  const fs::path dir = fresh_dir("external");
+  const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero2"}}, 3));
+  const int port = 20000 + (::getpid() % 20000);
+  std::string cmd;
+  for (int r = 0; r < 2; ++r)
+    cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+           " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " HZP_STORE_TOKEN=secret " + HZP_BINARY +
+           " train " + scen + " --threads 1 --timeout-s 30 --data " + kData + (r == 0 ? " --out " + (dir / "o").string() : "") +
+           " & ";
+  cmd += "wait %1 && wait %2";
+  const RunResult r = run("bash -c '" + cmd + "'");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(read_curve(dir / "o").loss.size() == 3);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their errors", "[train]") {
+  using hzp::runtime::detect_launch_env;
+  auto from = [](std::map<std::string, std::string> vars) {
+    return [vars](const char* name) -> const char* {
+      auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  auto none = detect_launch_env(from({}));
+  REQUIRE(none.ok());
+  CHECK(!none->has_value());
+  auto torchrun = detect_launch_env(from({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
+                                          {"MASTER_PORT", "29500"}, {"HZP_STORE_TOKEN", "t"}}));
+  REQUIRE(torchrun.ok());
+  CHECK((*torchrun)->source == "torchrun");
+  CHECK((*torchrun)->rank == 3);
+  CHECK((*torchrun)->world_size == 8);
+  CHECK((*torchrun)->local_rank == 1);
+  CHECK((*torchrun)->store_host == "10.0.0.1");
+  CHECK((*torchrun)->store_port == 29500);
+  CHECK(!(*torchrun)->hosted_by_launcher);
+  auto slurm = detect_launch_env(from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n1"},
+                                       {"MASTER_PORT", "29500"}, {"HZP_STORE_PORT", "29600"}, {"HZP_STORE_TOKEN", "t"}}));
+  REQUIRE(slurm.ok());
+  CHECK((*slurm)->source == "slurm");
+  CHECK((*slurm)->rank == 5);
+  CHECK((*slurm)->store_port == 29600);
+  auto ompi = detect_launch_env(from({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+                                      {"MASTER_PORT", "1234"}, {"HZP_STORE_TOKEN", "t"}}));
+  REQUIRE(ompi.ok());
+  CHECK((*ompi)->source == "openmpi");
+  auto partial = detect_launch_env(from({{"RANK", "0"}}));
+  REQUIRE(!partial.ok());
+  CHECK_THAT(partial.status().message(), Catch::Contains("WORLD_SIZE"));
+  auto bad = detect_launch_env(from({{"RANK", "9"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "t"}}));
+  REQUIRE(!bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("RANK='9'"));
+  auto no_token = detect_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
+  REQUIRE(!no_token.ok());
+  CHECK_THAT(no_token.status().message(), Catch::Contains("HZP_STORE_TOKEN"));
+  auto bad_port = detect_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}, {"HZP_STORE_TOKEN", "t"}}));
+  REQUIRE(!bad_port.ok());
+  CHECK_THAT(bad_port.status().message(), Catch::Contains("MASTER_PORT"));
+}

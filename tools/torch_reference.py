@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+"""PyTorch reference for the runtime's models (runtime/model/model.h), used by tests/torch_compare_main.cc.
+
+    /usr/bin/python3 tools/torch_reference.py IN.json OUT.json
+
+IN.json (written by torch_compare):
+    config:  vocab, hidden, heads, ffn, layers, moe_layer [bool per layer], experts, top_k, expert_ffn,
+             aux_loss_coef, batch, seq
+    ids, targets: batch * seq token ids, sequence-major (token t of sequence b at b * seq + t)
+    params:  name -> {"shape": [rows, cols] or [size] for norm weights, "data": [...]} with the names
+             embedding.wte [V x h]
+             layers.L.attention.{norm [h], wq, wk, wv, wo [h x h]}
+             layers.L.mlp.{norm [h], w_gate, w_up [h x f], w_down [f x h]}            (dense layers)
+             layers.L.moe.{norm [h], router [h x E]}                                   (MoE layers)
+             layers.L.experts.E.{w_gate, w_up [h x fe], w_down [fe x h]}               (MoE layers)
+             head.{norm [h], w_out [h x V]}
+OUT.json:
+    loss = mean token cross-entropy + aux_loss_coef * (sum over MoE layers of aux), ce, aux [per MoE layer],
+    min_router_gap (smallest gap between the k-th and (k+1)-th router logit: routing is decided by it),
+    grads: name -> flat dL/dparam.
+
+The model is written from the equations in model.h, in float64: pre-norm residual blocks with RMSNorm
+(eps 1e-5), rotate-half rotary embeddings (theta 10000) on q and k, causal softmax attention, SwiGLU MLPs,
+a softmax router with top-k selection (ties to the lower index), gate weights renormalised over the selected
+experts, the Switch load-balancing loss E * sum_e f_e * P_e, and an untied output head.
+"""
+import json
+import math
+import sys
+
+import torch
+
+torch.set_default_dtype(torch.float64)
+
+
+def rms_norm(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + 1e-5) * w
+
+
+def rotary(x, seq):
+    """x: [batch, seq, heads, d]; rotate-half rotary embedding at positions 0..seq-1."""
+    d = x.shape[-1]
+    half = d // 2
+    inv_freq = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2.0 / d)
+    angles = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]  # [seq, half]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[None, :, None, :]
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[None, :, None, :]
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention(x, p, cfg):
+    b, s, h, heads = cfg["batch"], cfg["seq"], cfg["hidden"], cfg["heads"]
+    d = h // heads
+    xn = rms_norm(x, p["norm"])
+    q = rotary((xn @ p["wq"]).view(b, s, heads, d), s).transpose(1, 2)  # [b, heads, s, d]
+    k = rotary((xn @ p["wk"]).view(b, s, heads, d), s).transpose(1, 2)
+    v = (xn @ p["wv"]).view(b, s, heads, d).transpose(1, 2)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    out = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, s, h)
+    return x + out @ p["wo"]
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    return (torch.nn.functional.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def mlp(x, p):
+    return x + swiglu(rms_norm(x, p["norm"]), p["w_gate"], p["w_up"], p["w_down"])
+
+
+def moe(x, p, experts, cfg):
+    """Returns (x + sum_k w_k expert_k(norm(x)), aux, smallest logit gap at the top-k boundary)."""
+    n_experts, top_k = cfg["experts"], cfg["top_k"]
+    shape = x.shape
+    xn = rms_norm(x, p["norm"]).reshape(-1, shape[-1])  # [T, h]
+    tokens = xn.shape[0]
+    logits = xn @ p["router"]
+    probs = logits.softmax(dim=-1)
+    # Top-k by probability, ties to the lower expert index: a stable descending sort.
+    order = torch.sort(probs.detach(), dim=-1, descending=True, stable=True).indices
+    chosen = order[:, :top_k]  # [T, k]
+    picked = probs.gather(1, chosen)
+    gates = picked / picked.sum(dim=-1, keepdim=True)
+    # Dense [T, E] gate matrix: zero for experts a token did not pick.
+    gate_matrix = torch.zeros(tokens, n_experts).scatter(1, chosen, gates)
+    out = torch.zeros_like(xn)
+    for e in range(n_experts):
+        w = experts[e]
+        out = out + gate_matrix[:, e:e + 1] * swiglu(xn, w["w_gate"], w["w_up"], w["w_down"])
+    # Switch load balancing: f_e = share of the T*k assignments (a count, no gradient), P_e = mean p_e.
+    counts = torch.zeros(n_experts).scatter_add(0, chosen.reshape(-1), torch.ones(tokens * top_k))
+    f = counts / (tokens * top_k)
+    aux = n_experts * (f * probs.mean(dim=0)).sum()
+    if top_k < n_experts:
+        sorted_logits = logits.detach().gather(1, order)
+        gap = (sorted_logits[:, top_k - 1] - sorted_logits[:, top_k]).min().item()
+    else:
+        gap = float("inf")
+    return x + out.reshape(shape), aux, gap
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: torch_reference.py IN.json OUT.json")
+    with open(sys.argv[1]) as f:
+        doc = json.load(f)
+    cfg = doc["config"]
+    params = {}
+    for name, t in doc["params"].items():
+        params[name] = torch.tensor(t["data"]).reshape(t["shape"]).requires_grad_(True)
+
+    def module(prefix):
+        return {name[len(prefix):]: t for name, t in params.items() if name.startswith(prefix)}
+
+    b, s = cfg["batch"], cfg["seq"]
+    ids = torch.tensor(doc["ids"], dtype=torch.long).view(b, s)
+    targets = torch.tensor(doc["targets"], dtype=torch.long).view(-1)
+
+    x = params["embedding.wte"][ids]  # [b, s, h]
+    aux_losses = []
+    min_gap = float("inf")
+    for layer in range(cfg["layers"]):
+        x = attention(x, module(f"layers.{layer}.attention."), cfg)
+        if cfg["moe_layer"][layer]:
+            experts = [module(f"layers.{layer}.experts.{e}.") for e in range(cfg["experts"])]
+            x, aux, gap = moe(x, module(f"layers.{layer}.moe."), experts, cfg)
+            aux_losses.append(aux)
+            min_gap = min(min_gap, gap)
+        else:
+            x = mlp(x, module(f"layers.{layer}.mlp."))
+    head = module("head.")
+    logits = rms_norm(x, head["norm"]).reshape(b * s, -1) @ head["w_out"]
+    ce = torch.nn.functional.cross_entropy(logits, targets)  # mean over the b * s tokens
+    loss = ce + cfg["aux_loss_coef"] * sum(aux_losses, torch.zeros(()))
+    loss.backward()
+
+    out = {
+        "loss": loss.item(),
+        "ce": ce.item(),
+        "aux": [a.item() for a in aux_losses],
+        "min_router_gap": min_gap if math.isfinite(min_gap) else None,
+        "grads": {name: t.grad.reshape(-1).tolist() for name, t in params.items()},
+    }
+    with open(sys.argv[2], "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
