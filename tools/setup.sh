@@ -10,7 +10,8 @@ packages=(
   libsimgrid-dev                     # sim/ executor
   libgloo-dev libboost-dev           # runtime/: Gloo collectives, Boost.Asio store
   libopenblas-dev                    # runtime/: host matmuls
-  python3-matplotlib python3-torch                 # tools/sweep.py plots (run with /usr/bin/python3)
+  python3-matplotlib                 # tools/sweep.py plots (run with /usr/bin/python3)
+  python3-torch                      # runtime reference: tests/torch_compare, bench/runtime_vs_torch.sh
 )
 
 missing=()
