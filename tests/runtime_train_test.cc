@@ -320,3 +320,44 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
   REQUIRE(!bad_port.ok());
   CHECK_THAT(bad_port.status().message(), Catch::Contains("MASTER_PORT"));
 }
+
+namespace {
+
+// Trains a shipped scenario on 4 ranks (2 emulated nodes) and checks its validation curve: below 2.5 nats at
+// the end, from about ln 256 before training, and within 3 % of the golden curve at every evaluation (OpenBLAS kernels differ by CPU, so the
+// curve is not bit-exact across machines). HZP_UPDATE_GOLDEN=1 rewrites the golden file.
+void check_learning(const std::string& scenario, const std::string& golden_name) {
+  const fs::path dir = fresh_dir("learn_" + golden_name);
+  const std::string cmd = train_cmd(std::string(HZP_SOURCE_DIR) + "/scenarios/runtime/" + scenario, 4, 2, dir / "out");
+  const Curve c = train_ok(cmd, dir / "out");
+  REQUIRE(!c.val.empty());
+  REQUIRE(c.val.count(-1) == 1);
+  CHECK(c.val.at(-1) == Approx(std::log(256.0)).epsilon(0.02));  // untrained: uniform over 256 bytes
+  CHECK(c.val.rbegin()->second < 2.5);
+  const fs::path golden = fs::path(HZP_SOURCE_DIR) / "tests" / "golden" / (golden_name + ".json");
+  if (std::getenv("HZP_UPDATE_GOLDEN") != nullptr) {
+    json g = {{"command", "hzp train scenarios/runtime/" + scenario +
+                              " --nproc 4 --gpus-per-node 2 --threads 1 --data tests/data/tinyshakespeare_200k.txt"},
+              {"val_loss", json::object()}};
+    for (const auto& [step, v] : c.val) g["val_loss"][std::to_string(step)] = v;
+    std::ofstream(golden) << g.dump(2) << "\n";
+  }
+  std::ifstream in(golden);
+  REQUIRE(in.good());
+  const json g = json::parse(in);
+  REQUIRE(g["val_loss"].size() == c.val.size());
+  for (const auto& [step, v] : c.val) {
+    INFO("step " << step);
+    CHECK(v == Approx(g["val_loss"][std::to_string(step)].get<double>()).epsilon(0.03));
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("runtime: the tiny dense model learns (val loss < 2.5, golden curve)", "[train][learn]") {
+  check_learning("tiny_dense.json", "train_tiny_dense");
+}
+TEST_CASE("runtime: the tiny MoE model learns with expert parallelism (val loss < 2.5, golden curve)", "[train][learn]") {
+  check_learning("tiny_moe.json", "train_tiny_moe");
+}

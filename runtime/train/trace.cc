@@ -5,6 +5,8 @@
 #include <fstream>
 #include <limits>
 
+#include "scenario_parser.h"
+
 namespace hzp::runtime {
 
 nlohmann::json trace_events_json(const Schedule& schedule, int rank, const std::vector<TraceEvent>& events) {
@@ -72,6 +74,7 @@ nlohmann::json merge_trace(const Scenario& scenario, const Schedule& schedule, c
   return {{"format", kTraceFormat},
           {"version", kTraceVersion},
           {"scenario", scenario.name},
+          {"scenario_config", scenario_to_json(scenario)},
           {"policy", schedule.policy},
           {"world_size", schedule.world_size},
           {"gpus_per_node", schedule.gpus_per_node},

@@ -208,6 +208,15 @@ int run_rank(const TrainOptions& options, const LaunchEnv& env) {
   double last_val = -1;
   const char* kill_rank = std::getenv("HZP_FAULT_KILL_RANK");
   const char* kill_step = std::getenv("HZP_FAULT_KILL_STEP");
+  // The starting point of the validation curve (ln 256 = 5.55 for untrained byte-level weights).
+  if (run.eval_interval > 0 && first_step == 0) {
+    auto val = executor.evaluate(run.eval_batches);
+    if (!val.ok()) die(env, val.status());
+    if (lead) {
+      std::printf("before training | val_loss %.6f\n", *val);
+      if (metrics) std::fprintf(metrics, "%s\n", nlohmann::json({{"step", -1}, {"val_loss", *val}}).dump().c_str());
+    }
+  }
   const std::int64_t end_step = options.stop_after > 0 ? std::min(run.steps, options.stop_after) : run.steps;
   for (std::int64_t step = first_step; step < end_step; ++step) {
     if (kill_rank && kill_step && std::atoi(kill_rank) == env.rank && std::atoll(kill_step) == step) {
