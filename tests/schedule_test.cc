@@ -124,3 +124,35 @@ TEST_CASE("every preset schedule of a larger model validates", "[schedule][valid
     build(scenario_from(scenario_json("llama2-7b", "dgx-h100", 4, policy, 4096, 32 * 2)));
   }
 }
+
+TEST_CASE("grad_clip adds one world all-reduce of the norm before every optimizer step", "[schedule]") {
+  for (const char* policy : {"ddp", "zero1", "zero3", "asynchzp"}) {
+    INFO(policy);
+    nlohmann::json doc = test::scenario_json("tiny-dense", "dgx-a100", 2, policy, 256);
+    const Built plain = test::build(test::scenario_from(doc));
+    doc["training"]["grad_clip"] = 1.0;
+    const Built clipped = test::build(test::scenario_from(doc));
+    const Program& p = clipped.schedule.program_of(0);
+    CHECK(p.ops.size() == plain.schedule.program_of(0).ops.size() + 1);
+    int norm = -1;
+    for (size_t i = 0; i < p.ops.size(); ++i)
+      if (const auto* c = std::get_if<CollectiveOp>(&p.ops[i].body); c && c->payload == Payload::kGradNorm) {
+        CHECK(norm == -1);
+        norm = static_cast<int>(i);
+        CHECK(c->kind == CollectiveKind::kAllReduce);
+        CHECK(clipped.schedule.group_of(0, c->role).ranks.size() == 16);
+        CHECK(clipped.schedule.roles[c->role] == "world");
+      }
+    REQUIRE(norm >= 0);
+    int updates = 0;
+    for (size_t i = 0; i < p.ops.size(); ++i)
+      if (std::holds_alternative<OptimizerStepOp>(p.ops[i].body)) {
+        ++updates;
+        CHECK(static_cast<int>(i) > norm);
+        CHECK(p.ops[i].deps == std::vector<int>{norm});
+      }
+    CHECK(updates == static_cast<int>(clipped.schedule.buckets.size()));
+    // The estimator costs the extra all-reduce: never faster than without it.
+    CHECK(test::estimate_of(clipped).step_time_s >= test::estimate_of(plain).step_time_s);
+  }
+}
