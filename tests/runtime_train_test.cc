@@ -188,10 +188,24 @@ TEST_CASE("runtime: a killed rank makes every other rank fail fast, naming it", 
   const RunResult r = run(cmd);
   INFO(r.output);
   CHECK(r.code == 1);
-  CHECK(r.seconds < 30 + 15);  // the configured timeout plus the launcher's grace: no hang
+  CHECK(r.seconds < 30 + 10);  // the configured timeout plus the launcher's grace: no hang
   CHECK_THAT(r.output, Catch::Contains("rank 2 (killed by signal 9"));
   for (int survivor : {0, 1, 3}) CHECK_THAT(r.output, Catch::Contains("rank " + std::to_string(survivor) + ": lost rank 2"));
-  CHECK_THAT(r.output, Catch::Contains("first lost: rank 2"));
+  CHECK_THAT(r.output, Catch::Contains("first to fail: rank 2"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: a stopped (hung) rank is named by its heartbeat and killed by the launcher", "[train]") {
+  const fs::path dir = fresh_dir("hang");
+  const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "hsdp"}}, 50));
+  std::string cmd = "HZP_FAULT_KILL_RANK=1 HZP_FAULT_KILL_STEP=2 HZP_FAULT_SIGNAL=STOP " + train_cmd(scen, 4, 2, dir / "out");
+  cmd.replace(cmd.find("--timeout-s 30"), 14, "--timeout-s 5");
+  const RunResult r = run(cmd);
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK(r.seconds < 45);  // timeout 5 s + heartbeat check 2 s + the launcher's grace 15 s, with slack: no hang
+  CHECK_THAT(r.output, Catch::Contains("lost rank 1 (no heartbeat"));
+  CHECK_THAT(r.output, Catch::Contains("rank 1 still running"));
   fs::remove_all(dir);
 }
 

@@ -133,7 +133,7 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   std::map<int, int> status_of;  // rank -> wait status
   int first_failed = -1;
   auto deadline = std::chrono::steady_clock::time_point::max();
-  const auto grace = std::chrono::seconds(options.timeout_s + 15);
+  const auto grace = std::chrono::seconds(options.timeout_s + 10);
   bool killed_stragglers = false;
   while (static_cast<int>(status_of.size()) < n) {
     int status = 0;
@@ -146,7 +146,8 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
         first_failed = r;
         const std::string what = std::to_string(r) + " (" + describe(status) + ")";
         std::fprintf(stderr, "hzp train: rank %s\n", what.c_str());
-        (void)(*client)->set("hzp/lost", what);
+        // A rank killed by a signal is lost; one that exited reported its own error (often a consequence).
+        if (WIFSIGNALED(status)) (void)(*client)->set("hzp/lost", what);
         deadline = std::chrono::steady_clock::now() + grace;
       }
       continue;
@@ -180,7 +181,7 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   std::string summary;
   for (const auto& [r, status] : status_of) summary += "\n  rank " + std::to_string(r) + ": " + describe(status);
   std::fprintf(stderr, "hzp train: failed%s%s\n",
-               first_failed >= 0 ? (" (first lost: rank " + std::to_string(first_failed) + ")").c_str() : "",
+               first_failed >= 0 ? (" (first to fail: rank " + std::to_string(first_failed) + ")").c_str() : "",
                summary.c_str());
   return all_bad_input ? 2 : 1;
 }

@@ -95,6 +95,8 @@ class AttentionBlock {
  public:
   AttentionBlock(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
   ~AttentionBlock();
+  AttentionBlock(const AttentionBlock&) = delete;
+  AttentionBlock& operator=(const AttentionBlock&) = delete;
   void forward(const float* params, float* x);
   void backward(const float* params, float* dx, float* dparams);
  private:
@@ -106,6 +108,8 @@ class MlpBlock {
  public:
   MlpBlock(const ModelConfig& c, std::int64_t batch, std::int64_t seq);
   ~MlpBlock();
+  MlpBlock(const MlpBlock&) = delete;
+  MlpBlock& operator=(const MlpBlock&) = delete;
   void forward(const float* params, float* x);
   void backward(const float* params, float* dx, float* dparams);
  private:
@@ -120,6 +124,8 @@ class Head {
  public:
   Head(const ModelConfig& c, std::int64_t tokens);
   ~Head();
+  Head(const Head&) = delete;
+  Head& operator=(const Head&) = delete;
   double forward(const float* params, const float* x, const std::int32_t* targets);
   void backward(const float* params, float scale, float* dx, float* dparams);
  private:
@@ -151,6 +157,8 @@ class MoeBlock {
  public:
   MoeBlock(const ModelConfig& c, std::int64_t batch, std::int64_t seq, int ep = 1);
   ~MoeBlock();
+  MoeBlock(const MoeBlock&) = delete;
+  MoeBlock& operator=(const MoeBlock&) = delete;
   void forward(const float* router, const float* experts, float* x);
   void backward(const float* router, const float* experts, float aux_grad_scale, float* dx, float* drouter,
                 float* dexperts);

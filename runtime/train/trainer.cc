@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <chrono>
 #include <cstdio>
@@ -51,13 +52,57 @@ Status store_barrier(StoreClient& store, const std::string& key, int rank, int w
   return Status::Ok();
 }
 
-// Names the lost rank when the launcher has published it (it reaps dead children at once).
+// Every rank bumps hzp/alive/<rank> in the store twice a second from its own thread and connection, so a
+// rank that stops answering (stopped, hung, or dead under a launcher that cannot tell) can be named by the
+// others: its counter stops moving.
+class Heartbeat {
+ public:
+  Heartbeat(const LaunchEnv& env) : env_(env) {
+    auto client = StoreClient::connect(env.store_host, env.store_port, env.token, milliseconds(5000));
+    if (!client.ok()) return;  // the failure note then just lacks heartbeat information
+    client_ = std::move(client).value();
+    thread_ = std::thread([this] {
+      for (long long beat = 0; !stop_; ++beat) {
+        if (!client_->set("hzp/alive/" + std::to_string(env_.rank), std::to_string(beat)).ok()) return;
+        for (int i = 0; i < 5 && !stop_; ++i) std::this_thread::sleep_for(milliseconds(100));
+      }
+    });
+  }
+  ~Heartbeat() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  LaunchEnv env_;
+  std::unique_ptr<StoreClient> client_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Names the lost rank: the launcher publishes a rank that died (hzp/lost); otherwise ranks whose heartbeat
+// did not move for two seconds.
 std::string lost_rank_note(const LaunchEnv& env) {
   auto client = StoreClient::connect(env.store_host, env.store_port, env.token, milliseconds(2000));
   if (!client.ok()) return "store unreachable (" + client.status().message() + "); the rank hosting it may be lost";
-  auto lost = (*client)->get("hzp/lost", milliseconds(5000));
-  if (!lost.ok()) return "";
-  return "lost rank " + *lost;
+  auto lost = (*client)->get("hzp/lost", milliseconds(1500));
+  if (lost.ok()) return "lost rank " + *lost;
+  auto beats = [&] {
+    std::vector<std::string> v(env.world_size);
+    for (int r = 0; r < env.world_size; ++r) {
+      auto b = (*client)->get("hzp/alive/" + std::to_string(r), milliseconds(50));
+      v[r] = b.ok() ? *b : "";
+    }
+    return v;
+  };
+  const std::vector<std::string> before = beats();
+  std::this_thread::sleep_for(milliseconds(2000));
+  const std::vector<std::string> after = beats();
+  std::string stale;
+  for (int r = 0; r < env.world_size; ++r)
+    if (r != env.rank && before[r] == after[r]) stale += (stale.empty() ? "" : ", ") + std::to_string(r);
+  if (stale.empty()) return "";
+  return "lost rank " + stale + " (no heartbeat for 2 s: stopped, hung or dead)";
 }
 
 [[noreturn]] void die(const LaunchEnv& env, const Status& st) {
@@ -206,8 +251,12 @@ int run_rank(const TrainOptions& options, const LaunchEnv& env) {
   std::int64_t trained = 0;
   StepMetrics last;
   double last_val = -1;
+  // Fault injection for tests: HZP_FAULT_KILL_RANK / _STEP pick the victim and the step, HZP_FAULT_SIGNAL
+  // "STOP" freezes it instead of killing it (a hung rank).
   const char* kill_rank = std::getenv("HZP_FAULT_KILL_RANK");
   const char* kill_step = std::getenv("HZP_FAULT_KILL_STEP");
+  const char* kill_signal = std::getenv("HZP_FAULT_SIGNAL");
+  const Heartbeat heartbeat(env);
   // The starting point of the validation curve (ln 256 = 5.55 for untrained byte-level weights).
   if (run.eval_interval > 0 && first_step == 0) {
     auto val = executor.evaluate(run.eval_batches);
@@ -220,10 +269,10 @@ int run_rank(const TrainOptions& options, const LaunchEnv& env) {
   const std::int64_t end_step = options.stop_after > 0 ? std::min(run.steps, options.stop_after) : run.steps;
   for (std::int64_t step = first_step; step < end_step; ++step) {
     if (kill_rank && kill_step && std::atoi(kill_rank) == env.rank && std::atoll(kill_step) == step) {
-      std::fprintf(stderr, "hzp train: rank %d: HZP_FAULT_KILL_* asks to die at step %lld\n", env.rank,
-                   static_cast<long long>(step));
+      std::fprintf(stderr, "hzp train: rank %d: HZP_FAULT_KILL_* (signal %s) at step %lld\n", env.rank,
+                   kill_signal != nullptr ? kill_signal : "KILL", static_cast<long long>(step));
       std::fflush(stderr);
-      std::raise(SIGKILL);
+      std::raise(kill_signal != nullptr && std::string(kill_signal) == "STOP" ? SIGSTOP : SIGKILL);
     }
     auto m = executor.train_step(step);
     if (!m.ok()) die(env, m.status());
