@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "launch/launch_env.h"
+#include "train/executor.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -374,4 +375,22 @@ TEST_CASE("runtime: the tiny dense model learns (val loss < 2.5, golden curve)",
 }
 TEST_CASE("runtime: the tiny MoE model learns with expert parallelism (val loss < 2.5, golden curve)", "[train][learn]") {
   check_learning("tiny_moe.json", "train_tiny_moe");
+}
+
+TEST_CASE("learning rate: linear warm-up, then cosine from lr to min_lr at the last step", "[train]") {
+  hzp::RunSpec run;
+  run.steps = 110;
+  run.warmup_steps = 10;
+  run.lr = 1e-3;
+  run.min_lr = 1e-4;
+  using hzp::runtime::learning_rate;
+  CHECK(learning_rate(run, 0) == Approx(1e-4));   // (0 + 1) / 10 of the peak
+  CHECK(learning_rate(run, 9) == Approx(1e-3));
+  CHECK(learning_rate(run, 10) == Approx(1e-3));  // cosine starts at the peak
+  CHECK(learning_rate(run, 60) == Approx(0.5 * (1e-3 + 1e-4)));  // half way
+  CHECK(learning_rate(run, 110) == Approx(1e-4));
+  CHECK(learning_rate(run, 500) == Approx(1e-4));  // clamped after the schedule
+  for (std::int64_t s = 10; s < 110; ++s) CHECK(learning_rate(run, s + 1) <= learning_rate(run, s));
+  run.warmup_steps = 0;
+  CHECK(learning_rate(run, 0) == Approx(1e-3));
 }
