@@ -128,6 +128,7 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // the store's connections to dead ranks
 
   // Supervise: reap children; the first abnormal exit is published so survivors can name it.
   std::map<int, int> status_of;  // rank -> wait status

@@ -149,6 +149,9 @@ Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size
 }
 
 int run_rank(const TrainOptions& options, const LaunchEnv& env) {
+  // A peer that dies closes its sockets: writing to them must be an error from Gloo or the store, not a
+  // SIGPIPE that kills this rank before it can say what happened.
+  std::signal(SIGPIPE, SIG_IGN);
   auto fail = [&](const Status& st) {
     std::fprintf(stderr, "hzp train: rank %d: %s\n", env.rank, st.message().c_str());
     return st.code() == StatusCode::kInvalidInput ? 2 : 1;
