@@ -125,6 +125,7 @@ struct Executor::Impl {
   std::int64_t adam_t = 0;  // optimizer steps taken (bias correction)
 
   std::vector<std::vector<TraceEvent>> stream_trace;  // per stream, appended by its worker thread only
+  bool tracing = false;
 
   // ---------------------------------------------------------------------------------------------------
   Status setup();
@@ -706,9 +707,9 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
     const int stream_index = op.stream;
     const int op_index = static_cast<int>(i);
     events[i] = stream.enqueue([this, work = std::move(work), stream_index, op_index, bytes]() -> Status {
-      const double t0 = now_us();
+      const double t0 = tracing ? now_us() : 0;
       Status st = work();
-      stream_trace[stream_index].push_back({step, op_index, stream_index, t0, now_us(), bytes});
+      if (tracing) stream_trace[stream_index].push_back({step, op_index, stream_index, t0, now_us(), bytes});
       if (!st.ok() && !failed.exchange(true) && on_fatal) on_fatal(st);
       return st;
     });
@@ -731,6 +732,7 @@ Executor::~Executor() {
 }
 
 int Executor::rank() const { return impl_->rank; }
+void Executor::set_tracing(bool on) { impl_->tracing = on; }
 
 Result<std::unique_ptr<Executor>> Executor::create(const Scenario& scenario, const Schedule& schedule, int rank,
                                                    const ByteDataset* data, CommunicatorFactory make_comm,

@@ -67,7 +67,9 @@ using MemoryReport = std::map<std::string, std::int64_t>;
 
 class Executor {
  public:
-  // `world` is a communicator over every rank, used for metrics and checkpoint agreement (outside the IR).
+  // `make_comm` builds a communicator per (group, stream) the program uses, plus one over every rank for
+  // metrics (outside the IR). `on_fatal` is called once, from the failing stream's thread, with the first
+  // error of any op (the trainer prints it and ends the process so that no other stream waits on a timeout).
   static Result<std::unique_ptr<Executor>> create(const Scenario& scenario, const Schedule& schedule, int rank,
                                                   const ByteDataset* data, CommunicatorFactory make_comm,
                                                   std::function<void(const Status&)> on_fatal);
@@ -85,8 +87,9 @@ class Executor {
   Result<std::int64_t> load(const std::string& path);
 
   MemoryReport memory() const;
+  // Recording of executed ops (off by default: a long run would keep every event).
+  void set_tracing(bool on);
   const std::vector<TraceEvent>& trace() const { return trace_; }
-  // Model-state bytes the core predicts for this rank (Schedule::state_bytes, pools).
   int rank() const;
 
   struct Impl;

@@ -214,6 +214,7 @@ int run_rank(const TrainOptions& options, const LaunchEnv& env) {
     die(env, executor_or.status());
   }
   Executor& executor = **executor_or;
+  executor.set_tracing(!options.trace_path.empty() || !options.perfetto_path.empty());
 
   const bool lead = env.rank == 0;
   const std::string out_dir = options.out_dir;
