@@ -282,8 +282,8 @@ TEST_CASE("runtime: ranks started by an external launcher (torchrun-style variab
     cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
            " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " HZP_STORE_TOKEN=secret " + HZP_BINARY +
            " train " + scen + " --threads 1 --timeout-s 30 --data " + kData + (r == 0 ? " --out " + (dir / "o").string() : "") +
-           " & ";
-  cmd += "wait %1 && wait %2";
+           " & p" + std::to_string(r) + "=$!; ";
+  cmd += "wait $p0 && wait $p1";  // by pid: a finished job may already be gone from the job table
   const RunResult r = run("bash -c '" + cmd + "'");
   INFO(r.output);
   CHECK(r.code == 0);
