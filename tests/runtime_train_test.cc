@@ -129,6 +129,7 @@ void check_equivalence(bool moe, const json& policy, const std::string& name) {
   double worst = 0;
   for (const auto& [step, loss] : a.loss) worst = std::max(worst, std::abs(b.loss.at(step) - loss) / loss);
   INFO(name << ": worst relative loss difference " << worst);
+  std::printf("equivalence %s: worst relative loss difference over 20 steps %.3g\n", name.c_str(), worst);
   CHECK(worst <= 1e-5);
   CHECK(a.loss.rbegin()->second < a.loss.begin()->second);  // it trains at all
   check_memory(dir / "test", 4);
