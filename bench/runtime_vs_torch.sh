@@ -32,6 +32,9 @@ PY
 
 median() { "$py" -c 'import sys, statistics; print(statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
+# Another job on this 2-core machine ruins the 2-thread numbers (torch's OpenMP barriers stall when a
+# thread is descheduled: measured 891 tok/s instead of ~15k while a ctest ran beside it), so say the load.
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-34s %7s %12s %12s %7s\n" "model (layers x hidden, ffn, seq x batch)" threads "hzp tok/s" "torch tok/s" ratio
 for size in "2 64 4 176 64 16" "4 128 4 352 128 8"; do
   read -r layers hidden heads ffn seq batch <<< "$size"
@@ -64,3 +67,4 @@ PY
       "$("$py" -c "print($hm / $tm)")"
   done
 done
+echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

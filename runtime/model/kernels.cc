@@ -204,19 +204,23 @@ void swiglu_backward(const float* gate, const float* up, const float* dact, floa
 
 // --- Softmax, cross-entropy, top-k ------------------------------------------------------------------------
 
-void softmax_rows(const float* logits, float* p, std::int64_t rows, std::int64_t n) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* l = logits + r * n;
-    float* pr = p + r * n;
-    const float mx = *std::max_element(l, l + n);
-    double sum = 0;
-    for (std::int64_t i = 0; i < n; ++i) {
-      pr[i] = std::exp(l[i] - mx);
-      sum += pr[i];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (std::int64_t i = 0; i < n; ++i) pr[i] *= inv;
+namespace {
+// p = softmax(l) over n entries; returns log(sum(exp(l))), computed stably.
+double softmax_row(const float* l, float* p, std::int64_t n) {
+  const float mx = *std::max_element(l, l + n);
+  double sum = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    p[i] = std::exp(l[i] - mx);
+    sum += p[i];
   }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (std::int64_t i = 0; i < n; ++i) p[i] *= inv;
+  return std::log(sum) + mx;
+}
+}  // namespace
+
+void softmax_rows(const float* logits, float* p, std::int64_t rows, std::int64_t n) {
+  for (std::int64_t r = 0; r < rows; ++r) softmax_row(logits + r * n, p + r * n, n);
 }
 
 void softmax_rows_backward(const float* p, const float* dp, float* dlogits, std::int64_t rows, std::int64_t n) {
@@ -233,18 +237,9 @@ double cross_entropy_forward(const float* logits, const std::int32_t* targets, f
                              std::int64_t vocab) {
   double total = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* l = logits + r * vocab;
-    float* pr = probs + r * vocab;
-    const float mx = *std::max_element(l, l + vocab);
-    double sum = 0;
-    for (std::int64_t i = 0; i < vocab; ++i) {
-      pr[i] = std::exp(l[i] - mx);
-      sum += pr[i];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
-    for (std::int64_t i = 0; i < vocab; ++i) pr[i] *= inv;
-    // -log softmax(l)[target] = log(sum exp(l - max)) - (l[target] - max).
-    total += std::log(sum) - (static_cast<double>(l[targets[r]]) - mx);
+    // -log softmax(l)[target] = logsumexp(l) - l[target].
+    const double lse = softmax_row(logits + r * vocab, probs + r * vocab, vocab);
+    total += lse - static_cast<double>(logits[r * vocab + targets[r]]);
   }
   return total;
 }
