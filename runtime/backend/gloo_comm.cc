@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -333,6 +334,10 @@ class GlooCommunicator final : public Communicator {
 }  // namespace
 
 Result<std::shared_ptr<gloo::transport::Device>> make_gloo_device(const GlooOptions& options) {
+  // Gloo's TCP transport writes without MSG_NOSIGNAL: a peer that died would raise SIGPIPE and kill this
+  // process before the failed operation could be reported. Ignore it process-wide (writes then fail with
+  // EPIPE, which Gloo turns into an exception the communicator reports).
+  std::signal(SIGPIPE, SIG_IGN);
   std::string host = options.interface_address;
   if (host.empty()) {  // like Gloo: this machine's hostname
     char name[256] = {};

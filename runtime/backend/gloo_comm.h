@@ -31,7 +31,7 @@ struct GlooOptions {
   std::chrono::milliseconds timeout{60000};      // connect and every collective
 };
 
-// A TCP device shared by every context of this process.
+// A TCP device shared by every context of this process. Sets SIGPIPE to ignored (see gloo_comm.cc).
 Result<std::shared_ptr<gloo::transport::Device>> make_gloo_device(const GlooOptions& options);
 
 // Creates the communicator of the group `ranks` (global ranks in group order; must contain `global_rank`).
