@@ -138,10 +138,18 @@ struct Executor::Impl {
   }
 
   // Where a unit's parameters of `seg` are read from / its gradients written to right now.
-  float* param_ptr(int s, const std::vector<float*>& gather_front) const {
+  float* param_ptr(int s, float* gather_slot) const {
     const Segment& seg = segs[s];
     if (kinds[seg.kind].s_p == 1) return seg.param;
-    return gather_front.empty() ? nullptr : gather_front.front() + seg.unit_offset;
+    return gather_slot == nullptr ? nullptr : gather_slot + seg.unit_offset;
+  }
+  // dL/d(aux loss of one micro-batch): the coefficient, averaged over the step's micro-batch groups.
+  float aux_grad_scale() const { return static_cast<float>(cfg.aux_loss_coef / static_cast<double>(groups_per_step)); }
+  // Per segment: resident parameter and optimizer floats; a checkpoint must match them.
+  nlohmann::json segment_sizes() const {
+    nlohmann::json sizes = nlohmann::json::array();
+    for (const Segment& seg : segs) sizes.push_back({seg.padded / kinds[seg.kind].s_p, seg.padded / kinds[seg.kind].s_os});
+    return sizes;
   }
 
   Status run_step(std::int64_t step_index);
@@ -431,8 +439,7 @@ void Executor::Impl::load_batch(int micro_batch) {
 Status Executor::Impl::compute(const ComputeOp& c, float* gather_slot, const std::vector<float*>& bucket_slot) {
   const int unit = c.module == ModuleKind::kEmbedding ? 0 : c.module == ModuleKind::kHead ? cfg.layers + 1 : c.layer + 1;
   const int module = module_index(c.module);
-  const std::vector<float*> front = gather_slot ? std::vector<float*>{gather_slot} : std::vector<float*>{};
-  auto P = [&](int s) { return param_ptr(s, front); };
+  auto P = [&](int s) { return param_ptr(s, gather_slot); };
   auto G = [&](int s) { return grad_ptr(s, bucket_slot); };
   const int s0 = seg_of(unit, module, 0, false);
   if (s0 < 0 || P(s0) == nullptr) return Status::Internal("runtime: no parameters for " + std::string(to_string(c.module)));
@@ -440,7 +447,7 @@ Status Executor::Impl::compute(const ComputeOp& c, float* gather_slot, const std
     return Status::Internal("runtime: no gradient buffer for " + std::string(to_string(c.module)));
   const bool fwd = c.phase == Phase::kForward;
   const float grad_scale = 1.0f / static_cast<float>(scenario.training.global_batch * seq);
-  const float aux_scale = static_cast<float>(cfg.aux_loss_coef / static_cast<double>(groups_per_step));
+  const float aux_scale = aux_grad_scale();
   switch (c.module) {
     case ModuleKind::kEmbedding:
       if (fwd) {
@@ -506,7 +513,7 @@ Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gath
     const int rs = router_seg(c.layer);
     switch (phase) {
       case 0:  // dispatch: route my tokens, send each to the rank holding its expert
-        block.route_forward(param_ptr(rs, gather_slot ? std::vector<float*>{gather_slot} : std::vector<float*>{}), x.data(),
+        block.route_forward(param_ptr(rs, gather_slot), x.data(),
                             buf.send, buf.send_counts);
         aux_sum += block.aux_loss();
         return cm->all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
@@ -520,9 +527,7 @@ Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gath
         return cm->all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
       default: {  // backward combine: gradients of the routed inputs back, then through the router
         HZP_RETURN_IF_ERROR(cm->all_to_all_v(buf.out.data(), buf.recv_counts, buf.back, buf.back_counts));
-        const std::vector<float*> front = gather_slot ? std::vector<float*>{gather_slot} : std::vector<float*>{};
-        const float aux_scale = static_cast<float>(cfg.aux_loss_coef / static_cast<double>(groups_per_step));
-        block.route_backward(param_ptr(rs, front), buf.back, aux_scale, dx.data(), grad_ptr(rs, bucket_slot));
+        block.route_backward(param_ptr(rs, gather_slot), buf.back, aux_grad_scale(), dx.data(), grad_ptr(rs, bucket_slot));
         return Status::Ok();
       }
     }
@@ -857,10 +862,7 @@ Status Executor::save(const std::string& path, std::int64_t next_step) const {
                            {"policy", d.schedule.policy},
                            {"next_step", next_step},
                            {"adam_steps", d.adam_t}};
-  nlohmann::json sizes = nlohmann::json::array();
-  for (const Segment& s : d.segs)
-    sizes.push_back({s.padded / d.kinds[s.kind].s_p, s.padded / d.kinds[s.kind].s_os});
-  header["segments"] = sizes;
+  header["segments"] = d.segment_sizes();
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -889,11 +891,8 @@ Result<std::int64_t> Executor::load(const std::string& path) {
   nlohmann::json header = nlohmann::json::parse(line, nullptr, false);
   if (header.is_discarded() || !header.is_object() || header.value("format", "") != kCheckpointMagic)
     return Status::InvalidInput("checkpoint: '" + path + "' is not an hzp checkpoint");
-  nlohmann::json sizes = nlohmann::json::array();
-  for (const Segment& s : d.segs)
-    sizes.push_back({s.padded / d.kinds[s.kind].s_p, s.padded / d.kinds[s.kind].s_os});
   if (header.value("world_size", -1) != d.world || header.value("rank", -1) != d.rank ||
-      header.value("policy", "") != d.schedule.policy || header["segments"] != sizes)
+      header.value("policy", "") != d.schedule.policy || header["segments"] != d.segment_sizes())
     return Status::InvalidInput("checkpoint: '" + path + "' was written by another layout (world " +
                                 header.value("world_size", nlohmann::json(-1)).dump() + ", policy " +
                                 header.value("policy", nlohmann::json("?")).dump() + ", rank " +
