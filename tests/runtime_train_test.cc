@@ -180,6 +180,18 @@ TEST_CASE("runtime: checkpoint resume continues the loss curve bit for bit", "[t
   const RunResult r = run(train_cmd(other_path, 4, 2, dir / "other", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"));
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("another layout"));
+  // No checkpoint at all, and a truncated one: clear errors, non-zero exits, the checkpoint left as it was.
+  RunResult none = run(train_cmd(scen, 4, 2, dir / "none", "--checkpoint-dir " + (dir / "empty").string() + " --resume"));
+  CHECK(none.code == 2);
+  CHECK_THAT(none.output, Catch::Contains("--resume: no checkpoint in"));
+  const fs::path victim = dir / "ckpt" / "step_10" / "rank_1.bin";
+  REQUIRE(fs::exists(victim));
+  fs::resize_file(victim, fs::file_size(victim) / 2);
+  const auto truncated_size = fs::file_size(victim);
+  RunResult cut = run(train_cmd(scen, 4, 2, dir / "cut", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"));
+  CHECK(cut.code != 0);
+  CHECK_THAT(cut.output, Catch::Contains("is truncated"));
+  CHECK(fs::file_size(victim) == truncated_size);
   fs::remove_all(dir);
 }
 
