@@ -271,14 +271,20 @@ AttentionBlock::~AttentionBlock() {
   delete impl_;
 }
 
+namespace {
+// The tensors of attention_layout() inside one flat buffer (parameters or their gradients).
+template <typename T>
+struct AttentionTensors {
+  AttentionTensors(T* base, std::int64_t h)
+      : norm(base), wq(base + h), wk(wq + h * h), wv(wk + h * h), wo(wv + h * h) {}
+  T *norm, *wq, *wk, *wv, *wo;
+};
+}  // namespace
+
 void AttentionBlock::forward(const float* params, float* x) {
   Impl& m = *impl_;
   const std::int64_t h = m.h;
-  const float* norm = params;
-  const float* wq = norm + h;
-  const float* wk = wq + h * h;
-  const float* wv = wk + h * h;
-  const float* wo = wv + h * h;
+  const auto [norm, wq, wk, wv, wo] = AttentionTensors<const float>(params, h);
 
   std::memcpy(m.x_in.data(), x, sizeof(float) * m.t * h);
   kernels::rmsnorm_forward(x, norm, m.xn.data(), m.rstd.data(), m.t, h);
@@ -294,16 +300,8 @@ void AttentionBlock::forward(const float* params, float* x) {
 void AttentionBlock::backward(const float* params, float* dx, float* dparams) {
   Impl& m = *impl_;
   const std::int64_t h = m.h;
-  const float* norm = params;
-  const float* wq = norm + h;
-  const float* wk = wq + h * h;
-  const float* wv = wk + h * h;
-  const float* wo = wv + h * h;
-  float* dnorm = dparams;
-  float* dwq = dnorm + h;
-  float* dwk = dwq + h * h;
-  float* dwv = dwk + h * h;
-  float* dwo = dwv + h * h;
+  const auto [norm, wq, wk, wv, wo] = AttentionTensors<const float>(params, h);
+  const auto [dnorm, dwq, dwk, dwv, dwo] = AttentionTensors<float>(dparams, h);
 
   // dx holds dL/dy; the residual passes it through unchanged, the branch adds its part at the end.
   kernels::matmul_dw(m.attn.data(), dx, dwo, m.t, h, h);
