@@ -5,15 +5,10 @@
 #include <numeric>
 
 #include "calibration.h"
+#include "text.h"
 
 namespace hzp {
 namespace {
-
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
 
 std::string show(const ShardGroup& g) {
   return "[" + std::to_string(g.s0) + ", " + std::to_string(g.s1) + "]";

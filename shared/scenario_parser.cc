@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -15,7 +16,9 @@
 #include <vector>
 
 #include "calibration.h"
+#include "files.h"
 #include "presets.h"
+#include "text.h"
 
 namespace hzp {
 namespace {
@@ -41,18 +44,39 @@ double from_unit(double value, Unit u) {
 }
 
 constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
-constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 
-std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out;
-}
+// The accepted range of every integer field (scenarios/README.md, "Ranges"): wide enough for any model and
+// cluster built or announced, narrow enough that no product downstream overflows (parameter counts stay
+// below 2^62, tokens of a micro-batch below 2^26) and that the work a scenario asks for stays bounded.
+namespace range {
+constexpr std::int64_t kLayers = 4096;
+constexpr std::int64_t kHidden = 1 << 17;
+constexpr std::int64_t kHeads = 1 << 14;
+constexpr std::int64_t kFfn = 1 << 19;
+constexpr std::int64_t kVocab = 1 << 22;
+constexpr std::int64_t kPositions = 1 << 24;
+constexpr std::int64_t kExperts = 4096;
+constexpr std::int64_t kTopK = 256;
+constexpr std::int64_t kNodes = 1 << 17;
+constexpr std::int64_t kGpusPerNode = 1024;
+constexpr std::int64_t kFullMeshGpus = 64;          // a full mesh of R GPUs has R(R-1)/2 links
+constexpr std::int64_t kWorld = 1 << 20;            // GPUs in all
+constexpr std::int64_t kNics = 64;
+constexpr std::int64_t kLeafSize = 1 << 16;
+constexpr std::int64_t kSeqLen = 1 << 22;
+constexpr std::int64_t kMicroBatch = 1 << 16;
+constexpr std::int64_t kMicroBatchTokens = 1 << 26; // micro_batch x seq_len
+constexpr std::int64_t kGlobalSequences = 1ll << 40;
+constexpr std::int64_t kMicroBatchesPerStep = 1 << 16;
+constexpr std::int64_t kUnitPasses = 1 << 18;       // micro-batches per step x (layers + 2)
+constexpr std::int64_t kPrefetch = 64;
+constexpr std::int64_t kSteps = 1'000'000'000;
+constexpr std::int64_t kEvalBatches = 100'000;
+constexpr std::int64_t kSeed = std::numeric_limits<std::int64_t>::max();
+}  // namespace range
 
 std::string show(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
+  return printable(v.dump(-1, ' ', false, json::error_handler_t::replace), 80);
 }
 
 std::string join_path(const std::string& parent, std::string_view key) {
@@ -69,28 +93,36 @@ Status invalid(const std::string& path, const std::string& what, const json& got
 // A JSON integer in [min, max]; `path` names it in errors.
 Result<std::int64_t> as_int(const json& v, const std::string& path, std::int64_t min, std::int64_t max) {
   if (!v.is_number_integer()) return invalid(path, "must be an integer", v);
-  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max))
-    return invalid(path, "must be at most " + std::to_string(max), v);
+  const std::string range = "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max)) return invalid(path, range, v);
   const std::int64_t x = v.get<std::int64_t>();
-  if (x < min) {
-    return invalid(path,
-                   min == 1   ? "must be a positive integer"
-                   : min == 0 ? "must be a non-negative integer"
-                              : "must be at least " + std::to_string(min),
-                   v);
-  }
-  if (x > max) return invalid(path, "must be at most " + std::to_string(max), v);
+  if (x < min || x > max) return invalid(path, range, v);
   return x;
 }
 
 Result<ShardGroup> parse_group(const json& v, const std::string& path) {
   if (!v.is_array() || v.size() != 2) return invalid(path, "must be an array of two integers [s0, s1]", v);
-  HZP_ASSIGN_OR_RETURN(std::int64_t s0, as_int(v[0], path + "[0]", 1, kIntMax));
-  HZP_ASSIGN_OR_RETURN(std::int64_t s1, as_int(v[1], path + "[1]", 1, kIntMax));
+  HZP_ASSIGN_OR_RETURN(std::int64_t s0, as_int(v[0], path + "[0]", 1, range::kGpusPerNode));
+  HZP_ASSIGN_OR_RETURN(std::int64_t s1, as_int(v[1], path + "[1]", 1, range::kNodes));
   return ShardGroup{static_cast<int>(s0), static_cast<int>(s1)};
 }
 
-enum class Bound { kPositive, kNonNegative, kFraction, kAtLeastOne };
+// An accepted interval for a number, in the unit of its JSON key. `open_min`: the minimum itself is refused.
+struct Interval {
+  double min;
+  double max;
+  bool open_min = false;
+  bool open_max = false;
+};
+std::string describe(const Interval& r) {
+  auto num = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.10g", x);
+    return std::string(buf);
+  };
+  return (r.open_min ? "(" : "[") + num(r.min) + ", " + num(r.max) + (r.open_max ? ")" : "]");
+}
+constexpr Interval kFraction{0.01, 1};  // efficiencies: below 1 % a link or a GPU is broken, not slow
 
 // One JSON object being read. Opening it rejects unknown keys (listing the known ones); each read_* leaves
 // its output untouched when the key is absent, so a preset's value survives unless overridden.
@@ -101,7 +133,7 @@ class ObjectReader {
     if (!value.is_object()) return invalid(shown, "must be an object", value);
     for (const auto& item : value.items()) {
       if (std::find(keys.begin(), keys.end(), item.key()) == keys.end())
-        return invalid(join_path(path, item.key()), "unknown key; known keys of " + shown + ": " + join(keys));
+        return invalid(join_path(path, printable(item.key(), 60)), "unknown key; known keys of " + shown + ": " + join(keys));
     }
     return ObjectReader(value, path);
   }
@@ -121,39 +153,40 @@ class ObjectReader {
     return invalid(path_of(key), what);
   }
 
+  // Reads an integer in [min, max] (both inclusive).
   template <typename Int>
-  Status read_int(std::string_view key, Int& out, std::int64_t min = 1) const {
+  Status read_int(std::string_view key, Int& out, std::int64_t min, std::int64_t max) const {
+    static_assert(sizeof(Int) >= sizeof(int));
     const json* v = find(key);
     if (v == nullptr) return Status::Ok();
-    const std::int64_t max = sizeof(Int) < sizeof(std::int64_t) ? kIntMax : kInt64Max;
+    if (sizeof(Int) < sizeof(std::int64_t)) max = std::min(max, kIntMax);
     HZP_ASSIGN_OR_RETURN(std::int64_t x, as_int(*v, path_of(key), min, max));
     out = static_cast<Int>(x);
     return Status::Ok();
   }
 
-  // Reads a number in the key's unit and stores it in SI.
-  Status read_number(std::string_view key, double& out, Unit unit, Bound bound = Bound::kPositive) const {
+  // Reads a number in the key's unit, checks it lies in `range` (same unit) and stores it in SI.
+  Status read_number(std::string_view key, double& out, Unit unit, Interval range) const {
     const json* v = find(key);
     if (v == nullptr) return Status::Ok();
     const std::string p = path_of(key);
     if (!v->is_number()) return invalid(p, "must be a number", *v);
     const double x = v->get<double>();
-    switch (bound) {
-      case Bound::kPositive:
-        if (!(x > 0)) return invalid(p, "must be > 0", *v);
-        break;
-      case Bound::kNonNegative:
-        if (!(x >= 0)) return invalid(p, "must be >= 0", *v);
-        break;
-      case Bound::kFraction:
-        if (!(x > 0 && x <= 1)) return invalid(p, "must be in (0, 1]", *v);
-        break;
-      case Bound::kAtLeastOne:
-        if (!(x >= 1)) return invalid(p, "must be >= 1", *v);
-        break;
-    }
-    if (!std::isfinite(from_unit(x, unit))) return invalid(p, "is too large", *v);
+    const bool low = range.open_min ? !(x > range.min) : !(x >= range.min);
+    const bool high = range.open_max ? !(x < range.max) : !(x <= range.max);
+    if (low || high) return invalid(p, "must be in " + describe(range), *v);
     out = from_unit(x, unit);
+    return Status::Ok();
+  }
+
+  // A name shown in reports and used (sanitised) in file names: printable, at most 128 bytes.
+  Status read_label(std::string_view key, std::string& out) const {
+    if (!has(key)) return Status::Ok();
+    std::string text;
+    HZP_RETURN_IF_ERROR(read_string(key, text));
+    if (text.empty() || text.size() > 128 || printable(text, 128) != text)
+      return invalid(path_of(key), "must be 1 to 128 bytes of printable text", at(key));
+    out = std::move(text);
     return Status::Ok();
   }
 
@@ -230,7 +263,7 @@ Result<std::vector<int>> parse_moe_layers(const json& v, const std::string& path
     std::set<int> seen;
     for (std::size_t i = 0; i < v.size(); ++i) {
       const std::string p = path + "[" + std::to_string(i) + "]";
-      HZP_ASSIGN_OR_RETURN(std::int64_t index, as_int(v[i], p, 0, kIntMax));
+      HZP_ASSIGN_OR_RETURN(std::int64_t index, as_int(v[i], p, 0, range::kLayers));
       if (index >= layers) return invalid(p, "layer index out of range [0, " + std::to_string(layers) + ")", v[i]);
       if (!seen.insert(static_cast<int>(index)).second) return invalid(p, "duplicate layer index", v[i]);
     }
@@ -240,8 +273,8 @@ Result<std::vector<int>> parse_moe_layers(const json& v, const std::string& path
     HZP_RETURN_IF_ERROR(r.require("every"));
     int every = 1;
     int offset = 0;
-    HZP_RETURN_IF_ERROR(r.read_int("every", every));
-    HZP_RETURN_IF_ERROR(r.read_int("offset", offset, 0));
+    HZP_RETURN_IF_ERROR(r.read_int("every", every, 1, range::kLayers));
+    HZP_RETURN_IF_ERROR(r.read_int("offset", offset, 0, range::kLayers));
     if (offset >= every)
       return invalid(r.path_of("offset"), "must be less than every (" + std::to_string(every) + ")", r.at("offset"));
     for (int i = offset; i < layers; i += every) out.push_back(i);
@@ -272,22 +305,22 @@ Result<ModelSpec> parse_model(const json& value) {
   const bool multi_head = m.kv_heads == m.heads;
   bool moe_all_layers = m.has_moe && static_cast<int>(m.moe.layers.size()) == m.layers;
 
-  HZP_RETURN_IF_ERROR(r.read_string("name", m.name));
+  HZP_RETURN_IF_ERROR(r.read_label("name", m.name));
   HZP_RETURN_IF_ERROR(r.read_enum("family", m.family, {ModelFamily::kLlama, ModelFamily::kGpt}));
   if (!from_preset) {
     m.tied_embeddings = m.family == ModelFamily::kGpt;
     m.position = m.family == ModelFamily::kGpt ? PositionEmbedding::kLearned : PositionEmbedding::kRope;
   }
-  HZP_RETURN_IF_ERROR(r.read_int("layers", m.layers));
-  HZP_RETURN_IF_ERROR(r.read_int("hidden", m.hidden));
-  HZP_RETURN_IF_ERROR(r.read_int("heads", m.heads));
-  HZP_RETURN_IF_ERROR(r.read_int("kv_heads", m.kv_heads));
-  HZP_RETURN_IF_ERROR(r.read_int("ffn_hidden", m.ffn_hidden));
-  HZP_RETURN_IF_ERROR(r.read_int("vocab", m.vocab));
+  HZP_RETURN_IF_ERROR(r.read_int("layers", m.layers, 1, range::kLayers));
+  HZP_RETURN_IF_ERROR(r.read_int("hidden", m.hidden, 1, range::kHidden));
+  HZP_RETURN_IF_ERROR(r.read_int("heads", m.heads, 1, range::kHeads));
+  HZP_RETURN_IF_ERROR(r.read_int("kv_heads", m.kv_heads, 1, range::kHeads));
+  HZP_RETURN_IF_ERROR(r.read_int("ffn_hidden", m.ffn_hidden, 1, range::kFfn));
+  HZP_RETURN_IF_ERROR(r.read_int("vocab", m.vocab, 1, range::kVocab));
   HZP_RETURN_IF_ERROR(r.read_bool("tied_embeddings", m.tied_embeddings));
   HZP_RETURN_IF_ERROR(r.read_enum("position", m.position,
                                   {PositionEmbedding::kRope, PositionEmbedding::kLearned, PositionEmbedding::kAlibi}));
-  HZP_RETURN_IF_ERROR(r.read_int("max_positions", m.max_positions));
+  HZP_RETURN_IF_ERROR(r.read_int("max_positions", m.max_positions, 1, range::kPositions));
   if (!r.has("kv_heads") && multi_head) m.kv_heads = m.heads;
 
   if (m.hidden % m.heads != 0)
@@ -305,9 +338,9 @@ Result<ModelSpec> parse_model(const json& value) {
         HZP_RETURN_IF_ERROR(mr.require(key, "the model has no preset MoE to take it from"));
       moe_all_layers = true;
     }
-    HZP_RETURN_IF_ERROR(mr.read_int("experts", m.moe.experts));
-    HZP_RETURN_IF_ERROR(mr.read_int("top_k", m.moe.top_k));
-    HZP_RETURN_IF_ERROR(mr.read_int("expert_ffn_hidden", m.moe.expert_ffn_hidden));
+    HZP_RETURN_IF_ERROR(mr.read_int("experts", m.moe.experts, 1, range::kExperts));
+    HZP_RETURN_IF_ERROR(mr.read_int("top_k", m.moe.top_k, 1, range::kTopK));
+    HZP_RETURN_IF_ERROR(mr.read_int("expert_ffn_hidden", m.moe.expert_ffn_hidden, 1, range::kFfn));
     if (mr.has("layers")) {
       HZP_ASSIGN_OR_RETURN(m.moe.layers, parse_moe_layers(mr.at("layers"), mr.path_of("layers"), m.layers));
       moe_all_layers = false;
@@ -364,11 +397,14 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     c.name = "custom";
     c.inter = default_inter_node();
   }
-  HZP_RETURN_IF_ERROR(r.read_string("name", c.name));
-  HZP_RETURN_IF_ERROR(r.read_int("nodes", c.nodes));
-  HZP_RETURN_IF_ERROR(r.read_int("gpus_per_node", c.gpus_per_node));
-  if (int world = 0; __builtin_mul_overflow(c.nodes, c.gpus_per_node, &world))
-    return invalid(r.path_of("nodes"), "times gpus_per_node (" + std::to_string(c.gpus_per_node) + ") overflows",
+  HZP_RETURN_IF_ERROR(r.read_label("name", c.name));
+  HZP_RETURN_IF_ERROR(r.read_int("nodes", c.nodes, 1, range::kNodes));
+  HZP_RETURN_IF_ERROR(r.read_int("gpus_per_node", c.gpus_per_node, 1, range::kGpusPerNode));
+  if (static_cast<std::int64_t>(c.nodes) * c.gpus_per_node > range::kWorld)
+    return invalid(r.path_of("nodes"),
+                   "times gpus_per_node (" + std::to_string(c.gpus_per_node) + ") is " +
+                       std::to_string(static_cast<std::int64_t>(c.nodes) * c.gpus_per_node) + " GPUs, more than the " +
+                       std::to_string(range::kWorld) + " hzp models",
                    c.nodes);
 
   if (r.has("gpu")) {
@@ -391,9 +427,9 @@ Result<ClusterSpec> parse_cluster(const json& value) {
         c.gpu = GpuSpec{type, 0, 0, 0};
       }
     }
-    HZP_RETURN_IF_ERROR(g.read_number("peak_tflops", c.gpu.peak_flops, kTflops));
-    HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB));
-    HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps));
+    HZP_RETURN_IF_ERROR(g.read_number("peak_tflops", c.gpu.peak_flops, kTflops, {0.001, 1e6}));
+    HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB, {0.001, 1e6}));
+    HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps, {0.1, 1e6}));
   }
 
   if (r.has("intra_node")) {
@@ -404,8 +440,8 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     }
     HZP_RETURN_IF_ERROR(
         in.read_enum("topology", c.intra.topology, {IntraNodeTopology::kSwitch, IntraNodeTopology::kFullMesh}));
-    HZP_RETURN_IF_ERROR(in.read_number("bandwidth_GBps", c.intra.bytes_per_s, kGBps));
-    HZP_RETURN_IF_ERROR(in.read_number("latency_us", c.intra.latency_s, kUs, Bound::kNonNegative));
+    HZP_RETURN_IF_ERROR(in.read_number("bandwidth_GBps", c.intra.bytes_per_s, kGBps, {0.1, 1e5}));
+    HZP_RETURN_IF_ERROR(in.read_number("latency_us", c.intra.latency_s, kUs, {0, 1e6}));
   }
 
   if (r.has("nic")) {
@@ -414,9 +450,9 @@ Result<ClusterSpec> parse_cluster(const json& value) {
       HZP_RETURN_IF_ERROR(nic.require("per_node", "the cluster has no preset"));
       HZP_RETURN_IF_ERROR(nic.require("bandwidth_Gbps", "the cluster has no preset"));
     }
-    HZP_RETURN_IF_ERROR(nic.read_int("per_node", c.nic.per_node));
-    HZP_RETURN_IF_ERROR(nic.read_number("bandwidth_Gbps", c.nic.bytes_per_s, kGbps));
-    HZP_RETURN_IF_ERROR(nic.read_number("latency_us", c.nic.latency_s, kUs, Bound::kNonNegative));
+    HZP_RETURN_IF_ERROR(nic.read_int("per_node", c.nic.per_node, 1, range::kNics));
+    HZP_RETURN_IF_ERROR(nic.read_number("bandwidth_Gbps", c.nic.bytes_per_s, kGbps, {0.1, 1e5}));
+    HZP_RETURN_IF_ERROR(nic.read_number("latency_us", c.nic.latency_s, kUs, {0, 1e6}));
     HZP_RETURN_IF_ERROR(nic.read_enum("mapping", c.nic.mapping, {NicMapping::kRail, NicMapping::kShared}));
   }
 
@@ -428,23 +464,28 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     if (topology != "fat_tree")
       return invalid(inter.path_of("topology"), "must be \"fat_tree\" (the only inter-node topology modelled)",
                      inter.at("topology"));
-    HZP_RETURN_IF_ERROR(inter.read_int("leaf_size", c.inter.leaf_size));
-    HZP_RETURN_IF_ERROR(inter.read_number("oversubscription", c.inter.oversubscription, kOne, Bound::kAtLeastOne));
-    HZP_RETURN_IF_ERROR(inter.read_number("switch_latency_us", c.inter.switch_latency_s, kUs, Bound::kNonNegative));
+    HZP_RETURN_IF_ERROR(inter.read_int("leaf_size", c.inter.leaf_size, 1, range::kLeafSize));
+    HZP_RETURN_IF_ERROR(inter.read_number("oversubscription", c.inter.oversubscription, kOne, {1, 1000}));
+    HZP_RETURN_IF_ERROR(inter.read_number("switch_latency_us", c.inter.switch_latency_s, kUs, {0, 1e6}));
   }
 
   if (r.has("efficiency")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader eff, r.child("efficiency", {"gemm", "memory_bound", "intra_node", "inter_node"}));
-    HZP_RETURN_IF_ERROR(eff.read_number("gemm", c.efficiency.gemm, kOne, Bound::kFraction));
-    HZP_RETURN_IF_ERROR(eff.read_number("memory_bound", c.efficiency.memory_bound, kOne, Bound::kFraction));
-    HZP_RETURN_IF_ERROR(eff.read_number("intra_node", c.efficiency.intra_node, kOne, Bound::kFraction));
-    HZP_RETURN_IF_ERROR(eff.read_number("inter_node", c.efficiency.inter_node, kOne, Bound::kFraction));
+    HZP_RETURN_IF_ERROR(eff.read_number("gemm", c.efficiency.gemm, kOne, kFraction));
+    HZP_RETURN_IF_ERROR(eff.read_number("memory_bound", c.efficiency.memory_bound, kOne, kFraction));
+    HZP_RETURN_IF_ERROR(eff.read_number("intra_node", c.efficiency.intra_node, kOne, kFraction));
+    HZP_RETURN_IF_ERROR(eff.read_number("inter_node", c.efficiency.inter_node, kOne, kFraction));
   }
 
   HZP_RETURN_IF_ERROR(r.read_enum("collective_algorithm", c.collective_algorithm,
                                   {CollectiveAlgorithmChoice::kAuto, CollectiveAlgorithmChoice::kRing,
                                    CollectiveAlgorithmChoice::kHierarchical}));
 
+  if (c.intra.topology == IntraNodeTopology::kFullMesh && c.gpus_per_node > range::kFullMeshGpus)
+    return invalid("cluster.gpus_per_node",
+                   "must be at most " + std::to_string(range::kFullMeshGpus) +
+                       " with a \"full_mesh\" intra-node topology (one link per GPU pair)",
+                   c.gpus_per_node);
   // Rail mapping pairs local GPU g with NIC g * nics / gpus_per_node, which needs one count to divide the other.
   if (c.nic.mapping == NicMapping::kRail && c.gpus_per_node % c.nic.per_node != 0 &&
       c.nic.per_node % c.gpus_per_node != 0)
@@ -463,8 +504,8 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
   TrainingSpec t;
   HZP_RETURN_IF_ERROR(r.require("seq_len"));
   HZP_RETURN_IF_ERROR(r.require("micro_batch"));
-  HZP_RETURN_IF_ERROR(r.read_int("seq_len", t.seq_len));
-  HZP_RETURN_IF_ERROR(r.read_int("micro_batch", t.micro_batch));
+  HZP_RETURN_IF_ERROR(r.read_int("seq_len", t.seq_len, 1, range::kSeqLen));
+  HZP_RETURN_IF_ERROR(r.read_int("micro_batch", t.micro_batch, 1, range::kMicroBatch));
   HZP_RETURN_IF_ERROR(r.read_enum("precision", t.precision, {Precision::kBf16, Precision::kFp16, Precision::kFp32}));
   HZP_RETURN_IF_ERROR(r.read_string("optimizer", t.optimizer));
   if (t.optimizer != "adamw")
@@ -472,7 +513,7 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
   HZP_RETURN_IF_ERROR(
       r.read_enum("recompute", t.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull}));
   HZP_RETURN_IF_ERROR(r.read_bool("flash_attention", t.flash_attention));
-  HZP_RETURN_IF_ERROR(r.read_number("grad_clip", t.grad_clip, kOne, Bound::kNonNegative));
+  HZP_RETURN_IF_ERROR(r.read_number("grad_clip", t.grad_clip, kOne, {0, 1e9}));
 
   if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
     return invalid(
@@ -480,9 +521,13 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
         "exceeds model.max_positions (" + std::to_string(model.max_positions) + ") of the learned position table",
         t.seq_len);
 
-  std::int64_t per_step = 0;  // sequences one step takes without accumulation: micro_batch x D
-  if (__builtin_mul_overflow(t.micro_batch, static_cast<std::int64_t>(cluster.world_size()), &per_step))
-    return invalid(r.path_of("micro_batch"), "times the data-parallel size overflows", t.micro_batch);
+  if (t.micro_batch * t.seq_len > range::kMicroBatchTokens)
+    return invalid(r.path_of("micro_batch"),
+                   "times seq_len (" + std::to_string(t.seq_len) + ") is more than the " +
+                       std::to_string(range::kMicroBatchTokens) + " tokens a micro-batch may hold",
+                   t.micro_batch);
+  // Sequences one step takes without accumulation: micro_batch x D (< 2^36 with the ranges above).
+  const std::int64_t per_step = t.micro_batch * static_cast<std::int64_t>(cluster.world_size());
 
   const bool by_tokens = r.has("global_batch_tokens");
   if (by_tokens && r.has("global_batch_sequences"))
@@ -496,19 +541,28 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
   if (by_tokens) {
     batch_path = r.path_of("global_batch_tokens");
     std::int64_t tokens = 0;
-    HZP_RETURN_IF_ERROR(r.read_int("global_batch_tokens", tokens));
+    HZP_RETURN_IF_ERROR(r.read_int("global_batch_tokens", tokens, 1, std::numeric_limits<std::int64_t>::max()));
     if (tokens % t.seq_len != 0)
       return invalid(batch_path,
                      std::to_string(tokens) + " is not a multiple of seq_len (" + std::to_string(t.seq_len) + ")");
     t.global_batch = tokens / t.seq_len;
+    if (t.global_batch > range::kGlobalSequences)
+      return invalid(batch_path, "is more than " + std::to_string(range::kGlobalSequences) + " sequences", r.at("global_batch_tokens"));
     shown = std::to_string(tokens) + " tokens = " + std::to_string(t.global_batch) + " sequences";
   } else {
-    HZP_RETURN_IF_ERROR(r.read_int("global_batch_sequences", t.global_batch));
+    HZP_RETURN_IF_ERROR(r.read_int("global_batch_sequences", t.global_batch, 1, range::kGlobalSequences));
     shown = std::to_string(t.global_batch);
   }
   if (t.global_batch % per_step != 0)
     return invalid(batch_path, shown + " is not a multiple of micro_batch (" + std::to_string(t.micro_batch) +
                                    ") x data-parallel size (" + std::to_string(cluster.world_size()) + ")");
+  // The schedule holds every (unit, micro-batch) pass of a step: bound it.
+  const std::int64_t micro_batches = t.global_batch / per_step;
+  if (micro_batches > range::kMicroBatchesPerStep || micro_batches * (model.layers + 2) > range::kUnitPasses)
+    return invalid(batch_path, shown + " makes " + std::to_string(micro_batches) + " micro-batches per step of " +
+                                   std::to_string(model.layers + 2) + " units each, more than the " +
+                                   std::to_string(range::kUnitPasses) +
+                                   " unit passes a step's schedule holds; raise micro_batch or lower the batch");
   return t;
 }
 
@@ -518,22 +572,18 @@ Result<RunSpec> parse_run(const json& value) {
                                           {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "beta1", "beta2",
                                            "eps", "seed", "eval_interval", "eval_batches", "checkpoint_interval"}));
   RunSpec run;
-  HZP_RETURN_IF_ERROR(r.read_int("steps", run.steps));
-  HZP_RETURN_IF_ERROR(r.read_number("lr", run.lr, kOne));
-  HZP_RETURN_IF_ERROR(r.read_number("min_lr", run.min_lr, kOne, Bound::kNonNegative));
-  HZP_RETURN_IF_ERROR(r.read_int("warmup_steps", run.warmup_steps, 0));
-  HZP_RETURN_IF_ERROR(r.read_number("weight_decay", run.weight_decay, kOne, Bound::kNonNegative));
-  HZP_RETURN_IF_ERROR(r.read_number("beta1", run.beta1, kOne, Bound::kNonNegative));
-  HZP_RETURN_IF_ERROR(r.read_number("beta2", run.beta2, kOne, Bound::kNonNegative));
-  HZP_RETURN_IF_ERROR(r.read_number("eps", run.eps, kOne));
-  HZP_RETURN_IF_ERROR(r.read_int("seed", run.seed, 0));
-  HZP_RETURN_IF_ERROR(r.read_int("eval_interval", run.eval_interval, 0));
-  HZP_RETURN_IF_ERROR(r.read_int("eval_batches", run.eval_batches));
-  HZP_RETURN_IF_ERROR(r.read_int("checkpoint_interval", run.checkpoint_interval, 0));
-  for (const char* key : {"beta1", "beta2"}) {
-    const double b = std::string(key) == "beta1" ? run.beta1 : run.beta2;
-    if (b >= 1) return invalid(r.path_of(key), "must be in [0, 1)", r.at(key));
-  }
+  HZP_RETURN_IF_ERROR(r.read_int("steps", run.steps, 1, range::kSteps));
+  HZP_RETURN_IF_ERROR(r.read_number("lr", run.lr, kOne, {0, 100, true}));
+  HZP_RETURN_IF_ERROR(r.read_number("min_lr", run.min_lr, kOne, {0, 100}));
+  HZP_RETURN_IF_ERROR(r.read_int("warmup_steps", run.warmup_steps, 0, range::kSteps));
+  HZP_RETURN_IF_ERROR(r.read_number("weight_decay", run.weight_decay, kOne, {0, 1}));
+  HZP_RETURN_IF_ERROR(r.read_number("beta1", run.beta1, kOne, {0, 1, false, true}));
+  HZP_RETURN_IF_ERROR(r.read_number("beta2", run.beta2, kOne, {0, 1, false, true}));
+  HZP_RETURN_IF_ERROR(r.read_number("eps", run.eps, kOne, {1e-30, 1}));
+  HZP_RETURN_IF_ERROR(r.read_int("seed", run.seed, 0, range::kSeed));
+  HZP_RETURN_IF_ERROR(r.read_int("eval_interval", run.eval_interval, 0, range::kSteps));
+  HZP_RETURN_IF_ERROR(r.read_int("eval_batches", run.eval_batches, 1, range::kEvalBatches));
+  HZP_RETURN_IF_ERROR(r.read_int("checkpoint_interval", run.checkpoint_interval, 0, range::kSteps));
   if (run.min_lr > run.lr) return invalid(r.path_of("min_lr"), "must not exceed lr (" + std::to_string(run.lr) + ")", run.min_lr);
   return run;
 }
@@ -586,16 +636,14 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
 
   if (r.has("overlap")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader o, r.child("overlap", {"prefetch_depth", "bucket_MiB", "separate_streams"}));
-    HZP_RETURN_IF_ERROR(o.read_int("prefetch_depth", p.overlap.prefetch_depth, 0));
+    HZP_RETURN_IF_ERROR(o.read_int("prefetch_depth", p.overlap.prefetch_depth, 0, range::kPrefetch));
     double bucket = static_cast<double>(p.overlap.bucket_bytes);
-    HZP_RETURN_IF_ERROR(o.read_number("bucket_MiB", bucket, kMiB));
-    if (bucket < 1) return invalid(o.path_of("bucket_MiB"), "must be at least one byte", o.at("bucket_MiB"));
-    if (bucket > 0x1p62) return invalid(o.path_of("bucket_MiB"), "is too large", o.at("bucket_MiB"));
+    HZP_RETURN_IF_ERROR(o.read_number("bucket_MiB", bucket, kMiB, {1e-6, 1 << 20}));
     p.overlap.bucket_bytes = std::llround(bucket);
     HZP_RETURN_IF_ERROR(o.read_bool("separate_streams", p.overlap.separate_streams));
   }
 
-  HZP_RETURN_IF_ERROR(r.read_int("expert_parallel", p.expert_parallel));
+  HZP_RETURN_IF_ERROR(r.read_int("expert_parallel", p.expert_parallel, 1, range::kExperts));
   const int ep = p.expert_parallel;
   if (ep > 1) {
     const std::string at = r.path_of("expert_parallel");
@@ -637,7 +685,7 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   for (const char* key : {"model", "cluster", "training", "policy"}) HZP_RETURN_IF_ERROR(r.require(key));
   Scenario s;
   s.name = std::string(name);
-  HZP_RETURN_IF_ERROR(r.read_string("name", s.name));
+  HZP_RETURN_IF_ERROR(r.read_label("name", s.name));
   HZP_ASSIGN_OR_RETURN(s.model, parse_model(r.at("model")));
   HZP_ASSIGN_OR_RETURN(s.cluster, parse_cluster(r.at("cluster")));
   HZP_ASSIGN_OR_RETURN(s.training, parse_training(r.at("training"), s.model, s.cluster));
@@ -648,9 +696,45 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   return s;
 }
 
+namespace {
+
+// A scenario is a few kilobytes nested five levels deep; anything far beyond is refused before parsing.
+// (nlohmann's parser is iterative but a parsed value is destroyed recursively: a document nested 60 000
+// levels deep overflows the stack.)
+constexpr std::size_t kMaxScenarioBytes = 16u << 20;
+constexpr int kMaxJsonDepth = 64;
+
+Status check_json_shape(std::string_view text) {
+  if (text.size() > kMaxScenarioBytes)
+    return Status::InvalidInput("document of " + std::to_string(text.size()) + " bytes, more than the " +
+                                std::to_string(kMaxScenarioBytes) + " a scenario may have");
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxJsonDepth)
+        return Status::InvalidInput("malformed JSON at byte " + std::to_string(i) + ": nested deeper than " +
+                                    std::to_string(kMaxJsonDepth) + " levels");
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name) {
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
     return Status::InvalidInput("empty document, expected a JSON object");
+  HZP_RETURN_IF_ERROR(check_json_shape(text));
   // JSON allows duplicate keys and nlohmann keeps the last one: a silently ignored value. Track the keys of
   // every open object while parsing and refuse the document on the first repeat.
   struct Frame {
@@ -678,7 +762,8 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view nam
       case json::parse_event_t::key: {
         Frame& frame = open.back();
         frame.last_key = parsed.get<std::string>();
-        if (!frame.keys.insert(frame.last_key).second && duplicate.empty()) duplicate = join(frame.path, frame.last_key);
+        if (!frame.keys.insert(frame.last_key).second && duplicate.empty())
+          duplicate = join(frame.path, printable(frame.last_key, 60));
         break;
       }
       default:
@@ -694,9 +779,9 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view nam
     // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep its line/column detail.
     if (auto end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
       what = what.substr(end + 2);
-    return Status::InvalidInput("malformed JSON at byte " + std::to_string(e.byte) + ": " + what);
+    return Status::InvalidInput("malformed JSON at byte " + std::to_string(e.byte) + ": " + printable(what, 200));
   } catch (const json::exception& e) {
-    return Status::InvalidInput(std::string("malformed JSON: ") + e.what());
+    return Status::InvalidInput("malformed JSON: " + printable(e.what(), 200));
   }
   if (!duplicate.empty())
     return Status::InvalidInput(duplicate + ": duplicate key (only one value may be given)");
@@ -704,17 +789,13 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view nam
 }
 
 Result<Scenario> load_scenario_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidInput(path + ": cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::InvalidInput(path + ": cannot read file");
+  HZP_ASSIGN_OR_RETURN(std::string text, read_text_file(path, kMaxScenarioBytes));
   const std::string stem = std::filesystem::path(path).stem().string();
-  Result<Scenario> s = parse_scenario_text(text.str(), stem);
+  Result<Scenario> s = parse_scenario_text(text, stem);
   // Syntax errors have no JSON path to lead with, so they lead with the file instead.
-  if (!s.ok() &&
-      (s.status().message().rfind("malformed JSON", 0) == 0 || s.status().message().rfind("empty document", 0) == 0))
-    return Status::InvalidInput(path + ": " + s.status().message());
+  const std::string& m = s.status().message();
+  if (!s.ok() && (m.rfind("malformed JSON", 0) == 0 || m.rfind("empty document", 0) == 0 || m.rfind("document of", 0) == 0))
+    return Status::InvalidInput(printable(path, 200) + ": " + m);
   return s;
 }
 

@@ -489,11 +489,16 @@ TEST_CASE("error messages start with the JSON path and list the known names", "[
   doc["model"]["layers"] = 4.0;
   CHECK(parse_error(doc) == "model.layers: must be an integer, got 4.0");
   doc["model"]["layers"] = 1ULL << 40;
-  CHECK(parse_error(doc).rfind("model.layers: must be at most", 0) == 0);
+  CHECK(parse_error(doc).rfind("model.layers: must be an integer in [1, 4096]", 0) == 0);
 
   doc = base_doc();
   doc["cluster"]["nodes"] = 1 << 29;
-  CHECK(parse_error(doc) == "cluster.nodes: times gpus_per_node (8) overflows, got 536870912");
+  CHECK(parse_error(doc) == "cluster.nodes: must be an integer in [1, 131072], got 536870912");
+  doc["cluster"]["nodes"] = 1 << 17;
+  doc["cluster"]["gpus_per_node"] = 16;
+  doc["cluster"]["nic"] = {{"per_node", 8}};
+  CHECK(parse_error(doc) ==
+        "cluster.nodes: times gpus_per_node (16) is 2097152 GPUs, more than the 1048576 hzp models, got 131072");
 
   CHECK(parse_error(json::array()) == "scenario: must be an object, got []");
 }
@@ -515,7 +520,7 @@ TEST_CASE("text and file entry points", "[scenario][errors]") {
   s = load_scenario_file(data_dir() + "/no/such/file.json");
   REQUIRE_FALSE(s.ok());
   CHECK(s.status().code() == StatusCode::kInvalidInput);
-  CHECK(s.status().message().find("no/such/file.json: cannot open file") != std::string::npos);
+  CHECK(s.status().message().find("no/such/file.json\": cannot open: No such file or directory") != std::string::npos);
 
   s = load_scenario_file(data_dir() + "/good/mixtral_asynchzp_h100.json");
   INFO(s.status().message());
@@ -562,6 +567,56 @@ TEST_CASE("every bad scenario file fails with its expected message", "[scenario]
   }
   CHECK(files == static_cast<int>(expected.size()));
   CHECK(files >= 20);
+}
+
+TEST_CASE("hostile documents are refused quickly, and messages never echo them whole", "[scenario][errors][hostile]") {
+  SECTION("60 000 levels of nesting: refused before parsing, no stack overflow") {
+    const std::string deep = std::string(60000, '[') + std::string(60000, ']');
+    Result<Scenario> s = parse_scenario_text(deep, "deep");
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().code() == StatusCode::kInvalidInput);
+    CHECK(s.status().message().find("nested deeper than 64 levels") != std::string::npos);
+    // Brackets inside strings do not count.
+    json doc = base_doc();
+    doc["name"] = std::string(100, '[');
+    CHECK_FALSE(parse_scenario_text(doc.dump(), "x").status().message().find("nested") != std::string::npos);
+  }
+  SECTION("a 10 MB unknown key is named in a bounded message") {
+    json doc = base_doc();
+    doc["model"][std::string(10 << 20, 'k')] = 1;
+    Result<Scenario> s = parse_scenario_text(doc.dump(), "huge");
+    REQUIRE_FALSE(s.ok());
+    const std::string& msg = s.status().message();
+    CHECK(msg.rfind("model.kkkk", 0) == 0);
+    CHECK(msg.find("unknown key") != std::string::npos);
+    CHECK(msg.size() < 600);
+  }
+  SECTION("control characters and invalid UTF-8 in keys are escaped") {
+    json doc = base_doc();
+    doc["model"]["a\x01\x1b[31mb"] = 1;
+    Result<Scenario> s = parse_scenario_text(doc.dump(), "ctl");
+    REQUIRE_FALSE(s.ok());
+    const std::string& msg = s.status().message();
+    INFO(msg);
+    CHECK(msg.find("a\\x01\\x1b[31mb") != std::string::npos);
+    for (char c : msg) CHECK((static_cast<unsigned char>(c) >= 0x20 || c == '\n'));
+    const std::string bad_utf8 = "{\"model\": {\"\xff\xfe\": 1}}";
+    Result<Scenario> u = parse_scenario_text(bad_utf8, "utf8");
+    REQUIRE_FALSE(u.ok());
+    CHECK(u.status().message().size() < 600);
+  }
+  SECTION("a document over 16 MiB is refused without parsing") {
+    const std::string big = "{\"name\": \"" + std::string(17 << 20, 'x') + "\"}";
+    Result<Scenario> s = parse_scenario_text(big, "big");
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().message().find("more than the 16777216") != std::string::npos);
+  }
+  SECTION("a directory where a file is expected") {
+    Result<Scenario> s = load_scenario_file(data_dir());
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().code() == StatusCode::kInvalidInput);
+    CHECK(s.status().message().find("not a regular file (a directory)") != std::string::npos);
+  }
 }
 
 TEST_CASE("scenario_to_json round-trips", "[scenario][round-trip]") {
