@@ -3,6 +3,7 @@
 # micro-batch 1, 4M-token batch). Prints the planner's own summary lines: the analytic ranking time of the
 # whole search space and the wall time of simulating the top K plus the presets in SimGrid.
 # Usage: bash bench/planner.sh [HZP_BINARY] [TOP_K]
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
 hzp="${1:-build/hzp}"
 top="${2:-8}"

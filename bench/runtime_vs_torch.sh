@@ -6,6 +6,7 @@
 # For each model size and thread count both sides run `repeats` times (default 3), interleaved so that the
 # machine's drift hits both; tokens/s is measured over steps 3..29 (hzp: metrics.jsonl "seconds" per step,
 # the whole step on the host; torch: bench/torch_train.py, the same span). Prints the medians and their ratio.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hzp=${1:-build/hzp}

@@ -3,6 +3,7 @@
 # 64 .. 8192 A800 GPUs (and a 16-layer variant at 1024 GPUs to see the cost per layer). Each simulation runs
 # in its own process (one SimGrid engine per process). Prints a markdown table.
 # Usage: bash bench/sim_scaling.sh [HZP_BINARY] [GPU counts...]
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
 hzp="${1:-build/hzp}"
 shift || true

@@ -12,6 +12,12 @@ import json
 import math
 import time
 
+import sys
+
+if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):
+    print(__doc__)  # before importing torch, so --help works where torch is not installed
+    sys.exit(0)
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -23,7 +23,7 @@ Status write_all(int fd, const std::string& text, const std::string& path) {
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::InvalidInput(quoted(path, 200) + ": write failed: " + errno_text());
+    if (n <= 0) return Status::InvalidInput(printable(path, 200) + ": write failed: " + errno_text());
     done += static_cast<std::size_t>(n);
   }
   return Status::Ok();
@@ -40,7 +40,7 @@ void sync_dir(const fs::path& dir) {
 }  // namespace
 
 Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes) {
-  const std::string shown = quoted(path, 200);
+  const std::string shown = printable(path, 200);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::InvalidInput(shown + ": cannot open: " + errno_text());
   struct stat st {};
@@ -77,12 +77,12 @@ Result<std::string> read_text_file(const std::string& path, std::int64_t max_byt
 Status write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::InvalidInput(quoted(tmp, 200) + ": cannot write: " + errno_text());
+  if (fd < 0) return Status::InvalidInput(printable(tmp, 200) + ": cannot write: " + errno_text());
   Status st = write_all(fd, text, tmp);
-  if (st.ok() && ::fsync(fd) != 0) st = Status::InvalidInput(quoted(tmp, 200) + ": fsync failed: " + errno_text());
+  if (st.ok() && ::fsync(fd) != 0) st = Status::InvalidInput(printable(tmp, 200) + ": fsync failed: " + errno_text());
   ::close(fd);
   if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
-    st = Status::InvalidInput(quoted(tmp, 200) + ": cannot rename to " + quoted(path, 200) + ": " + errno_text());
+    st = Status::InvalidInput(printable(tmp, 200) + ": cannot rename to " + printable(path, 200) + ": " + errno_text());
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;
@@ -92,7 +92,7 @@ Status write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 Status ensure_writable_dir(const std::string& dir, const std::string& what) {
-  const std::string shown = what + " " + quoted(dir, 200);
+  const std::string shown = what + " " + printable(dir, 200);
   std::error_code ec;
   if (dir.empty()) return Status::InvalidInput(what + ": empty path");
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) return Status::InvalidInput(shown + ": exists and is not a directory");

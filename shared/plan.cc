@@ -1,12 +1,14 @@
 // Preset comparison for `hzp plan`: one analytic estimate per registered policy.
 #include "plan.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "model_math.h"
 #include "policy_registry.h"
 #include "presets.h"
 #include "schedule_validator.h"
+#include "sharding.h"
 
 namespace hzp {
 
@@ -45,11 +47,12 @@ Result<Plan> plan_presets(const Scenario& scenario) {
     est.timings.clear();
     plan.candidates.push_back({variant.policy.preset, variant.policy.sharding, std::move(est)});
   }
-  for (size_t i = 0; i < plan.candidates.size(); ++i) {
-    const Estimate& e = plan.candidates[i].estimate;
-    if (e.fits_memory && (plan.best < 0 || e.step_time_s < plan.candidates[plan.best].estimate.step_time_s))
-      plan.best = static_cast<int>(i);
-  }
+  // Ranked: what fits, fastest first, then what does not fit (its speed is moot), fastest first.
+  std::stable_sort(plan.candidates.begin(), plan.candidates.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.estimate.fits_memory != b.estimate.fits_memory) return a.estimate.fits_memory;
+    return a.estimate.step_time_s < b.estimate.step_time_s;
+  });
+  if (!plan.candidates.empty() && plan.candidates.front().estimate.fits_memory) plan.best = 0;
   return plan;
 }
 
@@ -94,24 +97,31 @@ std::string plan_table(const Scenario& scenario, const Plan& plan) {
                 scenario.cluster.gpu.type.c_str(), static_cast<long long>(scenario.training.seq_len),
                 static_cast<long long>(scenario.training.micro_batch), static_cast<long long>(scenario.grad_accum_steps()));
   out += line;
-  std::snprintf(line, sizeof line, "%-8s %-23s %8s %8s %8s %8s %8s %8s %5s %10s %9s %9s %6s\n", "policy",
-                "sharding P/G/OS", "P GiB", "G GiB", "OS GiB", "act GiB", "buf GiB", "tot GiB", "fits", "comm GB",
-                "step s", "exposed s", "MFU");
+  out += std::string(kShardingLegend) + "; memory in GiB (2^30 bytes) per GPU of " +
+         std::to_string(static_cast<int>(scenario.cluster.gpu.memory_bytes / GiB)) +
+         " GiB, communication in GB (10^9 bytes) sent per GPU per step; policies that do not fit are ranked "
+         "last, their step time and MFU in parentheses\n";
+  std::snprintf(line, sizeof line, "%-8s %-24s %8s %8s %8s %8s %8s %8s %5s %10s %9s %9s %8s\n", "policy", "sharding",
+                "P GiB", "G GiB", "OS GiB", "act GiB", "buf GiB", "tot GiB", "fits", "comm GB", "step s", "exposed s",
+                "MFU");
   out += line;
   for (size_t i = 0; i < plan.candidates.size(); ++i) {
     const PlanCandidate& c = plan.candidates[i];
     const Estimate& e = c.estimate;
-    char sharding[64];
-    std::snprintf(sharding, sizeof sharding, "%d,%d/%d,%d/%d,%d", c.sharding.params.s0, c.sharding.params.s1,
-                  c.sharding.grads.s0, c.sharding.grads.s1, c.sharding.optimizer.s0, c.sharding.optimizer.s1);
-    std::snprintf(line, sizeof line, "%-8s %-23s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %5s %10.2f %9.3f %9.3f %5.1f%%%s\n",
-                  c.policy.c_str(), sharding, e.memory.params / GiB, e.memory.grads / GiB, e.memory.optimizer / GiB,
-                  e.memory.activations / GiB, e.memory.buffers / GiB, e.memory.total() / GiB,
-                  e.fits_memory ? "yes" : "NO", e.comm_bytes_per_gpu / 1e9, e.step_time_s, e.exposed_comm_s,
-                  100 * e.mfu, static_cast<int>(i) == plan.best ? "  <- best" : "");
+    char step[32], mfu[32];
+    std::snprintf(step, sizeof step, e.fits_memory ? "%.3f" : "(%.3f)", e.step_time_s);
+    std::snprintf(mfu, sizeof mfu, e.fits_memory ? "%.1f%%" : "(%.1f%%)", 100 * e.mfu);
+    std::snprintf(line, sizeof line, "%-8s %-24s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %5s %10.2f %9s %9.3f %8s%s\n",
+                  c.policy.c_str(), sharding_notation(c.sharding).c_str(), e.memory.params / GiB, e.memory.grads / GiB,
+                  e.memory.optimizer / GiB, e.memory.activations / GiB, e.memory.buffers / GiB, e.memory.total() / GiB,
+                  e.fits_memory ? "yes" : "NO", e.comm_bytes_per_gpu / 1e9, step, e.exposed_comm_s, mfu,
+                  static_cast<int>(i) == plan.best ? "  <- best" : "");
     out += line;
   }
-  if (plan.best < 0) out += "no policy fits in " + std::to_string(scenario.cluster.gpu.memory_bytes / GiB) + " GiB per GPU\n";
+  if (plan.best < 0) {
+    std::snprintf(line, sizeof line, "no policy fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / GiB);
+    out += line;
+  }
   return out;
 }
 

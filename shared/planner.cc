@@ -40,6 +40,7 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
   const long long total =
       static_cast<long long>(shardings.size() * options.prefetch_depths.size() * options.separate_streams.size());
   SearchResult result;
+  result.candidates = total;
   long long done = 0;
   for (const ShardingSpec& sharding : shardings) {
     // Model states plus activations must fit before anything else is worth building (buffers come later,
@@ -69,7 +70,7 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
           ++result.rejected_invalid;
           continue;
         }
-        ++result.evaluated;
+        ++result.estimated;
         if (!est->fits_memory) {
           ++result.rejected_memory;
           continue;
@@ -94,6 +95,7 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
     });
     if (!redundant) distinct.push_back(std::move(c));
   }
+  result.redundant = static_cast<long long>(result.ranked.size() - distinct.size());
   result.ranked = std::move(distinct);
   return result;
 }

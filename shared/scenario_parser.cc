@@ -17,6 +17,7 @@
 
 #include "calibration.h"
 #include "files.h"
+#include "json_io.h"
 #include "presets.h"
 #include "text.h"
 
@@ -696,100 +697,13 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   return s;
 }
 
-namespace {
-
-// A scenario is a few kilobytes nested five levels deep; anything far beyond is refused before parsing.
-// (nlohmann's parser is iterative but a parsed value is destroyed recursively: a document nested 60 000
-// levels deep overflows the stack.)
-constexpr std::size_t kMaxScenarioBytes = 16u << 20;
-constexpr int kMaxJsonDepth = 64;
-
-Status check_json_shape(std::string_view text) {
-  if (text.size() > kMaxScenarioBytes)
-    return Status::InvalidInput("document of " + std::to_string(text.size()) + " bytes, more than the " +
-                                std::to_string(kMaxScenarioBytes) + " a scenario may have");
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth)
-        return Status::InvalidInput("malformed JSON at byte " + std::to_string(i) + ": nested deeper than " +
-                                    std::to_string(kMaxJsonDepth) + " levels");
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name) {
-  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
-    return Status::InvalidInput("empty document, expected a JSON object");
-  HZP_RETURN_IF_ERROR(check_json_shape(text));
-  // JSON allows duplicate keys and nlohmann keeps the last one: a silently ignored value. Track the keys of
-  // every open object while parsing and refuse the document on the first repeat.
-  struct Frame {
-    bool object;
-    std::string path;
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> open;
-  std::string duplicate;
-  auto join = [](const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; };
-  json::parser_callback_t track_keys = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start: {
-        std::string path;
-        if (!open.empty()) path = open.back().object ? join(open.back().path, open.back().last_key) : open.back().path + "[]";
-        open.push_back({event == json::parse_event_t::object_start, std::move(path), {}, {}});
-        break;
-      }
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!open.empty()) open.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        Frame& frame = open.back();
-        frame.last_key = parsed.get<std::string>();
-        if (!frame.keys.insert(frame.last_key).second && duplicate.empty())
-          duplicate = join(frame.path, printable(frame.last_key, 60));
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  json doc;
-  try {
-    doc = json::parse(text, track_keys);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep its line/column detail.
-    if (auto end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
-      what = what.substr(end + 2);
-    return Status::InvalidInput("malformed JSON at byte " + std::to_string(e.byte) + ": " + printable(what, 200));
-  } catch (const json::exception& e) {
-    return Status::InvalidInput("malformed JSON: " + printable(e.what(), 200));
-  }
-  if (!duplicate.empty())
-    return Status::InvalidInput(duplicate + ": duplicate key (only one value may be given)");
+  HZP_ASSIGN_OR_RETURN(json doc, parse_json_strict(text, kMaxScenarioBytes));
   return parse_scenario(doc, name);
 }
 
 Result<Scenario> load_scenario_file(const std::string& path) {
-  HZP_ASSIGN_OR_RETURN(std::string text, read_text_file(path, kMaxScenarioBytes));
+  HZP_ASSIGN_OR_RETURN(std::string text, read_text_file(path, kMaxScenarioBytes + 1));
   const std::string stem = std::filesystem::path(path).stem().string();
   Result<Scenario> s = parse_scenario_text(text, stem);
   // Syntax errors have no JSON path to lead with, so they lead with the file instead.

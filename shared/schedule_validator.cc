@@ -20,18 +20,28 @@ std::string describe(const Schedule& s, int rank, int op_index) {
 Status check_structure(const Schedule& s) {
   if (static_cast<int>(s.rank_program.size()) != s.world_size || static_cast<int>(s.rank_groups.size()) != s.world_size)
     return Status::Internal("schedule: rank tables do not cover world size " + std::to_string(s.world_size));
+  // Membership of every (rank, role) binding, in one pass over the groups' member lists: linear in the
+  // total group size (a search per rank would be quadratic for world-sized groups).
+  const size_t roles = s.roles.size();
+  std::vector<char> member(static_cast<size_t>(s.world_size) * roles, 0);
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    const size_t role = std::find(s.roles.begin(), s.roles.end(), s.groups[g].role) - s.roles.begin();
+    if (role == roles) return Status::Internal("schedule: group " + std::to_string(g) + " has an unknown role");
+    for (int r : s.groups[g].ranks) {
+      if (r < 0 || r >= s.world_size) return Status::Internal("schedule: group " + std::to_string(g) + " names rank " + std::to_string(r));
+      if (s.rank_groups[r].size() == roles && s.rank_groups[r][role] == static_cast<int>(g)) member[r * roles + role] = 1;
+    }
+  }
   for (int r = 0; r < s.world_size; ++r) {
     if (s.rank_program[r] < 0 || s.rank_program[r] >= static_cast<int>(s.programs.size()))
       return Status::Internal("schedule: rank " + std::to_string(r) + " runs a program that does not exist");
-    if (s.rank_groups[r].size() != s.roles.size())
+    if (s.rank_groups[r].size() != roles)
       return Status::Internal("schedule: rank " + std::to_string(r) + " does not bind every group role");
-    for (size_t role = 0; role < s.roles.size(); ++role) {
-      const int g = s.rank_groups[r][role];
-      if (g < 0 || g >= static_cast<int>(s.groups.size()) ||
-          std::find(s.groups[g].ranks.begin(), s.groups[g].ranks.end(), r) == s.groups[g].ranks.end())
-        return Status::Internal("schedule: rank " + std::to_string(r) + " is bound to group " + std::to_string(g) +
-                                " for role " + s.roles[role] + " but is not a member");
-    }
+    for (size_t role = 0; role < roles; ++role)
+      if (!member[r * roles + role])
+        return Status::Internal("schedule: rank " + std::to_string(r) + " is bound to group " +
+                                std::to_string(s.rank_groups[r][role]) + " for role " + s.roles[role] +
+                                " but is not a member");
   }
   for (size_t p = 0; p < s.programs.size(); ++p) {
     const std::vector<Op>& ops = s.programs[p].ops;

@@ -7,6 +7,13 @@
 
 namespace hzp {
 
+std::string sharding_notation(const ShardingSpec& s) {
+  auto g = [](const char* name, ShardGroup x) {
+    return std::string(name) + "[" + std::to_string(x.s0) + "," + std::to_string(x.s1) + "]";
+  };
+  return g("P", s.params) + " " + g("G", s.grads) + " " + g("OS", s.optimizer);
+}
+
 const char* to_string(GroupRole role) {
   switch (role) {
     case GroupRole::kParamShard: return "param_shard";

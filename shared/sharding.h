@@ -66,6 +66,12 @@ struct LayoutOptions {
   bool secondary_param_copy = false;  // adds kParamSecondary
 };
 
+// The one notation for a sharding in every output: "P[8,1] G[8,4] OS[8,4]", and the legend that explains it.
+std::string sharding_notation(const ShardingSpec& sharding);
+inline constexpr const char* kShardingLegend =
+    "P/G/OS[s0,s1]: parameters / gradients / optimizer states, each sharded over s0 GPUs of a node x s1 nodes "
+    "([1,1] = replicated)";
+
 Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
                                             const LayoutOptions& options = {});
 

@@ -520,7 +520,7 @@ TEST_CASE("text and file entry points", "[scenario][errors]") {
   s = load_scenario_file(data_dir() + "/no/such/file.json");
   REQUIRE_FALSE(s.ok());
   CHECK(s.status().code() == StatusCode::kInvalidInput);
-  CHECK(s.status().message().find("no/such/file.json\": cannot open: No such file or directory") != std::string::npos);
+  CHECK(s.status().message().find("no/such/file.json: cannot open: No such file or directory") != std::string::npos);
 
   s = load_scenario_file(data_dir() + "/good/mixtral_asynchzp_h100.json");
   INFO(s.status().message());

@@ -3,6 +3,7 @@
 # results.csv has one row per scenario, without errors, and that the plots and index.html exist.
 # Usage: bash tests/sweep_smoke.sh [HZP]   (HZP defaults to build/hzp; paths are relative to the repo root)
 # Skips (exit 0) when no python3 with matplotlib is found.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 hzp="${1:-build/hzp}"

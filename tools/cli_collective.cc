@@ -18,7 +18,10 @@
 #include "collective.h"
 #include "collective_cost.h"
 #include "platform.h"
+#include "cli_flags.h"
+#include "json_io.h"
 #include "scenario_parser.h"
+#include "text.h"
 
 namespace hzp::cli {
 
@@ -35,9 +38,10 @@ const char* const kCollectiveHelp =
     "  --op OP                     all_gather | reduce_scatter | all_reduce | all_to_all | broadcast\n"
     "  --group GROUP               node: the GPUs of node 0; all: every GPU; N: the first N GPUs (whole\n"
     "                              nodes when N exceeds the GPUs of one node)\n"
-    "  --bytes MIN[:MAX]           sizes in bytes; suffixes K, M, G = 2^10, 2^20, 2^30 (e.g. 1K:1G)\n"
+    "  --bytes MIN[:MAX]           sizes in bytes, 1 to 1T; suffixes K, M, G, T = 2^10, 2^20, 2^30, 2^40\n"
+    "                              (e.g. 1K:1G)\n"
     "  --nodes N                   nodes of the cluster; default: the cluster file's, else just enough for\n"
-    "                              the group (all: 2)\n"
+    "                              the group (all: 2). The cluster may have at most 65536 GPUs.\n"
     "  --algorithm ALGO            auto (default: NCCL-like selection per size) | ring | direct |\n"
     "                              hierarchical | pairwise; a forced algorithm must apply to the group\n\n"
     "Exit codes: 0 ok, 2 bad arguments or cluster, 1 internal error.\n";
@@ -55,30 +59,26 @@ int fail(const Status& status) {
   return status.code() == StatusCode::kInvalidInput ? 2 : 1;
 }
 
-Result<long long> parse_count(const std::string& flag, const std::string& text) {
-  try {
-    size_t used = 0;
-    const long long v = std::stoll(text, &used);
-    if (used == text.size() && v > 0) return v;
-  } catch (const std::exception&) {
-  }
-  return Status::InvalidInput(flag + ": expected a positive integer, got '" + text + "'");
-}
+// The flags' ranges (documented in the help text).
+constexpr long long kMaxBytes = 1LL << 40;       // 1 TiB: beyond any real message
+constexpr long long kMaxCollectiveGpus = 65536;  // the simulated cluster's GPUs
 
-// "64K" -> 65536; K/M/G are powers of 2^10, as nccl-tests reads them.
+// "64K" -> 65536; K/M/G are powers of 2^10, as nccl-tests reads them. In [1, kMaxBytes].
 Result<long long> parse_size(const std::string& text) {
-  if (text.empty()) return Status::InvalidInput("--bytes: empty size");
+  const std::string bad = "--bytes: expected a size from 1 to 1T like 1024, 64K, 8M or 1G, got " + quoted(text, 40);
+  if (text.empty()) return Status::InvalidInput(bad);
   long long scale = 1;
   std::string digits = text;
   switch (text.back()) {
     case 'K': case 'k': scale = 1LL << 10; break;
     case 'M': case 'm': scale = 1LL << 20; break;
     case 'G': case 'g': scale = 1LL << 30; break;
+    case 'T': case 't': scale = 1LL << 40; break;
     default: break;
   }
   if (scale > 1) digits.pop_back();
-  auto v = parse_count("--bytes", digits);
-  if (!v.ok()) return Status::InvalidInput("--bytes: expected a size like 1024, 64K, 8M or 1G, got '" + text + "'");
+  auto v = parse_int_flag("--bytes", digits, 1, kMaxBytes / scale);
+  if (!v.ok()) return Status::InvalidInput(bad);
   return *v * scale;
 }
 
@@ -111,10 +111,9 @@ double bus_factor(CollectiveKind kind, int p) {
 // The cluster object: a preset name or the contents of a JSON file.
 Result<nlohmann::json> cluster_json(const std::string& arg) {
   if (arg.size() < 5 || arg.compare(arg.size() - 5, 5, ".json") != 0) return nlohmann::json{{"preset", arg}};
-  std::ifstream in(arg);
-  if (!in) return Status::InvalidInput("--cluster: cannot read " + arg);
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return Status::InvalidInput("--cluster: " + arg + " is not a JSON object");
+  auto doc = load_json_file(arg, kMaxScenarioBytes);
+  if (!doc.ok()) return Status::InvalidInput("--cluster: " + doc.status().message());
+  if (!doc->is_object()) return Status::InvalidInput("--cluster: " + printable(arg, 200) + " is not a JSON object");
   return doc;
 }
 
@@ -129,43 +128,30 @@ struct Options {
 };
 
 Result<Options> parse_options(const std::vector<std::string>& args) {
+  HZP_ASSIGN_OR_RETURN(ParsedArgs a, parse_flags(args,
+                                                 {{"--cluster", true}, {"--nodes", true}, {"--op", true}, {"--group", true},
+                                                  {"--bytes", true}, {"--algorithm", true}},
+                                                 0));
+  for (const char* required : {"--cluster", "--op", "--group", "--bytes"})
+    if (!a.has(required)) return Status::InvalidInput(std::string("missing ") + required);
   Options o;
-  bool have_op = false, have_bytes = false;
-  for (size_t i = 0; i < args.size(); i += 2) {
-    const std::string& flag = args[i];
-    if (i + 1 >= args.size()) {
-      if (flag.rfind("--", 0) != 0) return Status::InvalidInput("unexpected argument '" + flag + "'");
-      return Status::InvalidInput("option " + flag + " needs a value");
-    }
-    const std::string& value = args[i + 1];
-    if (flag == "--cluster") {
-      o.cluster = value;
-    } else if (flag == "--nodes") {
-      HZP_ASSIGN_OR_RETURN(o.nodes, parse_count(flag, value));
-    } else if (flag == "--op") {
-      HZP_ASSIGN_OR_RETURN(o.kind, parse_op(value));
-      have_op = true;
-    } else if (flag == "--group") {
-      o.group = value;
-    } else if (flag == "--bytes") {
-      const size_t colon = value.find(':');
-      HZP_ASSIGN_OR_RETURN(o.min_bytes, parse_size(value.substr(0, colon)));
-      o.max_bytes = o.min_bytes;
-      if (colon != std::string::npos) {
-        HZP_ASSIGN_OR_RETURN(o.max_bytes, parse_size(value.substr(colon + 1)));
-      }
-      if (o.max_bytes < o.min_bytes) return Status::InvalidInput("--bytes: MAX (" + value.substr(colon + 1) + ") is below MIN");
-      have_bytes = true;
-    } else if (flag == "--algorithm") {
-      HZP_ASSIGN_OR_RETURN(o.algorithm, parse_algorithm(value));
-    } else {
-      return Status::InvalidInput(flag.rfind("--", 0) == 0 ? "unknown option " + flag : "unexpected argument '" + flag + "'");
-    }
+  o.cluster = *a.get("--cluster");
+  o.group = *a.get("--group");
+  if (auto v = a.get("--nodes")) {
+    HZP_ASSIGN_OR_RETURN(o.nodes, parse_int_flag("--nodes", *v, 1, kMaxCollectiveGpus));
   }
-  if (o.cluster.empty()) return Status::InvalidInput("missing --cluster");
-  if (!have_op) return Status::InvalidInput("missing --op");
-  if (o.group.empty()) return Status::InvalidInput("missing --group");
-  if (!have_bytes) return Status::InvalidInput("missing --bytes");
+  HZP_ASSIGN_OR_RETURN(o.kind, parse_op(*a.get("--op")));
+  const std::string bytes = *a.get("--bytes");
+  const size_t colon = bytes.find(':');
+  HZP_ASSIGN_OR_RETURN(o.min_bytes, parse_size(bytes.substr(0, colon)));
+  o.max_bytes = o.min_bytes;
+  if (colon != std::string::npos) {
+    HZP_ASSIGN_OR_RETURN(o.max_bytes, parse_size(bytes.substr(colon + 1)));
+  }
+  if (o.max_bytes < o.min_bytes) return Status::InvalidInput("--bytes: MAX (" + bytes.substr(colon + 1) + ") is below MIN");
+  if (auto v = a.get("--algorithm")) {
+    HZP_ASSIGN_OR_RETURN(o.algorithm, parse_algorithm(*v));
+  }
   return o;
 }
 
@@ -178,7 +164,7 @@ Result<std::vector<int>> group_ranks(const Options& o, const ClusterSpec& c) {
   } else if (o.group == "all") {
     size = c.world_size();
   } else {
-    HZP_ASSIGN_OR_RETURN(const long long n, parse_count("--group", o.group));
+    HZP_ASSIGN_OR_RETURN(const long long n, parse_int_flag("--group", o.group, 1, kMaxCollectiveGpus));
     if (n > c.world_size())
       return Status::InvalidInput("--group: " + o.group + " GPUs exceed the cluster's " + std::to_string(c.world_size()) +
                                   " (" + std::to_string(c.nodes) + " nodes x " + std::to_string(R) + ")");
@@ -198,7 +184,7 @@ Result<long long> nodes_for(const Options& o, int gpus_per_node) {
   if (o.group == "all") {
     needed = 2;
   } else if (o.group != "node") {
-    HZP_ASSIGN_OR_RETURN(const long long n, parse_count("--group", o.group));
+    HZP_ASSIGN_OR_RETURN(const long long n, parse_int_flag("--group", o.group, 1, kMaxCollectiveGpus));
     needed = (n + gpus_per_node - 1) / gpus_per_node;
   }
   if (!o.nodes) return needed;
@@ -248,6 +234,9 @@ int run_collective_command(const std::vector<std::string>& args) {
   auto loaded = parse_cluster(*json);
   if (!loaded.ok()) return fail(loaded.status());
   const ClusterSpec cluster = std::move(loaded).value();
+  if (cluster.world_size() > kMaxCollectiveGpus)
+    return usage_error("the cluster has " + std::to_string(cluster.world_size()) + " GPUs; hzp collective simulates at most " +
+                       std::to_string(kMaxCollectiveGpus));
   auto ranks = group_ranks(o, cluster);
   if (!ranks.ok()) return usage_error(ranks.status().message());
   ProcessGroup group;

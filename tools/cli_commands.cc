@@ -7,9 +7,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "cli.h"
+#include "cli_flags.h"
+#include "files.h"
 #include "estimator.h"
 #include "cli_collective.h"
 #include "cli_search.h"
@@ -21,6 +24,7 @@
 #include "policy_registry.h"
 #include "scenario_parser.h"
 #include "schedule_validator.h"
+#include "sharding.h"
 
 namespace hzp::cli {
 namespace {
@@ -37,52 +41,32 @@ int usage_error(const std::string& command, const std::string& message) {
   return 2;
 }
 
-// Positional scenario plus --flag VALUE options; anything else is a usage error.
+// Positional scenario plus --flag VALUE options (cli_flags.h); anything else is a usage error.
 struct Args {
   std::optional<std::string> scenario;
-  std::vector<std::pair<std::string, std::string>> options;
-  std::optional<std::string> get(const std::string& flag) const {
-    for (const auto& [k, v] : options)
-      if (k == flag) return v;
-    return std::nullopt;
-  }
+  ParsedArgs parsed;
+  std::optional<std::string> get(const std::string& flag) const { return parsed.get(flag); }
+  bool has(const std::string& flag) const { return parsed.has(flag); }
 };
 
 Result<Args> parse_args(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
-                        bool scenario_required = true) {
+                        bool scenario_required = true, const std::vector<std::string>& switches = {}) {
+  std::vector<Flag> specs;
+  for (const std::string& f : flags) specs.push_back({f.c_str(), true});
+  for (const std::string& f : switches) specs.push_back({f.c_str(), false});
+  HZP_ASSIGN_OR_RETURN(ParsedArgs parsed, parse_flags(argv, specs, 1));
   Args out;
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& a = argv[i];
-    if (a.rfind("--", 0) == 0) {
-      if (std::find(flags.begin(), flags.end(), a) == flags.end()) return Status::InvalidInput("unknown option " + a);
-      if (i + 1 >= argv.size()) return Status::InvalidInput("option " + a + " needs a value");
-      out.options.emplace_back(a, argv[++i]);
-    } else if (!out.scenario) {
-      out.scenario = a;
-    } else {
-      return Status::InvalidInput("unexpected argument '" + a + "'");
-    }
-  }
+  if (!parsed.positional.empty()) out.scenario = parsed.positional.front();
+  out.parsed = std::move(parsed);
   if (!out.scenario && scenario_required) return Status::InvalidInput("missing SCENARIO argument");
   return out;
 }
 
-// Writes `text` to DIR/name atomically (temp file + rename): a reader never sees a half-written file and
+// Writes `text` to DIR/name atomically and durably (files.h): a reader never sees a half-written file and
 // an earlier result is replaced only by a complete one.
 Status write_output(const std::string& dir, const std::string& name, const std::string& text) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::InvalidInput("--out " + dir + ": cannot create directory: " + ec.message());
-  const std::filesystem::path final_path = std::filesystem::path(dir) / name;
-  const std::filesystem::path tmp_path = final_path.string() + ".tmp";
-  {
-    std::ofstream out(tmp_path, std::ios::binary);
-    out << text;
-    if (!out) return Status::InvalidInput("--out " + dir + ": cannot write " + tmp_path.string());
-  }
-  std::filesystem::rename(tmp_path, final_path, ec);
-  if (ec) return Status::InvalidInput("--out " + dir + ": cannot rename into " + final_path.string() + ": " + ec.message());
-  return Status::Ok();
+  HZP_RETURN_IF_ERROR(ensure_writable_dir(dir, "--out"));
+  return write_file_atomic((std::filesystem::path(dir) / name).string(), text);
 }
 
 // Every command reads scenarios through here: parse, then let the planner fill in "sharding": "auto".
@@ -90,11 +74,10 @@ Result<Scenario> load(const std::string& path) {
   HZP_ASSIGN_OR_RETURN(Scenario scenario, load_scenario_file(path));
   if (scenario.policy.auto_sharding) {
     HZP_RETURN_IF_ERROR(resolve_auto_sharding(scenario));
-    const ShardingSpec& s = scenario.policy.sharding;
-    std::fprintf(stderr, "hzp: policy.sharding \"auto\" -> params [%d, %d], grads [%d, %d], optimizer [%d, %d], "
-                 "prefetch %d (the planner's analytic pick; `hzp plan --search` also simulates the top candidates)\n",
-                 s.params.s0, s.params.s1, s.grads.s0, s.grads.s1, s.optimizer.s0, s.optimizer.s1,
-                 scenario.policy.overlap.prefetch_depth);
+    std::fprintf(stderr, "hzp: policy.sharding \"auto\" -> %s, prefetch %d (the planner's analytic pick; `hzp plan "
+                 "--search` also simulates the top candidates; %s)\n",
+                 sharding_notation(scenario.policy.sharding).c_str(), scenario.policy.overlap.prefetch_depth,
+                 kShardingLegend);
   }
   return scenario;
 }
@@ -121,27 +104,32 @@ int run_validate(const std::vector<std::string>& argv) {
   return 0;
 }
 
-Result<int> parse_positive(const std::string& flag, const std::string& text);
+// Ranges of the numeric flags (documented in each command's help).
+constexpr long long kMaxTop = 1000;
+constexpr long long kMaxJobs = 64;
+constexpr long long kMaxSimSteps = 1000;
+constexpr long long kMaxTimelineRanks = 4096;
 
-int run_plan(const std::vector<std::string>& all_args) {
-  std::vector<std::string> argv;
-  bool search = false;
-  for (const std::string& a : all_args) (a == "--search" ? search = true : (argv.push_back(a), false));
-  auto args = parse_args(argv, search ? std::vector<std::string>{"--out", "--top", "--jobs"} : std::vector<std::string>{"--out"});
+int run_plan(const std::vector<std::string>& argv) {
+  auto args = parse_args(argv, {"--out", "--top", "--jobs"}, true, {"--search"});
   if (!args.ok()) return usage_error("plan", args.status().message());
+  const bool search = args->has("--search");
+  if (!search && (args->has("--top") || args->has("--jobs"))) return usage_error("plan", "--top and --jobs need --search");
   auto scenario = load(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
   if (search) {
-    int top = 8, jobs = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    for (auto [flag, field] : {std::pair{"--top", &top}, std::pair{"--jobs", &jobs}}) {
+    long long top = 8, jobs = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    for (auto [flag, field, max] : {std::tuple{"--top", &top, kMaxTop}, std::tuple{"--jobs", &jobs, kMaxJobs}}) {
       if (auto v = args->get(flag)) {
-        auto n = parse_positive(flag, *v);
+        auto n = parse_int_flag(flag, *v, 1, max);
         if (!n.ok()) return usage_error("plan", n.status().message());
         *field = *n;
       }
     }
-    return run_plan_search(*scenario, top, jobs, args->get("--out").value_or("out/" + scenario->name + "-plan"));
+    return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs),
+                           args->get("--out").value_or("out/" + safe_file_name(scenario->name) + "-plan"));
   }
+  if (auto out = args->get("--out"); out && !ensure_writable_dir(*out, "--out").ok()) return fail(ensure_writable_dir(*out, "--out"));
   auto plan = plan_presets(*scenario);
   if (!plan.ok()) return fail(plan.status());
   std::printf("%s", plan_table(*scenario, *plan).c_str());
@@ -162,15 +150,9 @@ int run_schedule(const std::vector<std::string>& argv) {
     if (*r == "all") {
       rank = -1;
     } else {
-      try {
-        size_t used = 0;
-        rank = std::stoi(*r, &used);
-        if (used != r->size()) throw std::invalid_argument(*r);
-      } catch (const std::exception&) {
-        return usage_error("schedule", "--rank: expected an integer or 'all', got '" + *r + "'");
-      }
-      if (rank < 0 || rank >= scenario->data_parallel())
-        return usage_error("schedule", "--rank: " + *r + " is outside 0.." + std::to_string(scenario->data_parallel() - 1));
+      auto n = parse_int_flag("--rank", *r, 0, scenario->data_parallel() - 1);
+      if (!n.ok()) return usage_error("schedule", n.status().message() + " (or 'all')");
+      rank = static_cast<int>(*n);
     }
   }
   const ModelCost cost = model_cost(scenario->model, scenario->training);
@@ -189,32 +171,24 @@ std::string default_scenario_path() {
   return std::string(HZP_SOURCE_DIR) + "/" + local;
 }
 
-Result<int> parse_positive(const std::string& flag, const std::string& text) {
-  try {
-    size_t used = 0;
-    const int v = std::stoi(text, &used);
-    if (used == text.size() && v > 0) return v;
-  } catch (const std::exception&) {
-  }
-  return Status::InvalidInput(flag + ": expected a positive integer, got '" + text + "'");
-}
-
 int run_simulate(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {"--out", "--steps", "--timeline-ranks"}, /*scenario_required=*/false);
   if (!args.ok()) return usage_error("simulate", args.status().message());
   const std::string path = args->scenario.value_or(default_scenario_path());
   sim::SimOptions options;
   options.progress = true;
-  for (auto [flag, field] : {std::pair{"--steps", &options.steps}, std::pair{"--timeline-ranks", &options.timeline_max_ranks}}) {
+  for (auto [flag, field, max] : {std::tuple{"--steps", &options.steps, kMaxSimSteps},
+                                  std::tuple{"--timeline-ranks", &options.timeline_max_ranks, kMaxTimelineRanks}}) {
     if (auto v = args->get(flag)) {
-      auto n = parse_positive(flag, *v);
+      auto n = parse_int_flag(flag, *v, 1, max);
       if (!n.ok()) return usage_error("simulate", n.status().message());
-      *field = *n;
+      *field = static_cast<int>(*n);
     }
   }
   auto scenario = load(path);
   if (!scenario.ok()) return fail(scenario.status());
-  const std::string out_dir = args->get("--out").value_or("out/" + scenario->name);
+  const std::string out_dir = args->get("--out").value_or("out/" + safe_file_name(scenario->name));
+  if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
   const ModelCost cost = model_cost(scenario->model, scenario->training);
   auto schedule = build_schedule(*scenario, cost);
   if (!schedule.ok()) return fail(schedule.status());
@@ -235,8 +209,10 @@ int run_simulate(const std::vector<std::string>& argv) {
   std::printf("  step time     %.4f s  (compute %.4f s, exposed communication %.4f s, overlap %.1f %%)\n",
               r.step_time_s, r.compute_s, r.exposed_comm_s, 100 * r.overlap_fraction);
   std::printf("  analytic      %.4f s  (estimator, no contention)\n", analytic->step_time_s);
-  std::printf("  throughput    %.0f tokens/s, %.0f tokens/s/GPU, %.1f TFLOP/s/GPU, MFU %.1f %%\n", r.tokens_per_s,
-              r.tokens_per_gpu_per_s, r.tflops_per_gpu, 100 * r.mfu);
+  std::printf("  throughput    %.0f tokens/s, %.0f tokens/s/GPU, %.1f TFLOP/s/GPU, MFU %.1f %%%s\n", r.tokens_per_s,
+              r.tokens_per_gpu_per_s, r.tflops_per_gpu, 100 * r.mfu,
+              r.fits_memory ? "" : "  -- NOT RUNNABLE: does not fit in GPU memory");
+  std::printf("  sharding      %s (%s)\n", sharding_notation(scenario->policy.sharding).c_str(), kShardingLegend);
   std::printf("  memory        %s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f, buffers %.2f GiB)\n",
               r.memory_verdict.c_str(), m.params / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
               m.buffers / GiB);

@@ -17,10 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "files.h"
 #include "plan.h"
 #include "planner.h"
 #include "policy_registry.h"
 #include "scenario_parser.h"
+#include "sharding.h"
 
 extern char** environ;
 
@@ -40,12 +42,25 @@ struct Simulation {
 };
 
 std::string describe(const Scenario& s) {
-  const ShardingSpec& g = s.policy.sharding;
+  return sharding_notation(s.policy.sharding) + " prefetch " + std::to_string(s.policy.overlap.prefetch_depth) +
+         (s.policy.overlap.separate_streams ? "" : " one-stream");
+}
+
+// The candidate's folder: what it holds, e.g. "03-P8x1-G8x4-OS8x4-pf1" (searched, analytic rank 3) or
+// "zero3-P8x8-G8x8-OS8x8-pf1" (a preset).
+std::string folder_name(const Simulation& sim) {
+  const ShardingSpec& g = sim.scenario.policy.sharding;
   char buf[160];
-  std::snprintf(buf, sizeof buf, "P[%d,%d] G[%d,%d] OS[%d,%d] prefetch %d%s", g.params.s0, g.params.s1, g.grads.s0,
-                g.grads.s1, g.optimizer.s0, g.optimizer.s1, s.policy.overlap.prefetch_depth,
-                s.policy.overlap.separate_streams ? "" : " one-stream");
-  return buf;
+  std::snprintf(buf, sizeof buf, "P%dx%d-G%dx%d-OS%dx%d-pf%d%s", g.params.s0, g.params.s1, g.grads.s0, g.grads.s1,
+                g.optimizer.s0, g.optimizer.s1, sim.scenario.policy.overlap.prefetch_depth,
+                sim.scenario.policy.overlap.separate_streams ? "" : "-onestream");
+  std::string label = sim.label;
+  if (label.rfind('#', 0) == 0) {
+    char rank[16];
+    std::snprintf(rank, sizeof rank, "%02d", std::atoi(label.c_str() + 1));
+    label = rank;
+  }
+  return safe_file_name(label + "-" + buf);
 }
 
 std::string self_exe() {
@@ -55,7 +70,7 @@ std::string self_exe() {
 }
 
 // Runs `hzp simulate` for every entry, `jobs` processes at a time; one SimGrid engine per process.
-void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) {
+void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir, bool interactive) {
   const std::string exe = self_exe();
   std::map<pid_t, size_t> running;
   size_t next = 0, finished = 0;
@@ -67,7 +82,7 @@ void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) 
     Simulation& sim = sims[it->second];
     running.erase(it);
     ++finished;
-    const fs::path out = dir / ("sim-" + std::to_string(it->second));
+    const fs::path out = dir / folder_name(sim);
     std::ifstream in(out / "summary.json");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !in) {
       sim.error = "simulation failed (see " + (out / "stderr.txt").string() + ")";
@@ -81,14 +96,18 @@ void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) 
         sim.simulated_fits = summary.value("fits_memory", false);
       }
     }
-    std::fprintf(stderr, "plan: simulated %zu/%zu (%s)\n", finished, sims.size(), sim.label.c_str());
+    if (interactive) std::fprintf(stderr, "plan: simulated %zu/%zu (%s)\n", finished, sims.size(), sim.label.c_str());
   };
   for (; next < sims.size(); ++next) {
     while (static_cast<int>(running.size()) >= jobs) reap_one();
-    const fs::path out = dir / ("sim-" + std::to_string(next));
-    fs::create_directories(out);
+    const fs::path out = dir / folder_name(sims[next]);
+    std::error_code ec;
+    fs::create_directories(out, ec);
     const fs::path file = out / "scenario.json";
-    std::ofstream(file) << scenario_to_json(sims[next].scenario).dump(2) << "\n";
+    if (Status st = write_file_atomic(file.string(), scenario_to_json(sims[next].scenario).dump(2) + "\n"); !st.ok()) {
+      sims[next].error = st.message();
+      continue;
+    }
     const std::string stdout_path = (out / "stdout.txt").string(), stderr_path = (out / "stderr.txt").string();
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
@@ -116,27 +135,39 @@ nlohmann::json sharding_json(const ShardingSpec& s) {
 }  // namespace
 
 int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir) {
+  // Where results go is checked before any work: a run that cannot write its plan is refused up front.
+  const fs::path dir = fs::path(out_dir) / "candidates";
+  if (Status st = ensure_writable_dir(dir.string(), "--out"); !st.ok()) {
+    std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
+    return 2;
+  }
+  // A progress line rewritten in place (\r) only on a terminal; a log file gets the summary lines only.
+  const bool interactive = ::isatty(STDERR_FILENO) == 1;
   const auto t0 = std::chrono::steady_clock::now();
   SearchOptions options;
-  auto found = search_policies(scenario, options, [](long long done, long long total) {
-    std::fprintf(stderr, "plan: estimated %lld/%lld candidates\r", done, total);
+  auto found = search_policies(scenario, options, [interactive](long long done, long long total) {
+    if (interactive) std::fprintf(stderr, "plan: estimated %lld/%lld candidates\r", done, total);
   });
-  std::fprintf(stderr, "\n");
+  if (interactive) std::fprintf(stderr, "\n");
   if (!found.ok()) {
     std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
     return found.status().code() == StatusCode::kInvalidInput ? 2 : 1;
   }
   const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const SearchResult& r = *found;
-  std::printf("search: %lld candidates estimated, %lld rejected for memory, %lld invalid, %zu fit; analytic ranking "
-              "took %.3f s\n",
-              r.evaluated, r.rejected_memory, r.rejected_invalid, r.ranked.size(), search_s);
+  std::printf("search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings): %lld do not fit in "
+              "memory, %lld are invalid, %lld equal a shallower prefetch of the same policy, %zu ranked by the analytic "
+              "estimator in %.3f s\n",
+              r.candidates, valid_shardings(scenario.cluster.gpus_per_node, scenario.cluster.nodes).size(),
+              options.prefetch_depths.size(), options.separate_streams.size(), r.rejected_memory, r.rejected_invalid,
+              r.redundant, r.ranked.size(), search_s);
+  std::printf("%s\n", kShardingLegend);
   if (r.ranked.empty()) {
     std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
     return 0;
   }
 
-  // The top K searched candidates, then every fitting preset for comparison.
+  // The top K searched candidates, then every preset for comparison.
   std::vector<Simulation> sims;
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top_k; ++i)
     sims.push_back({"#" + std::to_string(i + 1), r.ranked[i].scenario, r.ranked[i].estimate, -1, 0, false, ""});
@@ -148,40 +179,46 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     if (!est.ok() || !est->fits_memory) continue;
     sims.push_back({entry.name, *variant, *est, -1, 0, false, ""});
   }
-  const fs::path dir = fs::path(out_dir) / "candidates";
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    std::fprintf(stderr, "hzp: error: --out %s: cannot create directory: %s\n", out_dir.c_str(), ec.message().c_str());
-    return 2;
-  }
   const auto t1 = std::chrono::steady_clock::now();
-  simulate_all(sims, jobs, dir);
+  simulate_all(sims, jobs, dir, interactive);
   const double sim_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
 
-  // The presets are points of the search space too: the pick is the fastest simulated of all, so it is never
-  // slower than a preset that fits.
-  int best = -1;
-  for (size_t i = 0; i < sims.size(); ++i)
-    if (sims[i].error.empty() && sims[i].simulated_fits &&
-        (best < 0 || sims[i].simulated_step_s < sims[best].simulated_step_s))
-      best = static_cast<int>(i);
-  std::printf("\n%-8s %-44s %10s %10s %7s %s\n", "rank", "policy", "est s", "sim s", "MFU", "");
-  for (size_t i = 0; i < sims.size(); ++i) {
+  // Ranked by simulated step time: what ran and fits first, then what does not fit in memory (its speed is
+  // moot), then what failed. The presets are points of the search space too: the pick is the fastest
+  // simulated candidate that fits, so it is never slower than a preset that fits.
+  std::vector<size_t> order(sims.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto tier = [&](const Simulation& s) { return !s.error.empty() ? 2 : s.simulated_fits ? 0 : 1; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (tier(sims[a]) != tier(sims[b])) return tier(sims[a]) < tier(sims[b]);
+    return sims[a].simulated_step_s < sims[b].simulated_step_s;
+  });
+  const int best = !order.empty() && tier(sims[order.front()]) == 0 ? static_cast<int>(order.front()) : -1;
+  std::printf("\n%-8s %-44s %10s %10s %8s %s\n", "analytic", "policy", "est s", "sim s", "MFU", "");
+  for (size_t i : order) {
     const Simulation& s = sims[i];
-    char simulated[32] = "failed";
-    if (s.error.empty()) std::snprintf(simulated, sizeof simulated, "%.4f", s.simulated_step_s);
-    std::printf("%-8s %-44s %10.4f %10s %6.1f%% %s\n", s.label.c_str(), describe(s.scenario).c_str(),
-                s.estimate.step_time_s, simulated, 100 * s.simulated_mfu,
-                static_cast<int>(i) == best ? "<- best" : s.error.c_str());
+    char simulated[32] = "failed", mfu[32] = "";
+    if (s.error.empty()) {
+      std::snprintf(simulated, sizeof simulated, s.simulated_fits ? "%.4f" : "(%.4f)", s.simulated_step_s);
+      std::snprintf(mfu, sizeof mfu, s.simulated_fits ? "%.1f%%" : "(%.1f%%)", 100 * s.simulated_mfu);
+    }
+    const std::string note = static_cast<int>(i) == best ? "<- best"
+                             : !s.error.empty()          ? s.error
+                             : !s.simulated_fits         ? "NOT RUNNABLE: does not fit in memory when simulated"
+                                                         : "";
+    std::printf("%-8s %-44s %10.4f %10s %8s %s\n", s.label.c_str(), describe(s.scenario).c_str(), s.estimate.step_time_s,
+                simulated, mfu, note.c_str());
   }
-  std::printf("simulated %zu scenarios with %d parallel processes in %.1f s\n", sims.size(), jobs, sim_s);
+  std::printf("simulated %zu scenarios with %d parallel processes in %.1f s; each in %s/<candidate>/\n", sims.size(),
+              jobs, sim_s, dir.c_str());
 
   nlohmann::json candidates = nlohmann::json::array();
-  for (const Simulation& s : sims) {
+  for (size_t i : order) {
+    const Simulation& s = sims[i];
     const MemoryBreakdown& m = s.estimate.memory;
     candidates.push_back({{"policy", s.label.rfind('#', 0) == 0 ? "amsp" : s.label},
                           {"rank", s.label},
+                          {"folder", (fs::path("candidates") / folder_name(s)).string()},
                           {"sharding", sharding_json(s.scenario.policy.sharding)},
                           {"overlap", {{"prefetch_depth", s.scenario.policy.overlap.prefetch_depth},
                                        {"separate_streams", s.scenario.policy.overlap.separate_streams}}},
@@ -194,25 +231,35 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
                           {"fits_memory", s.estimate.fits_memory},
                           {"simulated_step_time_s", s.error.empty() ? nlohmann::json(s.simulated_step_s) : nlohmann::json()},
                           {"simulated_mfu", s.simulated_mfu},
+                          {"simulated_fits_memory", s.error.empty() ? nlohmann::json(s.simulated_fits) : nlohmann::json()},
                           {"error", s.error}});
   }
   nlohmann::json plan = {{"scenario", scenario.name},
                          {"gpus", scenario.data_parallel()},
-                         {"search", {{"evaluated", r.evaluated}, {"rejected_memory", r.rejected_memory},
-                                     {"rejected_invalid", r.rejected_invalid}, {"fitting", r.ranked.size()},
+                         {"search", {{"candidates", r.candidates}, {"estimated", r.estimated},
+                                     {"rejected_memory", r.rejected_memory}, {"rejected_invalid", r.rejected_invalid},
+                                     {"redundant", r.redundant}, {"ranked", r.ranked.size()},
                                      {"analytic_ranking_s", search_s}, {"simulated", sims.size()},
                                      {"simulation_wall_s", sim_s}, {"jobs", jobs}}},
                          {"candidates", candidates},
                          {"best", best >= 0 ? nlohmann::json(sims[best].label) : nlohmann::json()}};
-  std::ofstream(fs::path(out_dir) / "plan.json") << plan.dump(2) << "\n";
-  if (best >= 0) {
-    nlohmann::json winner = scenario_to_json(sims[best].scenario);
-    winner["name"] = scenario.name + "-best";
-    std::ofstream(fs::path(out_dir) / "best.json") << winner.dump(2) << "\n";
-    std::printf("wrote %s/plan.json and %s/best.json (%s)\n", out_dir.c_str(), out_dir.c_str(),
-                describe(sims[best].scenario).c_str());
+  if (Status st = write_file_atomic((fs::path(out_dir) / "plan.json").string(), plan.dump(2) + "\n"); !st.ok()) {
+    std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
+    return 2;
   }
-  return best >= 0 ? 0 : 1;
+  if (best < 0) {
+    std::printf("wrote %s/plan.json; no simulated candidate fits in memory\n", out_dir.c_str());
+    return 1;
+  }
+  nlohmann::json winner = scenario_to_json(sims[best].scenario);
+  winner["name"] = scenario.name + "-best";
+  if (Status st = write_file_atomic((fs::path(out_dir) / "best.json").string(), winner.dump(2) + "\n"); !st.ok()) {
+    std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
+    return 2;
+  }
+  std::printf("wrote %s/plan.json and %s/best.json (%s)\n", out_dir.c_str(), out_dir.c_str(),
+              describe(sims[best].scenario).c_str());
+  return 0;
 }
 
 }  // namespace hzp::cli

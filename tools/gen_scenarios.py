@@ -6,6 +6,7 @@ Dense LLaMA-2 models on A100, H100 and A800 clusters from 8 to 1024 GPUs under d
 one micro-batch per GPU. Scenarios that do not fit in memory are shipped on purpose: the simulator reports
 them as out of memory. Re-run after changing the list; the files are checked in.
 """
+import argparse
 import json
 import os
 
@@ -35,7 +36,10 @@ def scenario(model, cluster, gpus, recompute, policy):
 
 
 def main():
-    out = os.path.join("scenarios", "dense")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=os.path.join("scenarios", "dense"),
+                        help="folder to (re)write the scenarios into (default: scenarios/dense)")
+    out = parser.parse_args().out
     os.makedirs(out, exist_ok=True)
     for model, cluster, counts, recompute in SETUPS:
         for gpus in counts:

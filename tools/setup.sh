@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages hzp needs (only when some are missing: quick when all are present), then
 # configures and builds into build/. Usage: bash tools/setup.sh   (env BUILD_DIR, CMAKE_ARGS to override)
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

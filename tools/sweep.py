@@ -48,7 +48,7 @@ PLOT_DPI = 100
 # CSV columns, in order. Numbers are rounded to 6 significant digits when written.
 COLUMNS = [
     "scenario", "file", "model", "gpu_type", "gpus", "nodes", "policy",
-    "sharding_params", "sharding_grads", "sharding_optimizer", "recompute",
+    "sharding", "recompute",
     "step_time_s", "mfu", "tokens_per_gpu_per_s", "exposed_comm_s", "overlap_fraction",
     *[f"peak_{c}_GiB" for c in MEMORY_CATEGORIES], "peak_total_GiB", "gpu_memory_GiB", "fits_memory",
     "comm_intra_node_GB_per_gpu", "comm_inter_node_GB_per_gpu", "sim_wall_s", "error",
@@ -186,9 +186,7 @@ def result_row(path, resolved, summary, error):
             "recompute": resolved["training"]["recompute"],
             "gpu_memory_GiB": cluster["gpu"]["memory_GiB"],
         })
-        for state in ("params", "grads", "optimizer"):
-            s0, s1 = policy["sharding"][state]
-            row[f"sharding_{state}"] = f"{s0}x{s1}"
+        row["sharding"] = sharding_notation(policy["sharding"])
     if summary:
         breakdown = summary["peak_memory_breakdown_bytes"]
         row.update({
@@ -212,6 +210,35 @@ def result_row(path, resolved, summary, error):
     return row
 
 
+SHARDING_LEGEND = ("P/G/OS[s0,s1]: parameters / gradients / optimizer states, each sharded over s0 GPUs of a "
+                   "node x s1 nodes ([1,1] = replicated)")
+
+
+def sharding_notation(sharding):
+    """The one notation of every hzp output, e.g. 'P[8,1] G[8,4] OS[8,4]' (SHARDING_LEGEND explains it)."""
+    return " ".join(f"{name}[{sharding[state][0]},{sharding[state][1]}]"
+                    for name, state in (("P", "params"), ("G", "grads"), ("OS", "optimizer")))
+
+
+def outcome(row):
+    """How a row reads in progress lines and the page: the MFU, marked when the run cannot happen."""
+    if row["error"]:
+        return f"FAILED ({row['error']})"
+    mfu = f"MFU {float(row['mfu']) * 100:.1f} %"
+    if not row["fits_memory"]:
+        return (f"({mfu}) NOT RUNNABLE: needs {float(row['peak_total_GiB']):.1f} GiB of "
+                f"{float(row['gpu_memory_GiB']):.1f} GiB per GPU")
+    return mfu
+
+
+def ranked(rows):
+    """Rows for the page: runnable first, then those that do not fit in memory, then failures (each group in
+    input order), so a configuration that cannot run never looks like a winner."""
+    def tier(row):
+        return 2 if row["error"] else 0 if row["fits_memory"] else 1
+    return sorted((r for r in rows if r is not None), key=tier)
+
+
 def run_sweep(args, on_row):
     """Simulates args.files, args.jobs at a time; calls on_row(index, row) as each finishes (in this
     thread). Returns the rows in input order."""
@@ -233,8 +260,7 @@ def run_sweep(args, on_row):
             for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
                 i, row, wall = future.result()
                 rows[i] = row
-                status = f"FAILED ({row['error']})" if row["error"] else f"MFU {float(row['mfu']) * 100:.1f} %"
-                print(f"sweep: [{done}/{len(futures)}] {row['scenario']}: {status}, {wall:.1f} s",
+                print(f"sweep: [{done}/{len(futures)}] {row['scenario']}: {outcome(row)}, {wall:.1f} s",
                       file=sys.stderr)
                 on_row(i, row)
         except KeyboardInterrupt:
@@ -459,16 +485,15 @@ def make_plots(plt, rows, out, formats):
 def index_html(rows, plots, command, note):
     """The report page: command line, plots, and the results table (failed scenarios highlighted)."""
     esc = html.escape
-    head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
+    head = "<th>outcome</th>" + "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
     body = []
-    for row in rows:
-        if row is None:
-            continue
-        cls = ' class="failed"' if row["error"] else ""
-        cells = "".join(f"<td>{esc(format_cell(row[c]))}</td>" for c in COLUMNS)
+    for row in ranked(rows):
+        cls = ' class="failed"' if row["error"] else "" if row["fits_memory"] else ' class="oom"'
+        cells = f"<td>{esc(outcome(row))}</td>" + "".join(f"<td>{esc(format_cell(row[c]))}</td>" for c in COLUMNS)
         body.append(f"<tr{cls}>{cells}</tr>")
     images = "\n".join(f'<p><img src="{esc(p)}" alt="{esc(p)}"></p>' for p in plots)
     failed = sum(1 for r in rows if r is not None and r["error"])
+    oom = sum(1 for r in rows if r is not None and not r["error"] and not r["fits_memory"])
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>hzp sweep</title>
 <style>
@@ -476,12 +501,16 @@ body {{ font-family: sans-serif; margin: 1.5em; }}
 table {{ border-collapse: collapse; font-size: 12px; }}
 th, td {{ border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-space: nowrap; }}
 tr.failed td {{ background: #fdd; }}
+tr.oom td {{ background: #eee; color: #777; }}
 img {{ max-width: 100%; }}
 code {{ background: #f4f4f4; padding: 2px 4px; }}
 </style></head><body>
 <h1>hzp sweep</h1>
 <p>Produced by <code>{esc(command)}</code> {esc(note)}</p>
-<p>{len([r for r in rows if r is not None])} scenarios, {failed} failed. Table: <a href="results.csv">results.csv</a>.</p>
+<p>{len([r for r in rows if r is not None])} scenarios, {failed} failed, {oom} do not fit in GPU memory (grey, listed
+after the runnable ones: their step time and MFU describe a run that cannot happen). Table:
+<a href="results.csv">results.csv</a>. Memory in GiB (2<sup>30</sup> bytes), traffic in GB (10<sup>9</sup> bytes).
+{esc(SHARDING_LEGEND)}.</p>
 {images}
 <table><tr>{head}</tr>
 {chr(10).join(body)}

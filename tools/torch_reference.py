@@ -28,6 +28,10 @@ import json
 import math
 import sys
 
+if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):
+    print(__doc__)  # before importing torch, so --help works where torch is not installed
+    sys.exit(0)
+
 import torch
 
 torch.set_default_dtype(torch.float64)
