@@ -1,14 +1,18 @@
 #include "cli_train.h"
 
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+
+#include "cli_flags.h"
 
 #include "launch/launch_env.h"
 #include "launch/launcher.h"
 #include "train/trainer.h"
 
 namespace hzp::cli {
+
+constexpr long long kMaxLocalRanks = 4096;
 
 const char* const kTrainHelp =
     "usage: hzp train SCENARIO [--nproc N] [--gpus-per-node G] [--steps S] [--stop-after S] [--out DIR]\n"
@@ -18,22 +22,28 @@ const char* const kTrainHelp =
     "the very schedule the core builds for its policy (hzp schedule shows it). The scenario's cluster size is\n"
     "replaced by N ranks, G per emulated node (default: N, one node), so hierarchical groups are exercised\n"
     "locally. Optimizer, steps and evaluation come from the scenario's \"run\" section (scenarios/README.md).\n\n"
-    "  --nproc N           ranks to spawn on this machine (default 1); under torchrun, srun or mpirun the\n"
-    "                      rank, world size and store come from their environment instead (RANK/WORLD_SIZE,\n"
-    "                      SLURM_PROCID/SLURM_NTASKS, OMPI_COMM_WORLD_RANK/SIZE; MASTER_ADDR, MASTER_PORT or\n"
-    "                      HZP_STORE_ADDR/PORT; HZP_STORE_TOKEN), and rank 0 hosts the store\n"
-    "  --steps S           override run.steps\n"
+    "  --nproc N           ranks to spawn on this machine, 1..4096 (default 1); under torchrun, srun or\n"
+    "                      mpirun the rank, world size and store come from their environment instead\n"
+    "                      (RANK/WORLD_SIZE/LOCAL_WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS/SLURM_NTASKS_PER_NODE,\n"
+    "                      OMPI_COMM_WORLD_RANK/SIZE/LOCAL_SIZE; MASTER_ADDR (a name or an address),\n"
+    "                      MASTER_PORT or HZP_STORE_ADDR/PORT; HZP_STORE_TOKEN), and rank 0 hosts the store\n"
+    "  --gpus-per-node G   ranks per emulated node, 1..4096 (default: all ranks of this machine, or the\n"
+    "                      external launcher's ranks per host)\n"
+    "  --steps S           override run.steps, 1..10^9\n"
     "  --stop-after S      leave after step S (with a checkpoint, if --checkpoint-dir); the schedule still spans\n"
     "                      run.steps, so a later --resume continues the same loss curve\n"
     "  --out DIR           metrics.jsonl (loss per step, val_loss), summary.json, memory_rank<r>.json\n"
-    "  --data FILE         text to train on (default ../shared/data/tinyshakespeare.txt)\n"
-    "  --trace FILE        every executed op of every rank (format: traces/README.md)\n"
+    "  --data FILE         text to train on (default: data/tinyshakespeare.txt of the repository; at most 1 GiB)\n"
+    "  --trace FILE        every executed op of every rank (format: traces/README.md); runs of at most 100 steps\n"
     "  --perfetto FILE     the same as a Perfetto / chrome://tracing timeline\n"
-    "  --checkpoint-dir D  sharded checkpoints D/step_<S>/rank_<r>.bin and D/latest (run.checkpoint_interval)\n"
+    "  --checkpoint-dir D  sharded checkpoints D/step_<S>/rank_<r>.bin and D/latest (run.checkpoint_interval);\n"
+    "                      one job at a time per directory (D/.lock)\n"
     "  --resume            continue from D/latest (same ranks and policy); the loss curve continues exactly\n"
-    "  --timeout-s T       bound on every collective and store wait (default 60): a dead or hung rank makes\n"
-    "                      the others fail with a message naming it, within T\n"
-    "  --threads K         OpenBLAS threads per rank (default: cores / ranks)\n\n"
+    "  --timeout-s T       bound on every collective and store wait, 1..86400 (default 60): a dead or hung\n"
+    "                      rank makes the others fail with a message naming it, within T\n"
+    "  --threads K         OpenBLAS threads per rank, 1..1024 (default: cores / ranks on this machine)\n\n"
+    "Output paths are checked before training starts. Each step prints k/total, loss, tokens/s, MFU against\n"
+    "the scenario's GPU type, elapsed time and ETA; the end prints a summary and every file written.\n"
     "Exit codes: 0 ok, 2 bad input, 1 a rank failed (the launcher names the first lost rank).\n";
 
 namespace {
@@ -43,55 +53,55 @@ int usage(const std::string& message) {
   return 2;
 }
 
-bool to_int(const std::string& s, long long min, long long& out) {
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return ec == std::errc() && p == s.data() + s.size() && out >= min;
+// The training text: data/tinyshakespeare.txt of the working directory when there is one, else the one in
+// the source tree this binary was built from.
+std::string default_data_path() {
+  const std::string local = "data/tinyshakespeare.txt";
+  if (std::filesystem::exists(local)) return local;
+  return std::string(HZP_SOURCE_DIR) + "/" + local;
 }
 
 }  // namespace
 
 int run_train_command(const std::vector<std::string>& args) {
+  auto parsed = parse_flags(args,
+                            {{"--nproc", true}, {"--gpus-per-node", true}, {"--steps", true}, {"--stop-after", true},
+                             {"--out", true}, {"--data", true}, {"--trace", true}, {"--perfetto", true},
+                             {"--checkpoint-dir", true}, {"--resume", false}, {"--timeout-s", true}, {"--threads", true}},
+                            1);
+  if (!parsed.ok()) return usage(parsed.status().message());
+  const ParsedArgs& a = *parsed;
   runtime::TrainOptions o;
-  bool nproc_given = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--resume") {
-      o.resume = true;
-      continue;
-    }
-    if (a.rfind("--", 0) != 0) {
-      if (!o.scenario_path.empty()) return usage("unexpected argument '" + a + "'");
-      o.scenario_path = a;
-      continue;
-    }
-    if (i + 1 >= args.size()) return usage("option " + a + " needs a value");
-    const std::string v = args[++i];
-    long long x = 0;
-    if (a == "--nproc" || a == "--gpus-per-node" || a == "--steps" || a == "--stop-after" || a == "--timeout-s" || a == "--threads") {
-      if (!to_int(v, 1, x)) return usage(a + " must be a positive integer, got '" + v + "'");
-      if (a == "--nproc") o.nproc = static_cast<int>(x), nproc_given = true;
-      if (a == "--gpus-per-node") o.gpus_per_node = static_cast<int>(x);
-      if (a == "--steps") o.steps = x;
-      if (a == "--stop-after") o.stop_after = x;
-      if (a == "--timeout-s") o.timeout_s = static_cast<int>(x);
-      if (a == "--threads") o.threads = static_cast<int>(x);
-    } else if (a == "--out") {
-      o.out_dir = v;
-    } else if (a == "--data") {
-      o.data_path = v;
-    } else if (a == "--trace") {
-      o.trace_path = v;
-    } else if (a == "--perfetto") {
-      o.perfetto_path = v;
-    } else if (a == "--checkpoint-dir") {
-      o.checkpoint_dir = v;
-    } else {
-      return usage("unknown option " + a);
+  if (a.positional.empty()) return usage("missing SCENARIO");
+  o.scenario_path = a.positional.front();
+  struct IntFlag {
+    const char* name;
+    long long max;
+    long long* out;
+  };
+  long long nproc = 0, gpus_per_node = 0, steps = 0, stop_after = 0, timeout_s = 60, threads = 0;
+  for (const IntFlag& f : {IntFlag{"--nproc", kMaxLocalRanks, &nproc}, IntFlag{"--gpus-per-node", kMaxLocalRanks, &gpus_per_node},
+                           IntFlag{"--steps", 1'000'000'000, &steps}, IntFlag{"--stop-after", 1'000'000'000, &stop_after},
+                           IntFlag{"--timeout-s", 86400, &timeout_s}, IntFlag{"--threads", 1024, &threads}}) {
+    if (auto v = a.get(f.name)) {
+      auto n = parse_int_flag(f.name, *v, 1, f.max);
+      if (!n.ok()) return usage(n.status().message());
+      *f.out = *n;
     }
   }
-  if (o.scenario_path.empty()) return usage("missing SCENARIO");
+  o.nproc = static_cast<int>(nproc);
+  o.gpus_per_node = static_cast<int>(gpus_per_node);
+  o.steps = steps;
+  o.stop_after = stop_after;
+  o.timeout_s = static_cast<int>(timeout_s);
+  o.threads = static_cast<int>(threads);
+  o.out_dir = a.get("--out").value_or("");
+  o.data_path = a.get("--data").value_or(default_data_path());
+  o.trace_path = a.get("--trace").value_or("");
+  o.perfetto_path = a.get("--perfetto").value_or("");
+  o.checkpoint_dir = a.get("--checkpoint-dir").value_or("");
+  o.resume = a.has("--resume");
   if (o.resume && o.checkpoint_dir.empty()) return usage("--resume needs --checkpoint-dir");
-  if (o.nproc > 4096) return usage("--nproc " + std::to_string(o.nproc) + " is more local ranks than supported (4096)");
 
   auto env = runtime::detect_launch_env([](const char* name) { return std::getenv(name); });
   if (!env.ok()) {
@@ -99,11 +109,14 @@ int run_train_command(const std::vector<std::string>& args) {
     return 2;
   }
   if (!env->has_value()) return runtime::launch_local(o, args);
-  const runtime::LaunchEnv& e = **env;
-  if (nproc_given && !e.hosted_by_launcher && o.nproc != e.world_size)
+  runtime::LaunchEnv& e = **env;
+  if (a.has("--nproc") && !e.hosted_by_launcher && o.nproc != e.world_size)
     return usage("--nproc " + std::to_string(o.nproc) + " disagrees with the " + e.source + " world size " +
                  std::to_string(e.world_size));
   if (!e.hosted_by_launcher) o.nproc = e.world_size;
+  // Under an external launcher a node is what the launcher put on one host, unless --gpus-per-node says.
+  if (o.gpus_per_node == 0 && e.local_world_size > 0 && e.world_size % e.local_world_size == 0)
+    o.gpus_per_node = e.local_world_size;
   return runtime::run_rank(o, e);
 }
 

@@ -1,7 +1,14 @@
 #include "launch/launch_env.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <charconv>
 #include <cstring>
+
+#include "text.h"
 
 namespace hzp::runtime {
 namespace {
@@ -25,12 +32,13 @@ Result<std::optional<LaunchEnv>> detect_launch_env(const GetEnv& getenv) {
     const char* rank;
     const char* size;
     const char* local;
+    const char* local_size;
   };
   static const Family kFamilies[] = {
-      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
-      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
-      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"},
+      {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
+      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
   };
   for (const Family& f : kFamilies) {
     const bool has_rank = getenv(f.rank) != nullptr, has_size = getenv(f.size) != nullptr;
@@ -47,6 +55,15 @@ Result<std::optional<LaunchEnv>> detect_launch_env(const GetEnv& getenv) {
     if (getenv(f.local) != nullptr) {
       HZP_ASSIGN_OR_RETURN(long long local, read_int(getenv, f.local, 0, size - 1));
       env.local_rank = static_cast<int>(local);
+    }
+    if (const char* lws = getenv(f.local_size); lws != nullptr) {
+      // Slurm writes SLURM_NTASKS_PER_NODE as "4" or, for uneven allocations, "4(x2),3": the first count.
+      std::string first(lws);
+      first = first.substr(0, first.find_first_of("(,"));
+      const char* digits = first.c_str();
+      GetEnv one = [&](const char* name) { return std::strcmp(name, f.local_size) == 0 ? digits : getenv(name); };
+      HZP_ASSIGN_OR_RETURN(long long local_size, read_int(one, f.local_size, 1, size));
+      env.local_world_size = static_cast<int>(local_size);
     }
     const char* host_var = getenv("HZP_STORE_ADDR") ? "HZP_STORE_ADDR" : "MASTER_ADDR";
     const char* port_var = getenv("HZP_STORE_PORT") ? "HZP_STORE_PORT" : "MASTER_PORT";
@@ -67,6 +84,23 @@ Result<std::optional<LaunchEnv>> detect_launch_env(const GetEnv& getenv) {
     return std::optional<LaunchEnv>(env);
   }
   return std::optional<LaunchEnv>();
+}
+
+Result<std::string> resolve_ipv4(const std::string& host, const std::string& what) {
+  in_addr literal{};
+  if (::inet_pton(AF_INET, host.c_str(), &literal) == 1) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr)
+    return Status::InvalidInput(what + "=" + quoted(host, 100) + " does not resolve to an IPv4 address (" +
+                                ::gai_strerror(rc) + ")");
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof text);
+  ::freeaddrinfo(found);
+  return std::string(text);
 }
 
 }  // namespace hzp::runtime

@@ -4,6 +4,7 @@
 #include "launch/launcher.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "store/store.h"
+#include "train/checkpoint.h"
 
 extern char** environ;
 
@@ -51,11 +53,18 @@ void on_signal(int) { g_interrupted = 1; }
 
 int launch_local(const TrainOptions& options, const std::vector<std::string>& argv_tail) {
   const int n = options.nproc > 0 ? options.nproc : 1;
-  // Bad scenarios are reported once, here, before any rank starts.
-  auto scenario = load_train_scenario(options, n);
-  if (!scenario.ok()) {
-    std::fprintf(stderr, "hzp train: %s\n", scenario.status().message().c_str());
-    return scenario.status().code() == StatusCode::kInvalidInput ? 2 : 1;
+  // Bad scenarios, flags, data and output paths are reported once, here, before any rank starts.
+  auto prepared = prepare_run(options, n);
+  Status checked = prepared.ok() ? check_outputs(options) : prepared.status();
+  std::unique_ptr<CheckpointDirLock> lock;  // held for the job's lifetime; released if the launcher dies
+  if (checked.ok() && !options.checkpoint_dir.empty()) {
+    auto locked = CheckpointDirLock::acquire(options.checkpoint_dir);
+    if (locked.ok()) lock = std::move(locked).value();
+    else checked = locked.status();
+  }
+  if (!checked.ok()) {
+    std::fprintf(stderr, "hzp train: %s\n", checked.message().c_str());
+    return checked.code() == StatusCode::kInvalidInput ? 2 : 1;
   }
   const std::string token = random_token();
   StoreLimits limits;
@@ -83,6 +92,7 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   args.insert(args.end(), argv_tail.begin(), argv_tail.end());
 
   const int per_node = options.gpus_per_node > 0 ? options.gpus_per_node : n;
+  const pid_t launcher = ::getpid();
   std::map<pid_t, int> rank_of;
   for (int r = 0; r < n; ++r) {
     std::vector<std::string> env;
@@ -117,6 +127,10 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
       return 1;
     }
     if (pid == 0) {
+      // A rank dies with its launcher (kill -9 of `hzp train` must not leave ranks training as orphans):
+      // the kernel sends SIGKILL when the parent exits; if it already has, exit now.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) std::_Exit(1);
       execve(self, argv.data(), envp.data());
       std::fprintf(stderr, "hzp train: cannot start rank %d: %s\n", r, std::strerror(errno));
       std::_Exit(127);
@@ -180,7 +194,10 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   }
   if (all_ok) return 0;
   std::string summary;
-  for (const auto& [r, status] : status_of) summary += "\n  rank " + std::to_string(r) + ": " + describe(status);
+  for (const auto& [r, status] : status_of) {
+    const bool joined = (*client)->get("hzp/joined/" + std::to_string(r), std::chrono::milliseconds(20)).ok();
+    summary += "\n  rank " + std::to_string(r) + ": " + describe(status) + (joined ? "" : " (never joined the rendezvous)");
+  }
   std::fprintf(stderr, "hzp train: failed%s%s\n",
                first_failed >= 0 ? (" (first to fail: rank " + std::to_string(first_failed) + ")").c_str() : "",
                summary.c_str());

@@ -1,7 +1,7 @@
 #include "train/data.h"
 
-#include <fstream>
-#include <sstream>
+#include "files.h"
+#include "text.h"
 
 namespace hzp::runtime {
 
@@ -13,16 +13,14 @@ std::uint64_t splitmix64(std::uint64_t x) {
 }
 
 Result<ByteDataset> ByteDataset::load(const std::string& path, std::int64_t seq_len) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidInput("data: cannot read '" + path + "'");
-  std::ostringstream buf;
-  buf << in.rdbuf();
+  auto text = read_text_file(path, kMaxDataBytes);
+  if (!text.ok()) return Status::InvalidInput("--data: " + text.status().message());
   ByteDataset d;
-  d.text_ = buf.str();
+  d.text_ = std::move(text).value();
   d.seq_len_ = seq_len;
   d.split_ = static_cast<std::int64_t>(d.text_.size()) * 9 / 10;
   if (d.val_bytes() < 4 * (seq_len + 1))
-    return Status::InvalidInput("data: '" + path + "' has " + std::to_string(d.text_.size()) +
+    return Status::InvalidInput("--data: " + printable(path, 200) + " has " + std::to_string(d.text_.size()) +
                                 " bytes, too few for a validation split of sequences of " + std::to_string(seq_len) +
                                 " tokens");
   return d;

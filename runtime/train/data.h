@@ -18,6 +18,7 @@ namespace hzp::runtime {
 
 class ByteDataset {
  public:
+  static constexpr std::int64_t kMaxDataBytes = 1ll << 30;  // the whole text is held in memory
   // Reads the whole file; it must hold at least a few sequences in each split (error otherwise).
   static Result<ByteDataset> load(const std::string& path, std::int64_t seq_len);
 

@@ -1,6 +1,8 @@
 // The runtime executor (see executor.h for what each IR op does).
 #include "train/executor.h"
 
+#include "train/checkpoint.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -145,14 +147,11 @@ struct Executor::Impl {
   }
   // dL/d(aux loss of one micro-batch): the coefficient, averaged over the step's micro-batch groups.
   float aux_grad_scale() const { return static_cast<float>(cfg.aux_loss_coef / static_cast<double>(groups_per_step)); }
-  // Per segment: resident parameter and optimizer floats; a checkpoint must match them.
-  nlohmann::json segment_sizes() const {
-    nlohmann::json sizes = nlohmann::json::array();
-    for (const Segment& seg : segs) sizes.push_back({seg.padded / kinds[seg.kind].s_p, seg.padded / kinds[seg.kind].s_os});
-    return sizes;
-  }
 
   Status run_step(std::int64_t step_index);
+  // The checkpointed state (checkpoint.h): per segment its parameter shard, Adam m, Adam v.
+  std::vector<FloatSpan> state_spans() const;
+  CheckpointHeader checkpoint_header(std::int64_t next_step) const;
   Communicator* any_comm(int role) {
     for (const auto& [key, c] : comms)
       if (key.first == schedule.rank_groups[rank][role]) return c.get();
@@ -189,14 +188,19 @@ struct Executor::Impl {
 // Setup
 // ---------------------------------------------------------------------------------------------------------
 
-Status Executor::Impl::setup() {
-  if (schedule.world_size != world || rank < 0 || rank >= world)
-    return Status::InvalidInput("runtime: rank " + std::to_string(rank) + " outside world of " + std::to_string(world));
+Status runtime_supports(const Scenario& scenario) {
   if (scenario.training.recompute != Recompute::kNone)
     return Status::InvalidInput("training.recompute: the runtime does not recompute activations; use \"none\"");
   if (scenario.training.precision != Precision::kFp32)
     return Status::InvalidInput("training.precision: the CPU runtime trains in fp32; set \"fp32\" (got \"" +
                                 std::string(to_string(scenario.training.precision)) + "\")");
+  return model_config(scenario.model).status();
+}
+
+Status Executor::Impl::setup() {
+  if (schedule.world_size != world || rank < 0 || rank >= world)
+    return Status::InvalidInput("runtime: rank " + std::to_string(rank) + " outside world of " + std::to_string(world));
+  HZP_RETURN_IF_ERROR(runtime_supports(scenario));
   HZP_ASSIGN_OR_RETURN(cfg, model_config(scenario.model));
   program = &schedule.program_of(rank);
   batch = scenario.training.micro_batch;
@@ -847,65 +851,40 @@ MemoryReport Executor::memory() const {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Checkpoints: a small JSON header line, then the raw floats of every segment (param shard, m, v).
+// Checkpoints (format: checkpoint.h): every segment's parameter shard, Adam m and Adam v, in segment order.
 // ---------------------------------------------------------------------------------------------------------
 
-namespace {
-constexpr char kCheckpointMagic[] = "hzp-checkpoint-v1";
+std::vector<FloatSpan> Executor::Impl::state_spans() const {
+  std::vector<FloatSpan> spans;
+  for (const Segment& s : segs) {
+    const KindInfo& k = kinds[s.kind];
+    spans.push_back({s.param, s.padded / k.s_p});
+    spans.push_back({s.m, s.padded / k.s_os});
+    spans.push_back({s.v, s.padded / k.s_os});
+  }
+  return spans;
+}
+
+CheckpointHeader Executor::Impl::checkpoint_header(std::int64_t next_step) const {
+  CheckpointHeader h;
+  h.rank = rank;
+  h.world_size = world;
+  h.policy = schedule.policy;
+  h.next_step = next_step;
+  h.adam_steps = adam_t;
+  for (const Segment& seg : segs) h.segments.emplace_back(seg.padded / kinds[seg.kind].s_p, seg.padded / kinds[seg.kind].s_os);
+  return h;
 }
 
 Status Executor::save(const std::string& path, std::int64_t next_step) const {
-  const Impl& d = *impl_;
-  nlohmann::json header = {{"format", kCheckpointMagic},
-                           {"rank", d.rank},
-                           {"world_size", d.world},
-                           {"policy", d.schedule.policy},
-                           {"next_step", next_step},
-                           {"adam_steps", d.adam_t}};
-  header["segments"] = d.segment_sizes();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return Status::Internal("checkpoint: cannot write '" + tmp + "'");
-    const std::string line = header.dump() + "\n";
-    out.write(line.data(), static_cast<std::streamsize>(line.size()));
-    for (const Segment& s : d.segs) {
-      const KindInfo& k = d.kinds[s.kind];
-      out.write(reinterpret_cast<const char*>(s.param), static_cast<std::streamsize>(s.padded / k.s_p * 4));
-      out.write(reinterpret_cast<const char*>(s.m), static_cast<std::streamsize>(s.padded / k.s_os * 4));
-      out.write(reinterpret_cast<const char*>(s.v), static_cast<std::streamsize>(s.padded / k.s_os * 4));
-    }
-    out.flush();
-    if (!out) return Status::Internal("checkpoint: writing '" + tmp + "' failed (disk full?)");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::Internal("checkpoint: cannot rename '" + tmp + "' to '" + path + "'");
-  return Status::Ok();
+  return write_checkpoint(path, impl_->checkpoint_header(next_step), impl_->state_spans());
 }
 
 Result<std::int64_t> Executor::load(const std::string& path) {
   Impl& d = *impl_;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidInput("checkpoint: cannot read '" + path + "'");
-  std::string line;
-  std::getline(in, line);
-  nlohmann::json header = nlohmann::json::parse(line, nullptr, false);
-  if (header.is_discarded() || !header.is_object() || header.value("format", "") != kCheckpointMagic)
-    return Status::InvalidInput("checkpoint: '" + path + "' is not an hzp checkpoint");
-  if (header.value("world_size", -1) != d.world || header.value("rank", -1) != d.rank ||
-      header.value("policy", "") != d.schedule.policy || header["segments"] != d.segment_sizes())
-    return Status::InvalidInput("checkpoint: '" + path + "' was written by another layout (world " +
-                                header.value("world_size", nlohmann::json(-1)).dump() + ", policy " +
-                                header.value("policy", nlohmann::json("?")).dump() + ", rank " +
-                                header.value("rank", nlohmann::json(-1)).dump() + "); resharding is not supported");
-  for (Segment& s : d.segs) {
-    const KindInfo& k = d.kinds[s.kind];
-    in.read(reinterpret_cast<char*>(s.param), static_cast<std::streamsize>(s.padded / k.s_p * 4));
-    in.read(reinterpret_cast<char*>(s.m), static_cast<std::streamsize>(s.padded / k.s_os * 4));
-    in.read(reinterpret_cast<char*>(s.v), static_cast<std::streamsize>(s.padded / k.s_os * 4));
-  }
-  if (!in) return Status::InvalidInput("checkpoint: '" + path + "' is truncated");
-  d.adam_t = header.value("adam_steps", 0);
-  return header.value("next_step", static_cast<std::int64_t>(0));
+  HZP_ASSIGN_OR_RETURN(CheckpointHeader h, read_checkpoint(path, d.checkpoint_header(0), d.scenario.run.steps, d.state_spans()));
+  d.adam_t = h.adam_steps;
+  return h.next_step;
 }
 
 }  // namespace hzp::runtime

@@ -100,6 +100,10 @@ class Executor {
   std::vector<TraceEvent> trace_;
 };
 
+// kInvalidInput naming the field when the runtime cannot train this scenario (precision, recompute, model
+// family, vocabulary, ...): checked once before any rank starts.
+Status runtime_supports(const Scenario& scenario);
+
 // Learning rate of `step` (0-based): linear warm-up to lr over warmup_steps, then cosine to min_lr at `steps`.
 double learning_rate(const RunSpec& run, std::int64_t step);
 

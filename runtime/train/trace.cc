@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 
+#include "files.h"
 #include "scenario_parser.h"
 
 namespace hzp::runtime {
@@ -116,15 +117,7 @@ nlohmann::json perfetto_from_trace(const nlohmann::json& trace) {
 }
 
 Status write_json_atomic(const std::string& path, const nlohmann::json& doc, int indent) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return Status::Internal("cannot write '" + tmp + "'");
-    out << doc.dump(indent) << "\n";
-    if (!out) return Status::Internal("writing '" + tmp + "' failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::Internal("cannot rename '" + tmp + "' to '" + path + "'");
-  return Status::Ok();
+  return write_file_atomic(path, doc.dump(indent) + "\n");
 }
 
 }  // namespace hzp::runtime

@@ -8,8 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/launch_env.h"
+#include "model_math.h"
 #include "scenario.h"
+#include "schedule.h"
 #include "status.h"
+#include "train/data.h"
 
 namespace hzp::runtime {
 
@@ -33,6 +36,21 @@ struct TrainOptions {
 // The scenario as the ranks run it: the file with cluster.nodes x cluster.gpus_per_node replaced by the
 // emulated world (nproc ranks, gpus_per_node per node), auto sharding resolved.
 Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size);
+
+// Everything a rank needs that can be checked before any rank starts: the scenario, its model cost, the
+// validated schedule, the runtime's support for it, and the training text. The launcher calls this once
+// so that a bad scenario or flag is reported once, before ranks exist; each rank calls it again.
+struct PreparedRun {
+  Scenario scenario;
+  ModelCost cost;
+  Schedule schedule;
+  ByteDataset data;
+};
+Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size);
+
+// Output paths are writable before any work starts: --out, the folders of --trace / --perfetto,
+// --checkpoint-dir (and its `latest` with --resume).
+Status check_outputs(const TrainOptions& options);
 
 // Runs one rank to completion. Returns the process exit code (0 ok, 1 failure, 2 bad input); fatal errors
 // on a stream end the process at once (std::_Exit(1)) after printing which rank was lost, if known.

@@ -1,0 +1,274 @@
+// Sharded checkpoint files and directories (checkpoint.h).
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "files.h"
+#include "json_io.h"
+#include "text.h"
+
+namespace hzp::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr std::uint64_t kFnvOffset = 1469598103934665603ull;
+constexpr std::uint64_t kFnvPrime = 1099511628211ull;
+
+std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
+  return h;
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+Status bad(const std::string& where, const std::string& what) { return Status::InvalidInput(where + ": " + what); }
+
+// The first non-finite value of the spans, as "segment value k", or "".
+std::string first_non_finite(const std::vector<FloatSpan>& spans) {
+  for (std::size_t s = 0; s < spans.size(); ++s)
+    for (std::int64_t i = 0; i < spans[s].count; ++i)
+      if (!std::isfinite(spans[s].data[i])) return "span " + std::to_string(s) + " value " + std::to_string(i);
+  return "";
+}
+
+Status write_all(int fd, const void* data, std::size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::Internal("checkpoint: writing " + printable(path, 200) + " failed: " + std::strerror(errno));
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status read_all(int fd, void* data, std::size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Status::InvalidInput("short read");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+json CheckpointHeader::to_json() const {
+  json segs = json::array();
+  for (const auto& [p, o] : segments) segs.push_back({p, o});
+  return {{"format", kCheckpointFormat}, {"rank", rank},           {"world_size", world_size},
+          {"policy", policy},            {"next_step", next_step}, {"adam_steps", adam_steps},
+          {"segments", segs},            {"payload_bytes", payload_bytes}, {"payload_fnv1a64", hex64(checksum)}};
+}
+
+Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
+  HZP_ASSIGN_OR_RETURN(json h, parse_json_strict(line, kMaxCheckpointHeaderBytes, 8));
+  if (!h.is_object()) return bad("header", "not a JSON object");
+  auto field = [&](const char* key) -> Result<const json*> {
+    if (!h.contains(key)) return bad(key, "missing");
+    return &h.at(key);
+  };
+  auto integer = [&](const char* key, std::int64_t min, std::int64_t max) -> Result<std::int64_t> {
+    HZP_ASSIGN_OR_RETURN(const json* v, field(key));
+    if (!v->is_number_integer()) return bad(key, "must be an integer, got " + printable(v->dump(), 60));
+    if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(max))
+      return bad(key, "out of range, got " + printable(v->dump(), 60));
+    const std::int64_t x = v->get<std::int64_t>();
+    if (x < min || x > max)
+      return bad(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + std::to_string(x));
+    return x;
+  };
+  auto string = [&](const char* key) -> Result<std::string> {
+    HZP_ASSIGN_OR_RETURN(const json* v, field(key));
+    if (!v->is_string()) return bad(key, "must be a string, got " + printable(v->dump(), 60));
+    return v->get<std::string>();
+  };
+  HZP_ASSIGN_OR_RETURN(std::string format, string("format"));
+  if (format != kCheckpointFormat) return bad("format", "not an hzp checkpoint (" + quoted(format, 40) + ")");
+  CheckpointHeader out;
+  HZP_ASSIGN_OR_RETURN(const std::int64_t world, integer("world_size", 1, 1 << 20));
+  HZP_ASSIGN_OR_RETURN(const std::int64_t rank, integer("rank", 0, world - 1));
+  out.world_size = static_cast<int>(world);
+  out.rank = static_cast<int>(rank);
+  HZP_ASSIGN_OR_RETURN(out.policy, string("policy"));
+  HZP_ASSIGN_OR_RETURN(out.next_step, integer("next_step", 0, 1'000'000'000));
+  HZP_ASSIGN_OR_RETURN(out.adam_steps, integer("adam_steps", 0, out.next_step));
+  HZP_ASSIGN_OR_RETURN(out.payload_bytes, integer("payload_bytes", 0, std::int64_t{1} << 50));
+  HZP_ASSIGN_OR_RETURN(std::string sum, string("payload_fnv1a64"));
+  if (sum.size() != 16 || sum.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return bad("payload_fnv1a64", "must be 16 lowercase hex digits, got " + quoted(sum, 40));
+  out.checksum = std::stoull(sum, nullptr, 16);
+  HZP_ASSIGN_OR_RETURN(const json* segs, field("segments"));
+  if (!segs->is_array()) return bad("segments", "must be an array");
+  std::int64_t floats = 0;
+  for (std::size_t i = 0; i < segs->size(); ++i) {
+    const json& s = (*segs)[i];
+    const std::string where = "segments[" + std::to_string(i) + "]";
+    if (!s.is_array() || s.size() != 2 || !s[0].is_number_unsigned() || !s[1].is_number_unsigned() ||
+        s[0].get<std::uint64_t>() > (1ull << 40) || s[1].get<std::uint64_t>() > (1ull << 40))
+      return bad(where, "must be [parameter floats, optimizer floats] below 2^40, got " + printable(s.dump(), 60));
+    out.segments.emplace_back(s[0].get<std::int64_t>(), s[1].get<std::int64_t>());
+    floats += out.segments.back().first + 2 * out.segments.back().second;
+  }
+  if (floats * 4 != out.payload_bytes)
+    return bad("payload_bytes", std::to_string(out.payload_bytes) + " disagrees with the segments (" +
+                                    std::to_string(floats * 4) + " bytes)");
+  return out;
+}
+
+Status write_checkpoint(const std::string& path, CheckpointHeader header, const std::vector<FloatSpan>& spans) {
+  if (const std::string where = first_non_finite(spans); !where.empty())
+    return Status::Internal("checkpoint: refusing to write a state holding NaN or Inf (" + where +
+                            "): training diverged before step " + std::to_string(header.next_step));
+  std::uint64_t sum = kFnvOffset;
+  std::int64_t bytes = 0;
+  for (const FloatSpan& s : spans) {
+    sum = fnv1a(sum, s.data, static_cast<std::size_t>(s.count) * 4);
+    bytes += s.count * 4;
+  }
+  header.payload_bytes = bytes;
+  header.checksum = sum;
+  const std::string line = header.to_json().dump() + "\n";
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::Internal("checkpoint: cannot write " + printable(tmp, 200) + ": " + std::strerror(errno));
+  Status st = write_all(fd, line.data(), line.size(), tmp);
+  for (const FloatSpan& s : spans)
+    if (st.ok()) st = write_all(fd, s.data, static_cast<std::size_t>(s.count) * 4, tmp);
+  // fsync before the rename: after a power loss the file is either the old one or complete.
+  if (st.ok() && ::fsync(fd) != 0) st = Status::Internal("checkpoint: fsync of " + printable(tmp, 200) + " failed");
+  ::close(fd);
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
+    st = Status::Internal("checkpoint: cannot rename " + printable(tmp, 200) + ": " + std::strerror(errno));
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  const int dir = ::open(fs::path(path).parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  return Status::Ok();
+}
+
+Result<CheckpointHeader> read_checkpoint(const std::string& path, const CheckpointHeader& expected,
+                                         std::int64_t max_step, const std::vector<FloatSpan>& spans) {
+  const std::string shown = "checkpoint " + printable(path, 200);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::InvalidInput(shown + ": cannot read: " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return Status::InvalidInput(shown + ": not a regular file");
+  // The header line, read byte by byte up to its newline (bounded).
+  std::string line;
+  for (char c = 0;;) {
+    if (::read(fd, &c, 1) != 1) return Status::InvalidInput(shown + ": truncated header");
+    if (c == '\n') break;
+    line += c;
+    if (line.size() > kMaxCheckpointHeaderBytes) return Status::InvalidInput(shown + ": no header line");
+  }
+  auto parsed = parse_checkpoint_header(line);
+  if (!parsed.ok()) return Status::InvalidInput(shown + ": header " + parsed.status().message());
+  const CheckpointHeader& h = *parsed;
+  if (h.world_size != expected.world_size || h.rank != expected.rank || h.policy != expected.policy ||
+      h.segments != expected.segments)
+    return Status::InvalidInput(shown + " was written by another layout (world " + std::to_string(h.world_size) +
+                                ", policy " + quoted(h.policy, 40) + ", rank " + std::to_string(h.rank) +
+                                "; this run: world " + std::to_string(expected.world_size) + ", policy " +
+                                quoted(expected.policy, 40) + ", rank " + std::to_string(expected.rank) +
+                                "); resharding is not supported");
+  if (h.next_step > max_step)
+    return Status::InvalidInput(shown + ": next_step " + std::to_string(h.next_step) + " is beyond the run's " +
+                                std::to_string(max_step) + " steps");
+  const std::int64_t expected_size = static_cast<std::int64_t>(line.size()) + 1 + h.payload_bytes;
+  if (st.st_size != expected_size)
+    return Status::InvalidInput(shown + ": " + std::to_string(st.st_size) + " bytes where the header promises " +
+                                std::to_string(expected_size) + (st.st_size < expected_size ? " (truncated)" : ""));
+  std::uint64_t sum = kFnvOffset;
+  for (const FloatSpan& s : spans) {
+    if (!read_all(fd, s.data, static_cast<std::size_t>(s.count) * 4).ok())
+      return Status::InvalidInput(shown + ": truncated payload");
+    sum = fnv1a(sum, s.data, static_cast<std::size_t>(s.count) * 4);
+  }
+  if (sum != h.checksum)
+    return Status::InvalidInput(shown + ": payload checksum " + hex64(sum) + " does not match the header's " +
+                                hex64(h.checksum) + " (the file is damaged)");
+  if (const std::string where = first_non_finite(spans); !where.empty())
+    return Status::InvalidInput(shown + ": holds NaN or Inf (" + where + "); refusing to resume a diverged state");
+  return parsed;
+}
+
+std::string checkpoint_file(const std::string& dir, std::int64_t step, int rank) {
+  return (fs::path(dir) / ("step_" + std::to_string(step)) / ("rank_" + std::to_string(rank) + ".bin")).string();
+}
+
+Result<std::int64_t> read_latest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "latest").string();
+  auto text = read_text_file(path, 64);
+  if (!text.ok()) return Status::InvalidInput("--resume: no checkpoint in " + printable(dir, 200) + " (" + text.status().message() + ")");
+  std::string t = *text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
+  if (t.empty() || t.size() > 10 || t.find_first_not_of("0123456789") != std::string::npos)
+    return Status::InvalidInput("--resume: " + printable(path, 200) + " does not hold a step number (" + quoted(t, 20) + ")");
+  return std::stoll(t);
+}
+
+Status write_latest(const std::string& dir, std::int64_t step) {
+  return write_file_atomic((fs::path(dir) / "latest").string(), std::to_string(step) + "\n");
+}
+
+Result<std::unique_ptr<CheckpointDirLock>> CheckpointDirLock::acquire(const std::string& dir) {
+  HZP_RETURN_IF_ERROR(ensure_writable_dir(dir, "--checkpoint-dir"));
+  const std::string path = (fs::path(dir) / ".lock").string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::InvalidInput("--checkpoint-dir: cannot open " + printable(path, 200) + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    char holder[256] = {};
+    const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+    ::close(fd);
+    return Status::InvalidInput("--checkpoint-dir " + printable(dir, 200) + " is in use by another hzp train job (" +
+                                printable(std::string(holder, n > 0 ? static_cast<std::size_t>(n) : 0), 120) +
+                                "); give each job its own directory");
+  }
+  char host[128] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string who = "pid " + std::to_string(::getpid()) + " on " + host;
+  if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, who.data(), who.size(), 0);
+  // Holding the lock, nobody else writes here: temporary files are leftovers of a crashed writer.
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it.depth() > 1) it.disable_recursion_pending();
+    if (it->is_regular_file(ec) && it->path().extension() == ".tmp") fs::remove(it->path(), ec);
+  }
+  return std::unique_ptr<CheckpointDirLock>(new CheckpointDirLock(fd));
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+}  // namespace hzp::runtime
