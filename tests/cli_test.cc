@@ -188,3 +188,60 @@ TEST_CASE("\"sharding\": \"auto\" resolves to the planner's pick, printed explic
   CHECK(resolved["policy"]["sharding"]["params"].is_array());
   CHECK(resolved["policy"]["sharding"]["optimizer"].is_array());
 }
+
+TEST_CASE("flags outside their documented ranges exit 2 before any work", "[cli][bad-input]") {
+  const std::string s = "'" + kRoot + "/scenarios/default.json'";
+  for (const std::string& args : std::vector<std::string>{
+           "simulate " + s + " --steps 2147483647", "simulate " + s + " --timeline-ranks 0", "plan " + s + " --search --jobs 1000",
+        "plan " + s + " --search --top 0", "plan " + s + " --top 3", "schedule " + s + " --rank 32",
+        "schedule " + s + " --rank -1", "collective --cluster a800 --op all_reduce --group 1000000 --bytes 1M",
+        "collective --cluster a800 --op all_reduce --group 8 --bytes 9223372036854775807",
+        "collective --cluster a800 --op all_reduce --group 8 --bytes 1K:2T",
+        "collective --cluster '" + kData + "' --op all_reduce --group 8 --bytes 1M",
+        "collective --cluster a800 --op all_reduce --group 8 --bytes 1M --bytes 2M", "validate " + s + " " + s}) {
+    const RunResult r = run(args);
+    INFO(args << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK(r.err.size() < 2000);
+  }
+  // A directory where a JSON file is expected.
+  const auto dir = scratch_dir() / "cluster.json";
+  std::filesystem::create_directories(dir);
+  const RunResult r = run("collective --cluster '" + dir.string() + "' --op all_reduce --group 8 --bytes 1M");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("not a regular file (a directory)") != std::string::npos);
+}
+
+TEST_CASE("a scenario name never escapes out/, and an unwritable output is refused before simulating", "[cli][bad-input]") {
+  const auto dir = scratch_dir() / "escape";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "work");
+  nlohmann::json doc = nlohmann::json::parse(slurp(kRoot + "/scenarios/dense/llama2-7b-a800-8-zero1.json"));
+  doc["name"] = "../../escaped";
+  std::ofstream(dir / "s.json") << doc.dump();
+  const RunResult r = run("validate '" + (dir / "s.json").string() + "' >/dev/null 2>&1 && cd '" + (dir / "work").string() +
+                          "' && '" + HZP_BINARY + "' simulate '" + (dir / "s.json").string() + "'");
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK_FALSE(std::filesystem::exists(dir / "escaped"));
+  CHECK(std::filesystem::exists(dir / "work" / "out" / ".._.._escaped" / "summary.json"));
+  const RunResult blocked = run("simulate '" + (dir / "s.json").string() + "' --out '" + (dir / "s.json").string() + "/x'");
+  CHECK(blocked.code == 2);
+  CHECK(blocked.err.find("--out") != std::string::npos);
+  CHECK(blocked.out.find("simulated") == std::string::npos);  // refused before the simulation ran
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("validation stays linear in GPUs: ZeRO-3 on 1 048 576 GPUs validates", "[cli][scale]") {
+  // A search per rank made this quadratic (238 s); linear it takes seconds. `timeout` fails the test long
+  // before the quadratic version would finish, with a margin of 30x for a slow machine.
+  const auto path = scratch_dir() / "million.json";
+  std::ofstream(path) << R"({"model": {"preset": "llama2-7b"}, "cluster": {"preset": "a800", "nodes": 131072},
+    "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": 1048576}, "policy": {"preset": "zero3"}})";
+  const auto err = scratch_dir() / "million.err";
+  const int status = std::system(("timeout 120 '" + std::string(HZP_BINARY) + "' validate '" + path.string() +
+                                  "' >/dev/null 2>'" + err.string() + "'").c_str());
+  INFO(slurp(err.string()));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(slurp(err.string()).find("1048576 GPUs") != std::string::npos);
+}

@@ -22,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr std::uint64_t kFnvOffset = 1469598103934665603ull;
+constexpr std::uint64_t kFnvOffset = 14695981039346656037ull;  // 0xcbf29ce484222325
 constexpr std::uint64_t kFnvPrime = 1099511628211ull;
 
 std::uint64_t fnv1a(std::uint64_t h, const void* data, std::size_t n) {
@@ -91,11 +91,11 @@ Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
   auto integer = [&](const char* key, std::int64_t min, std::int64_t max) -> Result<std::int64_t> {
     HZP_ASSIGN_OR_RETURN(const json* v, field(key));
     if (!v->is_number_integer()) return bad(key, "must be an integer, got " + printable(v->dump(), 60));
+    const std::string range = "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got ";
     if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(max))
-      return bad(key, "out of range, got " + printable(v->dump(), 60));
+      return bad(key, range + printable(v->dump(), 60));
     const std::int64_t x = v->get<std::int64_t>();
-    if (x < min || x > max)
-      return bad(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " + std::to_string(x));
+    if (x < min || x > max) return bad(key, range + std::to_string(x));
     return x;
   };
   auto string = [&](const char* key) -> Result<std::string> {

@@ -322,7 +322,9 @@ int run_rank(const TrainOptions& options, const LaunchEnv& launched) {
   StepMetrics last;
   double last_val = -1;
   // Fault injection for tests: HZP_FAULT_KILL_RANK / _STEP pick the victim and the step, HZP_FAULT_SIGNAL
-  // "STOP" freezes it instead of killing it (a hung rank).
+  // "STOP" freezes it instead of killing it (a hung rank); HZP_FAULT_NAN_STEP makes that step's loss NaN on
+  // every rank (a diverged step).
+  const char* nan_step = std::getenv("HZP_FAULT_NAN_STEP");
   const char* kill_rank = std::getenv("HZP_FAULT_KILL_RANK");
   const char* kill_step = std::getenv("HZP_FAULT_KILL_STEP");
   const char* kill_signal = std::getenv("HZP_FAULT_SIGNAL");
@@ -347,6 +349,7 @@ int run_rank(const TrainOptions& options, const LaunchEnv& launched) {
     }
     auto m = executor.train_step(step);
     if (!m.ok()) die(env, m.status());
+    if (nan_step != nullptr && std::atoll(nan_step) == step) m->loss = std::nan("");
     // Every rank holds the same all-reduced loss: a diverged run stops everywhere, said once.
     if (!std::isfinite(m->loss) || !std::isfinite(m->grad_norm)) {
       if (lead)
