@@ -1,6 +1,6 @@
 // The calibration table: per GPU type, the hardware numbers and achievable efficiencies the estimator and
 // the simulator use. Every number carries its source (see calibration.cc); only single-node facts are used
-// for calibration (BRIEF §3) — published multi-node results are the validation set, never an input.
+// for calibration (datasheets and single-node measurements) — published multi-node results are the validation set, never an input.
 #pragma once
 
 #include <string>

@@ -121,7 +121,7 @@ void add_traffic(ModuleCost& cost, Traffic t) {
 }
 
 // `rows` rows through a (k x n) matrix: 2·rows·k·n forward; backward computes both the input gradient and
-// the weight gradient, 2x forward. `in_model_flops` is false for matmuls the MFU count (BRIEF §2) leaves out.
+// the weight gradient, 2x forward. `in_model_flops` is false for matmuls the MFU count (docs/model_math.md) leaves out.
 void add_matmul(ModuleCost& cost, double rows, double k, double n, bool in_model_flops = true) {
   const double fwd = 2 * rows * k * n;
   cost.fwd_flops += fwd;
@@ -261,7 +261,7 @@ ModuleCost moe_cost(const Dims& d, int layer) {
 
   add_traffic(cost, norm_traffic(d));
   // Router: logits, then softmax + top-k in fp32 (read logits, write probabilities). Real work but outside
-  // the MFU numerator of BRIEF §2, so fwd/bwd FLOPs only.
+  // the MFU numerator of docs/model_math.md, so fwd/bwd FLOPs only.
   add_matmul(cost, t, d.h, experts, /*in_model_flops=*/false);
   add_traffic(cost, {2 * t * experts * 4, 3 * t * experts * 4});
   // Permute: each token is copied to its k experts' contiguous input buffers; backward moves the gradients
@@ -372,7 +372,7 @@ double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::
   const double n_kv = model.kv_heads;
   const double d_head = static_cast<double>(model.head_dim());
   const double vocab = static_cast<double>(model.vocab);
-  // BRIEF §2 writes (3/2) for SwiGLU's three matrices; GELU's two give (2/2), so the closed form also holds
+  // The closed form writes (3/2) for SwiGLU's three matrices; GELU's two give (2/2), so the closed form also holds
   // for the GPT family.
   const double matrices = model.family == ModelFamily::kLlama ? 3 : 2;
 

@@ -8,7 +8,7 @@
 // Conventions (documented in docs/model_math.md):
 // - A matmul of (m x k) by (k x n) costs 2mkn FLOPs. Backward of a matmul = 2x its forward.
 // - "FLOPs" below are hardware FLOPs actually executed (they include recomputation); `model_flops` is the
-//   MFU numerator (Megatron/LLaMA count, BRIEF §2: causal attention not halved, no recomputation).
+//   MFU numerator (Megatron/LLaMA count, docs/model_math.md: causal attention not halved, no recomputation).
 // - "mem_bytes" is the HBM traffic of the memory-bound kernels only (norms, activations, softmax,
 //   residual adds, rotary, elementwise); GEMM operand traffic is folded into the GEMM efficiency.
 // - Activation bytes are those saved for backward, in the training precision (2 bytes for bf16/fp16).
@@ -55,7 +55,7 @@ ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training);
 // Parameter count of the whole model (== model_cost(...).params).
 std::int64_t parameter_count(const ModelSpec& model);
 
-// BRIEF §2 closed form for model FLOPs of `sequences` sequences of `seq_len` tokens (fwd + bwd):
+// The closed form of docs/model_math.md (Megatron-LM, Narayanan et al. 2021, with GQA and SwiGLU terms) for model FLOPs of `sequences` sequences of `seq_len` tokens (fwd + bwd):
 // F = 12·B·s·L·h²·[(1 + n_kv/n_h + s/h)·(n_h·d_head/h) + (f/h)·topk·(3/2) + V/(2·L·h)].
 // For MoE models with MoE in every layer, f is the expert width and topk the routing fan-out; with a mix of
 // dense and MoE layers the MLP term is averaged over layers.

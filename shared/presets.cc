@@ -1,4 +1,4 @@
-// Built-in presets: the model, cluster and sharding-policy tables, and the BRIEF §2 sharding validity rules.
+// Built-in presets: the model, cluster and sharding-policy tables, and AMSP's sharding validity rules (arXiv 2311.00257 §III).
 #include "presets.h"
 
 #include <algorithm>
@@ -83,12 +83,13 @@ struct ClusterRow {
   double intra_GBps;
   int nics;
   double nic_Gbps;
-  // dgx-a100: BRIEF §3 (NVLink 600 GB/s bidirectional, 8x 200 Gb/s HDR).
-  // a800:     BRIEF §3 (NVLink 400 GB/s bidirectional, 4x 200 Gb/s HDR).
-  // dgx-h100: BRIEF §3 (NVLink 900 GB/s bidirectional, 8x 400 Gb/s NDR).
-  // h800:     NVIDIA H800 SXM datasheet, not in BRIEF (NVLink 400 GB/s bidirectional); 8x 400 Gb/s NICs is an
+  // dgx-a100: NVIDIA DGX A100 datasheet (NVLink 600 GB/s bidirectional, 8x 200 Gb/s HDR).
+  // a800:     NVIDIA A800 SXM datasheet (NVLink 400 GB/s bidirectional); 4x 200 Gb/s HDR per node is AMSP's
+  //           test bed (arXiv 2311.00257 §V).
+  // dgx-h100: NVIDIA DGX H100 datasheet (NVLink 900 GB/s bidirectional, 8x 400 Gb/s NDR).
+  // h800:     NVIDIA H800 SXM datasheet (NVLink 400 GB/s bidirectional); 8x 400 Gb/s NICs is an
   //           assumption (the DGX H100 NIC complement, which H800 servers copy).
-  // npu-16:   BRIEF §1 (16 accelerators per node, full mesh at 400 GB/s bidirectional, RoCE 200 Gb/s);
+  // npu-16:   AsyncHZP's evaluation (arXiv 2510.20111: 16 accelerators per node, full mesh at 400 GB/s bidirectional, RoCE 200 Gb/s);
   //           8 NICs per node is an assumption (one NIC per two accelerators; AsyncHZP does not state it).
 };
 
@@ -106,7 +107,7 @@ constexpr double kDefaultSwitchLatency = 0.5e-6;  // assumption: IB switches are
                                                   // Ethernet (RoCE) ~0.5-1 us; 0.5 us covers both plus cables
 
 // ---------------------------------------------------------------------------------------------------------
-// Sharding policies in BRIEF §2 notation.
+// Sharding policies in AMSP notation (arXiv 2311.00257 §III).
 // ---------------------------------------------------------------------------------------------------------
 
 enum class Scope { kReplica, kNode, kFull };  // (1,1), (R,1), (R,N)

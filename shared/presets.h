@@ -24,7 +24,7 @@ std::vector<std::string> cluster_preset_names();
 // tree with 32 nodes per leaf switch and 0.5 us per switch traversed (assumptions, see presets.cc).
 InterNodeSpec default_inter_node();
 
-// Sharding policies in BRIEF §2 notation for a cluster of `gpus_per_node` x `nodes`:
+// Sharding policies in AMSP notation (arXiv 2311.00257 §III) for a cluster of `gpus_per_node` x `nodes`:
 //   ddp: P,G,OS replicated           zero1: OS full          zero2: G,OS full     zero3/fsdp: all full
 //   hsdp, mics: all in one node      zeropp: all full (its secondary intra-node copy is a schedule feature)
 //   asynchzp: P,G in the node, OS full
@@ -32,7 +32,7 @@ InterNodeSpec default_inter_node();
 Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes);
 std::vector<std::string> policy_preset_names();
 
-// BRIEF §2 validity rules for explicit sharding on a gpus_per_node x nodes data-parallel group. `path` is
+// AMSP's validity rules (arXiv 2311.00257 §III) for explicit sharding on a gpus_per_node x nodes data-parallel group. `path` is
 // the JSON path prefix used in messages (e.g. "policy.sharding").
 Status check_sharding(const ShardingSpec& sharding, int gpus_per_node, int nodes, std::string_view path);
 

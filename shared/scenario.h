@@ -144,7 +144,7 @@ struct RunSpec {
 // Policy
 // ---------------------------------------------------------------------------------------------------------
 
-// A sharding group for one state, in BRIEF §2 notation: s0 GPUs inside a node x s1 nodes.
+// A sharding group for one state, in the notation of the AMSP paper (Chen et al. 2023, arXiv 2311.00257, §III): s0 GPUs inside a node x s1 nodes.
 // (1,1) = replicated; (gpus_per_node, nodes) = fully sharded over the data-parallel group.
 struct ShardGroup {
   int s0 = 1;

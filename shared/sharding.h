@@ -1,6 +1,6 @@
 // The sharding plan: which process group each state uses on each rank, and the memory per GPU.
 //
-// Layout (BRIEF §2 notation, R GPUs per node, N nodes, rank r on node r / R with local index r % R):
+// Layout (AMSP notation, arXiv 2311.00257 §III; R GPUs per node, N nodes, rank r on node r / R with local index r % R):
 // a state sharded over (s0, s1) splits the cluster into blocks of s0 consecutive local ranks x s1
 // consecutive nodes; inside a block the rank at (node % s1, local % s0) holds shard
 // (node % s1) * s0 + local % s0. Intra-node groups are therefore contiguous local ranks; blocks that span

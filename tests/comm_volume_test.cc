@@ -1,4 +1,4 @@
-// Communication bytes summed over the IR against the closed forms of BRIEF §2 (ring, bf16 gradients):
+// Communication bytes summed over the IR against the closed forms of docs/model_math.md and the ZeRO paper (ring, bf16 gradients):
 // DDP sends 2(D-1)/D · 2Ψ per GPU; ZeRO-1/2 the same (reduce-scatter G + all-gather P); ZeRO-3 1.5x DDP;
 // with M micro-batches, states sharded finer than the optimizer talk every micro-batch.
 #include "test_util.h"

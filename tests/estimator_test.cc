@@ -118,7 +118,7 @@ TEST_CASE("one stream without prefetch serialises compute and communication", "[
   CHECK(eo.compute_s == Approx(es.compute_s));
 }
 
-TEST_CASE("model FLOPs in the estimate follow the BRIEF formula", "[estimator][flops]") {
+TEST_CASE("model FLOPs in the estimate follow the closed form of docs/model_math.md", "[estimator][flops]") {
   const Built b = build(scenario_from(scenario_json("llama2-7b", "dgx-h100", 2, "zero2", 4096, 16 * 4)));
   const Estimate e = estimate_of(b);
   CHECK(e.model_flops_per_gpu == Approx(model_flops_formula(b.scenario.model, 4, 4096)).epsilon(1e-9));

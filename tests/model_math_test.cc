@@ -1,5 +1,5 @@
 // Tests for shared/model_math: parameter counts against published totals, per-module model FLOPs against the
-// BRIEF §2 closed form, activation memory against Korthikanti et al. 2022, and the recompute / flash /
+// closed form of docs/model_math.md, activation memory against Korthikanti et al. 2022, and the recompute / flash /
 // MoE relationships docs/model_math.md derives.
 #include "model_math.h"
 
@@ -139,7 +139,7 @@ TEST_CASE("modules come in schedule order with MoE where the spec says", "[model
   CHECK(std::string(to_string(ModuleKind::kAttention)) == "attention");
 }
 
-TEST_CASE("BRIEF §2 formula against a hand computation", "[model_math]") {
+TEST_CASE("the closed-form FLOP count against a hand computation", "[model_math]") {
   // llama2-7b, B = 1, s = 4096: L = 32, h = 4096, n_kv/n_h = 1, s/h = 1, n_h·d/h = 1, f/h = 11008/4096.
   //   attention term  (1 + 1 + 1)·1             = 3
   //   MLP term        2.6875 · 1 · 1.5          = 4.03125
@@ -152,7 +152,7 @@ TEST_CASE("BRIEF §2 formula against a hand computation", "[model_math]") {
   CHECK(model_flops_formula(llama2_7b(), 1, 4096) == Approx(188'763'812'659'200.0).epsilon(1e-12));
 }
 
-TEST_CASE("per-module model FLOPs sum to the BRIEF §2 formula", "[model_math]") {
+TEST_CASE("per-module model FLOPs sum to the closed-form count", "[model_math]") {
   struct Case {
     ModelSpec model;
     std::int64_t micro_batch, seq_len;

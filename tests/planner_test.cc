@@ -1,4 +1,4 @@
-// The planner: its search space against an independent enumeration of BRIEF §2's rules, the presets as
+// The planner: its search space against an independent enumeration of AMSP's rules, the presets as
 // points of that space, and — end to end — its simulated pick against every candidate simulated.
 #include "test_util.h"
 
@@ -16,7 +16,7 @@ using namespace hzp::test;
 
 namespace {
 
-// BRIEF §2 written out once more, independently of presets.cc: s0 | R, s1 | N, fill the node first,
+// AMSP's rules (arXiv 2311.00257 §III) written out once more, independently of presets.cc: s0 | R, s1 | N, fill the node first,
 // component-wise p <= g <= os with nesting, g in {p, os}.
 bool brief_valid(ShardGroup p, ShardGroup g, ShardGroup os, int R, int N) {
   for (ShardGroup x : {p, g, os}) {

@@ -221,7 +221,7 @@ TEST_CASE("every cluster preset loads, in SI units", "[scenario][presets]") {
   CHECK(npu.gpu.type == "npu-910b");
 }
 
-TEST_CASE("every policy preset resolves to its BRIEF §2 groups", "[scenario][presets]") {
+TEST_CASE("every policy preset resolves to its groups in AMSP notation", "[scenario][presets]") {
   const int r = 8;
   const int n = 4;
   const ShardGroup rep{1, 1}, node{r, 1}, full{r, n};

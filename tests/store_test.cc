@@ -1,6 +1,6 @@
 // The rendezvous store: round trips, waiting for a key another rank sets, bounded waits (a dead rank is a
 // timeout, not a hang), and refusal of a bad token, malformed requests and oversized values.
-#include <utility>  // before Boost.Asio (BRIEF §4)
+#include <utility>  // before Boost.Asio (g++ 12 needs std::exchange first)
 
 #include <catch2/catch.hpp>
 

@@ -1,5 +1,5 @@
 // The local launcher of `hzp train` (see launcher.h).
-#include <utility>  // before Boost.Asio headers pulled in by the store (BRIEF §4)
+#include <utility>  // before Boost.Asio headers pulled in by the store (g++ 12 needs std::exchange first)
 
 #include "launch/launcher.h"
 

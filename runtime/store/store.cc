@@ -1,6 +1,6 @@
 // Rendezvous store server and client (protocol in store.h). Thread per connection: a store serves the
 // ranks of one job, tens to hundreds of connections, each mostly idle.
-#include <utility>  // before Boost.Asio: g++ 12 with C++20 needs std::exchange declared first (BRIEF §4)
+#include <utility>  // before Boost.Asio: g++ 12 with C++20 needs std::exchange declared first
 
 #include "store/store.h"
 
