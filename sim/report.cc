@@ -5,6 +5,7 @@
 #include <map>
 
 #include "collective_cost.h"
+#include "perfetto.h"
 
 namespace hzp::sim {
 
@@ -56,22 +57,18 @@ std::string op_name(const Op& op) {
 }  // namespace
 
 nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule, const SimResult& r) {
-  nlohmann::json events = nlohmann::json::array();
+  PerfettoTimeline timeline;
   std::map<std::pair<int, int>, const char*> algorithm_cache;  // (group, op index) -> algorithm name
   const int R = scenario.cluster.gpus_per_node;
   for (int rank : r.timeline_ranks) {
-    events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank},
-                      {"args", {{"name", "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + ")"}}}});
-    events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
-    for (size_t s = 0; s < schedule.streams.size(); ++s)
-      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", s},
-                        {"args", {{"name", schedule.streams[s]}}}});
+    timeline.process(rank, "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + ")");
+    for (size_t s = 0; s < schedule.streams.size(); ++s) timeline.thread(rank, static_cast<int>(s), schedule.streams[s]);
   }
   for (const OpSpan& span : r.spans) {
     const Op& op = schedule.program_of(span.rank).ops[span.op];
     if (std::holds_alternative<BufferAcquireOp>(op.body) || std::holds_alternative<BufferReleaseOp>(op.body)) continue;
     nlohmann::json args = {{"step", span.step}, {"op", span.op}};
-    std::string cat = "compute";
+    const char* cat = "compute";
     if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
       args["flops"] = c->flops;
       args["micro_batch"] = c->micro_batch;
@@ -93,13 +90,10 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
       args["shard_params"] = o->shard_params;
     }
-    events.push_back({{"name", op_name(op)}, {"cat", cat}, {"ph", "X"}, {"pid", span.rank},
-                      {"tid", op.stream}, {"ts", span.start * 1e6}, {"dur", (span.end - span.start) * 1e6},
-                      {"args", std::move(args)}});
+    timeline.span(span.rank, op.stream, op_name(op), cat, span.start * 1e6, (span.end - span.start) * 1e6, std::move(args));
   }
-  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"},
-          {"otherData", {{"scenario", scenario.name}, {"policy", scenario.policy.preset}, {"gpus", r.gpus},
-                         {"recorded_ranks", r.timeline_ranks.size()}}}};
+  return std::move(timeline).to_json({{"scenario", scenario.name}, {"policy", scenario.policy.preset}, {"gpus", r.gpus},
+                                      {"recorded_ranks", r.timeline_ranks.size()}});
 }
 
 }  // namespace hzp::sim

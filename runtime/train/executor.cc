@@ -126,7 +126,7 @@ struct Executor::Impl {
   double grad_norm = 0, clip_coef = 1;
   std::int64_t adam_t = 0;  // optimizer steps taken (bias correction)
 
-  std::vector<std::vector<TraceEvent>> stream_trace;  // per stream, appended by its worker thread only
+  std::vector<std::vector<ExecutedOp>> stream_trace;  // per stream, appended by its worker thread only
   bool tracing = false;
 
   // ---------------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ struct StepMetrics {
 };
 
 // One executed op, for --trace.
-struct TraceEvent {
+struct ExecutedOp {
   std::int64_t step = 0;
   int op = 0;
   int stream = 0;
@@ -89,7 +89,7 @@ class Executor {
   MemoryReport memory() const;
   // Recording of executed ops (off by default: a long run would keep every event).
   void set_tracing(bool on);
-  const std::vector<TraceEvent>& trace() const { return trace_; }
+  const std::vector<ExecutedOp>& trace() const { return trace_; }
   int rank() const;
 
   struct Impl;
@@ -97,7 +97,7 @@ class Executor {
  private:
   explicit Executor(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-  std::vector<TraceEvent> trace_;
+  std::vector<ExecutedOp> trace_;
 };
 
 // kInvalidInput naming the field when the runtime cannot train this scenario (precision, recompute, model

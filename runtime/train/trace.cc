@@ -1,119 +1,113 @@
+// Runtime traces in the core's format (trace.h).
 #include "train/trace.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <limits>
 
 #include "files.h"
+#include "perfetto.h"
 #include "scenario_parser.h"
 
 namespace hzp::runtime {
 
-nlohmann::json trace_events_json(const Schedule& schedule, int rank, const std::vector<TraceEvent>& events) {
-  nlohmann::json out = nlohmann::json::array();
+Trace rank_trace(const Scenario& scenario, const Schedule& schedule, int rank, const std::vector<ExecutedOp>& executed) {
+  Trace t;
+  t.scenario = scenario.name;
+  t.scenario_config = scenario_to_json(scenario);
+  t.policy = schedule.policy;
+  t.world_size = schedule.world_size;
+  t.gpus_per_node = schedule.gpus_per_node;
+  t.streams = schedule.streams;
+  for (const ProcessGroup& g : schedule.groups) t.groups.push_back({g.role, g.ranks});
+  for (const BufferPool& p : schedule.pools) t.pools.push_back(p.name);
   const Program& program = schedule.program_of(rank);
-  for (const TraceEvent& e : events) {
-    const Op& op = program.ops[e.op];
-    nlohmann::json j = {{"rank", rank},
-                        {"step", e.step},
-                        {"op", e.op},
-                        {"stream", schedule.streams[e.stream]},
-                        {"start_us", e.start_us},
-                        {"end_us", e.end_us}};
+  for (const ExecutedOp& x : executed) {
+    const Op& op = program.ops[x.op];
+    TraceEvent e;
+    e.rank = rank;
+    e.step = x.step;
+    e.op = x.op;
+    e.stream = x.stream;
+    e.start_us = x.start_us;
+    e.end_us = x.end_us;
     if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
-      j["kind"] = "compute";
-      j["module"] = to_string(c->module);
-      j["phase"] = to_string(c->phase);
-      j["layer"] = c->layer;
-      j["micro_batch"] = c->micro_batch;
+      e.kind = TraceKind::kCompute;
+      e.module = c->module;
+      e.phase = c->phase;
+      e.layer = c->layer;
+      e.micro_batch = c->micro_batch;
     } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-      j["kind"] = to_string(c->kind);
-      j["payload"] = to_string(c->payload);
-      j["layer"] = c->layer;
-      j["micro_batch"] = c->micro_batch;
-      j["bytes"] = e.bytes;
-      j["group"] = schedule.rank_groups[rank][c->role];
-      j["role"] = schedule.roles[c->role];
+      e.kind = trace_kind(c->kind);
+      e.payload = c->payload;
+      e.layer = c->layer;
+      e.micro_batch = c->micro_batch;
+      e.bytes = x.bytes;
+      e.group = schedule.rank_groups[rank][c->role];
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
-      j["kind"] = "optimizer_step";
-      j["layer"] = o->layer;
-      j["bucket"] = o->bucket;
+      e.kind = TraceKind::kOptimizerStep;
+      e.layer = o->layer;
+      e.bucket = o->bucket;
     } else if (const auto* a = std::get_if<BufferAcquireOp>(&op.body)) {
-      j["kind"] = "acquire";
-      j["pool"] = schedule.pools[a->pool].name;
-      j["layer"] = a->layer;
+      e.kind = TraceKind::kAcquire;
+      e.pool = a->pool;
+      e.layer = a->layer;
     } else if (const auto* r = std::get_if<BufferReleaseOp>(&op.body)) {
-      j["kind"] = "release";
-      j["pool"] = schedule.pools[r->pool].name;
-      j["layer"] = r->layer;
+      e.kind = TraceKind::kRelease;
+      e.pool = r->pool;
+      e.layer = r->layer;
     }
-    out.push_back(std::move(j));
+    t.events.push_back(e);
   }
+  return t;
+}
+
+Result<Trace> merge_traces(std::vector<Trace> ranks) {
+  if (ranks.empty()) return Status::Internal("trace: nothing to merge");
+  Trace out = std::move(ranks.front());
+  for (std::size_t r = 1; r < ranks.size(); ++r) {
+    const Trace& t = ranks[r];
+    if (t.world_size != out.world_size || t.streams != out.streams || t.groups.size() != out.groups.size() ||
+        t.policy != out.policy)
+      return Status::Internal("trace: the rank traces do not describe one run (rank file " + std::to_string(r) + ")");
+    out.events.insert(out.events.end(), t.events.begin(), t.events.end());
+  }
+  double t0 = std::numeric_limits<double>::infinity();
+  for (const TraceEvent& e : out.events) t0 = std::min(t0, e.start_us);
+  if (out.events.empty()) t0 = 0;
+  for (TraceEvent& e : out.events) {
+    e.start_us -= t0;
+    e.end_us -= t0;
+  }
+  std::stable_sort(out.events.begin(), out.events.end(),
+                   [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
   return out;
 }
 
-nlohmann::json merge_trace(const Scenario& scenario, const Schedule& schedule, const std::vector<nlohmann::json>& ranks) {
-  nlohmann::json events = nlohmann::json::array();
-  double t0 = std::numeric_limits<double>::infinity();
-  for (const nlohmann::json& r : ranks)
-    for (const nlohmann::json& e : r) {
-      t0 = std::min(t0, e["start_us"].get<double>());
-      events.push_back(e);
+nlohmann::json perfetto_from_trace(const Trace& trace) {
+  PerfettoTimeline timeline;
+  for (int r = 0; r < trace.world_size; ++r) {
+    timeline.process(r, "rank " + std::to_string(r));
+    for (std::size_t s = 0; s < trace.streams.size(); ++s) timeline.thread(r, static_cast<int>(s), trace.streams[s]);
+  }
+  for (const TraceEvent& e : trace.events) {
+    std::string name = to_string(e.kind);
+    nlohmann::json args = {{"step", e.step}, {"op", e.op}, {"layer", e.layer}};
+    if (e.kind == TraceKind::kCompute) {
+      name = std::string(to_string(e.module)) + " " + to_string(e.phase);
+      args["micro_batch"] = e.micro_batch;
+    } else if (e.group >= 0) {
+      name += " " + trace.groups[e.group].role;
+      args["bytes"] = e.bytes;
+      args["payload"] = to_string(e.payload);
+      args["micro_batch"] = e.micro_batch;
+    } else if (e.pool >= 0) {
+      name += " " + trace.pools[e.pool];
     }
-  if (!std::isfinite(t0)) t0 = 0;
-  for (nlohmann::json& e : events) {
-    e["start_us"] = e["start_us"].get<double>() - t0;
-    e["end_us"] = e["end_us"].get<double>() - t0;
+    name += " L" + std::to_string(e.layer);
+    timeline.span(e.rank, e.stream, name, e.group >= 0 ? "comm" : "compute", e.start_us, e.end_us - e.start_us,
+                  std::move(args));
   }
-  std::stable_sort(events.begin(), events.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a["start_us"].get<double>() < b["start_us"].get<double>();
-  });
-  nlohmann::json groups = nlohmann::json::array();
-  for (size_t g = 0; g < schedule.groups.size(); ++g)
-    groups.push_back({{"index", g}, {"role", schedule.groups[g].role}, {"ranks", schedule.groups[g].ranks}});
-  return {{"format", kTraceFormat},
-          {"version", kTraceVersion},
-          {"scenario", scenario.name},
-          {"scenario_config", scenario_to_json(scenario)},
-          {"policy", schedule.policy},
-          {"world_size", schedule.world_size},
-          {"gpus_per_node", schedule.gpus_per_node},
-          {"model", {{"layers", scenario.model.layers}, {"hidden", scenario.model.hidden}, {"moe", scenario.model.has_moe}}},
-          {"training",
-           {{"seq_len", scenario.training.seq_len},
-            {"micro_batch", scenario.training.micro_batch},
-            {"global_batch_sequences", scenario.training.global_batch}}},
-          {"streams", schedule.streams},
-          {"groups", groups},
-          {"events", events}};
-}
-
-nlohmann::json perfetto_from_trace(const nlohmann::json& trace) {
-  nlohmann::json out = nlohmann::json::array();
-  const std::vector<std::string> streams = trace["streams"].get<std::vector<std::string>>();
-  for (int r = 0; r < trace["world_size"].get<int>(); ++r) {
-    out.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", r}, {"args", {{"name", "rank " + std::to_string(r)}}}});
-    for (size_t s = 0; s < streams.size(); ++s)
-      out.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", r}, {"tid", s}, {"args", {{"name", streams[s]}}}});
-  }
-  for (const nlohmann::json& e : trace["events"]) {
-    const std::string stream = e["stream"].get<std::string>();
-    const auto tid = std::find(streams.begin(), streams.end(), stream) - streams.begin();
-    std::string name = e["kind"].get<std::string>();
-    if (e.contains("module")) name = e["module"].get<std::string>() + " " + e["phase"].get<std::string>();
-    if (e.contains("role")) name += " " + e["role"].get<std::string>();
-    if (e.contains("layer")) name += " L" + std::to_string(e["layer"].get<int>());
-    nlohmann::json args = e;
-    out.push_back({{"ph", "X"},
-                   {"name", name},
-                   {"pid", e["rank"]},
-                   {"tid", tid},
-                   {"ts", e["start_us"]},
-                   {"dur", e["end_us"].get<double>() - e["start_us"].get<double>()},
-                   {"args", args}});
-  }
-  return {{"traceEvents", out}, {"displayTimeUnit", "ms"}};
+  return std::move(timeline).to_json({{"scenario", trace.scenario}, {"policy", trace.policy}});
 }
 
 Status write_json_atomic(const std::string& path, const nlohmann::json& doc, int indent) {

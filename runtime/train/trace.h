@@ -1,6 +1,5 @@
-// Runtime traces (format documented in traces/README.md): every executed op of every rank with its stream,
-// kind, layer, micro-batch, bytes, group and start/end time, in one versioned JSON document — the format
-// the simulator's replay reads — plus an optional Perfetto (Chrome trace event) timeline.
+// Runtime traces: the ops a rank executed, turned into the core's trace format (shared/trace_format.h,
+// traces/README.md), merged over ranks, and drawn as a Perfetto timeline.
 #pragma once
 
 #include <string>
@@ -11,24 +10,23 @@
 #include "schedule.h"
 #include "scenario.h"
 #include "status.h"
+#include "trace_format.h"
 #include "train/executor.h"
 
 namespace hzp::runtime {
 
-inline constexpr const char* kTraceFormat = "hzp-trace";
-inline constexpr int kTraceVersion = 1;
+// The trace of one rank: header (scenario, policy, world, streams, groups, pools) + its executed ops, times
+// still absolute (microseconds of the host's steady clock).
+Trace rank_trace(const Scenario& scenario, const Schedule& schedule, int rank, const std::vector<ExecutedOp>& executed);
 
-// The events of one rank as JSON objects (times still absolute, in microseconds).
-nlohmann::json trace_events_json(const Schedule& schedule, int rank, const std::vector<TraceEvent>& events);
-
-// The whole trace: header (scenario, policy, world, streams, groups) + every rank's events, times shifted
-// so that the earliest event starts at 0 and events sorted by start time.
-nlohmann::json merge_trace(const Scenario& scenario, const Schedule& schedule, const std::vector<nlohmann::json>& ranks);
+// Every rank's trace into one: events of all ranks, times shifted so that the earliest starts at 0, sorted
+// by start time. The headers must agree (kInternal otherwise).
+Result<Trace> merge_traces(std::vector<Trace> ranks);
 
 // Perfetto / chrome://tracing: one process per rank, one thread per stream.
-nlohmann::json perfetto_from_trace(const nlohmann::json& trace);
+nlohmann::json perfetto_from_trace(const Trace& trace);
 
-// Writes `doc` to `path` atomically (temp file + rename).
+// Writes `doc` to `path` atomically and durably (files.h).
 Status write_json_atomic(const std::string& path, const nlohmann::json& doc, int indent = -1);
 
 }  // namespace hzp::runtime

@@ -31,6 +31,7 @@
 #include "text.h"
 #include "train/checkpoint.h"
 #include "train/executor.h"
+#include "trace_format.h"
 #include "train/trace.h"
 
 namespace hzp::runtime {
@@ -428,28 +429,29 @@ int run_rank(const TrainOptions& options, const LaunchEnv& launched) {
   if (!options.trace_path.empty() || !options.perfetto_path.empty()) {
     const std::string base = options.trace_path.empty() ? options.perfetto_path + ".hzp-trace.json" : options.trace_path;
     const std::string part = base + ".rank" + std::to_string(env.rank);
-    Status st = write_json_atomic(part, trace_events_json(schedule, env.rank, executor.trace()));
+    Status st = write_json_atomic(part, trace_to_json(rank_trace(scenario, schedule, env.rank, executor.trace())));
     if (!st.ok()) die(env, st);
     st = store_barrier(*store, "hzp/trace", env.rank, env.world_size, false, timeout);
     if (!st.ok()) die(env, st);
     if (lead) {
-      std::vector<nlohmann::json> parts;
+      std::vector<Trace> parts;
       for (int r = 0; r < env.world_size; ++r) {
         const std::string path = base + ".rank" + std::to_string(r);
-        auto j = load_json_file(path, std::size_t{1} << 32, 8);
-        if (!j.ok()) die(env, Status::Internal("trace: cannot read " + path + ": " + j.status().message()));
-        parts.push_back(std::move(j).value());
+        auto t = load_trace_file(path);
+        if (!t.ok()) die(env, Status::Internal("trace: " + t.status().message()));
+        parts.push_back(std::move(t).value());
         std::error_code ec;
         fs::remove(path, ec);
       }
-      const nlohmann::json trace = merge_trace(scenario, schedule, parts);
+      auto trace = merge_traces(std::move(parts));
+      if (!trace.ok()) die(env, trace.status());
       if (!options.trace_path.empty()) {
-        st = write_json_atomic(options.trace_path, trace);
+        st = write_json_atomic(options.trace_path, trace_to_json(*trace));
         if (!st.ok()) die(env, st);
         wrote.push_back(options.trace_path + " (trace)");
       }
       if (!options.perfetto_path.empty()) {
-        st = write_json_atomic(options.perfetto_path, perfetto_from_trace(trace));
+        st = write_json_atomic(options.perfetto_path, perfetto_from_trace(*trace));
         if (!st.ok()) die(env, st);
         wrote.push_back(options.perfetto_path + " (Perfetto timeline)");
       }

@@ -1,0 +1,100 @@
+// The trace format in the core (shared/trace_format.h): the shipped traces read back; every kind of bad
+// trace is refused with the event index and field; size is bounded before anything is decoded.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "trace_format.h"
+
+namespace {
+
+using nlohmann::json;
+
+json shipped(const std::string& name) {
+  std::ifstream in(std::string(HZP_SOURCE_DIR) + "/traces/" + name);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return json::parse(ss.str());
+}
+
+std::string error_of(const json& doc) {
+  auto t = hzp::trace_from_json(doc);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().code() == hzp::StatusCode::kInvalidInput);
+  CHECK(t.status().message().size() < 600);
+  return t.status().message();
+}
+
+}  // namespace
+
+TEST_CASE("trace format: the shipped traces read back and write out the same events", "[trace]") {
+  for (const char* name : {"tiny_dense_4ranks.json", "tiny_moe_4ranks.json"}) {
+    INFO(name);
+    auto t = hzp::load_trace_file(std::string(HZP_SOURCE_DIR) + "/traces/" + name);
+    INFO(t.status().message());
+    REQUIRE(t.ok());
+    CHECK(t->world_size == 4);
+    CHECK(!t->events.empty());
+    auto again = hzp::trace_from_json(hzp::trace_to_json(*t));
+    REQUIRE(again.ok());
+    CHECK(again->events.size() == t->events.size());
+  }
+}
+
+TEST_CASE("trace format: bad traces name the event and the field", "[trace][errors]") {
+  const json good = shipped("tiny_dense_4ranks.json");
+  json t = good;
+  t["version"] = 2;
+  CHECK_THAT(error_of(t), Catch::Contains("trace.version: this hzp reads version 1 only"));
+  t = good;
+  t.erase("events");
+  CHECK_THAT(error_of(t), Catch::Contains("trace.events: must be an array"));
+  t = good;
+  t["events"][7]["kind"] = "teleport";
+  CHECK_THAT(error_of(t), Catch::Contains("trace.events[7].kind: must be one of compute"));
+  t = good;
+  t["events"][3]["stream"] = "warp";
+  CHECK_THAT(error_of(t), Catch::Contains("trace.events[3].stream: is not one of the trace's streams"));
+  t = good;
+  t["events"][5]["rank"] = 9;
+  CHECK_THAT(error_of(t), Catch::Contains("trace.events[5].rank: must be in [0, 3]"));
+  t = good;
+  t["events"][5]["end_us"] = -1;
+  CHECK_THAT(error_of(t), Catch::Contains("trace.events[5].end_us: is before start_us"));
+  t = good;
+  t["events"][5]["start_us"] = "soon";
+  CHECK_THAT(error_of(t), Catch::Contains("trace.events[5].start_us: must be a finite number"));
+  // Two ops on one stream of one rank at the same time: a stream runs one op at a time.
+  t = good;
+  json copy = t["events"][10];
+  copy["op"] = copy["op"].get<int>() + 1000;
+  copy["start_us"] = copy["start_us"].get<double>() + 0.25 * (copy["end_us"].get<double>() - copy["start_us"].get<double>());
+  t["events"].push_back(copy);
+  CHECK_THAT(error_of(t), Catch::Contains("a stream runs one op at a time"));
+  // A collective in a group its rank is not a member of.
+  t = good;
+  for (json& e : t["events"])
+    if (e.contains("group")) {
+      const int rank = e["rank"].get<int>();
+      for (std::size_t g = 0; g < t["groups"].size(); ++g) {
+        bool member = false;
+        for (const json& r : t["groups"][g]["ranks"]) member = member || r.get<int>() == rank;
+        if (!member) {
+          e["group"] = g;
+          break;
+        }
+      }
+      break;
+    }
+  CHECK_THAT(error_of(t), Catch::Contains("is not a member of"));
+  // Too many events is refused before any is read.
+  t = good;
+  t["events"] = json::array();
+  t["events"].get_ref<json::array_t&>().resize(hzp::kMaxTraceEvents + 1);
+  CHECK_THAT(error_of(t), Catch::Contains("more than the 2000000 a trace may hold"));
+  CHECK_THAT(hzp::load_trace_file(std::string(HZP_SOURCE_DIR) + "/traces").status().message(),
+             Catch::Contains("not a regular file"));
+}
