@@ -608,6 +608,10 @@ TEST_CASE("store: two Gloo contexts rendezvous through it and all-reduce", "[sto
         context->connectFullMesh(store, device);
         std::vector<float*> ptrs = {data[r].data()};
         gloo::AllreduceRing<float>(context, ptrs, static_cast<int>(data[r].size())).run();
+        // Both ranks finish before either destroys its context: destroying one closes its pairs, which a peer
+        // still reading its last message takes for a failure ("Connection closed by peer").
+        store.set("done/" + std::to_string(r), {'1'});
+        store.wait({"done/0", "done/1"});
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
