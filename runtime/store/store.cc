@@ -9,7 +9,7 @@
 // Connections are plain descriptors driven by poll() and non-blocking recv/send. Boost.Asio's synchronous
 // operations cannot time out (after EAGAIN they poll with no timeout, so SO_RCVTIMEO does nothing) and open
 // sockets without close-on-exec; Asio still parses addresses and binds the listening socket.
-#include <utility>  // before Boost.Asio: g++ 12 with C++20 needs std::exchange declared first (BRIEF §4)
+#include <utility>  // before Boost.Asio: g++ 12 with C++20 needs std::exchange declared first
 
 #include "store/store.h"
 
