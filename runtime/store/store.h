@@ -16,7 +16,8 @@
 //   reply       u8 status, u32 len, payload
 //               status 0 ok (GET: the payload is the value), 2 timeout (the GET's key did not appear in
 //               min(timeout_ms, max_wait)), 3 malformed (unknown op, empty key), 4 too large (key or value
-//               above its limit, or the SET would take the store above max_total_bytes), 5 bad token,
+//               above its limit, or the SET would take the store's keys and values, with those of SETs still
+//               being received, above max_total_bytes), 5 bad token,
 //               6 too many keys (the SET would create a key beyond max_keys), 7 busy (connection limit).
 //               On a refusal (3 to 7) the payload is a short human-readable reason.
 // Connection rules:
@@ -28,6 +29,7 @@
 //   - When max_pending_handshakes connections are still in their handshake, a new connection drops the oldest
 //     of them (closed without a reply), so idle unauthenticated peers cannot lock ranks out.
 //   - Replies are sent within request_timeout, or the connection is closed.
+//   - A key or value is received in 64 KiB steps as its bytes arrive, never allocated at its announced size.
 // Sockets (the listening one, accepted ones, the client's) are close-on-exec: processes the launcher spawns do
 // not inherit them.
 #pragma once
@@ -57,7 +59,7 @@ enum class StoreReply : std::uint8_t {
 struct StoreLimits {
   std::uint32_t max_key_bytes = 1024;
   std::uint32_t max_value_bytes = 64u << 20;
-  std::uint64_t max_total_bytes = 1ull << 30;  // keys + values held by the store; kTooLarge beyond
+  std::uint64_t max_total_bytes = 1ull << 30;  // keys + values held, and being received by SETs; kTooLarge beyond
   std::uint32_t max_keys = 1u << 20;           // distinct keys held; kTooManyKeys beyond
   std::chrono::milliseconds max_wait{60000};   // a GET never waits longer, whatever the client asks
   // Open connections, authenticated or not; one thread each. Beyond it a new connection gets kBusy and is
