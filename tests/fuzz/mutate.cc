@@ -48,20 +48,37 @@ struct JsonMutator::Raw {
 
 namespace {
 
-// Where a node sits: its parent (nullptr for the root) and its key or index there.
+// Where a node sits: its parent (nullptr for the root), its key or index there, and the parent's own key.
 struct Slot {
   json* node = nullptr;
   json* parent = nullptr;
   std::string key;
   std::size_t index = 0;
+  std::string parent_key;
 };
 
-void collect(json& node, json* parent, const std::string& key, std::size_t index, std::vector<Slot>& out) {
-  out.push_back({&node, parent, key, index});
+void collect(json& node, json* parent, const std::string& key, std::size_t index, std::vector<Slot>& out,
+             const std::string& parent_key = {}) {
+  out.push_back({&node, parent, key, index, parent_key});
   if (node.is_object()) {
-    for (auto it = node.begin(); it != node.end(); ++it) collect(it.value(), &node, it.key(), 0, out);
+    for (auto it = node.begin(); it != node.end(); ++it) collect(it.value(), &node, it.key(), 0, out, key);
   } else if (node.is_array()) {
-    for (std::size_t i = 0; i < node.size(); ++i) collect(node[i], &node, {}, i, out);
+    for (std::size_t i = 0; i < node.size(); ++i) collect(node[i], &node, {}, i, out, key);
+  }
+}
+
+template <typename T>
+void add_unique(std::vector<T>& items, T item) {
+  if (std::find(items.begin(), items.end(), item) == items.end()) items.push_back(std::move(item));
+}
+
+void collect_semantic(const json& node, const std::string& key, std::map<std::string, std::vector<json>>& values,
+                      std::map<std::string, std::vector<std::pair<std::string, json>>>& members) {
+  if (!node.is_object()) return;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    add_unique(values[key + "/" + it.key()], it.value());
+    add_unique(members[key], std::pair<std::string, json>(it.key(), it.value()));
+    collect_semantic(it.value(), it.key(), values, members);
   }
 }
 
@@ -128,15 +145,43 @@ std::string deep_nesting(Rng& rng, std::size_t depth) {
   return text;
 }
 
+// The deepest nesting of brackets outside strings: seeds deeper than kMaxSeedDepth are mutated as bytes only,
+// since the tree walks here recurse.
+std::size_t max_nesting(const std::string& text) {
+  std::size_t depth = 0, deepest = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 void JsonMutator::add_seed(const std::string& text) {
+  constexpr std::size_t kMaxSeedDepth = 64, kMaxSeedBytes = 1 << 20;
   Seed seed;
   seed.text = text;
-  seed.doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  seed.parsed = !seed.doc.is_discarded();
-  if (seed.parsed)
+  if (text.size() <= kMaxSeedBytes && max_nesting(text) <= kMaxSeedDepth) {
+    seed.doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    seed.parsed = !seed.doc.is_discarded();
+  }
+  if (seed.parsed) {
     collect_vocabulary(seed.doc, keys_, strings_);
-  else
+    collect_semantic(seed.doc, "", values_by_key_, members_by_parent_);
+  } else {
     seed.doc = json();
+  }
   seeds_.push_back(std::move(seed));
   sort_unique(keys_);
   sort_unique(strings_);
@@ -150,7 +195,66 @@ std::string JsonMutator::generate(Rng& rng) const {
     mutate_bytes(rng, text);
     return text;
   }
-  return mutate_document(rng, seed.doc);
+  if (rng.chance(50)) return mutate_document(rng, seed.doc);
+  json copy = seed.doc;
+  const int rounds = 1 + static_cast<int>(rng.below(4));
+  for (int i = 0; i < rounds; ++i) mutate_semantic(rng, copy);
+  return rng.chance(50) ? copy.dump() : copy.dump(2);
+}
+
+void JsonMutator::mutate_semantic(Rng& rng, json& doc) const {
+  std::vector<Slot> slots;
+  collect(doc, nullptr, {}, 0, slots);
+  std::vector<std::size_t> numbers, strings, objects, members, pairs;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const json& n = *slots[i].node;
+    if (n.is_number()) numbers.push_back(i);
+    if (n.is_string() && slots[i].parent && slots[i].parent->is_object()) strings.push_back(i);
+    if (n.is_object()) objects.push_back(i);
+    if (slots[i].parent && slots[i].parent->is_object()) members.push_back(i);
+    if (n.is_array() && n.size() == 2) pairs.push_back(i);
+  }
+  auto seen = [&](const Slot& slot) -> const std::vector<json>* {
+    auto it = values_by_key_.find(slot.parent_key + "/" + slot.key);
+    return it == values_by_key_.end() || it->second.empty() ? nullptr : &it->second;
+  };
+  const std::size_t op = rng.below(10);
+  if (op < 4 && !numbers.empty()) {  // a number: another seen value, or doubled, halved, nudged
+    const Slot& slot = slots[rng.pick(numbers)];
+    json& node = *slot.node;
+    const std::vector<json>* values = seen(slot);
+    if (values && rng.chance(40)) {
+      node = rng.pick(*values);
+    } else if (node.is_number_integer()) {
+      const long long v = node.get<long long>();
+      const long long options[] = {v * 2, std::max(1LL, v / 2), v + 1, std::max(0LL, v - 1), 1LL << rng.below(7)};
+      node = options[rng.below(5)];
+    } else {
+      const double v = node.get<double>();
+      const double options[] = {v * 2, v / 2, std::min(1.0, v * 1.1), 0.5};
+      node = options[rng.below(4)];
+    }
+  } else if (op < 7 && !strings.empty()) {  // a string: another value seen under the same key
+    const Slot& slot = slots[rng.pick(strings)];
+    if (const std::vector<json>* values = seen(slot)) *slot.node = rng.pick(*values);
+  } else if (op == 7 && !pairs.empty()) {  // a group: another seen one, or powers of two
+    const Slot& slot = slots[rng.pick(pairs)];
+    const std::vector<json>* values = seen(slot);
+    if (values && rng.chance(50))
+      *slot.node = rng.pick(*values);
+    else
+      *slot.node = json::array({1 << rng.below(5), 1 << rng.below(4)});
+  } else if (op == 8 && !objects.empty()) {  // an optional member seen in an object of the same name
+    const Slot& slot = slots[rng.pick(objects)];
+    auto it = members_by_parent_.find(slot.key);
+    if (it != members_by_parent_.end() && !it->second.empty()) {
+      const auto& [key, value] = rng.pick(it->second);
+      (*slot.node)[key] = value;
+    }
+  } else if (!members.empty()) {  // drop a member (falls back to the preset's or the default)
+    const Slot& slot = slots[rng.pick(members)];
+    slot.parent->erase(slot.key);
+  }
 }
 
 std::string JsonMutator::mutate_document(Rng& rng, const json& doc) const {
@@ -188,8 +292,12 @@ std::string JsonMutator::random_string_value(Rng& rng, Raw& raw) const {
       if (!s.empty()) s[rng.below(s.size())] ^= static_cast<char>(1 << rng.below(6));
       return s;
     }
-    case 9:
-      return raw.add(quoted("\\u00e9\\u4e2d\\ud83d\\ude00"));  // valid non-ASCII escapes
+    case 9: {  // valid non-ASCII: escaped, or raw and long enough that cutting it for a message splits a character
+      if (rng.chance(50)) return raw.add(quoted("\\u00e9\\u4e2d\\ud83d\\ude00"));
+      std::string s;
+      for (int i = 0; i < 40; ++i) s += "\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80";  // é, 中, 😀
+      return s;
+    }
     default:
       return std::to_string(rng.range(0, 64));  // a number as a string
   }
@@ -234,14 +342,19 @@ json JsonMutator::random_value(Rng& rng, Raw& raw, int depth) const {
 void JsonMutator::mutate_tree(Rng& rng, json& doc, Raw& raw) const {
   std::vector<Slot> slots;
   collect(doc, nullptr, {}, 0, slots);
-  // Numbers are where most checks live: prefer them half of the time.
-  std::vector<std::size_t> numbers;
-  for (std::size_t i = 0; i < slots.size(); ++i)
+  // Numbers and enum-like strings are where most checks live: prefer them.
+  std::vector<std::size_t> numbers, strings;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
     if (slots[i].node->is_number()) numbers.push_back(i);
-  const Slot slot = !numbers.empty() && rng.chance(50) ? slots[rng.pick(numbers)] : slots[rng.below(slots.size())];
+    if (slots[i].node->is_string()) strings.push_back(i);
+  }
+  const std::size_t roll = rng.below(10);
+  const Slot slot = roll < 4 && !numbers.empty()   ? slots[rng.pick(numbers)]
+                    : roll < 6 && !strings.empty() ? slots[rng.pick(strings)]
+                                                   : slots[rng.below(slots.size())];
   json& node = *slot.node;
 
-  switch (rng.below(13)) {
+  switch (rng.below(16)) {
     case 0:  // delete
       if (!slot.parent)
         node = random_value(rng, raw, 0);
@@ -297,7 +410,9 @@ void JsonMutator::mutate_tree(Rng& rng, json& doc, Raw& raw) const {
     case 5:  // an extreme number
       node = raw.add(rng.pick(extreme_number_texts()));
       return;
-    case 6: {  // an in-range number that changes the work: more GPUs, layers, micro-batches
+    case 6:
+    case 7:
+    case 8: {  // an in-range number that changes the work: more GPUs, layers, micro-batches
       static const std::vector<long long> values = {
           1, 2, 3, 4, 5, 7, 8, 16, 31, 64, 100, 128, 1000, 1024, 4096, 65536, 131072, 1000000, 1048576, 100000000};
       if (node.is_number_integer() && rng.chance(40)) {
@@ -309,18 +424,18 @@ void JsonMutator::mutate_tree(Rng& rng, json& doc, Raw& raw) const {
       }
       return;
     }
-    case 7:  // a string: huge, control characters, invalid UTF-8, another enum value
+    case 9:  // a string: huge, control characters, invalid UTF-8, another enum value
       node = random_string_value(rng, raw);
       return;
-    case 8:  // deep nesting
+    case 10:  // deep nesting
       node = raw.add(deep_nesting(rng, nesting_depth(rng)));
       return;
-    case 9: {  // a new member with a known key
+    case 11: {  // a new member with a known key
       json* object = node.is_object() ? &node : (slot.parent && slot.parent->is_object() ? slot.parent : nullptr);
       if (object && !keys_.empty()) (*object)[rng.pick(keys_)] = random_value(rng, raw, 0);
       return;
     }
-    case 10: {  // grow an array (MoE layer lists, sharding groups)
+    case 12: {  // grow an array (MoE layer lists, sharding groups)
       json* array = node.is_array() ? &node : (slot.parent && slot.parent->is_array() ? slot.parent : nullptr);
       if (!array) return;
       const std::size_t n = rng.chance(90) ? rng.below(8) + 1 : big_size(rng);
@@ -328,9 +443,14 @@ void JsonMutator::mutate_tree(Rng& rng, json& doc, Raw& raw) const {
       for (std::size_t i = 0; i < n; ++i) array->push_back(rng.chance(50) ? element : json(static_cast<long long>(i)));
       return;
     }
-    case 11:  // a subtree from another seed
+    case 13:  // a subtree from another seed
       node = random_value(rng, raw, 99);
       return;
+    case 14: {  // a sharding-like group of powers of two (valid more often than random numbers)
+      const int a = 1 << rng.below(5), b = 1 << rng.below(4);
+      node = json::array({a, b});
+      return;
+    }
     default: {  // an enum-like string from the vocabulary, where strings are expected
       if (node.is_string() && !strings_.empty())
         node = rng.pick(strings_);

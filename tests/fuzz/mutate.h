@@ -7,7 +7,9 @@
 // replaces it after serialisation.
 #pragma once
 
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -23,7 +25,10 @@ class JsonMutator {
   void add_seed(const std::string& text);
   std::size_t seed_count() const { return seeds_.size(); }
 
-  // A mutation of a random seed.
+  // A mutation of a random seed: half of the time "wild" (mutate_document), half of the time "semantic":
+  // values seen under the same key in the seeds, numbers doubled, halved or nudged, optional members added
+  // or removed. Semantic mutations mostly keep a scenario valid, so they reach the scheduler and the
+  // estimator; wild ones mostly test the parser.
   std::string generate(Rng& rng) const;
   // A mutation of `doc` (structural, then sometimes byte-level).
   std::string mutate_document(Rng& rng, const nlohmann::json& doc) const;
@@ -38,12 +43,17 @@ class JsonMutator {
   };
   struct Raw;  // the placeholder table of one mutation
   void mutate_tree(Rng& rng, nlohmann::json& doc, Raw& raw) const;
+  void mutate_semantic(Rng& rng, nlohmann::json& doc) const;
   std::string random_string_value(Rng& rng, Raw& raw) const;
   nlohmann::json random_value(Rng& rng, Raw& raw, int depth) const;
 
   std::vector<Seed> seeds_;
   std::vector<std::string> keys_;     // every object key seen in the seeds
   std::vector<std::string> strings_;  // every string value seen in the seeds
+  // "parent/key" -> the distinct values seen under that key of an object under that parent key
+  std::map<std::string, std::vector<nlohmann::json>> values_by_key_;
+  // parent key -> the distinct (key, value) members seen in objects under it
+  std::map<std::string, std::vector<std::pair<std::string, nlohmann::json>>> members_by_parent_;
 };
 
 // Raw JSON texts of numbers that sit on the edges of int32, int64, uint64 and double, and of
