@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   if (!options) return 2;
   const Options& o = *options;
   if (o.list) {
-    for (const TargetEntry& e : target_registry()) std::printf("%-10s %s\n", e.name, e.description);
+    for (const TargetEntry& e : target_registry()) std::printf("%-13s %s\n", e.name, e.description);
     return 0;
   }
   std::vector<const TargetEntry*> selected;

@@ -59,6 +59,7 @@ const std::vector<TargetEntry>& target_registry();
 
 // The factories, one per file target_<name>.cc.
 std::unique_ptr<FuzzTarget> make_scenario_target();
+std::unique_ptr<FuzzTarget> make_scenario_doc_target();
 std::unique_ptr<FuzzTarget> make_cli_target();
 std::unique_ptr<FuzzTarget> make_store_target();
 

@@ -11,7 +11,7 @@
 // case that names any other JSON object file (a hand-written replay, say) rather than start real training.
 //
 // Pass: hzp exits 0 or 2 within the case limits; on exit 2 every stderr line passes message_problem
-// (checks.h) and stderr stays under 64 KiB.
+// (checks.h) and stderr stays under 64 KiB; `collective` on exit 0 prints only positive sizes.
 //
 // Case file format (text, one record per line, bytes outside printable ASCII as \xNN, backslash as \\):
 //   dir NAME              a directory to create under @TMP@
@@ -231,13 +231,14 @@ class CliTarget : public FuzzTarget {
                              ", a JSON object without \"fuzz_unknown_key\" | it could start real training");
     }
 
-    const std::string err_path = tmp + "/.stderr";
+    const std::string err_path = tmp + "/.stderr", out_path = tmp + "/.stdout";
     const pid_t pid = fork();
     if (pid == 0) {
       const int null_fd = open("/dev/null", O_RDWR);
       const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(null_fd, 0);
-      dup2(null_fd, 1);
+      dup2(out_fd, 1);
       dup2(err_fd, 2);
       if (chdir(tmp.c_str()) != 0) _exit(126);
       std::vector<std::string> env;
@@ -265,7 +266,8 @@ class CliTarget : public FuzzTarget {
     }
     const int code = WEXITSTATUS(status);
     if (code != 0 && code != 2) return Verdict::fail("hzp exit code " + std::to_string(code) + " | " + tail);
-    if (code == 0) return Verdict::pass();
+    if (code == 0)
+      return args[1] == "collective" ? check_collective_table(read_file(out_path).value_or("")) : Verdict::pass();
     if (err.size() > kMaxStderrBytes)
       return Verdict::fail("hzp wrote " + std::to_string(err.size()) + " bytes to stderr before exit 2 | " + tail);
     // Line by line; a carriage return ends a line too (plan --search redraws its progress line with it).
@@ -283,6 +285,23 @@ class CliTarget : public FuzzTarget {
   }
 
  private:
+  // `hzp collective` succeeded: every row of its table must have a positive size (an overflowing --bytes
+  // must be refused, not printed as a negative size).
+  static Verdict check_collective_table(const std::string& out) {
+    std::size_t pos = 0;
+    while (pos < out.size()) {
+      std::size_t end = out.find('\n', pos);
+      if (end == std::string::npos) end = out.size();
+      const std::string line = out.substr(pos, end - pos);
+      pos = end + 1;
+      if (line.empty() || line[0] == '#' || line.find("size(B)") != std::string::npos) continue;
+      const long long size = std::strtoll(line.c_str(), nullptr, 10);
+      if (size <= 0)
+        return Verdict::fail("hzp collective exit 0 with a non-positive size in its table | " + printable(line, 200));
+    }
+    return Verdict::pass();
+  }
+
   // The first argument naming a JSON object file that `hzp train` could accept as a scenario, else "".
   std::string unsafe_train_file(const std::vector<std::string>& args) const {
     for (std::size_t i = 2; i < args.size(); ++i) {
@@ -455,7 +474,7 @@ class CliTarget : public FuzzTarget {
   // Only ever scenarios that fail to parse, whatever cluster size train substitutes (see the file comment).
   void train_args(Rng& rng, CliCase& c) {
     std::string scenario;
-    switch (rng.below(7)) {
+    switch (rng.below(8)) {
       case 0:
         c.files.emplace_back("t.json", "");
         scenario = "@TMP@/t.json";
@@ -474,6 +493,14 @@ class CliTarget : public FuzzTarget {
       case 4:
         scenario = "@TMP@";
         break;
+      case 5: {  // train decodes and re-encodes the document itself before the strict parse
+        std::string text = rng.pick(tiny_docs_).dump();
+        text.pop_back();
+        text += ",\"fuzz_unknown_key\":" + deep_nesting(rng, rng.chance(50) ? 1000 : 100000) + "}";
+        c.files.emplace_back("t.json", text);
+        scenario = "@TMP@/t.json";
+        break;
+      }
       default: {
         json doc = rng.pick(tiny_docs_);
         doc["fuzz_unknown_key"] = 1;

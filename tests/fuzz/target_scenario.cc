@@ -2,6 +2,10 @@
 // do in-process: parse_scenario_text, resolve_auto_sharding, model_cost, build_schedule, validate_schedule,
 // estimate, dump_schedule, the resolved form (scenario_to_json, which must parse back) and plan_presets.
 //
+// Target "scenario_doc": the same documents decoded by nlohmann::json::parse (no duplicate-key tracking) and
+// given to parse_scenario, the path of `hzp collective --cluster FILE` and `hzp train`; it stops after the
+// resolved form, the rest being scenario's.
+//
 // Seeds: every *.json under scenarios/ and tests/data/ (good, bad and golden scenarios).
 // Pass: every stage returns ok, or the first that does not returns kInvalidInput (build_schedule: or
 // kUnimplemented) with a clean message (checks.h); a schedule the validator refuses is a failure (kInternal:
@@ -26,6 +30,8 @@ namespace {
 
 class ScenarioTarget : public FuzzTarget {
  public:
+  explicit ScenarioTarget(bool from_text) : from_text_(from_text) {}
+
   std::string prepare(const Context& context) override {
     for (const char* dir : {"/scenarios", "/tests/data"})
       for (const std::string& path : list_files(context.source_dir + dir, ".json"))
@@ -41,8 +47,16 @@ class ScenarioTarget : public FuzzTarget {
   const char* extension() const override { return ".json"; }
 
   Verdict run(const std::string& input) override {
-    auto parsed = parse_scenario_text(input, "fuzz");
-    if (auto stop = stop_on_error("parse_scenario_text", parsed.status())) return *stop;
+    Result<Scenario> parsed = Status::Internal("not parsed");
+    if (from_text_) {
+      parsed = parse_scenario_text(input, "fuzz");
+      if (auto stop = stop_on_error("parse_scenario_text", parsed.status())) return *stop;
+    } else {
+      const nlohmann::json doc = nlohmann::json::parse(input, nullptr, /*allow_exceptions=*/false);
+      if (doc.is_discarded()) return Verdict::pass();  // not JSON: each caller words its own message
+      parsed = parse_scenario(doc, "fuzz");
+      if (auto stop = stop_on_error("parse_scenario", parsed.status())) return *stop;
+    }
     Scenario scenario = std::move(parsed).value();
     if (scenario.policy.auto_sharding) {
       if (auto stop = stop_on_error("resolve_auto_sharding", resolve_auto_sharding(scenario))) return *stop;
@@ -58,6 +72,7 @@ class ScenarioTarget : public FuzzTarget {
     auto again = parse_scenario(nlohmann::json::parse(resolved), scenario.name);
     if (!again.ok())
       return Verdict::fail("the resolved form does not parse back | " + printable(again.status().message(), 300));
+    if (!from_text_) return Verdict::pass();
 
     const ModelCost cost = model_cost(scenario.model, scenario.training);
     auto schedule = build_schedule(scenario, cost);
@@ -72,13 +87,18 @@ class ScenarioTarget : public FuzzTarget {
   }
 
  private:
+  bool from_text_;  // parse_scenario_text, else nlohmann::json::parse + parse_scenario
   JsonMutator mutator_;
 };
 
 }  // namespace
 
 std::unique_ptr<FuzzTarget> make_scenario_target() {
-  return std::make_unique<ScenarioTarget>();
+  return std::make_unique<ScenarioTarget>(/*from_text=*/true);
+}
+
+std::unique_ptr<FuzzTarget> make_scenario_doc_target() {
+  return std::make_unique<ScenarioTarget>(/*from_text=*/false);
 }
 
 }  // namespace hzp::fuzz

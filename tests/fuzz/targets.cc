@@ -24,6 +24,10 @@ const std::vector<TargetEntry>& target_registry() {
        "scenario JSON mutations through parse_scenario_text, auto sharding, build_schedule, validate_schedule, "
        "estimate, plan_presets and the resolved form",
        make_scenario_target},
+      {"scenario_doc",
+       "the same documents through nlohmann::json::parse and parse_scenario (the path of hzp collective --cluster "
+       "and hzp train), up to the resolved form",
+       make_scenario_doc_target},
       {"cli", "the hzp binary with mutated flags and values (validate, plan, schedule, simulate, collective, train)",
        make_cli_target},
       {"store", "raw TCP bytes against a loopback StoreServer (handshake, SET, GET, lying lengths)", make_store_target},
