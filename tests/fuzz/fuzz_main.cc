@@ -240,11 +240,11 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
     run_one({"case " + std::to_string(i), target.generate(rng), i});
   }
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf(
-      "%s: %lld passed, %lld failed (%zu fixed inputs + %lld generated, seed %llu) in %.1f s; slowest passing "
-      "case %.2f s (%s)\n",
-      entry.name, tally.passed, tally.failed, fixed.size(), last - first, static_cast<unsigned long long>(o.seed),
-      elapsed, tally.slowest_pass_s, tally.slowest_pass.c_str());
+  std::printf("%s: %lld passed, %lld failed (%zu fixed inputs + %lld generated, seed %llu) in %.1f s", entry.name,
+              tally.passed, tally.failed, fixed.size(), last - first, static_cast<unsigned long long>(o.seed), elapsed);
+  if (tally.passed > 0)
+    std::printf("; slowest passing case %.2f s (%s)", tally.slowest_pass_s, tally.slowest_pass.c_str());
+  std::printf("\n");
   if (!tally.kinds.empty()) std::printf("  failures by kind (details above for the first %lld of each):\n", o.show);
   for (const auto& [kind, count] : tally.kinds) std::printf("  %6lld x %s\n", count, kind.c_str());
   return tally;

@@ -8,12 +8,15 @@
 //   - answers in whole frames (u8 status, u32 length, that many bytes),
 //   - closes a connection after the client's EOF (checked on a few connections only, flag bit 1: today's
 //     server keeps every socket until it stops, and one such finding should not hide the others),
-//   - still serves a well-behaved client afterwards (StoreClient set + get),
+//   - still serves a well-behaved client afterwards (StoreClient set + get, retried for a while once a flood
+//     of connections has closed: a server may refuse connections beyond a limit, but not die of them),
 //   - shuts down (destructor) while a client stalls halfway through a request.
 //
 // Case format: "HZPFUZZSTORE1\n", then per connection: u8 flags (bit 0: stall: send and keep the connection
-// open to the end; bit 1: expect the server to close it after the client's EOF), u32 length (little-endian),
-// that many bytes to send. All connections are open at once; replies are read until the server goes quiet.
+// open to the end; bit 1: expect the server to close it after the client's EOF; bit 2: flood: open
+// kFloodConnections connections that send these bytes and stay open until just before the health check),
+// u32 length (little-endian), that many bytes to send. All connections are open at once; replies are read
+// until the server goes quiet.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -22,6 +25,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "fuzz_target.h"
 #include "sandbox.h"
@@ -45,7 +49,10 @@ constexpr std::chrono::seconds kMaxReading{5};
 constexpr int kSendTimeoutMs = 500;
 constexpr std::size_t kMaxConnections = 6;
 
+constexpr int kFloodConnections = 300;
+
 struct Connection {
+  bool flood = false;         // kFloodConnections of these, open until just before the health check
   bool stall = false;         // send, but never finish: the connection stays open to the end of the case
   bool expect_close = false;  // after the client's EOF the server must close this connection
   std::string bytes;
@@ -64,7 +71,7 @@ std::uint32_t get_u32(const std::string& in, std::size_t at) {
 std::string encode(const std::vector<Connection>& conns) {
   std::string out = kHeader;
   for (const Connection& c : conns) {
-    out.push_back(static_cast<char>((c.stall ? 1 : 0) | (c.expect_close ? 2 : 0)));
+    out.push_back(static_cast<char>((c.stall ? 1 : 0) | (c.expect_close ? 2 : 0) | (c.flood ? 4 : 0)));
     put_u32(out, static_cast<std::uint32_t>(c.bytes.size()));
     out += c.bytes;
   }
@@ -78,6 +85,7 @@ std::vector<Connection> decode(const std::string& in) {
     Connection c;
     c.stall = (in[pos] & 1) != 0;
     c.expect_close = (in[pos] & 2) != 0;
+    c.flood = (in[pos] & 4) != 0;
     const std::size_t len = get_u32(in, pos + 1);
     pos += 5;
     c.bytes = in.substr(pos, std::min(len, in.size() - pos));
@@ -170,17 +178,18 @@ class StoreTarget : public FuzzTarget {
   std::string describe(const std::string& input) const override {
     std::string out;
     for (const Connection& c : decode(input))
-      out += (out.empty() ? "" : "; ") + std::string(c.stall ? "stalled " : "") +
-             std::string(c.expect_close ? "must-close " : "") + "connection of " + std::to_string(c.bytes.size()) +
-             " bytes: " + printable(c.bytes.substr(0, 48), 120);
+      out += (out.empty() ? "" : "; ") + std::string(c.flood ? std::to_string(kFloodConnections) + " x " : "") +
+             std::string(c.stall ? "stalled " : "") + std::string(c.expect_close ? "must-close " : "") +
+             "connection of " + std::to_string(c.bytes.size()) + " bytes: " + printable(c.bytes.substr(0, 48), 120);
     return out.empty() ? "no connections" : out;
   }
 
   std::string generate(Rng& rng) override {
     std::vector<Connection> conns(1 + rng.below(4));
     for (Connection& c : conns) {
-      c.stall = rng.chance(8);
-      c.expect_close = !c.stall && rng.chance(5);
+      c.flood = rng.chance(1);
+      c.stall = !c.flood && rng.chance(8);
+      c.expect_close = !c.stall && !c.flood && rng.chance(5);
       c.bytes = handshake(rng);
       const std::size_t requests = rng.below(6);
       for (std::size_t i = 0; i < requests; ++i) c.bytes += request(rng);
@@ -200,7 +209,14 @@ class StoreTarget : public FuzzTarget {
       if (!server.ok()) return Verdict::fail("StoreServer::start failed | " + server.status().message());
       const std::uint16_t port = (*server)->port();
       // Send every connection's bytes, then read every reply together until the server goes quiet.
+      std::vector<int> flood;
       for (std::size_t i = 0; i < conns.size() && verdict.passed; ++i) {
+        for (int k = 0; conns[i].flood && k < kFloodConnections; ++k) {
+          const int fd = connect_loopback(port);
+          if (fd < 0) break;  // refused beyond a limit: allowed
+          flood.push_back(fd);
+          send_all(fd, conns[i].bytes);
+        }
         const int fd = connect_loopback(port);
         if (fd < 0) {
           verdict = Verdict::fail("cannot connect to the store | connection " + std::to_string(i + 1) + ": " +
@@ -223,15 +239,22 @@ class StoreTarget : public FuzzTarget {
                                   std::to_string(i + 1) + ", still open " + std::to_string(kCloseBound.count()) +
                                   " ms later");
       }
-      if (verdict.passed) verdict = health_check(port);
+      for (int fd : flood) ::close(fd);
+      if (verdict.passed) verdict = health_check(port, flood.empty() ? 1 : 20);
     }  // the server shuts down here, with stalled and unclosed connections still open
     for (int fd : fds) ::close(fd);
     return verdict;
   }
 
  private:
-  static Verdict health_check(std::uint16_t port) {
+  // A good client's SET and GET; `tries` connection attempts 100 ms apart (a flood's sockets take a moment
+  // to be noticed closed).
+  static Verdict health_check(std::uint16_t port, int tries) {
     auto client = StoreClient::connect("127.0.0.1", port, kToken, std::chrono::seconds(3));
+    for (int t = 1; t < tries && !client.ok(); ++t) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      client = StoreClient::connect("127.0.0.1", port, kToken, std::chrono::seconds(3));
+    }
     if (!client.ok())
       return Verdict::fail("a good client cannot connect after the case | " + client.status().message());
     if (Status s = (*client)->set("fuzz/health", "ok"); !s.ok())
