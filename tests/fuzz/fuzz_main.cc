@@ -16,6 +16,7 @@
 #include "files.h"
 #include "fuzz_target.h"
 #include "sandbox.h"
+#include "self_test.h"
 
 namespace {
 
@@ -25,7 +26,7 @@ using namespace hzp::fuzz;
 const char kUsage[] =
     "usage: hzp_fuzz [--target NAME|all] [--cases N | --cases NAME=N ...] [--seed S] [--case I]\n"
     "                [--corpus DIR] [--save-failures DIR] [--replay FILE] [--case-timeout-s T]\n"
-    "                [--case-memory-mib M] [--show K] [--verbose] [--no-regressions] [--list]\n\n"
+    "                [--case-memory-mib M] [--show K] [--verbose] [--no-regressions] [--list] [--self-test]\n\n"
     "Runs N generated cases per target (default 100) after its regressions (tests/fuzz/regressions/<target>/),\n"
     "each in a forked child limited to T seconds (default 10) and M MiB of address space (default 2048).\n"
     "  --cases NAME=N      N cases for target NAME only (repeatable; overrides --cases N for it)\n"
@@ -37,6 +38,7 @@ const char kUsage[] =
     "  --show K            print the details of the first K failures of each kind (default 3; all are counted)\n"
     "  --verbose           one line per case: outcome, time, input\n"
     "  --list              print the targets and exit\n"
+    "  --self-test         check that the sandbox reports crashes, hangs, exits and memory blow-ups, and exit\n"
     "Prints one line per failure, a summary per target and `N passed, M failed`; exits 1 when a case failed.\n";
 
 struct Options {
@@ -54,6 +56,7 @@ struct Options {
   bool regressions = true;
   bool list = false;
   bool verbose = false;
+  bool self_test = false;
 };
 
 bool parse_number(const std::string& text, long long min, long long& out) {
@@ -80,6 +83,10 @@ std::optional<Options> parse_options(int argc, char** argv) {
     }
     if (a == "--list") {
       o.list = true;
+      continue;
+    }
+    if (a == "--self-test") {
+      o.self_test = true;
       continue;
     }
     if (a == "--verbose") {
@@ -280,6 +287,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   context.work_dir = tmp.data();
+  if (o.self_test) {
+    const int code = run_self_test(context.work_dir);
+    std::error_code ec;
+    fs::remove_all(context.work_dir, ec);
+    return code;
+  }
 
   std::printf("hzp_fuzz: seed %llu, targets %s, %lld cases each, limits %.0f s and %zu MiB per case\n",
               static_cast<unsigned long long>(o.seed), o.target.c_str(), o.cases, o.timeout_s, o.memory_mib);
