@@ -225,6 +225,11 @@ class CliTarget : public FuzzTarget {
     for (const auto& [name, contents] : c.files) write_file(tmp + "/" + name, contents);
     std::vector<std::string> args = {context_.hzp_binary};
     for (const std::string& a : c.args) args.push_back(substitute(a, tmp, context_.source_dir));
+    // Mutations can move a repository path after an output flag: write there into the scratch directory instead.
+    for (std::size_t i = 1; i + 1 < args.size(); ++i) {
+      static const std::set<std::string> outputs = {"--out", "--checkpoint-dir", "--trace", "--perfetto"};
+      if (outputs.count(args[i]) && args[i + 1].rfind(context_.source_dir, 0) == 0) args[i + 1] = tmp + "/redirected";
+    }
     if (!args.empty() && args.size() > 1 && args[1] == "train") {
       if (std::string unsafe = unsafe_train_file(args); !unsafe.empty())
         return Verdict::fail("harness: refused to run train with " + unsafe +
