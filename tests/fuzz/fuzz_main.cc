@@ -153,9 +153,10 @@ std::string signature(const SandboxResult& r) {
 }
 
 struct CaseInput {
-  std::string label;  // "regression FILE", "corpus FILE" or "case I"
+  std::string label;  // "regression FILE", "corpus FILE", "replay FILE" or "case I"
   std::string input;
   std::optional<long long> index;  // generated cases only
+  std::string path;                // the file of a fixed input
 };
 
 struct TargetTally {
@@ -174,7 +175,7 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
       if (name.rfind('.', 0) == 0 || name == "README.md") continue;
       if (auto text = read_file(path)) {
         target.add_seed(*text);
-        fixed.push_back({std::string(what) + " " + path, *text, std::nullopt});
+        fixed.push_back({std::string(what) + " " + path, *text, std::nullopt, path});
       }
     }
   };
@@ -183,7 +184,7 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
     if (!text)
       std::fprintf(stderr, "hzp_fuzz: cannot read %s\n", o.replay.c_str());
     else
-      fixed.push_back({"replay " + o.replay, *text, std::nullopt});
+      fixed.push_back({"replay " + o.replay, *text, std::nullopt, o.replay});
   } else if (!o.only_case) {
     if (o.regressions) add_files(context.source_dir + "/tests/fuzz/regressions/" + entry.name, "regression");
     if (!o.corpus.empty()) add_files(o.corpus + "/" + entry.name, "corpus");
@@ -233,6 +234,8 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
         else if (c.index)
           std::printf("  rerun: hzp_fuzz --target %s --seed %llu --case %lld [--save-failures DIR]\n", entry.name,
                       static_cast<unsigned long long>(o.seed), *c.index);
+        else
+          std::printf("  replay: hzp_fuzz --target %s --replay %s\n", entry.name, c.path.c_str());
       }
     }
     if (total >= 10 && done % std::max<long long>(1, total / 10) == 0) {
@@ -244,7 +247,7 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
   for (const CaseInput& c : fixed) run_one(c);
   for (long long i = first; i < last; ++i) {
     Rng rng(Rng::case_seed(o.seed, entry.name, static_cast<std::uint64_t>(i)));
-    run_one({"case " + std::to_string(i), target.generate(rng), i});
+    run_one({"case " + std::to_string(i), target.generate(rng), i, {}});
   }
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("%s: %lld passed, %lld failed (%zu fixed inputs + %lld generated, seed %llu) in %.1f s", entry.name,

@@ -110,6 +110,23 @@ CliCase decode(const std::string& text) {
   return c;
 }
 
+// " (TYPE)" when stderr says an exception of TYPE escaped (std::terminate's message), else "".
+std::string escaped_exception(const std::string& err) {
+  static const std::string kTerminate = "terminate called after throwing an instance of '";
+  static const std::string kSimGrid = "Uncaught exception ";
+  std::size_t at = err.find(kTerminate);
+  if (at != std::string::npos) {
+    at += kTerminate.size();
+    return " (" + printable(err.substr(at, err.find('\'', at) - at), 80) + ")";
+  }
+  at = err.find(kSimGrid);
+  if (at != std::string::npos) {
+    at += kSimGrid.size();
+    return " (" + printable(err.substr(at, err.find(':', at) - at), 80) + ")";
+  }
+  return {};
+}
+
 std::string substitute(std::string text, const std::string& tmp, const std::string& src) {
   for (const auto& [from, to] : {std::pair{std::string("@TMP@"), tmp}, std::pair{std::string("@SRC@"), src}}) {
     for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
@@ -267,7 +284,8 @@ class CliTarget : public FuzzTarget {
     const std::string tail = printable(err.size() > 400 ? err.substr(err.size() - 400) : err, 600);
     if (WIFSIGNALED(status)) {
       const char* abbrev = sigabbrev_np(WTERMSIG(status));
-      return Verdict::fail(std::string("hzp killed by SIG") + (abbrev ? abbrev : "?") + " | " + tail);
+      return Verdict::fail(std::string("hzp killed by SIG") + (abbrev ? abbrev : "?") + escaped_exception(err) + " | " +
+                           tail);
     }
     const int code = WEXITSTATUS(status);
     if (code != 0 && code != 2) return Verdict::fail("hzp exit code " + std::to_string(code) + " | " + tail);
