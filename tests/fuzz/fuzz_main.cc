@@ -31,7 +31,8 @@ const char kUsage[] =
     "each in a forked child limited to T seconds (default 10) and M MiB of address space (default 2048).\n"
     "  --cases NAME=N      N cases for target NAME only (repeatable; overrides --cases N for it)\n"
     "  --seed S            the run's seed (default 1); generated case i of a target depends on S, the target and i\n"
-    "  --case I            only generated case I (with --seed and --target: reruns one reported case)\n"
+    "  --case I            only generated case I (with the same --seed, --target and --corpus: reruns one\n"
+    "                      reported case)\n"
     "  --corpus DIR        also run, first, every file under DIR/<target>/ (a --save-failures folder, say)\n"
     "  --save-failures DIR write each failing input to DIR/<target>/<seed>-<case><ext>\n"
     "  --replay FILE       run FILE as the single input of --target NAME\n"
@@ -168,6 +169,8 @@ struct TargetTally {
 };
 
 TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Options& o, const Context& context) {
+  // Regression and corpus files seed the mutations in every mode (so that `--case I` regenerates exactly the
+  // input of a full run), and run first unless one case or one file was asked for.
   std::vector<CaseInput> fixed;
   auto add_files = [&](const std::string& dir, const char* what) {
     for (const std::string& path : list_files(dir, "")) {
@@ -175,19 +178,18 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
       if (name.rfind('.', 0) == 0 || name == "README.md") continue;
       if (auto text = read_file(path)) {
         target.add_seed(*text);
-        fixed.push_back({std::string(what) + " " + path, *text, std::nullopt, path});
+        if (o.replay.empty() && !o.only_case)
+          fixed.push_back({std::string(what) + " " + path, *text, std::nullopt, path});
       }
     }
   };
+  if (o.regressions) add_files(context.source_dir + "/tests/fuzz/regressions/" + entry.name, "regression");
+  if (!o.corpus.empty()) add_files(o.corpus + "/" + entry.name, "corpus");
   if (!o.replay.empty()) {
-    auto text = read_file(o.replay);
-    if (!text)
-      std::fprintf(stderr, "hzp_fuzz: cannot read %s\n", o.replay.c_str());
-    else
+    if (auto text = read_file(o.replay))
       fixed.push_back({"replay " + o.replay, *text, std::nullopt, o.replay});
-  } else if (!o.only_case) {
-    if (o.regressions) add_files(context.source_dir + "/tests/fuzz/regressions/" + entry.name, "regression");
-    if (!o.corpus.empty()) add_files(o.corpus + "/" + entry.name, "corpus");
+    else
+      std::fprintf(stderr, "hzp_fuzz: cannot read %s\n", o.replay.c_str());
   }
   const long long n = o.cases_per_target.count(entry.name) ? o.cases_per_target.at(entry.name) : o.cases;
   const long long first = o.only_case.value_or(0);
