@@ -238,8 +238,14 @@ class CliTarget : public FuzzTarget {
     fs::remove_all(tmp, ec);
     fs::create_directories(tmp, ec);
     if (ec) return Verdict::fail("harness: cannot create " + tmp + " | " + ec.message());
-    for (const std::string& d : c.dirs) fs::create_directories(tmp + "/" + d, ec);
-    for (const auto& [name, contents] : c.files) write_file(tmp + "/" + name, contents);
+    // Names stay inside the scratch directory, whatever a hand-written case says.
+    auto inside = [](const std::string& name) {
+      return !name.empty() && name[0] != '/' && name.find("..") == std::string::npos;
+    };
+    for (const std::string& d : c.dirs)
+      if (inside(d)) fs::create_directories(tmp + "/" + d, ec);
+    for (const auto& [name, contents] : c.files)
+      if (inside(name)) write_file(tmp + "/" + name, contents);
     std::vector<std::string> args = {context_.hzp_binary};
     for (const std::string& a : c.args) args.push_back(substitute(a, tmp, context_.source_dir));
     // Mutations can move a repository path after an output flag: write there into the scratch directory instead.
@@ -247,7 +253,8 @@ class CliTarget : public FuzzTarget {
       static const std::set<std::string> outputs = {"--out", "--checkpoint-dir", "--trace", "--perfetto"};
       if (outputs.count(args[i]) && args[i + 1].rfind(context_.source_dir, 0) == 0) args[i + 1] = tmp + "/redirected";
     }
-    if (!args.empty() && args.size() > 1 && args[1] == "train") {
+    const std::string command = args.size() > 1 ? args[1] : "";
+    if (command == "train") {
       if (std::string unsafe = unsafe_train_file(args); !unsafe.empty())
         return Verdict::fail("harness: refused to run train with " + unsafe +
                              ", a JSON object without \"fuzz_unknown_key\" | it could start real training");
@@ -290,7 +297,7 @@ class CliTarget : public FuzzTarget {
     const int code = WEXITSTATUS(status);
     if (code != 0 && code != 2) return Verdict::fail("hzp exit code " + std::to_string(code) + " | " + tail);
     if (code == 0)
-      return args[1] == "collective" ? check_collective_table(read_file(out_path).value_or("")) : Verdict::pass();
+      return command == "collective" ? check_collective_table(read_file(out_path).value_or("")) : Verdict::pass();
     if (err.size() > kMaxStderrBytes)
       return Verdict::fail("hzp wrote " + std::to_string(err.size()) + " bytes to stderr before exit 2 | " + tail);
     // Line by line; a carriage return ends a line too (plan --search redraws its progress line with it).
