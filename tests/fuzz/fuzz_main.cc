@@ -3,6 +3,7 @@
 //
 // Order per target: the checked-in regressions (tests/fuzz/regressions/<target>/), then --corpus files,
 // then N generated cases. Generated case i depends only on (--seed, target, i), so `--case i` reruns it.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,12 @@
 namespace {
 
 namespace fs = std::filesystem;
+
+// SIGINT / SIGTERM: finish the running case, skip the rest, remove the work directory, print the summary.
+volatile std::sig_atomic_t stop_requested = 0;
+extern "C" void request_stop(int) {
+  stop_requested = 1;
+}
 using namespace hzp::fuzz;
 
 const char kUsage[] =
@@ -246,8 +253,9 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
     }
     std::fflush(stdout);
   };
-  for (const CaseInput& c : fixed) run_one(c);
-  for (long long i = first; i < last; ++i) {
+  for (const CaseInput& c : fixed)
+    if (!stop_requested) run_one(c);
+  for (long long i = first; i < last && !stop_requested; ++i) {
     Rng rng(Rng::case_seed(o.seed, entry.name, static_cast<std::uint64_t>(i)));
     run_one({"case " + std::to_string(i), target.generate(rng), i, {}});
   }
@@ -265,6 +273,8 @@ TargetTally run_target(const TargetEntry& entry, FuzzTarget& target, const Optio
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGINT, request_stop);
+  std::signal(SIGTERM, request_stop);
   auto options = parse_options(argc, argv);
   if (!options) return 2;
   const Options& o = *options;
@@ -303,6 +313,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(o.seed), o.target.c_str(), o.cases, o.timeout_s, o.memory_mib);
   long long passed = 0, failed = 0;
   for (const TargetEntry* e : selected) {
+    if (stop_requested) break;
     auto target = e->make();
     if (std::string why = target->prepare(context); !why.empty()) {
       std::printf("FAIL %s: cannot prepare the target: %s\n", e->name, why.c_str());
@@ -315,6 +326,7 @@ int main(int argc, char** argv) {
   }
   std::error_code ec;
   fs::remove_all(context.work_dir, ec);
+  if (stop_requested) std::printf("hzp_fuzz: interrupted, the remaining cases were not run\n");
   std::printf("%lld passed, %lld failed\n", passed, failed);
-  return failed > 0 ? 1 : 0;
+  return failed > 0 || stop_requested ? 1 : 0;
 }
