@@ -1,0 +1,104 @@
+// Target "scenario": mutated scenario JSON through everything `hzp validate`, `hzp schedule` and `hzp plan`
+// do in-process: parse_scenario_text, resolve_auto_sharding, model_cost, build_schedule, validate_schedule,
+// estimate, dump_schedule, the resolved form (scenario_to_json, which must parse back) and plan_presets.
+//
+// Target "scenario_doc": the same documents decoded by nlohmann::json::parse (no duplicate-key tracking) and
+// given to parse_scenario, the path of `hzp collective --cluster FILE` and `hzp train`; it stops after the
+// resolved form, the rest being scenario's.
+//
+// Seeds: every *.json under scenarios/ and tests/data/ (good, bad and golden scenarios).
+// Pass: every stage returns ok, or the first that does not returns kInvalidInput (build_schedule: or
+// kUnimplemented) with a clean message (checks.h); a schedule the validator refuses is a failure (kInternal:
+// the builder made a schedule that deadlocks), and so is a resolved form that does not parse back.
+#include <exception>
+
+#include "checks.h"
+#include "estimator.h"
+#include "files.h"
+#include "fuzz_target.h"
+#include "model_math.h"
+#include "mutate.h"
+#include "plan.h"
+#include "planner.h"
+#include "policy_registry.h"
+#include "sandbox.h"
+#include "scenario_parser.h"
+#include "schedule_validator.h"
+
+namespace hzp::fuzz {
+namespace {
+
+class ScenarioTarget : public FuzzTarget {
+ public:
+  explicit ScenarioTarget(bool from_text) : from_text_(from_text) {}
+
+  std::string prepare(const Context& context) override {
+    for (const char* dir : {"/scenarios", "/tests/data"})
+      for (const std::string& path : list_files(context.source_dir + dir, ".json"))
+        if (auto text = read_file(path)) mutator_.add_seed(*text);
+    if (mutator_.seed_count() == 0) return "no *.json seeds under " + context.source_dir + "/scenarios";
+    return {};
+  }
+
+  std::string generate(Rng& rng) override { return mutator_.generate(rng); }
+
+  void add_seed(const std::string& input) override { mutator_.add_seed(input); }
+
+  const char* extension() const override { return ".json"; }
+
+  Verdict run(const std::string& input) override {
+    Result<Scenario> parsed = Status::Internal("not parsed");
+    if (from_text_) {
+      parsed = parse_scenario_text(input, "fuzz");
+      if (auto stop = stop_on_error("parse_scenario_text", parsed.status())) return *stop;
+    } else {
+      const nlohmann::json doc = nlohmann::json::parse(input, nullptr, /*allow_exceptions=*/false);
+      if (doc.is_discarded()) return Verdict::pass();  // not JSON: each caller words its own message
+      parsed = parse_scenario(doc, "fuzz");
+      if (auto stop = stop_on_error("parse_scenario", parsed.status())) return *stop;
+    }
+    Scenario scenario = std::move(parsed).value();
+    if (scenario.policy.auto_sharding) {
+      if (auto stop = stop_on_error("resolve_auto_sharding", resolve_auto_sharding(scenario))) return *stop;
+    }
+
+    // The resolved form `hzp validate` prints; it must serialise and parse back.
+    std::string resolved;
+    try {
+      resolved = scenario_to_json(scenario).dump(2);
+    } catch (const std::exception& e) {
+      return Verdict::fail(std::string("scenario_to_json(...).dump() threw | ") + e.what());
+    }
+    auto again = parse_scenario(nlohmann::json::parse(resolved), scenario.name);
+    if (!again.ok())
+      return Verdict::fail("the resolved form does not parse back | " + printable(again.status().message(), 300));
+    if (!from_text_) return Verdict::pass();
+
+    const ModelCost cost = model_cost(scenario.model, scenario.training);
+    auto schedule = build_schedule(scenario, cost);
+    if (auto stop = stop_on_error("build_schedule", schedule.status(), /*unimplemented_ok=*/true)) return *stop;
+    if (auto stop = stop_on_error("validate_schedule", validate_schedule(*schedule))) return *stop;
+    auto analytic = estimate(scenario, cost, *schedule);
+    if (auto stop = stop_on_error("estimate", analytic.status())) return *stop;
+    (void)dump_schedule(*schedule, 0);
+    auto plan = plan_presets(scenario);
+    if (auto stop = stop_on_error("plan_presets", plan.status())) return *stop;
+    return Verdict::pass();
+  }
+
+ private:
+  bool from_text_;  // parse_scenario_text, else nlohmann::json::parse + parse_scenario
+  JsonMutator mutator_;
+};
+
+}  // namespace
+
+std::unique_ptr<FuzzTarget> make_scenario_target() {
+  return std::make_unique<ScenarioTarget>(/*from_text=*/true);
+}
+
+std::unique_ptr<FuzzTarget> make_scenario_doc_target() {
+  return std::make_unique<ScenarioTarget>(/*from_text=*/false);
+}
+
+}  // namespace hzp::fuzz
