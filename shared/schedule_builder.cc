@@ -86,18 +86,23 @@ class ProgramBuilder {
   Program program_;
 };
 
-// A fixed pool of slots handed out round-robin; a slot's next acquire waits for its previous release.
+// A fixed pool of slots, split into `rings` equal rings each handed out round-robin; a slot's next acquire
+// waits for its previous release. Round-robin is only safe when a ring's holders release in the order they
+// acquired: gradient buckets of one kind do, but a dense bucket spanning several units outlives expert
+// buckets, so each kind of state gets a ring of its own (one shared ring handed a still-held slot).
 class SlotPool {
  public:
-  SlotPool(int pool, int slots) : pool_(pool), last_release_(slots, -1) {}
+  SlotPool(int pool, int slots, int rings = 1)
+      : pool_(pool), per_ring_(slots / rings), counters_(rings, 0), last_release_(slots, -1) {}
   int pool() const { return pool_; }
-  int next_slot() { return static_cast<int>(counter_++ % last_release_.size()); }
+  int next_slot(int ring = 0) { return ring * per_ring_ + static_cast<int>(counters_[ring]++ % per_ring_); }
   int last_release(int slot) const { return last_release_[slot]; }
   void set_release(int slot, int op) { last_release_[slot] = op; }
 
  private:
   int pool_;
-  long long counter_ = 0;
+  int per_ring_;
+  std::vector<long long> counters_;
   std::vector<int> last_release_;
 };
 
@@ -201,7 +206,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     schedule.pools.push_back({"param_gather", gather_slots, param_bytes(max_unit)});
   }
   if (any_reduce) {
-    grad_pool = SlotPool(static_cast<int>(schedule.pools.size()), reduce_slots);
+    grad_pool = SlotPool(static_cast<int>(schedule.pools.size()), reduce_slots, num_kinds);
     schedule.pools.push_back({"grad_reduce", reduce_slots, grad_bytes(std::max(max_unit, max_bucket))});
   }
 
@@ -316,7 +321,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
     for (int k = 0; k < num_kinds && v.phase == Phase::kBackward; ++k) {
       const int b = bucket_of[v.unit][k];
       if (b < 0 || kinds[k].s_g <= 1 || v.unit != buckets[b].units.front() || !v.first_of_unit) continue;
-      grad_slot[b] = grad_pool.next_slot();
+      grad_slot[b] = grad_pool.next_slot(k);
       deps.push_back(prog.add("compute", {grad_pool.last_release(grad_slot[b])},
                               BufferAcquireOp{grad_pool.pool(), grad_slot[b], unit.layer, b}));
     }

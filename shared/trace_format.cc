@@ -128,14 +128,18 @@ json trace_to_json(const Trace& t) {
     }
     events.push_back(std::move(j));
   }
+  // Summaries for readers, from the scenario as recorded (whatever its fields hold: null when not an integer).
   const json& sc = t.scenario_config;
-  json model = json::object(), training = json::object();
-  if (sc.is_object() && sc.contains("model") && sc.contains("training")) {
-    model = {{"layers", sc["model"].value("layers", 0)}, {"hidden", sc["model"].value("hidden", 0)},
-             {"moe", !sc["model"].value("moe", json()).is_null()}};
-    training = {{"seq_len", sc["training"].value("seq_len", 0)}, {"micro_batch", sc["training"].value("micro_batch", 0)},
-                {"global_batch_sequences", sc["training"].value("global_batch_sequences", 0)}};
-  }
+  auto field = [&](const char* object, const char* key) -> json {
+    if (!sc.is_object() || !sc.contains(object) || !sc[object].is_object() || !sc[object].contains(key)) return nullptr;
+    const json& v = sc[object][key];
+    return v.is_number_integer() ? v : json(nullptr);
+  };
+  const bool moe = sc.is_object() && sc.contains("model") && sc["model"].is_object() && sc["model"].contains("moe") &&
+                   !sc["model"]["moe"].is_null();
+  const json model = {{"layers", field("model", "layers")}, {"hidden", field("model", "hidden")}, {"moe", moe}};
+  const json training = {{"seq_len", field("training", "seq_len")}, {"micro_batch", field("training", "micro_batch")},
+                         {"global_batch_sequences", field("training", "global_batch_sequences")}};
   return {{"format", kTraceFormat}, {"version", kTraceVersion}, {"scenario", t.scenario},
           {"scenario_config", t.scenario_config}, {"policy", t.policy}, {"world_size", t.world_size},
           {"gpus_per_node", t.gpus_per_node}, {"model", model}, {"training", training}, {"streams", t.streams},

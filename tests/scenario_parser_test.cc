@@ -498,7 +498,7 @@ TEST_CASE("error messages start with the JSON path and list the known names", "[
   doc["cluster"]["gpus_per_node"] = 16;
   doc["cluster"]["nic"] = {{"per_node", 8}};
   CHECK(parse_error(doc) ==
-        "cluster.nodes: times gpus_per_node (16) is 2097152 GPUs, more than the 1048576 hzp models, got 131072");
+        "cluster.nodes: times gpus_per_node (16) is 2097152 GPUs, more than the 262144 hzp models, got 131072");
 
   CHECK(parse_error(json::array()) == "scenario: must be an object, got []");
 }

@@ -86,8 +86,8 @@ Result<CollectiveKind> parse_op(const std::string& text) {
   for (CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce,
                            CollectiveKind::kAllToAll, CollectiveKind::kBroadcast})
     if (text == to_string(k)) return k;
-  return Status::InvalidInput("--op: expected all_gather, reduce_scatter, all_reduce, all_to_all or broadcast, got '" +
-                              text + "'");
+  return Status::InvalidInput("--op: expected all_gather, reduce_scatter, all_reduce, all_to_all or broadcast, got " +
+                              quoted(text, 40));
 }
 
 // nullopt = auto.
@@ -96,7 +96,7 @@ Result<std::optional<CollectiveAlgorithm>> parse_algorithm(const std::string& te
   for (CollectiveAlgorithm a : {CollectiveAlgorithm::kRing, CollectiveAlgorithm::kDirect,
                                 CollectiveAlgorithm::kHierarchical, CollectiveAlgorithm::kPairwise})
     if (text == to_string(a)) return std::optional<CollectiveAlgorithm>(a);
-  return Status::InvalidInput("--algorithm: expected auto, ring, direct, hierarchical or pairwise, got '" + text + "'");
+  return Status::InvalidInput("--algorithm: expected auto, ring, direct, hierarchical or pairwise, got " + quoted(text, 40));
 }
 
 // nccl-tests' bus bandwidth factor: what each rank's busiest link carries relative to the buffer.

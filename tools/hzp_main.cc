@@ -7,6 +7,7 @@
 #include "cli.h"
 #include "runtime_info.h"
 #include "sim_info.h"
+#include "text.h"
 
 namespace {
 
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
     }
     return c.run(rest);
   }
-  std::fprintf(stderr, "hzp: unknown command '%s'\n\n", args[0].c_str());
+  std::fprintf(stderr, "hzp: unknown command %s\n\n", hzp::quoted(args[0], 60).c_str());
   print_usage(stderr);
   return 2;
 }

@@ -62,5 +62,7 @@ std::unique_ptr<FuzzTarget> make_scenario_target();
 std::unique_ptr<FuzzTarget> make_scenario_doc_target();
 std::unique_ptr<FuzzTarget> make_cli_target();
 std::unique_ptr<FuzzTarget> make_store_target();
+std::unique_ptr<FuzzTarget> make_checkpoint_target();  // target_files.cc
+std::unique_ptr<FuzzTarget> make_trace_target();       // target_files.cc
 
 }  // namespace hzp::fuzz

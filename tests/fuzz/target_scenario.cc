@@ -2,9 +2,9 @@
 // do in-process: parse_scenario_text, resolve_auto_sharding, model_cost, build_schedule, validate_schedule,
 // estimate, dump_schedule, the resolved form (scenario_to_json, which must parse back) and plan_presets.
 //
-// Target "scenario_doc": the same documents decoded by nlohmann::json::parse (no duplicate-key tracking) and
-// given to parse_scenario, the path of `hzp collective --cluster FILE` and `hzp train`; it stops after the
-// resolved form, the rest being scenario's.
+// Target "scenario_doc": the same documents decoded by parse_json_strict (json_io.h) and given to
+// parse_scenario as a document, the path of `hzp collective --cluster FILE` and `hzp train` (which edit the
+// document before parsing it); it stops after the resolved form, the rest being scenario's.
 //
 // Seeds: every *.json under scenarios/ and tests/data/ (good, bad and golden scenarios).
 // Pass: every stage returns ok, or the first that does not returns kInvalidInput (build_schedule: or
@@ -15,6 +15,7 @@
 #include "checks.h"
 #include "estimator.h"
 #include "files.h"
+#include "json_io.h"
 #include "fuzz_target.h"
 #include "model_math.h"
 #include "mutate.h"
@@ -52,9 +53,9 @@ class ScenarioTarget : public FuzzTarget {
       parsed = parse_scenario_text(input, "fuzz");
       if (auto stop = stop_on_error("parse_scenario_text", parsed.status())) return *stop;
     } else {
-      const nlohmann::json doc = nlohmann::json::parse(input, nullptr, /*allow_exceptions=*/false);
-      if (doc.is_discarded()) return Verdict::pass();  // not JSON: each caller words its own message
-      parsed = parse_scenario(doc, "fuzz");
+      const Result<nlohmann::json> doc = parse_json_strict(input, kMaxScenarioBytes);
+      if (auto stop = stop_on_error("parse_json_strict", doc.status())) return *stop;
+      parsed = parse_scenario(*doc, "fuzz");
       if (auto stop = stop_on_error("parse_scenario", parsed.status())) return *stop;
     }
     Scenario scenario = std::move(parsed).value();
@@ -87,7 +88,7 @@ class ScenarioTarget : public FuzzTarget {
   }
 
  private:
-  bool from_text_;  // parse_scenario_text, else nlohmann::json::parse + parse_scenario
+  bool from_text_;  // parse_scenario_text, else parse_json_strict + parse_scenario
   JsonMutator mutator_;
 };
 

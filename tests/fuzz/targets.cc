@@ -3,11 +3,6 @@
 //
 // Adding a target: write target_<name>.cc with a FuzzTarget subclass and a make_<name>_target() factory,
 // declare the factory in fuzz_target.h, add the file to tests/CMakeLists.txt (hzp_fuzz) and a row here.
-// Planned rows, once their parsers exist as library functions:
-//   {"checkpoint", "checkpoint header parser on mutated checkpoint files", make_checkpoint_target},
-//   {"trace", "trace reader on mutated trace files (traces/README.md)", make_trace_target},
-// Their seeds would be small files written by a short `hzp train` run (or checked in under
-// tests/fuzz/regressions/<name>/), their pass criterion the same as scenario's: ok or kInvalidInput.
 #include "fuzz_target.h"
 
 #include "sandbox.h"
@@ -25,12 +20,16 @@ const std::vector<TargetEntry>& target_registry() {
        "estimate, plan_presets and the resolved form",
        make_scenario_target},
       {"scenario_doc",
-       "the same documents through nlohmann::json::parse and parse_scenario (the path of hzp collective --cluster "
+       "the same documents through parse_json_strict and parse_scenario (the path of hzp collective --cluster "
        "and hzp train), up to the resolved form",
        make_scenario_doc_target},
       {"cli", "the hzp binary with mutated flags and values (validate, plan, schedule, simulate, collective, train)",
        make_cli_target},
       {"store", "raw TCP bytes against a loopback StoreServer (handshake, SET, GET, lying lengths)", make_store_target},
+      {"checkpoint", "a rank checkpoint file with its header mutated and its bytes damaged, through read_checkpoint",
+       make_checkpoint_target},
+      {"trace", "the shipped traces mutated as documents and bytes, through parse_json_strict and trace_from_json",
+       make_trace_target},
   };
   return table;
 }
