@@ -39,7 +39,7 @@ Result<Plan> plan_presets(const Scenario& scenario) {
     variants.push_back(std::move(variant));
   }
   if (!scenario_is_listed && policy_registry().end() != std::find_if(policy_registry().begin(), policy_registry().end(),
-      [&](const PolicyEntry& e) { return scenario.policy.preset == e.name && e.build != nullptr; }))
+      [&](const PolicyEntry& e) { return scenario.policy.preset == e.name; }))
     variants.insert(variants.begin(), scenario);
 
   for (const Scenario& variant : variants) {

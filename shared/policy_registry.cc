@@ -1,38 +1,51 @@
-// The policy table: name -> scheduler (shared/policies/, one file each). DDP, ZeRO-1/2/3, HSDP/MiCS and
-// explicit AMSP sharding differ only in their groups and share the data-parallel scheduler.
+// The policy table (policy_registry.h). Shardings in AMSP notation (arXiv 2311.00257 §III); the schedules
+// differ only in these groups and the scheduler's options.
 #include "policy_registry.h"
-
-#include "policies/policies.h"
 
 namespace hzp {
 
 const std::vector<PolicyEntry>& policy_registry() {
+  using S = ShardScope;
+  // ZeRO++ hpZ (Wang et al. 2023): ZeRO-3 plus a secondary copy of the parameters sharded among the GPUs of
+  // each node, built from the forward all-gather, so backward all-gathers stay on intra-node links (Ψ/R more
+  // parameter bytes per GPU; qwZ/qgZ quantisation is not modelled).
+  constexpr SchedulerOptions kHpz{.secondary_param_copy = true};
+  // AsyncHZP (arXiv 2510.20111): P and G sharded in the node, OS over all GPUs; every communication kind on
+  // a stream of its own (the paper's background threads), a fixed pool of gather/reduce slots, forward
+  // prefetch of the next layer(s) and backward prefetch of the next module. Its ablation switches are
+  // policy.overlap.separate_streams = false and prefetch_depth = 0 (then the schedule is the synchronous one).
+  constexpr SchedulerOptions kAsync{.dedicated_refresh_stream = true, .backward_module_gather = true};
   static const std::vector<PolicyEntry> table = {
-      {"ddp", "replicated P, G, OS; gradient all-reduce in buckets", policies::data_parallel, true},
-      {"zero1", "optimizer states sharded over all GPUs", policies::data_parallel, true},
-      {"zero2", "gradients and optimizer states sharded over all GPUs", policies::data_parallel, true},
-      {"zero3", "P, G, OS sharded over all GPUs; per-layer all-gather with prefetch", policies::data_parallel, true},
-      {"fsdp", "alias of zero3", policies::data_parallel, false},
-      {"hsdp", "P, G, OS sharded inside the node, replicated across nodes (MiCS, FSDP HYBRID_SHARD)",
-       policies::data_parallel, true},
-      {"mics", "alias of hsdp", policies::data_parallel, false},
-      {"amsp", "explicit (s_p, s_g, s_os) partial sharding", policies::data_parallel, false},
-      {"custom", "explicit sharding without a preset", policies::data_parallel, false},
-      {"zeropp", "ZeRO-3 + secondary intra-node parameter copy for backward all-gathers (ZeRO++ hpZ)", policies::zeropp, true},
-      {"asynchzp", "AsyncHZP: per-state groups, one stream per communication kind, fixed buffer pools", policies::asynchzp, true},
+      {"ddp", "replicated P, G, OS; gradient all-reduce in buckets", S::kReplica, S::kReplica, S::kReplica, {}, true, true},
+      {"zero1", "optimizer states sharded over all GPUs", S::kReplica, S::kReplica, S::kFull, {}, true, true},
+      {"zero2", "gradients and optimizer states sharded over all GPUs", S::kReplica, S::kFull, S::kFull, {}, true, true},
+      {"zero3", "P, G, OS sharded over all GPUs; per-layer all-gather with prefetch", S::kFull, S::kFull, S::kFull, {},
+       true, true},
+      {"fsdp", "alias of zero3", S::kFull, S::kFull, S::kFull, {}, false, true},
+      {"hsdp", "P, G, OS sharded inside the node, replicated across nodes (MiCS, FSDP HYBRID_SHARD)", S::kNode, S::kNode,
+       S::kNode, {}, true, true},
+      {"mics", "alias of hsdp", S::kNode, S::kNode, S::kNode, {}, false, true},
+      {"zeropp", "ZeRO-3 + secondary intra-node parameter copy for backward all-gathers (ZeRO++ hpZ)", S::kFull, S::kFull,
+       S::kFull, kHpz, true, true},
+      {"amsp", "explicit (s_p, s_g, s_os) partial sharding, or the planner's pick", S::kExplicit, S::kExplicit,
+       S::kExplicit, {}, false, true},
+      {"asynchzp", "AsyncHZP: per-state groups, one stream per communication kind, fixed buffer pools", S::kNode,
+       S::kNode, S::kFull, kAsync, true, true},
+      {"custom", "explicit sharding without a preset", S::kExplicit, S::kExplicit, S::kExplicit, {}, false, false},
   };
   return table;
 }
 
+const PolicyEntry* find_policy(std::string_view name) {
+  for (const PolicyEntry& entry : policy_registry())
+    if (name == entry.name) return &entry;
+  return nullptr;
+}
+
 Result<Schedule> build_schedule(const Scenario& scenario, const ModelCost& cost) {
-  for (const PolicyEntry& entry : policy_registry()) {
-    if (scenario.policy.preset != entry.name) continue;
-    if (entry.build == nullptr)
-      return Status::Unimplemented("policy.preset: \"" + scenario.policy.preset + "\" resolves (see `hzp validate`) "
-                                   "but its scheduler is not implemented yet");
-    return entry.build(scenario, cost);
-  }
-  return Status::InvalidInput("policy.preset: no scheduler for \"" + scenario.policy.preset + "\"");
+  const PolicyEntry* entry = find_policy(scenario.policy.preset);
+  if (entry == nullptr) return Status::InvalidInput("policy.preset: no scheduler for \"" + scenario.policy.preset + "\"");
+  return build_data_parallel_schedule(scenario, cost, entry->name, entry->options);
 }
 
 }  // namespace hzp

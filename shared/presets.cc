@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "calibration.h"
+#include "policy_registry.h"
 #include "text.h"
 
 namespace hzp {
@@ -106,41 +107,15 @@ constexpr int kDefaultLeafSize = 32;              // assumption: a 64-port leaf 
 constexpr double kDefaultSwitchLatency = 0.5e-6;  // assumption: IB switches are ~0.1-0.2 us port to port,
                                                   // Ethernet (RoCE) ~0.5-1 us; 0.5 us covers both plus cables
 
-// ---------------------------------------------------------------------------------------------------------
-// Sharding policies in AMSP notation (arXiv 2311.00257 §III).
-// ---------------------------------------------------------------------------------------------------------
-
-enum class Scope { kReplica, kNode, kFull };  // (1,1), (R,1), (R,N)
-
-struct PolicyRow {
-  const char* name;
-  bool has_default;  // false: groups must be given explicitly (amsp)
-  Scope params, grads, optimizer;
-};
-
-constexpr PolicyRow kPolicies[] = {
-    {"ddp", true, Scope::kReplica, Scope::kReplica, Scope::kReplica},
-    {"zero1", true, Scope::kReplica, Scope::kReplica, Scope::kFull},
-    {"zero2", true, Scope::kReplica, Scope::kFull, Scope::kFull},
-    {"zero3", true, Scope::kFull, Scope::kFull, Scope::kFull},
-    {"fsdp", true, Scope::kFull, Scope::kFull, Scope::kFull},
-    {"hsdp", true, Scope::kNode, Scope::kNode, Scope::kNode},
-    {"mics", true, Scope::kNode, Scope::kNode, Scope::kNode},
-    {"zeropp", true, Scope::kFull, Scope::kFull, Scope::kFull},  // hpZ's secondary copy: a schedule feature
-    {"amsp", false, Scope::kReplica, Scope::kReplica, Scope::kReplica},
-    {"asynchzp", true, Scope::kNode, Scope::kNode, Scope::kFull},
-};
-
-ShardGroup group_for(Scope scope, int gpus_per_node, int nodes) {
+ShardGroup group_for(ShardScope scope, int gpus_per_node, int nodes) {
   switch (scope) {
-    case Scope::kReplica:
-      return {1, 1};
-    case Scope::kNode:
+    case ShardScope::kNode:
       return {gpus_per_node, 1};
-    case Scope::kFull:
+    case ShardScope::kFull:
       return {gpus_per_node, nodes};
+    default:
+      return {1, 1};
   }
-  return {1, 1};
 }
 
 }  // namespace
@@ -188,21 +163,21 @@ std::vector<std::string> cluster_preset_names() {
 }
 
 Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes) {
-  for (const auto& row : kPolicies) {
-    if (policy != row.name) continue;
-    if (!row.has_default)
-      return Status::InvalidInput("policy \"" + std::string(policy) +
-                                  "\" has no default sharding; give params, grads and optimizer groups");
-    return ShardingSpec{group_for(row.params, gpus_per_node, nodes), group_for(row.grads, gpus_per_node, nodes),
-                        group_for(row.optimizer, gpus_per_node, nodes)};
-  }
-  return Status::InvalidInput("unknown policy preset \"" + std::string(policy) +
-                              "\"; known: " + join(policy_preset_names()));
+  const PolicyEntry* row = find_policy(policy);
+  if (row == nullptr || !row->is_preset)
+    return Status::InvalidInput("unknown policy preset \"" + std::string(policy) +
+                                "\"; known: " + join(policy_preset_names()));
+  if (row->params == ShardScope::kExplicit)
+    return Status::InvalidInput("policy \"" + std::string(policy) +
+                                "\" has no default sharding; give params, grads and optimizer groups");
+  return ShardingSpec{group_for(row->params, gpus_per_node, nodes), group_for(row->grads, gpus_per_node, nodes),
+                      group_for(row->optimizer, gpus_per_node, nodes)};
 }
 
 std::vector<std::string> policy_preset_names() {
   std::vector<std::string> names;
-  for (const auto& row : kPolicies) names.emplace_back(row.name);
+  for (const PolicyEntry& row : policy_registry())
+    if (row.is_preset) names.emplace_back(row.name);
   return names;
 }
 

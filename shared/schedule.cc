@@ -49,6 +49,52 @@ const char* to_string(Payload v) {
 
 int dtype_bytes(DType v) { return v == DType::kFp32 ? 4 : 2; }
 
+const char* to_string(GroupRole role) {
+  switch (role) {
+    case GroupRole::kParamShard: return "param_shard";
+    case GroupRole::kGradShard: return "grad_shard";
+    case GroupRole::kParamRefresh: return "param_refresh";
+    case GroupRole::kOsReplica: return "os_replica";
+    case GroupRole::kExpertParallel: return "expert_parallel";
+    case GroupRole::kExpertParamShard: return "expert_param_shard";
+    case GroupRole::kExpertGradShard: return "expert_grad_shard";
+    case GroupRole::kExpertParamRefresh: return "expert_param_refresh";
+    case GroupRole::kExpertOsReplica: return "expert_os_replica";
+    case GroupRole::kParamSecondary: return "param_secondary";
+    case GroupRole::kWorld: return "world";
+  }
+  return "?";
+}
+
+const char* to_string(StateKind v) { return v == StateKind::kDense ? "dense" : "expert"; }
+
+const char* to_string(PoolKind v) { return v == PoolKind::kParamGather ? "param_gather" : "grad_reduce"; }
+
+const char* to_string(CollectivePurpose v) {
+  switch (v) {
+    case CollectivePurpose::kGatherParams: return "gather_params";
+    case CollectivePurpose::kGatherSecondary: return "gather_secondary";
+    case CollectivePurpose::kRefreshParams: return "refresh_params";
+    case CollectivePurpose::kReduceGrads: return "reduce_grads";
+    case CollectivePurpose::kReduceToOptimizer: return "reduce_to_optimizer";
+    case CollectivePurpose::kSyncReplicas: return "sync_replicas";
+    case CollectivePurpose::kGradNorm: return "grad_norm";
+    case CollectivePurpose::kMoeDispatch: return "moe_dispatch";
+    case CollectivePurpose::kMoeCombine: return "moe_combine";
+    case CollectivePurpose::kMoeCombineGrad: return "moe_combine_grad";
+    case CollectivePurpose::kMoeDispatchGrad: return "moe_dispatch_grad";
+  }
+  return "?";
+}
+
+int module_slot(ModuleKind module) { return module == ModuleKind::kMlp || module == ModuleKind::kMoe ? 1 : 0; }
+
+int Schedule::role_index(GroupRole role) const {
+  for (std::size_t i = 0; i < roles.size(); ++i)
+    if (roles[i] == role) return static_cast<int>(i);
+  return -1;
+}
+
 namespace {
 
 std::string fmt_double(double v) {
@@ -73,27 +119,28 @@ struct BodyPrinter {
   std::ostringstream& os;
 
   void operator()(const ComputeOp& c) const {
-    os << "compute " << to_string(c.module) << " layer=" << c.layer << " phase=" << to_string(c.phase)
+    os << "compute " << to_string(c.module) << " unit=" << c.unit << " phase=" << to_string(c.phase)
        << " mb=" << c.micro_batch << " flops=" << fmt_double(c.flops) << " mem_bytes=" << fmt_double(c.mem_bytes);
   }
   void operator()(const CollectiveOp& c) const {
-    os << to_string(c.kind) << " role=" << schedule.roles[c.role];
+    os << to_string(c.kind) << " " << to_string(c.purpose) << " " << to_string(c.state)
+       << " role=" << to_string(schedule.roles[c.role]);
     if (rank >= 0) os << " group=" << schedule.rank_groups[rank][c.role];
     os << " bytes=" << c.bytes << " dtype=" << to_string(c.dtype) << " payload=" << to_string(c.payload)
-       << " layer=" << c.layer << " mb=" << c.micro_batch;
+       << " unit=" << c.unit << " mb=" << c.micro_batch;
     if (c.bucket >= 0) os << " bucket=" << c.bucket;
     if (c.module >= 0) os << " module=" << c.module;
   }
   void operator()(const OptimizerStepOp& o) const {
-    os << "optimizer_step bucket=" << o.bucket << " layer=" << o.layer << " shard_params=" << o.shard_params
+    os << "optimizer_step bucket=" << o.bucket << " unit=" << o.unit << " shard_params=" << o.shard_params
        << " mem_bytes=" << fmt_double(o.mem_bytes);
   }
   void operator()(const BufferAcquireOp& b) const {
-    os << "acquire pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " layer=" << b.layer;
+    os << "acquire pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " unit=" << b.unit;
     if (b.bucket >= 0) os << " bucket=" << b.bucket;
   }
   void operator()(const BufferReleaseOp& b) const {
-    os << "release pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " layer=" << b.layer;
+    os << "release pool=" << schedule.pools[b.pool].name << " slot=" << b.slot << " unit=" << b.unit;
     if (b.bucket >= 0) os << " bucket=" << b.bucket;
   }
 };
@@ -102,16 +149,26 @@ struct BodyPrinter {
 
 std::string dump_schedule(const Schedule& schedule, int rank) {
   std::ostringstream os;
-  os << "# hzp schedule v1 policy=" << schedule.policy << " world=" << schedule.world_size
+  os << "# hzp schedule v2 policy=" << schedule.policy << " world=" << schedule.world_size
      << " gpus_per_node=" << schedule.gpus_per_node << " programs=" << schedule.programs.size() << "\n";
   os << "streams:";
   for (size_t i = 0; i < schedule.streams.size(); ++i) os << " " << i << "=" << schedule.streams[i];
   os << "\npools:";
   for (const BufferPool& p : schedule.pools) os << " " << p.name << "(slots=" << p.slots << ",slot_bytes=" << p.slot_bytes << ")";
-  os << "\nbuckets:";
-  for (const GradBucket& b : schedule.buckets) {
-    os << " " << (b.kind == 0 ? "dense" : "expert") << fmt_ranks(b.layers);
+  os << "\nunits:";
+  for (std::size_t u = 0; u < schedule.units.size(); ++u) {
+    os << " " << u << "=";
+    for (std::size_t m = 0; m < schedule.units[u].modules.size(); ++m) os << (m ? "+" : "") << to_string(schedule.units[u].modules[m]);
   }
+  os << "\nstates:";
+  for (StateKind k : {StateKind::kDense, StateKind::kExpert}) {
+    const StateSharding& st = schedule.state(k);
+    if (st.present)
+      os << " " << to_string(k) << "(s_p=" << st.s_p << ",s_g=" << st.s_g << ",s_os=" << st.s_os
+         << ",replicas=" << st.replicas << ")";
+  }
+  os << "\nbuckets:";
+  for (const GradBucket& b : schedule.buckets) os << " " << to_string(b.state) << fmt_ranks(b.units);
   os << "\n";
   const int first = rank < 0 ? 0 : rank;
   const int last = rank < 0 ? schedule.world_size - 1 : rank;
@@ -119,7 +176,7 @@ std::string dump_schedule(const Schedule& schedule, int rank) {
     os << "rank " << r << " program " << schedule.rank_program[r] << " groups:";
     for (size_t role = 0; role < schedule.roles.size(); ++role) {
       const int g = schedule.rank_groups[r][role];
-      os << " " << schedule.roles[role] << "=" << g << fmt_ranks(schedule.groups[g].ranks);
+      os << " " << to_string(schedule.roles[role]) << "=" << g << fmt_ranks(schedule.groups[g].ranks);
     }
     os << "\n";
   }

@@ -10,11 +10,18 @@
 //     `prev_step_deps` on the previous repetition.
 //
 // Ranks that run the same program share it: `programs` holds each distinct program once and
-// `rank_program[r]` says which one rank r runs. Collectives name a group *role* (e.g. "param shard"),
-// bound per rank to a concrete ProcessGroup by `rank_groups[r][role]`. This keeps a 8192-GPU ZeRO schedule
-// at one program of a few thousand ops instead of 8192 copies. `ops_of(rank)` resolves roles for a rank.
+// `rank_program[r]` says which one rank r runs. Collectives name a group *role* (GroupRole: which state's
+// group), bound per rank to a concrete ProcessGroup by `rank_groups[r][role index]`. This keeps an 8192-GPU
+// ZeRO schedule at one program of a few thousand ops instead of 8192 copies.
+//
+// The IR is the contract with the executors: every op carries its meaning as typed data — the unit and
+// module it works on (one numbering, `Schedule::units`), what a collective is for (CollectivePurpose: which
+// state, which step of the pipeline, which all-to-all of a MoE layer), the state kind it moves (dense or
+// expert), the kind of pool a slot belongs to — and the schedule states each state's group sizes
+// (`Schedule::states`). Executors switch on these fields; they never parse names or count ops.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -25,6 +32,38 @@
 namespace hzp {
 
 enum class Phase { kForward, kBackward, kRecompute };
+// The process group a collective runs over, by the state it serves (sharding.h lays them out).
+enum class GroupRole {
+  kParamShard, kGradShard, kParamRefresh, kOsReplica,
+  // Only with expert parallelism (policy.expert_parallel > 1):
+  kExpertParallel,  // the EP consecutive ranks that together hold every expert: all-to-all of tokens
+  kExpertParamShard, kExpertGradShard, kExpertParamRefresh, kExpertOsReplica,  // the dense roles' groups
+                                                                               // restricted to the ranks
+                                                                               // holding the same experts
+  // Only with a secondary parameter copy (ZeRO++ hpZ): the GPUs of my node, which hold the copy sharded
+  // among themselves and all-gather it in backward.
+  kParamSecondary,
+  kWorld,  // every rank: the gradient-norm all-reduce of training.grad_clip
+};
+inline constexpr int kNumGroupRoles = 11;
+// Model states are sharded per kind: the dense parameters, and (with expert parallelism) the experts'.
+enum class StateKind { kDense, kExpert };
+// What a fixed buffer pool holds.
+enum class PoolKind { kParamGather, kGradReduce };
+// What a collective is for. Each names its group role and what the executor does with its buffers:
+enum class CollectivePurpose {
+  kGatherParams,      // all-gather a unit's (or one module's) parameter shards into a param_gather slot
+  kGatherSecondary,   // hpZ: the same from the node's secondary copy (param_secondary), in backward
+  kRefreshParams,     // all-gather last step's updated optimizer slices into the parameter shard (param_refresh)
+  kReduceGrads,       // reduce-scatter a grad_reduce slot into the gradient shard (grad_shard), every micro-batch
+  kReduceToOptimizer, // reduce-scatter the gradient shard down to the optimizer slice (param_refresh), once a step
+  kSyncReplicas,      // all-reduce the optimizer slice's gradients across replicas (os_replica), once a step
+  kGradNorm,          // all-reduce of every rank's partial squared gradient norm (world), before clipping
+  kMoeDispatch,       // forward: tokens to the ranks holding their experts (expert_parallel)
+  kMoeCombine,        // forward: expert outputs back to their tokens' ranks
+  kMoeCombineGrad,    // backward: gradients of the expert outputs to the experts' ranks
+  kMoeDispatchGrad,   // backward: gradients of the dispatched tokens back to their ranks
+};
 enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 enum class DType { kBf16, kFp16, kFp32 };
 // What a collective moves; lets executors and reports attribute communication to a state.
@@ -33,6 +72,10 @@ enum class DType { kBf16, kFp16, kFp32 };
 enum class Payload { kParams, kGrads, kActivations, kGradNorm };
 
 const char* to_string(Phase v);
+const char* to_string(GroupRole v);
+const char* to_string(StateKind v);
+const char* to_string(PoolKind v);
+const char* to_string(CollectivePurpose v);
 const char* to_string(CollectiveKind v);
 const char* to_string(DType v);
 const char* to_string(Payload v);
@@ -40,9 +83,16 @@ int dtype_bytes(DType v);
 
 // Compute on the GPU: a module in a phase, for one micro-batch. Duration model: flops at the GEMM
 // efficiency plus mem_bytes at the memory-bound efficiency (collective_cost.h / estimator.h).
+// Units: the granularity of parameter gathers — the embedding, each layer, the head. Unit u holds layer
+// u - 1 (unit 0 the embedding, unit L + 1 the head); its modules in forward order are its module slots
+// (0 attention / embedding / head, 1 MLP or MoE). This is the one numbering every executor uses.
+inline int unit_of_layer(int layer) { return layer + 1; }
+int module_slot(ModuleKind module);
+
 struct ComputeOp {
   ModuleKind module = ModuleKind::kAttention;
-  int layer = -1;            // unit: -1 embedding, 0..L-1 layers, L head (as in every op kind)
+  int unit = 0;              // Schedule::units
+  int layer = -1;            // the unit's layer: -1 embedding, 0..L-1 layers, L head (as in every op kind)
   Phase phase = Phase::kForward;
   int micro_batch = 0;
   double flops = 0;
@@ -54,12 +104,14 @@ struct ComputeOp {
 // for all-reduce / broadcast the buffer, for all-to-all the send buffer of one rank.
 struct CollectiveOp {
   CollectiveKind kind = CollectiveKind::kAllReduce;
+  CollectivePurpose purpose = CollectivePurpose::kGatherParams;
+  StateKind state = StateKind::kDense;  // whose parameters or gradients it moves (dense for norm and all-to-all)
   int role = 0;              // index into Schedule::roles
   std::int64_t bytes = 0;
   DType dtype = DType::kBf16;
   Payload payload = Payload::kParams;
-  int layer = -1;            // unit (-1 embedding, 0..L-1 layers, L head); for a bucket of several units, the
-                             // one whose backward completes it
+  int unit = 0;              // Schedule::units; for a bucket of several units, the one whose backward
+  int layer = -1;            // completes it (and that unit's layer)
   int micro_batch = 0;
   int bucket = -1;           // gradient reduction and parameter refresh: index into Schedule::buckets
   int module = -1;           // parameter all-gather of ONE module of the unit (its index in the unit, forward
@@ -69,6 +121,7 @@ struct CollectiveOp {
 // The AdamW update of this rank's optimizer shard of one unit: memory-bound.
 struct OptimizerStepOp {
   int bucket = -1;           // index into Schedule::buckets
+  int unit = 0;              // the bucket's last unit
   int layer = -1;
   std::int64_t shard_params = 0;
   double mem_bytes = 0;
@@ -79,12 +132,14 @@ struct OptimizerStepOp {
 struct BufferAcquireOp {
   int pool = 0;
   int slot = 0;
+  int unit = 0;
   int layer = -1;
   int bucket = -1;           // a gradient slot holds this bucket (Schedule::buckets); -1 for parameter slots
 };
 struct BufferReleaseOp {
   int pool = 0;
   int slot = 0;
+  int unit = 0;
   int layer = -1;
   int bucket = -1;
 };
@@ -102,7 +157,7 @@ struct Op {
 };
 
 struct ProcessGroup {
-  std::string role;          // same as Schedule::roles[role index]
+  GroupRole role = GroupRole::kParamShard;
   std::vector<int> ranks;    // global ranks in ring order
   bool intra_node = false;   // every member on one node
   int ranks_per_node = 0;    // members per node (s0)
@@ -110,7 +165,8 @@ struct ProcessGroup {
 };
 
 struct BufferPool {
-  std::string name;
+  PoolKind kind = PoolKind::kParamGather;
+  std::string name;          // to_string(kind), for dumps and traces
   int slots = 0;
   std::int64_t slot_bytes = 0;
 };
@@ -119,8 +175,23 @@ struct BufferPool {
 // optimizer steps name their bucket; a buffer of a bucket is its units' parameters concatenated in this
 // order, each unit's modules in forward order.
 struct GradBucket {
-  int kind = 0;              // 0 dense states, 1 expert states (expert parallelism only)
-  std::vector<int> layers;   // units in backward order (-1 embedding, 0..L-1, L head)
+  StateKind state = StateKind::kDense;  // expert buckets only with expert parallelism
+  std::vector<int> units;    // Schedule::units, in backward order; the last one completes the bucket
+};
+
+struct UnitInfo {
+  int layer = -1;                   // -1 embedding, 0..L-1, L head
+  std::vector<ModuleKind> modules;  // in forward order: module slot i is modules[i]
+};
+
+// How one kind of state is sharded on every rank: its group sizes (AMSP notation: s_p parameters, s_g
+// gradients, s_os optimizer states; replicas = D / s_os copies of each optimizer slice) and the roles of
+// its groups. q = s_os / s_p optimizer slices make one parameter shard.
+struct StateSharding {
+  bool present = false;
+  int s_p = 1, s_g = 1, s_os = 1, replicas = 1;
+  int role_param = -1, role_grad = -1, role_refresh = -1, role_replica = -1;  // indices into Schedule::roles
+  int q() const { return s_os / s_p; }
 };
 
 struct Program {
@@ -140,16 +211,22 @@ struct Schedule {
   int world_size = 0;
   int gpus_per_node = 0;
   std::vector<std::string> streams;       // e.g. {"compute", "allgather", "reduce_scatter", "allreduce"}
-  std::vector<std::string> roles;         // group roles used by collectives
+  std::vector<GroupRole> roles;           // group roles used by collectives
   std::vector<ProcessGroup> groups;       // every concrete group, deterministic order
   std::vector<BufferPool> pools;
   std::vector<GradBucket> buckets;
+  std::vector<UnitInfo> units;            // index = unit (unit_of_layer)
+  std::array<StateSharding, 2> states;    // [StateKind]
+  int role_secondary = -1, role_expert_parallel = -1, role_world = -1;  // indices into roles, -1 when absent
   std::vector<Program> programs;
   std::vector<int> rank_program;          // size world_size
   std::vector<std::vector<int>> rank_groups;  // [rank][role] -> index into groups
 
   const Program& program_of(int rank) const { return programs[rank_program[rank]]; }
   const ProcessGroup& group_of(int rank, int role) const { return groups[rank_groups[rank][role]]; }
+  const StateSharding& state(StateKind kind) const { return states[static_cast<int>(kind)]; }
+  // Index of `role` in `roles`, -1 when the schedule has no such group.
+  int role_index(GroupRole role) const;
 };
 
 // Deterministic text dump of one rank's ops (or the group table etc. when rank < 0: everything).

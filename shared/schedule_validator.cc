@@ -12,7 +12,7 @@ std::string describe(const Schedule& s, int rank, int op_index) {
   const Op& op = s.program_of(rank).ops[op_index];
   std::string out = "rank " + std::to_string(rank) + " op " + std::to_string(op_index) + " [" + s.streams[op.stream] + "]";
   if (const auto* c = std::get_if<CollectiveOp>(&op.body))
-    out += std::string(" ") + to_string(c->kind) + " role=" + s.roles[c->role] + " layer=" + std::to_string(c->layer) +
+    out += std::string(" ") + to_string(c->kind) + " role=" + to_string(s.roles[c->role]) + " unit=" + std::to_string(c->unit) +
            " mb=" + std::to_string(c->micro_batch) + " bytes=" + std::to_string(c->bytes);
   return out;
 }
@@ -40,7 +40,7 @@ Status check_structure(const Schedule& s) {
     for (size_t role = 0; role < roles; ++role)
       if (!member[r * roles + role])
         return Status::Internal("schedule: rank " + std::to_string(r) + " is bound to group " +
-                                std::to_string(s.rank_groups[r][role]) + " for role " + s.roles[role] +
+                                std::to_string(s.rank_groups[r][role]) + " for role " + to_string(s.roles[role]) +
                                 " but is not a member");
   }
   for (size_t p = 0; p < s.programs.size(); ++p) {
@@ -107,8 +107,8 @@ std::vector<int> collectives_on_role(const Program& program, int role) {
 }
 
 bool same_collective(const CollectiveOp& a, const CollectiveOp& b) {
-  return a.kind == b.kind && a.bytes == b.bytes && a.dtype == b.dtype && a.payload == b.payload &&
-         a.layer == b.layer && a.micro_batch == b.micro_batch;
+  return a.kind == b.kind && a.purpose == b.purpose && a.bytes == b.bytes && a.dtype == b.dtype && a.payload == b.payload &&
+         a.unit == b.unit && a.micro_batch == b.micro_batch;
 }
 
 Status check_collective_order(const Schedule& s) {
@@ -132,7 +132,7 @@ Status check_collective_order(const Schedule& s) {
       for (size_t k = 0; k <= n; ++k) {
         if (k == n) {
           if (ref.size() == mine.size()) break;
-          return Status::Internal("deadlock: group " + std::to_string(g) + " (" + group.role + "): rank " +
+          return Status::Internal("deadlock: group " + std::to_string(g) + " (" + to_string(group.role) + "): rank " +
                                   std::to_string(first) + " issues " + std::to_string(ref.size()) +
                                   " collectives on it but rank " + std::to_string(rank) + " issues " +
                                   std::to_string(mine.size()));
@@ -140,7 +140,7 @@ Status check_collective_order(const Schedule& s) {
         const auto& a = std::get<CollectiveOp>(s.program_of(first).ops[ref[k]].body);
         const auto& b = std::get<CollectiveOp>(s.program_of(rank).ops[mine[k]].body);
         if (!same_collective(a, b))
-          return Status::Internal("deadlock: group " + std::to_string(g) + " (" + group.role + ") collective #" +
+          return Status::Internal("deadlock: group " + std::to_string(g) + " (" + to_string(group.role) + ") collective #" +
                                   std::to_string(k) + ": " + describe(s, first, ref[k]) + " but " +
                                   describe(s, rank, mine[k]) + " — members must issue the same collectives in the "
                                   "same order");

@@ -14,22 +14,6 @@ std::string sharding_notation(const ShardingSpec& s) {
   return g("P", s.params) + " " + g("G", s.grads) + " " + g("OS", s.optimizer);
 }
 
-const char* to_string(GroupRole role) {
-  switch (role) {
-    case GroupRole::kParamShard: return "param_shard";
-    case GroupRole::kGradShard: return "grad_shard";
-    case GroupRole::kParamRefresh: return "param_refresh";
-    case GroupRole::kOsReplica: return "os_replica";
-    case GroupRole::kExpertParallel: return "expert_parallel";
-    case GroupRole::kExpertParamShard: return "expert_param_shard";
-    case GroupRole::kExpertGradShard: return "expert_grad_shard";
-    case GroupRole::kExpertParamRefresh: return "expert_param_refresh";
-    case GroupRole::kExpertOsReplica: return "expert_os_replica";
-    case GroupRole::kParamSecondary: return "param_secondary";
-  }
-  return "?";
-}
-
 namespace {
 
 // Coordinates of a rank relative to a (s0, s1) sharding block.
@@ -51,7 +35,7 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
               const std::function<long long(int)>& key_of,
               const std::function<long long(int)>& order_of) {
   const int role_index = static_cast<int>(layout.roles.size());
-  layout.roles.push_back(to_string(role));
+  layout.roles.push_back(role);
   layout.index[static_cast<int>(role)] = role_index;
   for (std::vector<int>& groups_of_rank : layout.rank_groups) groups_of_rank.push_back(-1);
   std::unordered_map<long long, int> index_of_key;
@@ -59,7 +43,7 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
   for (int r = 0; r < world; ++r) {
     const long long key = key_of(r);
     auto [it, inserted] = index_of_key.try_emplace(key, static_cast<int>(layout.groups.size()));
-    if (inserted) layout.groups.push_back(ProcessGroup{to_string(role), {}, false, 0, 0});
+    if (inserted) layout.groups.push_back(ProcessGroup{role, {}, false, 0, 0});
     layout.groups[it->second].ranks.push_back(r);
     layout.rank_groups[r][role_index] = it->second;
   }
@@ -149,7 +133,7 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
     for (int r = 0; r < world; ++r)
       if (layout.groups[layout.rank_groups[r][index]].ranks.size() != size)
         return Status::InvalidInput("policy.expert_parallel: " + std::to_string(ep) + " splits the " +
-                                    layout.roles[dense_index] + " groups unevenly; expert_parallel and each group's "
+                                    to_string(layout.roles[dense_index]) + " groups unevenly; expert_parallel and each group's "
                                     "s0 must divide one another");
   }
   return layout;

@@ -35,28 +35,14 @@
 
 namespace hzp {
 
-enum class GroupRole {
-  kParamShard, kGradShard, kParamRefresh, kOsReplica,
-  // Only with expert parallelism (policy.expert_parallel > 1):
-  kExpertParallel,  // the EP consecutive ranks that together hold every expert: all-to-all of tokens
-  kExpertParamShard, kExpertGradShard, kExpertParamRefresh, kExpertOsReplica,  // the dense roles' groups
-                                                                               // restricted to the ranks
-                                                                               // holding the same experts
-  // Only with a secondary parameter copy (ZeRO++ hpZ): the GPUs of my node, which hold the copy sharded
-  // among themselves and all-gather it in backward.
-  kParamSecondary,
-};
 inline constexpr int kNumDenseRoles = 4;
-inline constexpr int kNumGroupRoles = 10;
-const char* to_string(GroupRole role);
-
 // Group membership for every role and rank, deterministic. `groups` is deduplicated: ranks of one group
 // share its index. Built once per (cluster, sharding).
 struct ShardingLayout {
-  std::vector<std::string> roles;            // to_string of each present GroupRole, in the order built
+  std::vector<GroupRole> roles;              // each present role, in the order built
   std::vector<ProcessGroup> groups;
   std::vector<std::vector<int>> rank_groups; // [rank][role index] -> index into groups
-  std::array<int, kNumGroupRoles> index{};   // GroupRole -> role index, -1 when the role is absent
+  std::array<int, kNumGroupRoles> index{};   // GroupRole -> role index, -1 when the role is absent (kWorld always)
 
   int role(GroupRole r) const { return index[static_cast<int>(r)]; }
 };

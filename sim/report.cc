@@ -77,7 +77,7 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
       const ProcessGroup& g = schedule.group_of(span.rank, c->role);
       args["bytes"] = c->bytes;
       args["group"] = schedule.rank_groups[span.rank][c->role];
-      args["group_role"] = schedule.roles[c->role];
+      args["group_role"] = to_string(schedule.roles[c->role]);
       args["group_size"] = g.ranks.size();
       const int group = schedule.rank_groups[span.rank][c->role];
       auto [it, fresh] = algorithm_cache.try_emplace({group, span.op}, nullptr);

@@ -141,7 +141,7 @@ TEST_CASE("schedule dumps one rank, or all", "[cli]") {
   const RunResult r = run("schedule '" + kData + "/golden/zero3.json' --rank 1");
   REQUIRE(r.code == 0);
   CHECK(r.out.find("rank 1 program 0") != std::string::npos);
-  CHECK(r.out.find("all_gather role=param_shard") != std::string::npos);
+  CHECK(r.out.find("all_gather gather_params dense role=param_shard") != std::string::npos);
   const RunResult all = run("schedule '" + kData + "/golden/zero3.json' --rank all");
   REQUIRE(all.code == 0);
   CHECK(all.out.find("rank 3 program 0") != std::string::npos);

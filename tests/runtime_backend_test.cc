@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/device.h"
 #include "backend/gloo_comm.h"
 #include "store/store.h"
 
@@ -195,7 +195,7 @@ void check_every_op(Communicator& c, std::int64_t count, Log& log) {
 // --- MemoryPool ------------------------------------------------------------------------------------------
 
 TEST_CASE("backend: the memory pool hands out zeroed, 64-byte aligned pieces accounted per category", "[backend]") {
-  MemoryPool pool(4096);
+  CpuMemoryPool pool(4096);
   CHECK(pool.capacity_bytes() == 4096);
   auto a = pool.allocate("params", 1);    // 4 bytes -> one 64-byte piece
   auto b = pool.allocate("grads", 17);    // 68 bytes -> 128
@@ -216,11 +216,11 @@ TEST_CASE("backend: the memory pool hands out zeroed, 64-byte aligned pieces acc
 }
 
 TEST_CASE("backend: memory pool exhaustion names the category and the sizes", "[backend]") {
-  MemoryPool pool(1024);
+  CpuMemoryPool pool(1024);
   REQUIRE(pool.allocate("params", 200).ok());  // 800 -> 832 bytes
   auto big = pool.allocate("optimizer", 100);  // 400 -> 448 bytes > 192 free
   REQUIRE_FALSE(big.ok());
-  CHECK_THAT(big.status().message(), Catch::Contains("optimizer") && Catch::Contains("448 bytes (100 floats)") &&
+  CHECK_THAT(big.status().message(), Catch::Contains("optimizer") && Catch::Contains("448 bytes (100 fp32 elements)") &&
                                          Catch::Contains("192 of 1024 bytes are free"));
   CHECK(pool.used_bytes() == 832);  // a failed request takes nothing
   CHECK(pool.allocate("optimizer", 48).ok());  // exactly the rest
@@ -228,7 +228,7 @@ TEST_CASE("backend: memory pool exhaustion names the category and the sizes", "[
   CHECK_FALSE(pool.allocate("x", 1).ok());
   CHECK_FALSE(pool.allocate("x", -1).ok());
   CHECK_FALSE(pool.allocate("x", std::numeric_limits<std::int64_t>::max()).ok());
-  MemoryPool empty(0);
+  CpuMemoryPool empty(0);
   CHECK_FALSE(empty.allocate("x", 1).ok());
   CHECK(empty.allocate("x", 0).ok());
 }
@@ -236,7 +236,7 @@ TEST_CASE("backend: memory pool exhaustion names the category and the sizes", "[
 // --- Events and streams ----------------------------------------------------------------------------------
 
 TEST_CASE("backend: an event completes once, and a host wait on an unfinished one times out", "[backend]") {
-  Event e;
+  CpuEvent e;
   CHECK_FALSE(e.done());
   const auto t = e.synchronize(50ms);
   CHECK_FALSE(t.ok());
@@ -248,7 +248,7 @@ TEST_CASE("backend: an event completes once, and a host wait on an unfinished on
 }
 
 TEST_CASE("backend: a stream runs its work in order on its own thread", "[backend]") {
-  Stream s("compute");
+  CpuStream s("compute");
   CHECK(s.name() == "compute");
   std::vector<int> order;
   std::vector<EventPtr> events;
@@ -268,7 +268,7 @@ TEST_CASE("backend: a stream runs its work in order on its own thread", "[backen
 }
 
 TEST_CASE("backend: a stream waiting on another stream's event starts later work only after it", "[backend]") {
-  Stream a("comm"), b("compute");
+  CpuStream a("comm"), b("compute");
   std::atomic<bool> produced{false};
   std::atomic<bool> seen_before{false};
   a.enqueue([&] {
@@ -289,7 +289,7 @@ TEST_CASE("backend: a stream waiting on another stream's event starts later work
 }
 
 TEST_CASE("backend: a failure poisons the stream, its later events and a stream waiting on them", "[backend]") {
-  Stream a("comm"), b("compute");
+  CpuStream a("comm"), b("compute");
   std::atomic<int> ran_a{0}, ran_b{0};
   auto before = a.enqueue([&] { return ++ran_a, Status::Ok(); });
   auto fails = a.enqueue([&] { return ++ran_a, Status::Internal("all_gather on g failed: boom"); });
@@ -310,14 +310,14 @@ TEST_CASE("backend: a failure poisons the stream, its later events and a stream 
   CHECK(ran_b == 1);  // only the work before the wait ran
 
   // A throwing work item is a failure too.
-  Stream c("thrower");
+  CpuStream c("thrower");
   auto threw = c.enqueue([]() -> Status { throw std::runtime_error("kaboom"); });
   CHECK_THAT(wait_event(threw).message(), Catch::Contains("kaboom") && Catch::Contains("thrower"));
 }
 
 TEST_CASE("backend: a stream waiting on an event that completes late is released, not hung", "[backend]") {
-  Stream s("waiter");
-  auto manual = std::make_shared<Event>();
+  CpuStream s("waiter");
+  auto manual = std::make_shared<CpuEvent>();
   s.wait(manual);
   std::atomic<bool> ran{false};
   auto later = s.enqueue([&] { return ran = true, Status::Ok(); });
@@ -332,7 +332,7 @@ TEST_CASE("backend: destroying a stream finishes its queued work first", "[backe
   std::atomic<int> done{0};
   std::vector<EventPtr> events;
   {
-    Stream s("drain");
+    CpuStream s("drain");
     for (int i = 0; i < 20; ++i)
       events.push_back(s.enqueue([&] {
         std::this_thread::sleep_for(2ms);
@@ -417,7 +417,7 @@ TEST_CASE("backend: the async forms run the collectives on a stream", "[backend]
       }
     }
     for (std::size_t k = 0; k < N * n; ++k) rsin[k] = a2ain[k] = v(me, k);
-    Stream s("comm" + std::to_string(me));
+    CpuStream s("comm" + std::to_string(me));
     std::vector<EventPtr> events = {
         c->all_gather_async(s, gin.data(), gout.data(), N),
         c->reduce_scatter_async(s, rsin.data(), rsout.data(), N),
@@ -441,7 +441,7 @@ TEST_CASE("backend: two communicators over the same ranks work concurrently from
     auto compute = connect(w, me, {0, 1, 2, 3}, "dp/compute", "dp[0,1,2,3]/compute", log);
     auto comm = connect(w, me, {0, 1, 2, 3}, "dp/comm", "dp[0,1,2,3]/comm", log);
     if (!compute || !comm) return;
-    Stream sa("compute" + std::to_string(me)), sb("comm" + std::to_string(me));
+    CpuStream sa("compute" + std::to_string(me)), sb("comm" + std::to_string(me));
     constexpr int kRounds = 20;
     constexpr std::size_t N = 4096;
     std::vector<std::vector<float>> reduced(kRounds, std::vector<float>(N)), gathered(kRounds, std::vector<float>(N * 4));

@@ -83,10 +83,18 @@ TEST_CASE("validator: collectives matched per group but crossed by stream order 
   s.world_size = 2;
   s.gpus_per_node = 2;
   s.streams = {"comm"};
-  s.roles = {"x", "y"};
-  s.groups = {{"x", {0, 1}, true, 2, 1}, {"y", {0, 1}, true, 2, 1}};
+  s.roles = {GroupRole::kOsReplica, GroupRole::kWorld};
+  s.groups = {{GroupRole::kOsReplica, {0, 1}, true, 2, 1}, {GroupRole::kWorld, {0, 1}, true, 2, 1}};
   s.rank_groups = {{0, 1}, {0, 1}};
-  auto ar = [](int role) { return Op{0, {}, CollectiveOp{CollectiveKind::kAllReduce, role, 1024, DType::kBf16, Payload::kGrads, 0, 0}, {}}; };
+  auto ar = [](int role) {
+    CollectiveOp c;
+    c.kind = CollectiveKind::kAllReduce;
+    c.purpose = CollectivePurpose::kSyncReplicas;
+    c.role = role;
+    c.bytes = 1024;
+    c.payload = Payload::kGrads;
+    return Op{0, {}, c, {}};
+  };
   s.programs = {Program{{ar(0), ar(1)}}, Program{{ar(1), ar(0)}}};
   s.rank_program = {0, 1};
   const Status st = validate_schedule(s);
@@ -142,7 +150,7 @@ TEST_CASE("grad_clip adds one world all-reduce of the norm before every optimize
         norm = static_cast<int>(i);
         CHECK(c->kind == CollectiveKind::kAllReduce);
         CHECK(clipped.schedule.group_of(0, c->role).ranks.size() == 16);
-        CHECK(clipped.schedule.roles[c->role] == "world");
+        CHECK(clipped.schedule.roles[c->role] == GroupRole::kWorld);
       }
     REQUIRE(norm >= 0);
     int updates = 0;

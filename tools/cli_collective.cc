@@ -240,7 +240,6 @@ int run_collective_command(const std::vector<std::string>& args) {
   auto ranks = group_ranks(o, cluster);
   if (!ranks.ok()) return usage_error(ranks.status().message());
   ProcessGroup group;
-  group.role = "collective";
   group.ranks = std::move(ranks).value();
   const GroupShape shape = group_shape(cluster, group);
   group.ranks_per_node = shape.ranks_per_node;

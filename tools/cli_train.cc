@@ -17,7 +17,7 @@ constexpr long long kMaxLocalRanks = 4096;
 const char* const kTrainHelp =
     "usage: hzp train SCENARIO [--nproc N] [--gpus-per-node G] [--steps S] [--stop-after S] [--out DIR]\n"
     "                 [--data FILE] [--trace FILE] [--perfetto FILE] [--checkpoint-dir DIR] [--resume]\n"
-    "                 [--timeout-s T] [--threads K]\n\n"
+    "                 [--timeout-s T] [--threads K] [--backend cpu]\n\n"
     "Trains the scenario's model (llama family, fp32, byte-level) on CPU ranks with Gloo collectives, running\n"
     "the very schedule the core builds for its policy (hzp schedule shows it). The scenario's cluster size is\n"
     "replaced by N ranks, G per emulated node (default: N, one node), so hierarchical groups are exercised\n"
@@ -41,7 +41,9 @@ const char* const kTrainHelp =
     "  --resume            continue from D/latest (same ranks and policy); the loss curve continues exactly\n"
     "  --timeout-s T       bound on every collective and store wait, 1..86400 (default 60): a dead or hung\n"
     "                      rank makes the others fail with a message naming it, within T\n"
-    "  --threads K         OpenBLAS threads per rank, 1..1024 (default: cores / ranks on this machine)\n\n"
+    "  --threads K         OpenBLAS threads per rank, 1..1024 (default: cores / ranks on this machine)\n"
+    "  --backend B         the device the ranks run on: cpu (default; host memory, Gloo collectives); a CUDA +\n"
+    "                      NCCL backend would plug in here (runtime/backend/device.h) and is not built yet\n\n"
     "Output paths are checked before training starts. Each step prints k/total, loss, tokens/s, MFU against\n"
     "the scenario's GPU type, elapsed time and ETA; the end prints a summary and every file written.\n"
     "Exit codes: 0 ok, 2 bad input, 1 a rank failed (the launcher names the first lost rank).\n";
@@ -67,7 +69,8 @@ int run_train_command(const std::vector<std::string>& args) {
   auto parsed = parse_flags(args,
                             {{"--nproc", true}, {"--gpus-per-node", true}, {"--steps", true}, {"--stop-after", true},
                              {"--out", true}, {"--data", true}, {"--trace", true}, {"--perfetto", true},
-                             {"--checkpoint-dir", true}, {"--resume", false}, {"--timeout-s", true}, {"--threads", true}},
+                             {"--checkpoint-dir", true}, {"--resume", false}, {"--timeout-s", true}, {"--threads", true},
+                             {"--backend", true}},
                             1);
   if (!parsed.ok()) return usage(parsed.status().message());
   const ParsedArgs& a = *parsed;
@@ -101,6 +104,7 @@ int run_train_command(const std::vector<std::string>& args) {
   o.perfetto_path = a.get("--perfetto").value_or("");
   o.checkpoint_dir = a.get("--checkpoint-dir").value_or("");
   o.resume = a.has("--resume");
+  o.backend = a.get("--backend").value_or("cpu");
   if (o.resume && o.checkpoint_dir.empty()) return usage("--resume needs --checkpoint-dir");
 
   auto env = runtime::detect_launch_env([](const char* name) { return std::getenv(name); });

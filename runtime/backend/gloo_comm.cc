@@ -94,7 +94,36 @@ class GlooCommunicator final : public Communicator {
   const std::vector<int>& global_ranks() const override { return ranks_; }
   const std::string& name() const override { return name_; }
 
-  Status all_gather(const float* in, float* out, std::int64_t count) override {
+  // The CPU models train in fp32: the Gloo communicator moves and sums fp32 only.
+  Status all_gather(const void* in, void* out, std::int64_t count, DType dtype) override {
+    HZP_RETURN_IF_ERROR(fp32_only("all_gather", dtype));
+    return all_gather_f32(static_cast<const float*>(in), static_cast<float*>(out), count);
+  }
+  Status reduce_scatter(const void* in, void* out, std::int64_t count, DType dtype) override {
+    HZP_RETURN_IF_ERROR(fp32_only("reduce_scatter", dtype));
+    return reduce_scatter_f32(static_cast<const float*>(in), static_cast<float*>(out), count);
+  }
+  Status all_reduce(void* data, std::int64_t count, DType dtype) override {
+    HZP_RETURN_IF_ERROR(fp32_only("all_reduce", dtype));
+    return all_reduce_f32(static_cast<float*>(data), count);
+  }
+  Status broadcast(void* data, std::int64_t count, int root, DType dtype) override {
+    HZP_RETURN_IF_ERROR(fp32_only("broadcast", dtype));
+    return broadcast_f32(static_cast<float*>(data), count, root);
+  }
+  Status all_to_all(const void* in, void* out, std::int64_t count, DType dtype) override {
+    HZP_RETURN_IF_ERROR(fp32_only("all_to_all", dtype));
+    return all_to_all_f32(static_cast<const float*>(in), static_cast<float*>(out), count);
+  }
+
+ private:
+  Status fp32_only(const char* op, DType dtype) const {
+    if (dtype == DType::kFp32) return Status::Ok();
+    return Status::Unimplemented(std::string(op) + " on " + name_ + ": the CPU backend (Gloo) moves fp32 only, not " +
+                                 to_string(dtype));
+  }
+
+  Status all_gather_f32(const float* in, float* out, std::int64_t count) {
     constexpr const char* op = "all_gather";
     HZP_RETURN_IF_ERROR(check_count(op, count, size()));
     if (count == 0) return Status::Ok();
@@ -120,7 +149,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  Status reduce_scatter(const float* in, float* out, std::int64_t count) override {
+  Status reduce_scatter_f32(const float* in, float* out, std::int64_t count) {
     constexpr const char* op = "reduce_scatter";
     HZP_RETURN_IF_ERROR(check_count(op, count, size()));
     if (count == 0) return Status::Ok();
@@ -151,7 +180,7 @@ class GlooCommunicator final : public Communicator {
     return Status::Ok();
   }
 
-  Status all_reduce(float* data, std::int64_t count) override {
+  Status all_reduce_f32(float* data, std::int64_t count) {
     constexpr const char* op = "all_reduce";
     HZP_RETURN_IF_ERROR(check_count(op, count, 1));
     if (count == 0 || size() == 1) return Status::Ok();
@@ -166,7 +195,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  Status broadcast(float* data, std::int64_t count, int root) override {
+  Status broadcast_f32(float* data, std::int64_t count, int root) {
     constexpr const char* op = "broadcast";
     HZP_RETURN_IF_ERROR(check_count(op, count, 1));
     if (root < 0 || root >= size())
@@ -184,7 +213,7 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-  Status all_to_all(const float* in, float* out, std::int64_t count) override {
+  Status all_to_all_f32(const float* in, float* out, std::int64_t count) {
     constexpr const char* op = "all_to_all";
     HZP_RETURN_IF_ERROR(check_count(op, count, size()));
     if (count == 0) return Status::Ok();
@@ -209,6 +238,8 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+
+ public:
   Status all_to_all_v(const float* in, const std::vector<std::int64_t>& send_counts, std::vector<float>& out,
                       std::vector<std::int64_t>& recv_counts) override {
     constexpr const char* op = "all_to_all_v";
@@ -405,6 +436,41 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const StoreAddress&
   } catch (const std::exception& e) {
     return Status::Internal(where + e.what());
   }
+}
+
+}  // namespace hzp::runtime
+
+namespace hzp::runtime {
+namespace {
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(CpuDeviceOptions options, std::shared_ptr<gloo::transport::Device> gloo)
+      : options_(std::move(options)), gloo_(std::move(gloo)) {}
+  std::string description() const override { return "cpu (host memory, a thread per stream, Gloo over TCP)"; }
+  std::unique_ptr<MemoryPool> create_pool(std::int64_t capacity_bytes) override {
+    return std::make_unique<CpuMemoryPool>(capacity_bytes);
+  }
+  std::unique_ptr<Stream> create_stream(const std::string& name) override { return std::make_unique<CpuStream>(name); }
+  // Gloo calls are blocking: issued from the stream's worker, they run in stream order, so one context per
+  // (group, stream) is all the binding a stream needs.
+  Result<std::unique_ptr<Communicator>> create_communicator(const std::vector<int>& ranks, const std::string& key,
+                                                            const std::string& display_name, Stream&) override {
+    // The rendezvous keys live under hzp/comm/ in the store, apart from the trainer's own keys.
+    return make_gloo_communicator(options_.store, options_.global_rank, ranks, "hzp/comm/" + key, display_name, gloo_,
+                                  options_.gloo);
+  }
+
+ private:
+  CpuDeviceOptions options_;
+  std::shared_ptr<gloo::transport::Device> gloo_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> make_cpu_device(const CpuDeviceOptions& options) {
+  HZP_ASSIGN_OR_RETURN(auto gloo, make_gloo_device(options.gloo));
+  return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options, std::move(gloo)));
 }
 
 }  // namespace hzp::runtime

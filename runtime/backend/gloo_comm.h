@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/device.h"
 #include "store/store.h"
 
 namespace gloo::transport {
@@ -43,5 +43,13 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const StoreAddress&
                                                              const std::string& display_name,
                                                              std::shared_ptr<gloo::transport::Device> device,
                                                              const GlooOptions& options);
+
+// The CPU device: host memory, one worker thread per stream, Gloo communicators through the store.
+struct CpuDeviceOptions {
+  StoreAddress store;
+  int global_rank = 0;
+  GlooOptions gloo;
+};
+Result<std::unique_ptr<Device>> make_cpu_device(const CpuDeviceOptions& options);
 
 }  // namespace hzp::runtime

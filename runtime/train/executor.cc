@@ -1,7 +1,8 @@
-// The runtime executor (see executor.h for what each IR op does).
+// The runtime executor (see executor.h for what each IR op does). It reads the IR's typed fields — the op's
+// unit and module slot, a collective's purpose and state kind, a pool's kind — and touches the device only
+// through runtime/backend/device.h. Buffer layout: state_layout.*; AdamW: adamw.*; checkpoint files:
+// checkpoint.*.
 #include "train/executor.h"
-
-#include "train/checkpoint.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,57 +10,24 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <numeric>
 #include <sstream>
 
-#include <nlohmann/json.hpp>
+#include "train/adamw.h"
+#include "train/checkpoint.h"
+#include "train/state_layout.h"
 
 namespace hzp::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The CPU models compute in fp32 (runtime_supports refuses other precisions): what every buffer holds.
+constexpr DType kComputeDtype = DType::kFp32;
+
 double now_us() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
 }
-
-// How one kind of state (0 dense, 1 expert) is sharded on this rank.
-struct KindInfo {
-  bool present = false;
-  int role_param = -1, role_grad = -1, role_refresh = -1, role_replica = -1;
-  int s_p = 1, s_g = 1, s_os = 1, replicas = 1;
-  int p = 0, g = 0, i = 0;  // positions in the param_shard, grad_shard and param_refresh groups
-  int q() const { return s_os / s_p; }
-  int os_index() const { return p * q() + i; }
-};
-
-// One module's parameters of one kind: the unit of sharding.
-struct Segment {
-  int unit = 0;
-  int module = 0;
-  int kind = 0;
-  Layout layout;
-  std::int64_t n = 0;             // real parameters
-  std::int64_t padded = 0;        // multiple of every group size of its kind
-  std::int64_t unit_offset = 0;   // in the unit's gather slot
-  std::uint64_t tensor_id = 0;
-  std::int64_t first_expert = -1; // experts segment: global index of its first expert
-  float* param = nullptr;         // resident: full (s_p = 1) or this rank's shard
-  float* grad = nullptr;          // resident: full (s_g = 1) or this rank's shard
-  float* m = nullptr;             // Adam moments of the optimizer slice
-  float* v = nullptr;
-  float* secondary = nullptr;     // hpZ: this rank's piece of the node-sharded copy
-};
-
-std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
-
-int position_in(const ProcessGroup& g, int rank) {
-  auto it = std::find(g.ranks.begin(), g.ranks.end(), rank);
-  return it == g.ranks.end() ? -1 : static_cast<int>(it - g.ranks.begin());
-}
-
-int module_index(ModuleKind kind) { return kind == ModuleKind::kMlp || kind == ModuleKind::kMoe ? 1 : 0; }
 
 }  // namespace
 
@@ -70,6 +38,15 @@ double learning_rate(const RunSpec& run, std::int64_t step) {
   return run.min_lr + 0.5 * (run.lr - run.min_lr) * (1 + std::cos(M_PI * t));
 }
 
+Status runtime_supports(const Scenario& scenario) {
+  if (scenario.training.recompute != Recompute::kNone)
+    return Status::InvalidInput("training.recompute: the runtime does not recompute activations; use \"none\"");
+  if (scenario.training.precision != Precision::kFp32)
+    return Status::InvalidInput("training.precision: the CPU runtime trains in fp32; set \"fp32\" (got \"" +
+                                std::string(to_string(scenario.training.precision)) + "\")");
+  return model_config(scenario.model).status();
+}
+
 struct Executor::Impl {
   Scenario scenario;
   Schedule schedule;
@@ -77,26 +54,27 @@ struct Executor::Impl {
   int rank = 0;
   int world = 1;
   const ByteDataset* data = nullptr;
+  Device* device = nullptr;
   ModelConfig cfg;
   std::int64_t batch = 0, seq = 0, tokens = 0;
-  std::int64_t groups_per_step = 0;     // micro-batch groups in the global batch
-  int ep = 1, ep_pos = 0;
-  std::array<KindInfo, 2> kinds;
-  int role_secondary = -1, secondary_size = 1, secondary_pos = 0;
-  int role_ep = -1, role_world = -1;
+  std::int64_t groups_per_step = 0;  // micro-batch groups in the global batch
+  StateLayout layout;
 
-  std::vector<Segment> segs;
-  std::vector<std::vector<int>> unit_segs;          // per unit (layer + 1)
-  std::vector<std::int64_t> unit_padded;            // gather-slot floats a unit needs
-  std::vector<std::vector<std::pair<int, std::int64_t>>> bucket_segs;  // (segment, offset in the grad slot)
-  std::vector<std::array<int, 2>> unit_bucket;      // [unit][kind] -> bucket
-
+  // Resident buffers of each segment (StateLayout sizes them).
+  struct SegmentBuffers {
+    float* param = nullptr;      // full (s_p = 1) or this rank's shard
+    float* grad = nullptr;       // full (s_g = 1) or this rank's shard
+    float* m = nullptr;          // Adam moments of the optimizer slice
+    float* v = nullptr;
+    float* secondary = nullptr;  // hpZ: this rank's piece of the node-sharded copy
+  };
+  std::vector<SegmentBuffers> bufs;
   std::unique_ptr<MemoryPool> pool;
-  std::vector<std::vector<float*>> pool_slots;      // [pool][slot]
-  int gather_pool = -1, grad_pool = -1;
-  float* eval_params = nullptr;                     // full parameters for evaluation (sharded runs)
+  std::vector<std::vector<float*>> pool_slots;  // [pool][slot]
+  float* eval_params = nullptr;                 // full parameters for evaluation (sharded runs)
 
   std::vector<std::unique_ptr<Stream>> streams;
+  std::unique_ptr<Stream> host_stream;          // metrics and evaluation collectives (outside the IR)
   std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms;  // (group, stream)
   std::unique_ptr<Communicator> metrics;
   std::function<void(const Status&)> on_fatal;
@@ -111,11 +89,10 @@ struct Executor::Impl {
   std::vector<float> x, dx;
   std::vector<std::int32_t> ids, targets;
 
-  // Expert-parallel all-to-all buffers of each MoE layer (one micro-batch in flight on the compute stream).
+  // Expert-parallel exchange buffers of each MoE layer (one micro-batch in flight on the compute stream).
   struct MoeBuffers {
     std::vector<float> send, recv, out, back;
     std::vector<std::int64_t> send_counts, recv_counts, out_counts, back_counts;
-    int phase = 0;  // which of the 4 all-to-alls of a micro-batch comes next
   };
   std::vector<MoeBuffers> moe_buf;
 
@@ -129,73 +106,61 @@ struct Executor::Impl {
   std::vector<std::vector<ExecutedOp>> stream_trace;  // per stream, appended by its worker thread only
   bool tracing = false;
 
-  // ---------------------------------------------------------------------------------------------------
   Status setup();
-  Status setup_segments();
   Status setup_memory();
-  Status setup_comms(const CommunicatorFactory& make);
+  Status setup_comms();
   Communicator* comm(int role, int stream) {
     auto it = comms.find({schedule.rank_groups[rank][role], stream});
     return it == comms.end() ? nullptr : it->second.get();
   }
+  // Any communicator of the group bound to `role`, with the stream it belongs to (for host-driven work).
+  std::pair<Communicator*, Stream*> any_comm(int role) {
+    for (const auto& [key, c] : comms)
+      if (key.first == schedule.rank_groups[rank][role]) return {c.get(), streams[key.second].get()};
+    return {nullptr, nullptr};
+  }
 
-  // Where a unit's parameters of `seg` are read from / its gradients written to right now.
+  // Where segment s's parameters are read from / its gradients written to right now.
   float* param_ptr(int s, float* gather_slot) const {
-    const Segment& seg = segs[s];
-    if (kinds[seg.kind].s_p == 1) return seg.param;
+    const Segment& seg = layout.segment(s);
+    if (layout.sharding(seg.state).s_p == 1) return bufs[s].param;
     return gather_slot == nullptr ? nullptr : gather_slot + seg.unit_offset;
   }
-  // dL/d(aux loss of one micro-batch): the coefficient, averaged over the step's micro-batch groups.
-  float aux_grad_scale() const { return static_cast<float>(cfg.aux_loss_coef / static_cast<double>(groups_per_step)); }
-
-  Status run_step(std::int64_t step_index);
-  // The checkpointed state (checkpoint.h): per segment its parameter shard, Adam m, Adam v.
-  std::vector<FloatSpan> state_spans() const;
-  CheckpointHeader checkpoint_header(std::int64_t next_step) const;
-  Communicator* any_comm(int role) {
-    for (const auto& [key, c] : comms)
-      if (key.first == schedule.rank_groups[rank][role]) return c.get();
-    return nullptr;
-  }
-  int stream_of_comm(const Communicator* cm) const {
-    for (const auto& [key, c] : comms)
-      if (c.get() == cm) return key.second;
-    return 0;
-  }
-  Status refresh_parameters();
-  Status compute(const ComputeOp& c, float* params_base, const std::vector<float*>& bucket_slot);
-  Status collective(const CollectiveOp& c, int stream, float* gather_slot, const std::vector<float*>& bucket_slot);
-  Status optimizer(const OptimizerStepOp& o);
-  void load_batch(int micro_batch);
   float* grad_ptr(int s, const std::vector<float*>& bucket_slot) const {
-    const Segment& seg = segs[s];
-    if (kinds[seg.kind].s_g == 1) return seg.grad;
-    const int b = unit_bucket[seg.unit][seg.kind];
-    for (const auto& [sg, off] : bucket_segs[b])
+    const Segment& seg = layout.segment(s);
+    if (layout.sharding(seg.state).s_g == 1) return bufs[s].grad;
+    const int b = layout.bucket_of(seg.unit, seg.state);
+    for (const auto& [sg, off] : layout.bucket_segments(b))
       if (sg == s) return bucket_slot[b] == nullptr ? nullptr : bucket_slot[b] + off;
     return nullptr;
   }
-  int seg_of(int unit, int module, int kind, bool experts) const {
-    for (int s : unit_segs[unit])
-      if (segs[s].module == module && segs[s].kind == kind && (segs[s].first_expert >= 0) == experts) return s;
-    return -1;
+  int router_seg(int unit) const { return layout.find(unit, 1, StateKind::kDense, false); }
+  int experts_seg(int unit) const {
+    return layout.find(unit, 1, schedule.state(StateKind::kExpert).present ? StateKind::kExpert : StateKind::kDense, true);
   }
-  int router_seg(int layer) const { return seg_of(layer + 1, 1, 0, false); }
-  int experts_seg(int layer) const { return seg_of(layer + 1, 1, ep > 1 ? 1 : 0, true); }
+  bool expert_parallel() const { return schedule.role_expert_parallel >= 0; }
+  // dL/d(aux loss of one micro-batch): the coefficient, averaged over the step's micro-batch groups.
+  float aux_grad_scale() const { return static_cast<float>(cfg.aux_loss_coef / static_cast<double>(groups_per_step)); }
+
+  // The module forwards, shared by training's compute ops and evaluation.
+  Status forward_module(ModuleKind module, int unit, const std::function<float*(int)>& P);
+  // The stages of a MoE layer under expert parallelism around its all-to-alls (one per CollectivePurpose).
+  Status moe_exchange(CollectivePurpose purpose, int unit, Communicator& cm, float* router, float* drouter);
+
+  Status run_step(std::int64_t step_index);
+  Status refresh_parameters();
+  Status compute(const ComputeOp& c, float* gather_slot, const std::vector<float*>& bucket_slot);
+  Status collective(const CollectiveOp& c, int stream, float* gather_slot, const std::vector<float*>& bucket_slot);
+  Status optimizer(const OptimizerStepOp& o);
+  void load_batch(int micro_batch);
+  // The checkpointed state (checkpoint.h): per segment its parameter shard, Adam m, Adam v.
+  std::vector<FloatSpan> state_spans() const;
+  CheckpointHeader checkpoint_header(std::int64_t next_step) const;
 };
 
 // ---------------------------------------------------------------------------------------------------------
 // Setup
 // ---------------------------------------------------------------------------------------------------------
-
-Status runtime_supports(const Scenario& scenario) {
-  if (scenario.training.recompute != Recompute::kNone)
-    return Status::InvalidInput("training.recompute: the runtime does not recompute activations; use \"none\"");
-  if (scenario.training.precision != Precision::kFp32)
-    return Status::InvalidInput("training.precision: the CPU runtime trains in fp32; set \"fp32\" (got \"" +
-                                std::string(to_string(scenario.training.precision)) + "\")");
-  return model_config(scenario.model).status();
-}
 
 Status Executor::Impl::setup() {
   if (schedule.world_size != world || rank < 0 || rank >= world)
@@ -207,52 +172,17 @@ Status Executor::Impl::setup() {
   seq = scenario.training.seq_len;
   tokens = batch * seq;
   groups_per_step = scenario.training.global_batch / batch;
-  ep = scenario.policy.expert_parallel;
-
-  auto role_of = [&](const std::string& name) {
-    auto it = std::find(schedule.roles.begin(), schedule.roles.end(), name);
-    return it == schedule.roles.end() ? -1 : static_cast<int>(it - schedule.roles.begin());
-  };
-  auto size_pos = [&](int role, int& size, int& pos) {
-    const ProcessGroup& g = schedule.group_of(rank, role);
-    size = static_cast<int>(g.ranks.size());
-    pos = position_in(g, rank);
-  };
-  for (int k = 0; k < 2; ++k) {
-    const std::string prefix = k == 0 ? "" : "expert_";
-    KindInfo& info = kinds[k];
-    info.role_param = role_of(prefix + "param_shard");
-    info.role_grad = role_of(prefix + "grad_shard");
-    info.role_refresh = role_of(prefix + "param_refresh");
-    info.role_replica = role_of(prefix + "os_replica");
-    info.present = info.role_param >= 0 && info.role_grad >= 0 && info.role_refresh >= 0 && info.role_replica >= 0;
-    if (!info.present) continue;
-    int q = 1, unused = 0;
-    size_pos(info.role_param, info.s_p, info.p);
-    size_pos(info.role_grad, info.s_g, info.g);
-    size_pos(info.role_refresh, q, info.i);
-    size_pos(info.role_replica, info.replicas, unused);
-    info.s_os = info.s_p * q;
-    // The layout promises nested pieces (sharding.h); check it rather than train on a mismatch.
-    const int expected_g = info.s_g == info.s_os ? info.os_index() : info.p;
-    if (!(info.s_g == info.s_p || info.s_g == info.s_os) || info.g != expected_g)
-      return Status::Internal("runtime: " + prefix + "grad_shard position " + std::to_string(info.g) +
-                              " does not nest with the parameter/optimizer pieces on rank " + std::to_string(rank));
+  int ep_position = 0;
+  if (expert_parallel()) {
+    const ProcessGroup& g = schedule.group_of(rank, schedule.role_expert_parallel);
+    ep_position = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), rank) - g.ranks.begin());
+    if (static_cast<int>(g.ranks.size()) != scenario.policy.expert_parallel)
+      return Status::Internal("runtime: expert_parallel group size differs from policy.expert_parallel");
   }
-  if (!kinds[0].present) return Status::Internal("runtime: the schedule has no dense sharding roles");
-  role_secondary = role_of("param_secondary");
-  if (role_secondary >= 0) size_pos(role_secondary, secondary_size, secondary_pos);
-  role_ep = role_of("expert_parallel");
-  role_world = role_of("world");
-  if (ep > 1) {
-    if (role_ep < 0 || !kinds[1].present) return Status::Internal("runtime: expert parallelism without expert roles");
-    int size = 0;
-    size_pos(role_ep, size, ep_pos);
-    if (size != ep) return Status::Internal("runtime: expert_parallel group size differs from policy.expert_parallel");
-  }
-  HZP_RETURN_IF_ERROR(setup_segments());
+  HZP_ASSIGN_OR_RETURN(layout, StateLayout::build(schedule, cfg, rank, ep_position));
   HZP_RETURN_IF_ERROR(setup_memory());
 
+  const int ep = expert_parallel() ? scenario.policy.expert_parallel : 1;
   embedding = std::make_unique<Embedding>(cfg, tokens);
   for (int l = 0; l < cfg.layers; ++l) {
     attention.push_back(std::make_unique<AttentionBlock>(cfg, batch, seq));
@@ -263,122 +193,53 @@ Status Executor::Impl::setup() {
   head = std::make_unique<Head>(cfg, tokens);
   x.assign(tokens * cfg.hidden, 0.f);
   dx.assign(tokens * cfg.hidden, 0.f);
-  for (const std::string& name : schedule.streams) streams.push_back(std::make_unique<Stream>(name));
+  for (const std::string& name : schedule.streams) streams.push_back(device->create_stream(name));
+  host_stream = device->create_stream("host");
   stream_trace.resize(streams.size());
-  return Status::Ok();
-}
-
-Status Executor::Impl::setup_segments() {
-  const int units = cfg.layers + 2;
-  unit_segs.assign(units, {});
-  unit_padded.assign(units, 0);
-  auto add = [&](int unit, int module, int kind, Layout layout, std::int64_t first_expert) {
-    Segment s;
-    s.unit = unit;
-    s.module = module;
-    s.kind = kind;
-    s.layout = std::move(layout);
-    s.n = layout_size(s.layout);
-    std::int64_t multiple = kinds[kind].s_os;
-    if (kind == 0 && role_secondary >= 0) multiple = std::lcm<std::int64_t>(multiple, secondary_size);
-    s.padded = round_up(s.n, multiple);
-    s.unit_offset = unit_padded[unit];
-    unit_padded[unit] += s.padded;
-    s.tensor_id = static_cast<std::uint64_t>(unit) * 8 + module * 2 + (first_expert >= 0 ? 1 : 0);
-    s.first_expert = first_expert;
-    unit_segs[unit].push_back(static_cast<int>(segs.size()));
-    segs.push_back(std::move(s));
-  };
-  add(0, 0, 0, embedding_layout(cfg), -1);
-  for (int l = 0; l < cfg.layers; ++l) {
-    add(l + 1, 0, 0, attention_layout(cfg), -1);
-    if (!cfg.moe_layer[l]) {
-      add(l + 1, 1, 0, mlp_layout(cfg), -1);
-    } else {
-      add(l + 1, 1, 0, moe_router_layout(cfg), -1);
-      const std::int64_t local = cfg.experts / ep;
-      add(l + 1, 1, ep > 1 ? 1 : 0, experts_layout(cfg, local), ep_pos * local);
-    }
-  }
-  add(units - 1, 0, 0, head_layout(cfg), -1);
-
-  // Buckets as the schedule defines them: units in backward order, each unit's segments of the bucket's kind.
-  unit_bucket.assign(units, {-1, -1});
-  bucket_segs.assign(schedule.buckets.size(), {});
-  for (size_t b = 0; b < schedule.buckets.size(); ++b) {
-    const GradBucket& gb = schedule.buckets[b];
-    std::int64_t offset = 0;
-    for (int layer : gb.layers) {
-      const int u = layer + 1;
-      if (u < 0 || u >= units) return Status::Internal("runtime: bucket names unit " + std::to_string(layer));
-      unit_bucket[u][gb.kind] = static_cast<int>(b);
-      for (int s : unit_segs[u]) {
-        if (segs[s].kind != gb.kind) continue;
-        bucket_segs[b].push_back({s, offset});
-        offset += segs[s].padded;
-      }
-    }
-  }
-  for (const Segment& s : segs)
-    if (unit_bucket[s.unit][s.kind] < 0)
-      return Status::Internal("runtime: unit " + std::to_string(s.unit - 1) + " has parameters in no bucket");
   return Status::Ok();
 }
 
 Status Executor::Impl::setup_memory() {
   // Size everything first, then allocate once.
-  std::int64_t floats = 0;
-  const std::int64_t align = 16;  // 64 bytes
-  auto need = [&](std::int64_t n) { floats += round_up(n, align); };
-  std::int64_t full_model = 0;
-  for (const Segment& s : segs) {
-    const KindInfo& k = kinds[s.kind];
-    need(s.padded / k.s_p);
-    need(s.padded / k.s_g);
-    need(s.padded / k.s_os);
-    need(s.padded / k.s_os);
-    if (s.kind == 0 && role_secondary >= 0) need(s.padded / secondary_size);
-    full_model += s.padded;
+  const std::int64_t align = 64 / dtype_bytes(kComputeDtype);
+  std::int64_t elements = 0, full_model = 0;
+  auto need = [&](std::int64_t n) { elements += (n + align - 1) / align * align; };
+  const std::vector<Segment>& segs = layout.segments();
+  for (std::size_t s = 0; s < segs.size(); ++s) {
+    const int i = static_cast<int>(s);
+    need(layout.param_floats(i));
+    need(layout.grad_floats(i));
+    need(layout.optimizer_floats(i));
+    need(layout.optimizer_floats(i));
+    if (segs[s].state == StateKind::kDense && schedule.role_secondary >= 0) need(segs[s].padded / layout.secondary_size());
+    full_model += segs[s].padded;
   }
-  std::int64_t max_bucket = 0;
-  for (const auto& b : bucket_segs) {
-    std::int64_t size = 0;
-    for (const auto& [s, off] : b) size = std::max(size, off + segs[s].padded);
-    max_bucket = std::max(max_bucket, size);
+  std::vector<std::int64_t> slot_elements;
+  for (const BufferPool& bp : schedule.pools) {
+    slot_elements.push_back(bp.kind == PoolKind::kParamGather ? layout.max_unit_floats()
+                                                              : std::max(layout.max_unit_floats(), layout.max_bucket_floats()));
+    for (int i = 0; i < bp.slots; ++i) need(slot_elements.back());
   }
-  const std::int64_t max_unit = *std::max_element(unit_padded.begin(), unit_padded.end());
-  std::vector<std::int64_t> slot_floats;
-  for (size_t p = 0; p < schedule.pools.size(); ++p) {
-    const BufferPool& bp = schedule.pools[p];
-    if (bp.name == "param_gather") {
-      gather_pool = static_cast<int>(p);
-      slot_floats.push_back(max_unit);
-    } else if (bp.name == "grad_reduce") {
-      grad_pool = static_cast<int>(p);
-      slot_floats.push_back(std::max(max_unit, max_bucket));
-    } else {
-      return Status::Unimplemented("runtime: unknown buffer pool '" + bp.name + "'");
-    }
-    for (int i = 0; i < bp.slots; ++i) need(slot_floats.back());
-  }
-  const bool sharded_params = kinds[0].s_p > 1 || (kinds[1].present && kinds[1].s_p > 1);
+  const bool sharded_params = layout.sharding(StateKind::kDense).s_p > 1 ||
+                              (schedule.state(StateKind::kExpert).present && layout.sharding(StateKind::kExpert).s_p > 1);
   if (sharded_params) need(full_model);
-  pool = std::make_unique<MemoryPool>(floats * 4);
+  pool = device->create_pool(elements * dtype_bytes(kComputeDtype));
 
-  for (Segment& s : segs) {
-    const KindInfo& k = kinds[s.kind];
-    HZP_ASSIGN_OR_RETURN(s.param, pool->allocate("params", s.padded / k.s_p));
-    HZP_ASSIGN_OR_RETURN(s.grad, pool->allocate("grads", s.padded / k.s_g));
-    HZP_ASSIGN_OR_RETURN(s.m, pool->allocate("optimizer", s.padded / k.s_os));
-    HZP_ASSIGN_OR_RETURN(s.v, pool->allocate("optimizer", s.padded / k.s_os));
-    if (s.kind == 0 && role_secondary >= 0) {
-      HZP_ASSIGN_OR_RETURN(s.secondary, pool->allocate("params", s.padded / secondary_size));
+  bufs.assign(segs.size(), {});
+  for (std::size_t s = 0; s < segs.size(); ++s) {
+    const int i = static_cast<int>(s);
+    HZP_ASSIGN_OR_RETURN(bufs[s].param, pool->allocate("params", layout.param_floats(i)));
+    HZP_ASSIGN_OR_RETURN(bufs[s].grad, pool->allocate("grads", layout.grad_floats(i)));
+    HZP_ASSIGN_OR_RETURN(bufs[s].m, pool->allocate("optimizer", layout.optimizer_floats(i)));
+    HZP_ASSIGN_OR_RETURN(bufs[s].v, pool->allocate("optimizer", layout.optimizer_floats(i)));
+    if (segs[s].state == StateKind::kDense && schedule.role_secondary >= 0) {
+      HZP_ASSIGN_OR_RETURN(bufs[s].secondary, pool->allocate("params", segs[s].padded / layout.secondary_size()));
     }
   }
   pool_slots.assign(schedule.pools.size(), {});
-  for (size_t p = 0; p < schedule.pools.size(); ++p)
+  for (std::size_t p = 0; p < schedule.pools.size(); ++p)
     for (int i = 0; i < schedule.pools[p].slots; ++i) {
-      HZP_ASSIGN_OR_RETURN(float* slot, pool->allocate("pool:" + schedule.pools[p].name, slot_floats[p]));
+      HZP_ASSIGN_OR_RETURN(float* slot, pool->allocate("pool:" + schedule.pools[p].name, slot_elements[p]));
       pool_slots[p].push_back(slot);
     }
   if (sharded_params) {
@@ -387,52 +248,52 @@ Status Executor::Impl::setup_memory() {
 
   // Initial weights: the full tensor is a function of (seed, tensor, index); keep this rank's shard.
   std::vector<float> full;
-  for (Segment& s : segs) {
-    full.assign(s.padded, 0.f);
-    if (s.first_expert < 0) {
-      init_parameters(cfg, s.layout, static_cast<std::uint64_t>(scenario.run.seed), s.tensor_id, full.data());
+  for (std::size_t s = 0; s < segs.size(); ++s) {
+    const Segment& seg = segs[s];
+    full.assign(seg.padded, 0.f);
+    if (!seg.experts || seg.first_expert < 0) {
+      init_parameters(cfg, seg.layout, static_cast<std::uint64_t>(scenario.run.seed), seg.tensor_id, full.data());
     } else {
       const Layout one = experts_layout(cfg, 1);
       const std::int64_t per = layout_size(one);
-      const std::int64_t count = s.n / per;
-      for (std::int64_t e = 0; e < count; ++e)
+      for (std::int64_t e = 0; e < seg.n / per; ++e)
         init_parameters(cfg, one, static_cast<std::uint64_t>(scenario.run.seed),
-                        1000000 + static_cast<std::uint64_t>(s.unit) * 1000 + static_cast<std::uint64_t>(s.first_expert + e),
+                        1000000 + static_cast<std::uint64_t>(seg.unit) * 1000 + static_cast<std::uint64_t>(seg.first_expert + e),
                         full.data() + e * per);
     }
-    const KindInfo& k = kinds[s.kind];
-    const std::int64_t piece = s.padded / k.s_p;
-    std::copy(full.begin() + k.p * piece, full.begin() + (k.p + 1) * piece, s.param);
+    const std::int64_t piece = layout.param_floats(static_cast<int>(s));
+    const int p = layout.position(seg.state).p;
+    std::copy(full.begin() + p * piece, full.begin() + (p + 1) * piece, bufs[s].param);
   }
   return Status::Ok();
 }
 
-Status Executor::Impl::setup_comms(const CommunicatorFactory& make) {
+Status Executor::Impl::setup_comms() {
   // Every (group, stream) pair this rank's program uses, created in one global order so that no two ranks
   // wait for each other's rendezvous in opposite orders.
   std::vector<std::pair<int, int>> pairs;
   for (const Op& op : program->ops)
-    if (const auto* c = std::get_if<CollectiveOp>(&op.body))
-      pairs.push_back({schedule.rank_groups[rank][c->role], op.stream});
+    if (const auto* c = std::get_if<CollectiveOp>(&op.body)) pairs.push_back({schedule.rank_groups[rank][c->role], op.stream});
   std::sort(pairs.begin(), pairs.end());
   pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
   for (const auto& [group, stream] : pairs) {
     const ProcessGroup& g = schedule.groups[group];
     std::ostringstream name;
-    name << g.role << "[";
-    for (size_t i = 0; i < g.ranks.size(); ++i) name << (i ? "," : "") << g.ranks[i];
+    name << to_string(g.role) << "[";
+    for (std::size_t i = 0; i < g.ranks.size(); ++i) name << (i ? "," : "") << g.ranks[i];
     name << "] on stream " << schedule.streams[stream];
-    HZP_ASSIGN_OR_RETURN(auto c, make(g.ranks, "g" + std::to_string(group) + "/s" + std::to_string(stream), name.str()));
+    HZP_ASSIGN_OR_RETURN(auto c, device->create_communicator(g.ranks, "g" + std::to_string(group) + "/s" + std::to_string(stream),
+                                                             name.str(), *streams[stream]));
     comms[{group, stream}] = std::move(c);
   }
   std::vector<int> all(world);
   std::iota(all.begin(), all.end(), 0);
-  HZP_ASSIGN_OR_RETURN(metrics, make(all, "metrics", "world (metrics)"));
+  HZP_ASSIGN_OR_RETURN(metrics, device->create_communicator(all, "metrics", "world (metrics)", *host_stream));
   return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// One step
+// The modules
 // ---------------------------------------------------------------------------------------------------------
 
 void Executor::Impl::load_batch(int micro_batch) {
@@ -440,212 +301,188 @@ void Executor::Impl::load_batch(int micro_batch) {
   data->train_batch(static_cast<std::uint64_t>(scenario.run.seed), step, group, batch, ids, targets);
 }
 
+Status Executor::Impl::forward_module(ModuleKind module, int unit, const std::function<float*(int)>& P) {
+  const int layer = schedule.units[unit].layer;
+  const int s0 = layout.find(unit, module_slot(module), StateKind::kDense, false);
+  if (s0 < 0 || P(s0) == nullptr) return Status::Internal(std::string("runtime: no parameters for ") + to_string(module));
+  switch (module) {
+    case ModuleKind::kEmbedding: embedding->forward(P(s0), ids.data(), x.data()); break;
+    case ModuleKind::kAttention: attention[layer]->forward(P(s0), x.data()); break;
+    case ModuleKind::kMlp: mlp[layer]->forward(P(s0), x.data()); break;
+    case ModuleKind::kMoe:  // without expert parallelism: the stages back to back
+      moe[layer]->forward(P(s0), P(experts_seg(unit)), x.data());
+      aux_sum += moe[layer]->aux_loss();
+      break;
+    case ModuleKind::kHead: loss_sum += head->forward(P(s0), x.data(), targets.data()); break;
+  }
+  return Status::Ok();
+}
+
+Status Executor::Impl::moe_exchange(CollectivePurpose purpose, int unit, Communicator& cm, float* router, float* drouter) {
+  const int layer = schedule.units[unit].layer;
+  MoeBuffers& buf = moe_buf[layer];
+  MoeBlock& block = *moe[layer];
+  const std::int64_t h = cfg.hidden;
+  switch (purpose) {
+    case CollectivePurpose::kMoeDispatch:  // route my tokens, send each to the rank holding its expert
+      block.route_forward(router, x.data(), buf.send, buf.send_counts);
+      aux_sum += block.aux_loss();
+      return cm.all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
+    case CollectivePurpose::kMoeCombine: {  // expert outputs (h floats a row) back to the tokens' ranks
+      std::vector<std::int64_t> counts(buf.recv_counts.size());
+      for (std::size_t j = 0; j < counts.size(); ++j) counts[j] = buf.recv_counts[j] / (h + 1) * h;
+      HZP_RETURN_IF_ERROR(cm.all_to_all_v(buf.out.data(), counts, buf.back, buf.back_counts));
+      block.combine_forward(buf.back, x.data());
+      return Status::Ok();
+    }
+    case CollectivePurpose::kMoeCombineGrad:  // gradients of the expert outputs to the experts' ranks
+      block.combine_backward(dx.data(), buf.send, buf.send_counts);
+      return cm.all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
+    case CollectivePurpose::kMoeDispatchGrad:  // gradients of the routed inputs back, then through the router
+      HZP_RETURN_IF_ERROR(cm.all_to_all_v(buf.out.data(), buf.recv_counts, buf.back, buf.back_counts));
+      block.route_backward(router, buf.back, aux_grad_scale(), dx.data(), drouter);
+      return Status::Ok();
+    default:
+      return Status::Internal(std::string("runtime: ") + to_string(purpose) + " is not a MoE exchange");
+  }
+}
+
 Status Executor::Impl::compute(const ComputeOp& c, float* gather_slot, const std::vector<float*>& bucket_slot) {
-  const int unit = c.module == ModuleKind::kEmbedding ? 0 : c.module == ModuleKind::kHead ? cfg.layers + 1 : c.layer + 1;
-  const int module = module_index(c.module);
   auto P = [&](int s) { return param_ptr(s, gather_slot); };
   auto G = [&](int s) { return grad_ptr(s, bucket_slot); };
-  const int s0 = seg_of(unit, module, 0, false);
-  if (s0 < 0 || P(s0) == nullptr) return Status::Internal("runtime: no parameters for " + std::string(to_string(c.module)));
-  if (c.phase == Phase::kBackward && G(s0) == nullptr)
-    return Status::Internal("runtime: no gradient buffer for " + std::string(to_string(c.module)));
-  const bool fwd = c.phase == Phase::kForward;
-  const float grad_scale = 1.0f / static_cast<float>(scenario.training.global_batch * seq);
-  const float aux_scale = aux_grad_scale();
+  const int layer = c.layer;
+  if (c.phase == Phase::kForward) {
+    if (c.module == ModuleKind::kEmbedding) load_batch(c.micro_batch);
+    // Under expert parallelism the MoE compute is the experts alone, between the dispatch and the combine.
+    if (c.module == ModuleKind::kMoe && expert_parallel()) {
+      moe[layer]->experts_forward(P(experts_seg(c.unit)), moe_buf[layer].recv, moe_buf[layer].out);
+      return Status::Ok();
+    }
+    return forward_module(c.module, c.unit, P);
+  }
+  const int s0 = layout.find(c.unit, module_slot(c.module), StateKind::kDense, false);
+  if (s0 < 0 || P(s0) == nullptr || G(s0) == nullptr)
+    return Status::Internal(std::string("runtime: no parameter or gradient buffer for ") + to_string(c.module));
   switch (c.module) {
-    case ModuleKind::kEmbedding:
-      if (fwd) {
-        load_batch(c.micro_batch);
-        embedding->forward(P(s0), ids.data(), x.data());
-      } else {
-        embedding->backward(dx.data(), ids.data(), G(s0));
-      }
-      break;
-    case ModuleKind::kAttention:
-      if (fwd) attention[c.layer]->forward(P(s0), x.data());
-      else attention[c.layer]->backward(P(s0), dx.data(), G(s0));
-      break;
-    case ModuleKind::kMlp:
-      if (fwd) mlp[c.layer]->forward(P(s0), x.data());
-      else mlp[c.layer]->backward(P(s0), dx.data(), G(s0));
-      break;
+    case ModuleKind::kEmbedding: embedding->backward(dx.data(), ids.data(), G(s0)); break;
+    case ModuleKind::kAttention: attention[layer]->backward(P(s0), dx.data(), G(s0)); break;
+    case ModuleKind::kMlp: mlp[layer]->backward(P(s0), dx.data(), G(s0)); break;
     case ModuleKind::kMoe: {
-      const int se = experts_seg(c.layer);
-      MoeBlock& block = *moe[c.layer];
-      MoeBuffers& buf = moe_buf[c.layer];
-      if (ep == 1) {
-        if (fwd) {
-          block.forward(P(s0), P(se), x.data());
-          aux_sum += block.aux_loss();
-        } else {
-          block.backward(P(s0), P(se), aux_scale, dx.data(), G(s0), G(se));
-        }
-      } else if (fwd) {  // between the dispatch and combine all-to-alls
-        block.experts_forward(P(se), buf.recv, buf.out);
-      } else {
-        block.experts_backward(P(se), buf.recv, buf.out, G(se));
-      }
+      const int se = experts_seg(c.unit);
+      if (expert_parallel())
+        moe[layer]->experts_backward(P(se), moe_buf[layer].recv, moe_buf[layer].out, G(se));
+      else
+        moe[layer]->backward(P(s0), P(se), aux_grad_scale(), dx.data(), G(s0), G(se));
       break;
     }
     case ModuleKind::kHead:
-      if (fwd) loss_sum += head->forward(P(s0), x.data(), targets.data());
-      else head->backward(P(s0), grad_scale, dx.data(), G(s0));
+      head->backward(P(s0), 1.0f / static_cast<float>(scenario.training.global_batch * seq), dx.data(), G(s0));
       break;
   }
   return Status::Ok();
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// The collectives, by purpose
+// ---------------------------------------------------------------------------------------------------------
 
 Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gather_slot,
                                   const std::vector<float*>& bucket_slot) {
   Communicator* cm = comm(c.role, stream);
-  if (cm == nullptr) return Status::Internal("runtime: no communicator for role " + schedule.roles[c.role]);
-  const std::string& role = schedule.roles[c.role];
-  const int kind = role.rfind("expert_", 0) == 0 && role != "expert_parallel" ? 1 : 0;
-  const KindInfo& k = kinds[kind];
-
-  if (c.kind == CollectiveKind::kAllToAll) {  // expert parallelism: 4 per MoE layer and micro-batch
-    MoeBuffers& buf = moe_buf[c.layer];
-    MoeBlock& block = *moe[c.layer];
-    const std::int64_t h = cfg.hidden;
-    auto rows_to = [&](const std::vector<std::int64_t>& counts, std::int64_t from, std::int64_t to) {
-      std::vector<std::int64_t> out(counts.size());
-      for (size_t j = 0; j < counts.size(); ++j) out[j] = counts[j] / from * to;
-      return out;
-    };
-    const int phase = buf.phase;
-    buf.phase = (buf.phase + 1) % 4;
-    const int rs = router_seg(c.layer);
-    switch (phase) {
-      case 0:  // dispatch: route my tokens, send each to the rank holding its expert
-        block.route_forward(param_ptr(rs, gather_slot), x.data(),
-                            buf.send, buf.send_counts);
-        aux_sum += block.aux_loss();
-        return cm->all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
-      case 1: {  // combine: expert outputs go back to the tokens' ranks
-        HZP_RETURN_IF_ERROR(cm->all_to_all_v(buf.out.data(), rows_to(buf.recv_counts, h + 1, h), buf.back, buf.back_counts));
-        block.combine_forward(buf.back, x.data());
-        return Status::Ok();
+  if (cm == nullptr) return Status::Internal(std::string("runtime: no communicator for ") + to_string(schedule.roles[c.role]));
+  const StateSharding& k = layout.sharding(c.state);
+  const ShardPosition& pos = layout.position(c.state);
+  switch (c.purpose) {
+    case CollectivePurpose::kMoeDispatch:
+    case CollectivePurpose::kMoeCombine:
+    case CollectivePurpose::kMoeCombineGrad:
+    case CollectivePurpose::kMoeDispatchGrad: {
+      const int rs = router_seg(c.unit);
+      return moe_exchange(c.purpose, c.unit, *cm, param_ptr(rs, gather_slot), grad_ptr(rs, bucket_slot));
+    }
+    case CollectivePurpose::kGradNorm: {
+      double partial = 0;
+      for (std::size_t s = 0; s < layout.segments().size(); ++s) {
+        const int i = static_cast<int>(s);
+        const float* g = bufs[s].grad + layout.optimizer_in_grad(i);
+        double sum = 0;
+        for (std::int64_t e = 0; e < layout.optimizer_floats(i); ++e) sum += static_cast<double>(g[e]) * g[e];
+        partial += sum / layout.sharding(layout.segment(i).state).replicas;  // each slice is held by `replicas` ranks
       }
-      case 2:  // backward dispatch: gradients of the expert outputs to the holders
-        block.combine_backward(dx.data(), buf.send, buf.send_counts);
-        return cm->all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
-      default: {  // backward combine: gradients of the routed inputs back, then through the router
-        HZP_RETURN_IF_ERROR(cm->all_to_all_v(buf.out.data(), buf.recv_counts, buf.back, buf.back_counts));
-        block.route_backward(param_ptr(rs, gather_slot), buf.back, aux_grad_scale(), dx.data(), grad_ptr(rs, bucket_slot));
-        return Status::Ok();
+      float value = static_cast<float>(partial);
+      HZP_RETURN_IF_ERROR(cm->all_reduce(&value, 1));
+      grad_norm = std::sqrt(static_cast<double>(value));
+      clip_coef = std::min(1.0, scenario.training.grad_clip / (grad_norm + 1e-6));
+      return Status::Ok();
+    }
+    case CollectivePurpose::kRefreshParams:  // optimizer slices -> this rank's parameter shard, in place
+      for (const auto& [s, off] : layout.bucket_segments(c.bucket)) {
+        const std::int64_t piece = layout.optimizer_floats(s);
+        HZP_RETURN_IF_ERROR(cm->all_gather(bufs[s].param + pos.i * piece, bufs[s].param, piece));
       }
-    }
-  }
-
-  if (c.payload == Payload::kGradNorm) {
-    double partial = 0;
-    for (const Segment& s : segs) {
-      const KindInfo& sk = kinds[s.kind];
-      const std::int64_t piece = s.padded / sk.s_os;
-      const float* g = s.grad + (sk.os_index() * piece - sk.g * (s.padded / sk.s_g));
-      double sum = 0;
-      for (std::int64_t e = 0; e < piece; ++e) sum += static_cast<double>(g[e]) * g[e];
-      partial += sum / sk.replicas;  // each slice is held by `replicas` ranks
-    }
-    float value = static_cast<float>(partial);
-    HZP_RETURN_IF_ERROR(cm->all_reduce(&value, 1));
-    grad_norm = std::sqrt(static_cast<double>(value));
-    clip_coef = std::min(1.0, scenario.training.grad_clip / (grad_norm + 1e-6));
-    return Status::Ok();
-  }
-
-  const bool params = c.payload == Payload::kParams;
-  if (params && c.kind == CollectiveKind::kAllGather && role.find("param_refresh") != std::string::npos) {
-    // Refresh: optimizer slices -> this rank's parameter shard (in place).
-    for (const auto& [s, off] : bucket_segs[c.bucket]) {
-      const std::int64_t piece = segs[s].padded / k.s_os;
-      HZP_RETURN_IF_ERROR(cm->all_gather(segs[s].param + k.i * piece, segs[s].param, piece));
-    }
-    return Status::Ok();
-  }
-  if (params && c.kind == CollectiveKind::kAllGather) {
-    if (gather_slot == nullptr) return Status::Internal("runtime: parameter all-gather without a slot");
-    const int unit = c.layer + 1;
-    const bool secondary = role == "param_secondary";
-    for (int s : unit_segs[unit]) {
-      Segment& seg = segs[s];
-      if (seg.kind != kind || (c.module >= 0 && seg.module != c.module)) continue;
-      float* out = gather_slot + seg.unit_offset;
-      if (secondary) {
-        HZP_RETURN_IF_ERROR(cm->all_gather(seg.secondary, out, seg.padded / secondary_size));
-      } else {
-        HZP_RETURN_IF_ERROR(cm->all_gather(seg.param, out, seg.padded / k.s_p));
-        if (seg.secondary != nullptr) {  // hpZ: keep my node piece for the backward gathers
-          const std::int64_t piece = seg.padded / secondary_size;
-          std::copy(out + secondary_pos * piece, out + (secondary_pos + 1) * piece, seg.secondary);
+      return Status::Ok();
+    case CollectivePurpose::kGatherParams:
+    case CollectivePurpose::kGatherSecondary: {
+      if (gather_slot == nullptr) return Status::Internal("runtime: parameter all-gather without a slot");
+      const bool secondary = c.purpose == CollectivePurpose::kGatherSecondary;
+      for (int s : layout.unit_segments(c.unit)) {
+        const Segment& seg = layout.segment(s);
+        if (seg.state != c.state || (c.module >= 0 && seg.module != c.module)) continue;
+        float* out = gather_slot + seg.unit_offset;
+        const std::int64_t piece = seg.padded / layout.secondary_size();
+        if (secondary) {
+          HZP_RETURN_IF_ERROR(cm->all_gather(bufs[s].secondary, out, piece));
+        } else {
+          HZP_RETURN_IF_ERROR(cm->all_gather(bufs[s].param, out, layout.param_floats(s)));
+          if (bufs[s].secondary != nullptr)  // hpZ: keep my node piece for the backward gathers
+            std::copy(out + layout.secondary_position() * piece, out + (layout.secondary_position() + 1) * piece,
+                      bufs[s].secondary);
         }
       }
+      return Status::Ok();
     }
-    return Status::Ok();
-  }
-  if (c.kind == CollectiveKind::kReduceScatter && role.find("grad_shard") != std::string::npos) {
-    float* slot = bucket_slot[c.bucket];
-    if (slot == nullptr) return Status::Internal("runtime: gradient reduce-scatter without a slot");
-    for (const auto& [s, off] : bucket_segs[c.bucket]) {
-      Segment& seg = segs[s];
-      const std::int64_t piece = seg.padded / k.s_g;
-      float* in = slot + off;
-      HZP_RETURN_IF_ERROR(cm->reduce_scatter(in, in + k.g * piece, piece));
-      const float* mine = in + k.g * piece;
-      for (std::int64_t e = 0; e < piece; ++e) seg.grad[e] += mine[e];
+    case CollectivePurpose::kReduceGrads: {  // gradient slot -> my gradient shard, accumulated
+      float* slot = bucket_slot[c.bucket];
+      if (slot == nullptr) return Status::Internal("runtime: gradient reduce-scatter without a slot");
+      for (const auto& [s, off] : layout.bucket_segments(c.bucket)) {
+        const std::int64_t piece = layout.grad_floats(s);
+        float* in = slot + off;
+        HZP_RETURN_IF_ERROR(cm->reduce_scatter(in, in + pos.g * piece, piece));
+        const float* mine = in + pos.g * piece;
+        for (std::int64_t e = 0; e < piece; ++e) bufs[s].grad[e] += mine[e];
+      }
+      return Status::Ok();
     }
-    return Status::Ok();
+    case CollectivePurpose::kReduceToOptimizer:  // gradient shard -> optimizer slice, in place
+      for (const auto& [s, off] : layout.bucket_segments(c.bucket)) {
+        const std::int64_t piece = layout.optimizer_floats(s);
+        HZP_RETURN_IF_ERROR(cm->reduce_scatter(bufs[s].grad, bufs[s].grad + pos.i * piece, piece));
+      }
+      return Status::Ok();
+    case CollectivePurpose::kSyncReplicas:  // the optimizer slice's gradients across replicas
+      for (const auto& [s, off] : layout.bucket_segments(c.bucket))
+        HZP_RETURN_IF_ERROR(cm->all_reduce(bufs[s].grad + layout.optimizer_in_grad(s), layout.optimizer_floats(s)));
+      return Status::Ok();
   }
-  if (c.kind == CollectiveKind::kReduceScatter) {  // param_refresh: gradient shard -> optimizer slice, in place
-    for (const auto& [s, off] : bucket_segs[c.bucket]) {
-      const std::int64_t piece = segs[s].padded / k.s_os;
-      HZP_RETURN_IF_ERROR(cm->reduce_scatter(segs[s].grad, segs[s].grad + k.i * piece, piece));
-    }
-    return Status::Ok();
-  }
-  if (c.kind == CollectiveKind::kAllReduce) {  // os_replica: the optimizer slice across replicas
-    for (const auto& [s, off] : bucket_segs[c.bucket]) {
-      const Segment& seg = segs[s];
-      const std::int64_t piece = seg.padded / k.s_os;
-      HZP_RETURN_IF_ERROR(cm->all_reduce(seg.grad + (k.os_index() * piece - k.g * (seg.padded / k.s_g)), piece));
-    }
-    return Status::Ok();
-  }
-  return Status::Unimplemented(std::string("runtime: ") + to_string(c.kind) + " on role " + role);
+  (void)k;
+  return Status::Unimplemented(std::string("runtime: ") + to_string(c.purpose));
 }
 
 Status Executor::Impl::optimizer(const OptimizerStepOp& o) {
   const RunSpec& run = scenario.run;
-  const double b1 = run.beta1, b2 = run.beta2;
-  const double c1 = 1 - std::pow(b1, static_cast<double>(adam_t));
-  const double c2 = 1 - std::pow(b2, static_cast<double>(adam_t));
-  const float clip = static_cast<float>(clip_coef);
-  for (const auto& [s, off] : bucket_segs[o.bucket]) {
-    Segment& seg = segs[s];
-    const KindInfo& k = kinds[seg.kind];
-    const std::int64_t piece = seg.padded / k.s_os;
-    const std::int64_t begin = k.os_index() * piece;  // in the segment's full coordinates
-    float* p = seg.param + (begin - k.p * (seg.padded / k.s_p));
-    const float* g = seg.grad + (begin - k.g * (seg.padded / k.s_g));
-    for (const TensorInfo& t : seg.layout) {
-      const std::int64_t lo = std::max(begin, t.offset), hi = std::min(begin + piece, t.offset + t.size());
-      const double decay = t.decay ? lr * run.weight_decay : 0.0;
-      for (std::int64_t e = lo - begin; e < hi - begin; ++e) {
-        const double grad = static_cast<double>(g[e] * clip);
-        const double m = b1 * seg.m[e] + (1 - b1) * grad;
-        const double v = b2 * seg.v[e] + (1 - b2) * grad * grad;
-        seg.m[e] = static_cast<float>(m);
-        seg.v[e] = static_cast<float>(v);
-        double w = p[e];
-        w -= decay * w;
-        w -= lr * (m / c1) / (std::sqrt(v / c2) + run.eps);
-        p[e] = static_cast<float>(w);
-      }
-    }
-    std::fill(seg.grad, seg.grad + seg.padded / k.s_g, 0.f);
+  const AdamWStep hyper{lr, run.beta1, run.beta2, run.eps, run.weight_decay, adam_t, static_cast<float>(clip_coef)};
+  for (const auto& [s, off] : layout.bucket_segments(o.bucket)) {
+    adamw_update(hyper, layout.segment(s).layout, layout.optimizer_begin(s), layout.optimizer_floats(s),
+                 bufs[s].param + layout.optimizer_in_param(s), bufs[s].grad + layout.optimizer_in_grad(s), bufs[s].m,
+                 bufs[s].v);
+    std::fill(bufs[s].grad, bufs[s].grad + layout.grad_floats(s), 0.f);
   }
   return Status::Ok();
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// One step
+// ---------------------------------------------------------------------------------------------------------
 
 Status Executor::Impl::run_step(std::int64_t step_index) {
   step = step_index;
@@ -654,7 +491,6 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
   grad_norm = 0;
   clip_coef = 1;
   ++adam_t;
-  for (MoeBuffers& b : moe_buf) b.phase = 0;
 
   const std::vector<Op>& ops = program->ops;
   std::vector<EventPtr> events(ops.size());
@@ -663,59 +499,56 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
   float* last_gather = nullptr;  // the slot acquired for the gathers that follow it
   std::vector<float*> bucket_slot(schedule.buckets.size(), nullptr);
   std::deque<float*> compute_gather;  // the slot the next compute visit reads (front), in visit order
-  for (size_t i = 0; i < ops.size(); ++i) {
+  for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     Stream& stream = *streams[op.stream];
+    // A dependency on another stream: this stream waits for that op's event before running the op
+    // (cudaStreamWaitEvent), so a gather's slot is filled before compute reads it, a gradient slot is
+    // reduced before it is reused, and the optimizer runs after the last gradient collective.
     for (int d : op.deps)
       if (ops[d].stream != op.stream) stream.wait(events[d]);
     std::function<Status()> work;
     std::int64_t bytes = 0;
     if (const auto* a = std::get_if<BufferAcquireOp>(&op.body)) {
       float* slot = pool_slots[a->pool][a->slot];
-      if (a->pool == gather_pool) {
+      if (schedule.pools[a->pool].kind == PoolKind::kParamGather) {
         last_gather = slot;
         compute_gather.push_back(slot);
         work = [] { return Status::Ok(); };
       } else {
         bucket_slot[a->bucket] = slot;
-        std::int64_t size = 0;
-        for (const auto& [s, off] : bucket_segs[a->bucket]) size = std::max(size, off + segs[s].padded);
+        const std::int64_t size = layout.bucket_floats(a->bucket);
         work = [slot, size] {
           std::fill(slot, slot + size, 0.f);
           return Status::Ok();
         };
       }
     } else if (const auto* r = std::get_if<BufferReleaseOp>(&op.body)) {
-      if (r->pool == gather_pool) {
+      if (schedule.pools[r->pool].kind == PoolKind::kParamGather) {
         if (compute_gather.empty()) return Status::Internal("runtime: release of a gather slot never acquired");
         compute_gather.pop_front();
       }
       work = [] { return Status::Ok(); };
     } else if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
       float* slot = compute_gather.empty() ? nullptr : compute_gather.front();
-      const std::vector<float*> buckets = bucket_slot;
-      const ComputeOp body = *c;
-      work = [this, body, slot, buckets] { return compute(body, slot, buckets); };
+      work = [this, body = *c, slot, buckets = bucket_slot] { return compute(body, slot, buckets); };
     } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
       float* slot = nullptr;
-      if (c->payload == Payload::kParams && c->bucket < 0) {  // a unit gather: the slot acquired for it
+      if (c->purpose == CollectivePurpose::kGatherParams || c->purpose == CollectivePurpose::kGatherSecondary) {
         if (last_gather == nullptr) return Status::Internal("runtime: parameter all-gather without an acquired slot");
-        slot = last_gather;
+        slot = last_gather;  // the slot acquired for this unit's gathers
       } else if (c->kind == CollectiveKind::kAllToAll) {
-        slot = compute_gather.empty() ? nullptr : compute_gather.front();
+        slot = compute_gather.empty() ? nullptr : compute_gather.front();  // the MoE unit's router parameters
       }
-      const std::vector<float*> buckets = bucket_slot;
-      const CollectiveOp body = *c;
-      const int s = op.stream;
-      bytes = body.bytes / dtype_bytes(body.dtype) * 4;
-      work = [this, body, s, slot, buckets] { return collective(body, s, slot, buckets); };
+      // Bytes as executed: the IR's element count in the dtype the models compute in.
+      bytes = c->bytes / dtype_bytes(c->dtype) * dtype_bytes(kComputeDtype);
+      work = [this, body = *c, s = op.stream, slot, buckets = bucket_slot] { return collective(body, s, slot, buckets); };
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
-      const OptimizerStepOp body = *o;
-      work = [this, body] { return optimizer(body); };
+      work = [this, body = *o] { return optimizer(body); };
     }
     const int stream_index = op.stream;
     const int op_index = static_cast<int>(i);
-    events[i] = stream.enqueue([this, work = std::move(work), stream_index, op_index, bytes]() -> Status {
+    events[i] = stream.submit([this, work = std::move(work), stream_index, op_index, bytes]() -> Status {
       const double t0 = tracing ? now_us() : 0;
       Status st = work();
       if (tracing) stream_trace[stream_index].push_back({step, op_index, stream_index, t0, now_us(), bytes});
@@ -737,14 +570,17 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
 
 Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Executor::~Executor() {
-  if (impl_) impl_->streams.clear();  // join the workers before anything they touch goes away
+  if (impl_) {  // join the workers before anything they touch goes away
+    impl_->streams.clear();
+    impl_->host_stream.reset();
+  }
 }
 
 int Executor::rank() const { return impl_->rank; }
 void Executor::set_tracing(bool on) { impl_->tracing = on; }
 
 Result<std::unique_ptr<Executor>> Executor::create(const Scenario& scenario, const Schedule& schedule, int rank,
-                                                   const ByteDataset* data, CommunicatorFactory make_comm,
+                                                   const ByteDataset* data, Device& device,
                                                    std::function<void(const Status&)> on_fatal) {
   auto impl = std::make_unique<Impl>();
   impl->scenario = scenario;
@@ -752,9 +588,10 @@ Result<std::unique_ptr<Executor>> Executor::create(const Scenario& scenario, con
   impl->rank = rank;
   impl->world = scenario.cluster.world_size();
   impl->data = data;
+  impl->device = &device;
   impl->on_fatal = std::move(on_fatal);
   HZP_RETURN_IF_ERROR(impl->setup());
-  HZP_RETURN_IF_ERROR(impl->setup_comms(make_comm));
+  HZP_RETURN_IF_ERROR(impl->setup_comms());
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 
@@ -781,14 +618,16 @@ Result<StepMetrics> Executor::train_step(std::int64_t step) {
 // Brings every parameter shard up to date with the optimizer slices (what the next step's refresh does), so
 // that evaluation and checkpoints of q > 1 layouts see the updated weights. Idempotent.
 Status Executor::Impl::refresh_parameters() {
-  for (Segment& seg : segs) {
-    const KindInfo& k = kinds[seg.kind];
+  for (std::size_t s = 0; s < layout.segments().size(); ++s) {
+    const StateKind kind = layout.segment(static_cast<int>(s)).state;
+    const StateSharding& k = layout.sharding(kind);
     if (k.q() == 1) continue;
-    Communicator* cm = any_comm(k.role_refresh);
+    auto [cm, stream] = any_comm(k.role_refresh);
     if (cm == nullptr) return Status::Internal("runtime: no param_refresh communicator");
-    const std::int64_t piece = seg.padded / k.s_os;
-    HZP_RETURN_IF_ERROR(cm->all_gather_async(*streams[stream_of_comm(cm)], seg.param + k.i * piece, seg.param, piece)
-                            ->synchronize());
+    const std::int64_t piece = layout.optimizer_floats(static_cast<int>(s));
+    float* param = bufs[s].param;
+    const int i = layout.position(kind).i;
+    HZP_RETURN_IF_ERROR(cm->all_gather_async(*stream, param + i * piece, param, piece)->synchronize());
   }
   return Status::Ok();
 }
@@ -796,50 +635,48 @@ Status Executor::Impl::refresh_parameters() {
 Result<double> Executor::evaluate(std::int64_t groups) {
   Impl& d = *impl_;
   HZP_RETURN_IF_ERROR(d.refresh_parameters());
-  // Full parameters of every unit: resident, or gathered once into the eval buffer.
-  std::vector<float*> full(d.segs.size(), nullptr);
+  // Full parameters of every segment: resident, or gathered once into the eval buffer.
+  const std::size_t count = d.layout.segments().size();
+  std::vector<float*> full(count, nullptr);
   std::int64_t offset = 0;
-  for (size_t s = 0; s < d.segs.size(); ++s) {
-    Segment& seg = d.segs[s];
-    const KindInfo& k = d.kinds[seg.kind];
+  for (std::size_t s = 0; s < count; ++s) {
+    const Segment& seg = d.layout.segment(static_cast<int>(s));
+    const StateSharding& k = d.layout.sharding(seg.state);
     if (k.s_p == 1) {
-      full[s] = seg.param;
+      full[s] = d.bufs[s].param;
       continue;
     }
     full[s] = d.eval_params + offset;
     offset += seg.padded;
-    // Gather on the stream that owns this group's communicator for parameter gathers.
-    Communicator* cm = d.any_comm(k.role_param);
+    auto [cm, stream] = d.any_comm(k.role_param);  // the stream that owns this group's gathers
     if (cm == nullptr) return Status::Internal("runtime: no parameter communicator for evaluation");
-    EventPtr ev = cm->all_gather_async(*d.streams[d.stream_of_comm(cm)], seg.param, full[s], seg.padded / k.s_p);
-    HZP_RETURN_IF_ERROR(ev->synchronize());
+    HZP_RETURN_IF_ERROR(cm->all_gather_async(*stream, d.bufs[s].param, full[s], d.layout.param_floats(static_cast<int>(s)))
+                            ->synchronize());
   }
-  Communicator* ep_comm = d.ep > 1 ? d.any_comm(d.role_ep) : nullptr;
+  auto P = [&](int s) { return full[s]; };
+  Communicator* ep_comm = d.expert_parallel() ? d.any_comm(d.schedule.role_expert_parallel).first : nullptr;
   const std::int64_t per_rank = (groups + d.world - 1) / d.world;
-  double loss = 0;
+  const double loss_before = d.loss_sum, aux_before = d.aux_sum;
+  d.loss_sum = 0;
+  // The same module forwards as training, unit by unit; under expert parallelism a MoE layer runs its
+  // stages around the two forward exchanges.
   for (std::int64_t j = 0; j < per_rank; ++j) {
     d.data->val_batch(static_cast<std::uint64_t>(d.scenario.run.seed), j * d.world + d.rank, d.batch, d.ids, d.targets);
-    d.embedding->forward(full[d.seg_of(0, 0, 0, false)], d.ids.data(), d.x.data());
-    for (int l = 0; l < d.cfg.layers; ++l) {
-      d.attention[l]->forward(full[d.seg_of(l + 1, 0, 0, false)], d.x.data());
-      if (!d.cfg.moe_layer[l]) {
-        d.mlp[l]->forward(full[d.seg_of(l + 1, 1, 0, false)], d.x.data());
-      } else if (d.ep == 1) {
-        d.moe[l]->forward(full[d.router_seg(l)], full[d.experts_seg(l)], d.x.data());
-      } else {
-        Impl::MoeBuffers& b = d.moe_buf[l];
-        d.moe[l]->route_forward(full[d.router_seg(l)], d.x.data(), b.send, b.send_counts);
-        HZP_RETURN_IF_ERROR(ep_comm->all_to_all_v(b.send.data(), b.send_counts, b.recv, b.recv_counts));
-        d.moe[l]->experts_forward(full[d.experts_seg(l)], b.recv, b.out);
-        std::vector<std::int64_t> back(b.recv_counts.size());
-        for (size_t i = 0; i < back.size(); ++i) back[i] = b.recv_counts[i] / (d.cfg.hidden + 1) * d.cfg.hidden;
-        HZP_RETURN_IF_ERROR(ep_comm->all_to_all_v(b.out.data(), back, b.back, b.back_counts));
-        d.moe[l]->combine_forward(b.back, d.x.data());
+    for (int u = 0; u < static_cast<int>(d.schedule.units.size()); ++u)
+      for (ModuleKind module : d.schedule.units[u].modules) {
+        if (module != ModuleKind::kMoe || ep_comm == nullptr) {
+          HZP_RETURN_IF_ERROR(d.forward_module(module, u, P));
+          continue;
+        }
+        const int layer = d.schedule.units[u].layer;
+        HZP_RETURN_IF_ERROR(d.moe_exchange(CollectivePurpose::kMoeDispatch, u, *ep_comm, full[d.router_seg(u)], nullptr));
+        d.moe[layer]->experts_forward(full[d.experts_seg(u)], d.moe_buf[layer].recv, d.moe_buf[layer].out);
+        HZP_RETURN_IF_ERROR(d.moe_exchange(CollectivePurpose::kMoeCombine, u, *ep_comm, nullptr, nullptr));
       }
-    }
-    loss += d.head->forward(full[d.seg_of(d.cfg.layers + 1, 0, 0, false)], d.x.data(), d.targets.data());
   }
-  float sum = static_cast<float>(loss);
+  float sum = static_cast<float>(d.loss_sum);
+  d.loss_sum = loss_before;
+  d.aux_sum = aux_before;
   HZP_RETURN_IF_ERROR(d.metrics->all_reduce(&sum, 1));
   return sum / static_cast<double>(per_rank * d.world * d.tokens);
 }
@@ -856,11 +693,11 @@ MemoryReport Executor::memory() const {
 
 std::vector<FloatSpan> Executor::Impl::state_spans() const {
   std::vector<FloatSpan> spans;
-  for (const Segment& s : segs) {
-    const KindInfo& k = kinds[s.kind];
-    spans.push_back({s.param, s.padded / k.s_p});
-    spans.push_back({s.m, s.padded / k.s_os});
-    spans.push_back({s.v, s.padded / k.s_os});
+  for (std::size_t s = 0; s < bufs.size(); ++s) {
+    const int i = static_cast<int>(s);
+    spans.push_back({bufs[s].param, layout.param_floats(i)});
+    spans.push_back({bufs[s].m, layout.optimizer_floats(i)});
+    spans.push_back({bufs[s].v, layout.optimizer_floats(i)});
   }
   return spans;
 }
@@ -872,7 +709,8 @@ CheckpointHeader Executor::Impl::checkpoint_header(std::int64_t next_step) const
   h.policy = schedule.policy;
   h.next_step = next_step;
   h.adam_steps = adam_t;
-  for (const Segment& seg : segs) h.segments.emplace_back(seg.padded / kinds[seg.kind].s_p, seg.padded / kinds[seg.kind].s_os);
+  for (std::size_t s = 0; s < bufs.size(); ++s)
+    h.segments.emplace_back(layout.param_floats(static_cast<int>(s)), layout.optimizer_floats(static_cast<int>(s)));
   return h;
 }
 

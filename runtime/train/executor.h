@@ -1,25 +1,23 @@
-// The runtime executor: runs the core's schedule IR (shared/schedule.h) for one rank on the backend
-// (runtime/backend) and trains the model (runtime/model) with it.
+// The runtime executor: runs the core's schedule IR (shared/schedule.h) for one rank on a device
+// (runtime/backend/device.h) and trains the model (runtime/model) with it.
 //
-// The host thread walks the rank's program in order and enqueues every op on its stream, after making the
-// stream wait for the events of the op's dependencies on other streams (CUDA-style). What each op does:
-//   compute            the module's forward/backward for the micro-batch, reading parameters from the
-//                      unit's gather slot (sharded parameters) or from the resident copy (replicated), and
-//                      accumulating gradients into the bucket's gradient slot (sharded gradients) or the
-//                      resident gradients (replicated);
-//   all_gather params  shards -> gather slot (param_shard / param_secondary), or optimizer slices -> the
-//                      parameter shard (param_refresh, the refresh of last step's update);
-//   reduce_scatter     gradient slot -> resident gradient shard (grad_shard), or gradient shard -> optimizer
-//                      slice in place (param_refresh);
-//   all_reduce         optimizer slice across replicas (os_replica), or the partial squared norms (world);
-//   all_to_all         MoE tokens to the ranks holding their experts and back (expert_parallel);
-//   acquire / release  pool slot bookkeeping (gradient slots are zeroed when acquired);
-//   optimizer_step     AdamW on this rank's optimizer slice of the bucket, then its gradients are zeroed.
-//
-// Sharded buffers: every module's parameters form a segment, padded to a multiple of the largest group size
-// so that every group splits it evenly. A state sharded over s ranks keeps the piece at the rank's position
-// in that group; the optimizer slice is piece (param position * q + refresh position) of s_os pieces, which
-// lies inside both the parameter shard and the gradient shard (sharding.h explains why).
+// The host thread walks the rank's program in order and submits every op on its stream, after making the
+// stream wait for the events of the op's dependencies on other streams (CUDA-style). It reads only the IR's
+// typed fields; what each op does:
+//   compute              the module's forward/backward for the micro-batch (ComputeOp: module, unit, phase),
+//                        reading parameters from the unit's gather slot (sharded parameters) or the resident
+//                        copy, accumulating gradients into the bucket's gradient slot (sharded gradients) or
+//                        the resident gradients;
+//   gather_params        shards -> the gather slot (gather_secondary: from hpZ's node copy);
+//   refresh_params       optimizer slices -> the parameter shard (last step's update);
+//   reduce_grads         gradient slot -> resident gradient shard;
+//   reduce_to_optimizer  gradient shard -> optimizer slice, in place;
+//   sync_replicas        the optimizer slice's gradients across replicas;
+//   grad_norm            the partial squared norms over the world (clipping);
+//   moe_*                MoE tokens to the ranks holding their experts and back, and their gradients;
+//   acquire / release    pool slot bookkeeping by PoolKind (gradient slots are zeroed when acquired);
+//   optimizer_step       AdamW on this rank's optimizer slice of the bucket, then its gradients are zeroed.
+// Buffer layout: state_layout.h. The model code never sees sharding.
 #pragma once
 
 #include <chrono>
@@ -30,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/device.h"
 #include "model/model.h"
 #include "schedule.h"
 #include "scenario.h"
@@ -38,11 +36,6 @@
 #include "train/data.h"
 
 namespace hzp::runtime {
-
-// Makes the communicator of `ranks` (global ranks in group order) for a key unique to it, e.g. "g3/s2".
-using CommunicatorFactory =
-    std::function<Result<std::unique_ptr<Communicator>>(const std::vector<int>& ranks, const std::string& key,
-                                                        const std::string& display_name)>;
 
 struct StepMetrics {
   double loss = 0;        // mean token cross-entropy over the global batch (nats)
@@ -67,11 +60,12 @@ using MemoryReport = std::map<std::string, std::int64_t>;
 
 class Executor {
  public:
-  // `make_comm` builds a communicator per (group, stream) the program uses, plus one over every rank for
-  // metrics (outside the IR). `on_fatal` is called once, from the failing stream's thread, with the first
-  // error of any op (the trainer prints it and ends the process so that no other stream waits on a timeout).
+  // Builds the rank's buffers, streams and communicators on `device` (one communicator per (group, stream)
+  // the program uses, plus one over every rank for metrics, outside the IR). `on_fatal` is called once,
+  // from the failing stream's thread, with the first error of any op (the caller decides what to do: `hzp
+  // train` ends the process, so that no other stream waits on a collective until its timeout).
   static Result<std::unique_ptr<Executor>> create(const Scenario& scenario, const Schedule& schedule, int rank,
-                                                  const ByteDataset* data, CommunicatorFactory make_comm,
+                                                  const ByteDataset* data, Device& device,
                                                   std::function<void(const Status&)> on_fatal);
   ~Executor();
 

@@ -18,7 +18,7 @@ Trace rank_trace(const Scenario& scenario, const Schedule& schedule, int rank, c
   t.world_size = schedule.world_size;
   t.gpus_per_node = schedule.gpus_per_node;
   t.streams = schedule.streams;
-  for (const ProcessGroup& g : schedule.groups) t.groups.push_back({g.role, g.ranks});
+  for (const ProcessGroup& g : schedule.groups) t.groups.push_back({to_string(g.role), g.ranks});
   for (const BufferPool& p : schedule.pools) t.pools.push_back(p.name);
   const Program& program = schedule.program_of(rank);
   for (const ExecutedOp& x : executed) {

@@ -150,6 +150,20 @@ Result<std::int64_t> agree_on_resume(StoreClient& store, const LaunchEnv& env, c
   return mine;
 }
 
+// The backend of --backend: the CPU device (Gloo through the store). A CUDA + NCCL device would be chosen
+// here; none is built yet.
+Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const LaunchEnv& env, milliseconds timeout) {
+  if (options.backend != "cpu")
+    return Status::InvalidInput("--backend " + quoted(options.backend, 20) +
+                                ": this build has the cpu backend only (the CUDA + NCCL backend is not written yet)");
+  CpuDeviceOptions cpu;
+  cpu.store = StoreAddress{env.store_host, env.store_port, env.token};
+  cpu.global_rank = env.rank;
+  if (const char* a = std::getenv("HZP_GLOO_ADDR")) cpu.gloo.interface_address = a;
+  cpu.gloo.timeout = timeout;
+  return make_cpu_device(cpu);
+}
+
 }  // namespace
 
 Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size) {
@@ -263,18 +277,11 @@ int run_rank(const TrainOptions& options, const LaunchEnv& launched) {
   std::unique_ptr<StoreClient> store = std::move(store_or).value();
   if (Status st = store->set("hzp/joined/" + std::to_string(env.rank), "1"); !st.ok()) return fail(st);
 
-  GlooOptions gloo;
-  if (const char* a = std::getenv("HZP_GLOO_ADDR")) gloo.interface_address = a;
-  gloo.timeout = timeout;
-  auto device_or = make_gloo_device(gloo);
+  auto device_or = make_device(options, env, timeout);
   if (!device_or.ok()) return fail(device_or.status());
-  auto device = *device_or;
-  const StoreAddress store_address{env.store_host, env.store_port, env.token};
-  CommunicatorFactory factory = [&](const std::vector<int>& ranks, const std::string& key, const std::string& name) {
-    return make_gloo_communicator(store_address, env.rank, ranks, "hzp/comm/" + key, name, device, gloo);
-  };
+  std::unique_ptr<Device> device = std::move(device_or).value();
   auto on_fatal = [env](const Status& st) { die(env, st); };
-  auto executor_or = Executor::create(scenario, schedule, env.rank, &prepared.data, factory, on_fatal);
+  auto executor_or = Executor::create(scenario, schedule, env.rank, &prepared.data, *device, on_fatal);
   if (!executor_or.ok()) {
     if (executor_or.status().code() == StatusCode::kInvalidInput) return fail(executor_or.status());
     die(env, executor_or.status());

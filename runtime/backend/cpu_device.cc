@@ -1,5 +1,5 @@
-// The CPU backend's memory pool, events and streams (backend.h).
-#include "backend/backend.h"
+// The CPU backend's memory pool, events and streams (device.h).
+#include "backend/device.h"
 
 #include <cstring>
 #include <exception>
@@ -19,7 +19,7 @@ std::int64_t round_up(std::int64_t bytes) { return (bytes + kAlignment - 1) / kA
 
 // --- MemoryPool ------------------------------------------------------------------------------------------
 
-MemoryPool::MemoryPool(std::int64_t capacity_bytes) {
+CpuMemoryPool::CpuMemoryPool(std::int64_t capacity_bytes) {
   // A negative capacity is an empty pool. Pieces are whole multiples of 64 bytes, so used_ stays aligned.
   capacity_ = capacity_bytes > 0 ? capacity_bytes : 0;
   if (capacity_ == 0) return;
@@ -29,40 +29,38 @@ MemoryPool::MemoryPool(std::int64_t capacity_bytes) {
   if (base_ != nullptr) std::memset(base_, 0, static_cast<std::size_t>(capacity_));
 }
 
-MemoryPool::~MemoryPool() {
+CpuMemoryPool::~CpuMemoryPool() {
   if (base_ != nullptr) ::operator delete(base_, std::align_val_t(kAlignment));
 }
 
-Result<float*> MemoryPool::allocate(const std::string& category, std::int64_t floats) {
-  if (floats < 0)
+Result<Buffer> CpuMemoryPool::allocate(const std::string& category, std::int64_t count, DType dtype) {
+  const std::int64_t element = dtype_bytes(dtype);
+  if (count < 0)
     return Status::InvalidInput("memory pool: category '" + category + "' asked for a negative size (" +
-                                std::to_string(floats) + " floats)");
+                                std::to_string(count) + " elements)");
   if (capacity_ > 0 && base_ == nullptr)
     return Status::Internal("memory pool: the host could not allocate the pool's " + std::to_string(capacity_) +
-                            " bytes (category '" + category + "' asked for " + std::to_string(floats) +
-                            " floats)");
+                            " bytes (category '" + category + "' asked for " + std::to_string(count) + " elements)");
   const std::int64_t free_bytes = capacity_ - used_;
-  constexpr std::int64_t kMaxFloats =
-      (std::numeric_limits<std::int64_t>::max() - kAlignment) / static_cast<std::int64_t>(sizeof(float));
-  const std::int64_t requested = floats <= kMaxFloats ? round_up(floats * static_cast<std::int64_t>(sizeof(float)))
-                                                      : std::numeric_limits<std::int64_t>::max();
-  if (floats > kMaxFloats || requested > free_bytes)
+  const std::int64_t max_count = (std::numeric_limits<std::int64_t>::max() - kAlignment) / element;
+  const std::int64_t requested = count <= max_count ? round_up(count * element) : std::numeric_limits<std::int64_t>::max();
+  if (count > max_count || requested > free_bytes)
     return Status::InvalidInput("memory pool exhausted: category '" + category + "' requested " +
-                                (floats > kMaxFloats ? std::string("an impossible size")
-                                                     : std::to_string(requested) + " bytes") +
-                                " (" + std::to_string(floats) + " floats) but only " + std::to_string(free_bytes) +
-                                " of " + std::to_string(capacity_) + " bytes are free");
+                                (count > max_count ? std::string("an impossible size")
+                                                   : std::to_string(requested) + " bytes") +
+                                " (" + std::to_string(count) + " " + to_string(dtype) + " elements) but only " +
+                                std::to_string(free_bytes) + " of " + std::to_string(capacity_) + " bytes are free");
   // A zero-size piece is a valid pointer into (or one past) the pool, never dereferenced.
   alignas(kAlignment) static float empty_piece = 0.0f;
-  float* piece = base_ != nullptr ? reinterpret_cast<float*>(base_ + used_) : &empty_piece;
+  void* piece = base_ != nullptr ? static_cast<void*>(base_ + used_) : static_cast<void*>(&empty_piece);
   used_ += requested;
   by_category_[category] += requested;
-  return piece;
+  return Buffer{piece, count, dtype};
 }
 
 // --- Event -----------------------------------------------------------------------------------------------
 
-void Event::complete(Status status) {
+void CpuEvent::complete(Status status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
@@ -72,12 +70,12 @@ void Event::complete(Status status) {
   cv_.notify_all();
 }
 
-bool Event::done() const {
+bool CpuEvent::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
 }
 
-Status Event::synchronize(std::chrono::milliseconds timeout) const {
+Status CpuEvent::synchronize(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_; }))
     return Status::Internal("event not complete after " + std::to_string(timeout.count()) + " ms (timed out)");
@@ -86,11 +84,11 @@ Status Event::synchronize(std::chrono::milliseconds timeout) const {
 
 // --- Stream ----------------------------------------------------------------------------------------------
 
-Stream::Stream(std::string name) : name_(std::move(name)) {
+CpuStream::CpuStream(std::string name) : name_(std::move(name)) {
   thread_ = std::thread([this] { run(); });
 }
 
-Stream::~Stream() {
+CpuStream::~CpuStream() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -99,8 +97,8 @@ Stream::~Stream() {
   if (thread_.joinable()) thread_.join();
 }
 
-EventPtr Stream::enqueue(std::function<Status()> work) {
-  auto event = std::make_shared<Event>();
+EventPtr CpuStream::submit(std::function<Status()> work) {
+  auto event = std::make_shared<CpuEvent>();
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(std::move(work), event);
@@ -109,13 +107,13 @@ EventPtr Stream::enqueue(std::function<Status()> work) {
   return event;
 }
 
-void Stream::wait(EventPtr event) {
+void CpuStream::wait(EventPtr event) {
   if (event == nullptr) return;
   // Runs on this stream's worker: blocks it until the event completes and hands on the event's status, which
   // poisons the stream when the event failed. Events made by enqueue always complete (a poisoned stream
   // completes its events with the failure, a destroyed one drains first), so this never waits forever on
   // another stream's event. The loop re-arms the wait: Event::synchronize's bound is only a default.
-  enqueue([event = std::move(event)]() -> Status {
+  submit([event = std::move(event)]() -> Status {
     while (true) {
       Status s = event->synchronize(std::chrono::hours(1));
       if (event->done()) return s;
@@ -123,7 +121,7 @@ void Stream::wait(EventPtr event) {
   });
 }
 
-Status Stream::synchronize() {
+Status CpuStream::synchronize() {
   // The recorded event completes after everything before it, with the stream's first failure if poisoned.
   EventPtr done = record();
   while (true) {
@@ -132,9 +130,9 @@ Status Stream::synchronize() {
   }
 }
 
-void Stream::run() {
+void CpuStream::run() {
   while (true) {
-    std::pair<std::function<Status()>, EventPtr> item;
+    std::pair<std::function<Status()>, std::shared_ptr<CpuEvent>> item;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
