@@ -30,7 +30,7 @@ if(HZP_HAVE_CUDA)
   add_library(hzp_cuda STATIC runtime/cuda/cuda_probe.cu)
   # CMake 3.25 has no CUDA20 flags for nvcc; the probe needs nothing past C++17.
   set_target_properties(hzp_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
-  target_include_directories(hzp_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/runtime)
+  target_include_directories(hzp_cuda PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(hzp_cuda PUBLIC CUDA::cudart hzp_nccl)
   target_link_libraries(hzp_runtime PRIVATE hzp_cuda)
   target_compile_definitions(hzp_runtime PRIVATE HZP_HAVE_CUDA=1)

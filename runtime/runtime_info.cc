@@ -1,8 +1,8 @@
 // Backend availability for `hzp --version`.
-#include "runtime_info.h"
+#include "runtime/runtime_info.h"
 
 #ifdef HZP_HAVE_CUDA
-#include "cuda/cuda_probe.h"
+#include "runtime/cuda/cuda_probe.h"
 #endif
 
 namespace hzp::runtime {

@@ -9,7 +9,7 @@
 // messages of ZeRO collectives): NVLINK 3.4 us per intra-node step, NET 14.0 us per inter-node step.
 // NCCL adds a per-collective `baseLat` of 8.4 us (Ring/Simple) that has no field here. Older NCCL releases
 // used NET 9.6 us; LL128 uses 1.9 / 4.0 us for small messages.
-#include "calibration.h"
+#include "shared/calibration.h"
 
 #include <algorithm>
 

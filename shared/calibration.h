@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "scenario.h"
-#include "status.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
 
 namespace hzp {
 

@@ -1,6 +1,6 @@
 // Closed-form collective costs per algorithm, NCCL-like selection, and the roofline compute cost
 // (formulas in collective_cost.h).
-#include "collective_cost.h"
+#include "shared/collective_cost.h"
 
 #include <algorithm>
 #include <limits>

@@ -32,8 +32,8 @@
 
 #include <vector>
 
-#include "scenario.h"
-#include "schedule.h"
+#include "shared/scenario.h"
+#include "shared/schedule.h"
 
 namespace hzp {
 

@@ -1,16 +1,17 @@
 // Analytic step-time estimate by list scheduling a program (see estimator.h).
-#include "estimator.h"
+#include "shared/estimator.h"
 
 #include <algorithm>
 
-#include "collective_cost.h"
+#include "shared/collective_cost.h"
 
 namespace hzp {
 
-double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op) {
+double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op,
+                   const DurationModel& durations) {
   const ClusterSpec& c = scenario.cluster;
-  if (const auto* comp = std::get_if<ComputeOp>(&op.body)) return compute_time(c, comp->flops, comp->mem_bytes);
-  if (const auto* opt = std::get_if<OptimizerStepOp>(&op.body)) return compute_time(c, 0, opt->mem_bytes);
+  if (const auto* comp = std::get_if<ComputeOp>(&op.body)) return durations.compute_s(rank, *comp);
+  if (const auto* opt = std::get_if<OptimizerStepOp>(&op.body)) return durations.optimizer_s(rank, *opt);
   if (const auto* coll = std::get_if<CollectiveOp>(&op.body)) {
     return collective_time(c, coll->kind, static_cast<double>(coll->bytes),
                            group_shape(c, schedule.group_of(rank, coll->role)));
@@ -18,8 +19,15 @@ double op_duration(const Scenario& scenario, const Schedule& schedule, int rank,
   return 0;  // buffer acquire / release: bookkeeping only
 }
 
-Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule) {
+double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op) {
+  return op_duration(scenario, schedule, rank, op, RooflineDurations(scenario.cluster));
+}
+
+Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
+                          const DurationModel* durations) {
   if (schedule.programs.empty()) return Status::Internal("estimate: schedule has no program");
+  const RooflineDurations roofline(scenario.cluster);
+  const DurationModel& source = durations ? *durations : roofline;
   Estimate est;
   for (size_t p = 0; p < schedule.programs.size(); ++p) {
     const int rank = static_cast<int>(std::find(schedule.rank_program.begin(), schedule.rank_program.end(),
@@ -32,7 +40,7 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
       const Op& op = ops[i];
       double start = stream_free[op.stream];
       for (int d : op.deps) start = std::max(start, t[d].end);
-      const double dur = op_duration(scenario, schedule, rank, op);
+      const double dur = op_duration(scenario, schedule, rank, op, source);
       t[i] = {start, start + dur};
       stream_free[op.stream] = t[i].end;
       end = std::max(end, t[i].end);
@@ -58,18 +66,8 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
     }
     if (p == 0) est.timings = std::move(t);
   }
-  est.exposed_comm_s = std::max(0.0, est.step_time_s - est.compute_s);
-  est.overlap_fraction = est.comm_s > 0 ? std::clamp(1 - est.exposed_comm_s / est.comm_s, 0.0, 1.0) : 1.0;
-
-  const double micro_batches = static_cast<double>(scenario.grad_accum_steps());
-  est.model_flops_per_gpu = cost.model_flops * micro_batches;
-  if (est.step_time_s > 0) {
-    est.tflops_per_gpu = est.model_flops_per_gpu / est.step_time_s / 1e12;
-    est.mfu = est.model_flops_per_gpu / (est.step_time_s * scenario.cluster.gpu.peak_flops);
-    est.tokens_per_s = static_cast<double>(scenario.training.global_batch * scenario.training.seq_len) / est.step_time_s;
-  }
   est.memory = memory_per_gpu(scenario, cost, schedule);
-  est.fits_memory = est.memory.total() <= scenario.cluster.gpu.memory_bytes;
+  derive_performance(scenario, cost, est);
   return est;
 }
 

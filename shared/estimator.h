@@ -10,11 +10,13 @@
 
 #include <vector>
 
-#include "model_math.h"
-#include "scenario.h"
-#include "schedule.h"
-#include "sharding.h"
-#include "status.h"
+#include "shared/duration_model.h"
+#include "shared/model_math.h"
+#include "shared/performance.h"
+#include "shared/scenario.h"
+#include "shared/schedule.h"
+#include "shared/sharding.h"
+#include "shared/status.h"
 
 namespace hzp {
 
@@ -23,27 +25,21 @@ struct OpTiming {
   double end = 0;
 };
 
-struct Estimate {
-  double step_time_s = 0;
-  double compute_s = 0;          // busy time of compute and optimizer ops
-  double comm_s = 0;             // sum of collective durations (overlapped or not)
-  double exposed_comm_s = 0;     // step_time - compute_s: time compute waits on communication
-  double overlap_fraction = 0;   // 1 - exposed / comm (1 when there is no communication)
+struct Estimate : StepPerformance {
   double comm_bytes_per_gpu = 0; // bytes sent per GPU per step (ring), summed over collectives
   double comm_bytes_intra = 0;   // ... of which over intra-node links
   double comm_bytes_inter = 0;   // ... of which over NICs
-  double model_flops_per_gpu = 0;
-  double mfu = 0;
-  double tflops_per_gpu = 0;     // model TFLOP/s achieved per GPU
-  double tokens_per_s = 0;       // whole cluster
-  MemoryBreakdown memory;
-  bool fits_memory = false;
   std::vector<OpTiming> timings; // per op of program 0
 };
 
-Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule);
+// Compute and optimizer ops take the time `durations` gives (the roofline when null).
+Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
+                          const DurationModel* durations = nullptr);
 
 // Duration of one op on `rank` under the analytic model.
+double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op,
+                   const DurationModel& durations);
+// ... with the roofline.
 double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op);
 
 }  // namespace hzp

@@ -1,5 +1,5 @@
 // File helpers (files.h).
-#include "files.h"
+#include "shared/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "text.h"
+#include "shared/text.h"
 
 namespace hzp {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "status.h"
+#include "shared/status.h"
 
 namespace hzp {
 

@@ -1,11 +1,11 @@
 // Strict JSON decoding (json_io.h).
-#include "json_io.h"
+#include "shared/json_io.h"
 
 #include <set>
 #include <vector>
 
-#include "files.h"
-#include "text.h"
+#include "shared/files.h"
+#include "shared/text.h"
 
 namespace hzp {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "status.h"
+#include "shared/status.h"
 
 namespace hzp {
 

@@ -1,7 +1,7 @@
 // Model math per module: parameter counts, FLOPs, memory-bound bytes and saved activations of one
 // micro-batch on one GPU. The derivation, the sources and what is simplified are in docs/model_math.md;
 // the section names there match the functions here.
-#include "model_math.h"
+#include "shared/model_math.h"
 
 #include <algorithm>
 

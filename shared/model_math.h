@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "scenario.h"
+#include "shared/scenario.h"
 
 namespace hzp {
 

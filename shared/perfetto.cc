@@ -1,5 +1,5 @@
 // Perfetto timelines (perfetto.h).
-#include "perfetto.h"
+#include "shared/perfetto.h"
 
 namespace hzp {
 

@@ -1,14 +1,14 @@
 // Preset comparison for `hzp plan`: one analytic estimate per registered policy.
-#include "plan.h"
+#include "shared/plan.h"
 
 #include <algorithm>
 #include <cstdio>
 
-#include "model_math.h"
-#include "policy_registry.h"
-#include "presets.h"
-#include "schedule_validator.h"
-#include "sharding.h"
+#include "shared/model_math.h"
+#include "shared/policy_registry.h"
+#include "shared/presets.h"
+#include "shared/schedule_validator.h"
+#include "shared/sharding.h"
 
 namespace hzp {
 

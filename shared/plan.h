@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "estimator.h"
-#include "scenario.h"
-#include "status.h"
+#include "shared/estimator.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
 
 namespace hzp {
 

@@ -1,12 +1,12 @@
 // Exhaustive sharding search ranked by the analytic estimator (see planner.h).
-#include "planner.h"
+#include "shared/planner.h"
 
 #include <algorithm>
 
-#include "model_math.h"
-#include "plan.h"
-#include "presets.h"
-#include "sharding.h"
+#include "shared/model_math.h"
+#include "shared/plan.h"
+#include "shared/presets.h"
+#include "shared/sharding.h"
 
 namespace hzp {
 

@@ -6,9 +6,9 @@
 #include <functional>
 #include <vector>
 
-#include "estimator.h"
-#include "scenario.h"
-#include "status.h"
+#include "shared/estimator.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
 
 namespace hzp {
 

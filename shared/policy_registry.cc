@@ -1,6 +1,6 @@
 // The policy table (policy_registry.h). Shardings in AMSP notation (arXiv 2311.00257 §III); the schedules
 // differ only in these groups and the scheduler's options.
-#include "policy_registry.h"
+#include "shared/policy_registry.h"
 
 namespace hzp {
 

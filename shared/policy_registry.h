@@ -8,11 +8,11 @@
 #include <string_view>
 #include <vector>
 
-#include "model_math.h"
-#include "scenario.h"
-#include "schedule.h"
-#include "schedule_builder.h"
-#include "status.h"
+#include "shared/model_math.h"
+#include "shared/scenario.h"
+#include "shared/schedule.h"
+#include "shared/schedule_builder.h"
+#include "shared/status.h"
 
 namespace hzp {
 

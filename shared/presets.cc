@@ -1,12 +1,12 @@
 // Built-in presets: the model, cluster and sharding-policy tables, and AMSP's sharding validity rules (arXiv 2311.00257 §III).
-#include "presets.h"
+#include "shared/presets.h"
 
 #include <algorithm>
 #include <numeric>
 
-#include "calibration.h"
-#include "policy_registry.h"
-#include "text.h"
+#include "shared/calibration.h"
+#include "shared/policy_registry.h"
+#include "shared/text.h"
 
 namespace hzp {
 namespace {
@@ -19,22 +19,6 @@ std::string show(const ShardGroup& g) {
 // Models (numbers from the papers / Hugging Face configs)
 // ---------------------------------------------------------------------------------------------------------
 
-ModelSpec llama(const char* name, int layers, std::int64_t hidden, int heads, int kv_heads, std::int64_t ffn,
-                std::int64_t vocab, std::int64_t max_positions) {
-  ModelSpec m;
-  m.name = name;
-  m.family = ModelFamily::kLlama;
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.kv_heads = kv_heads;
-  m.ffn_hidden = ffn;
-  m.vocab = vocab;
-  m.tied_embeddings = false;
-  m.position = PositionEmbedding::kRope;
-  m.max_positions = max_positions;
-  return m;
-}
 
 ModelSpec with_moe(ModelSpec m, const char* name, int experts, int top_k, std::int64_t expert_ffn) {
   m.name = name;
@@ -48,18 +32,18 @@ ModelSpec with_moe(ModelSpec m, const char* name, int experts, int top_k, std::i
 }
 
 std::vector<ModelSpec> build_models() {
-  ModelSpec gpt3 = llama("gpt3-175b", 96, 12288, 96, 96, 49152, 50257, 2048);  // GPT-3 paper, Table 2.1
+  ModelSpec gpt3 = llama_model("gpt3-175b", 96, 12288, 96, 96, 49152, 50257, 2048);  // GPT-3 paper, Table 2.1
   gpt3.family = ModelFamily::kGpt;
   gpt3.tied_embeddings = true;
   gpt3.position = PositionEmbedding::kLearned;
 
-  ModelSpec tiny = llama("tiny-dense", 4, 128, 4, 4, 352, 256, 2048);  // byte-level model for the CPU runtime
-  ModelSpec mixtral = llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768);
+  ModelSpec tiny = llama_model("tiny-dense", 4, 128, 4, 4, 352, 256, 2048);  // byte-level model for the CPU runtime
+  ModelSpec mixtral = llama_model("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768);
   return {
-      llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
-      llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
-      llama("llama-30b", 60, 6656, 52, 52, 17920, 32000, 2048),
-      llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+      llama_model("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
+      llama_model("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
+      llama_model("llama-30b", 60, 6656, 52, 52, 17920, 32000, 2048),
+      llama_model("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
       gpt3,
       with_moe(mixtral, "mixtral-8x7b", 8, 2, 14336),
       tiny,
@@ -119,6 +103,23 @@ ShardGroup group_for(ShardScope scope, int gpus_per_node, int nodes) {
 }
 
 }  // namespace
+
+ModelSpec llama_model(std::string_view name, int layers, std::int64_t hidden, int heads, int kv_heads, std::int64_t ffn,
+                std::int64_t vocab, std::int64_t max_positions) {
+  ModelSpec m;
+  m.name = std::string(name);
+  m.family = ModelFamily::kLlama;
+  m.layers = layers;
+  m.hidden = hidden;
+  m.heads = heads;
+  m.kv_heads = kv_heads;
+  m.ffn_hidden = ffn;
+  m.vocab = vocab;
+  m.tied_embeddings = false;
+  m.position = PositionEmbedding::kRope;
+  m.max_positions = max_positions;
+  return m;
+}
 
 Result<ModelSpec> model_preset(std::string_view name) {
   for (const auto& m : models())

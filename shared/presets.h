@@ -1,18 +1,23 @@
 // Built-in presets: models, clusters and sharding policies, each in one explicit table.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "scenario.h"
-#include "status.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
 
 namespace hzp {
 
 // Models: llama2-7b, llama2-13b, llama-30b, llama2-70b, gpt3-175b, mixtral-8x7b, tiny-dense, tiny-moe.
 Result<ModelSpec> model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
+
+// A LLaMA-family model (RoPE, SwiGLU, untied embeddings): the shape every LLaMA preset is built from.
+ModelSpec llama_model(std::string_view name, int layers, std::int64_t hidden, int heads, int kv_heads,
+                      std::int64_t ffn, std::int64_t vocab, std::int64_t max_positions);
 
 // Clusters: dgx-a100, a800, dgx-h100, h800, npu-16 (16 accelerators per node, full mesh, RoCE).
 // `nodes` is left at the preset's default (1); scenarios override it. Efficiencies come from

@@ -1,7 +1,24 @@
 // Names of the scenario enums, as they are spelled in scenario JSON (the parser matches against these).
-#include "scenario.h"
+#include "shared/scenario.h"
+
+#include <string>
 
 namespace hzp {
+
+ParallelMesh Scenario::mesh() const {
+  ParallelMesh m;
+  m.data = cluster.world_size();
+  m.expert = policy.expert_parallel;
+  return m;
+}
+
+std::string ParallelMesh::describe() const {
+  std::string s = "data " + std::to_string(data) + " x tensor " + std::to_string(tensor) + " x pipeline " +
+                  std::to_string(pipeline) + " x context " + std::to_string(context) + " = " +
+                  std::to_string(world()) + " GPUs";
+  if (expert > 1) s += ", expert " + std::to_string(expert) + " (inside data)";
+  return s;
+}
 
 const char* to_string(ModelFamily v) {
   switch (v) {

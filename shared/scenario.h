@@ -179,6 +179,21 @@ struct PolicySpec {
   bool auto_sharding = false;
 };
 
+// The parallel mesh: named axes whose degrees multiply to the world. hzp runs data parallelism (with the
+// ZeRO family sharding states inside it) and expert parallelism inside the data axis; tensor, pipeline and
+// context are the axes ND parallelism adds (all 1 today). Rank order, innermost first: tensor, context,
+// data, pipeline (Megatron's). Derived from the scenario, never stored, so it cannot go stale.
+struct ParallelMesh {
+  int data = 1;
+  int tensor = 1;
+  int pipeline = 1;
+  int context = 1;
+  int expert = 1;  // divides `data`: experts spread over this many consecutive data-parallel ranks
+  long long world() const { return static_cast<long long>(data) * tensor * pipeline * context; }
+  // "data 64 x tensor 1 x pipeline 1 x context 1 = 64 GPUs, expert 8 (inside data)"
+  std::string describe() const;
+};
+
 struct Scenario {
   std::string name;                   // optional "name" key, else the file stem
   ModelSpec model;
@@ -187,7 +202,8 @@ struct Scenario {
   PolicySpec policy;
   RunSpec run;
 
-  int data_parallel() const { return cluster.world_size(); }
+  ParallelMesh mesh() const;
+  int data_parallel() const { return mesh().data; }
   // Micro-batches per optimizer step on each GPU: global_batch / (micro_batch * D).
   std::int64_t grad_accum_steps() const { return training.global_batch / (training.micro_batch * data_parallel()); }
 };

@@ -1,6 +1,6 @@
 // Scenario JSON -> typed Scenario (strict, errors name the JSON path and the value), and the resolved form
 // back to JSON. The field reference, with units and defaults, is scenarios/README.md.
-#include "scenario_parser.h"
+#include "shared/scenario_parser.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,11 +15,11 @@
 #include <sstream>
 #include <vector>
 
-#include "calibration.h"
-#include "files.h"
-#include "json_io.h"
-#include "presets.h"
-#include "text.h"
+#include "shared/calibration.h"
+#include "shared/files.h"
+#include "shared/json_io.h"
+#include "shared/presets.h"
+#include "shared/text.h"
 
 namespace hzp {
 namespace {
@@ -694,7 +694,24 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   if (r.has("run")) {
     HZP_ASSIGN_OR_RETURN(s.run, parse_run(r.at("run")));
   }
+  HZP_RETURN_IF_ERROR(validate_mesh(s));
   return s;
+}
+
+Status validate_mesh(const Scenario& scenario) {
+  const ParallelMesh m = scenario.mesh();
+  const ClusterSpec& c = scenario.cluster;
+  const auto bad = [&](const std::string& what) {
+    return Status::InvalidInput("parallel mesh (" + m.describe() + "): " + what);
+  };
+  for (int degree : {m.data, m.tensor, m.pipeline, m.context, m.expert})
+    if (degree < 1) return bad("every degree must be at least 1");
+  if (m.world() != c.world_size())
+    return bad("the degrees multiply to " + std::to_string(m.world()) + " GPUs, the cluster has " +
+               std::to_string(c.nodes) + " x " + std::to_string(c.gpus_per_node) + " = " +
+               std::to_string(c.world_size()));
+  if (m.data % m.expert != 0) return bad("expert must divide data");
+  return Status::Ok();
 }
 
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name) {

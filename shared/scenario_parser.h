@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "scenario.h"
-#include "status.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
 
 namespace hzp {
 
@@ -22,6 +22,10 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view nam
 
 // Read a file and parse it; a missing/unreadable file is an error naming the path.
 Result<Scenario> load_scenario_file(const std::string& path);
+
+// The parallel mesh of a scenario, checked once (the parser calls it last): every degree at least 1, their
+// product the cluster's GPUs, expert dividing data. The message prints every degree.
+Status validate_mesh(const Scenario& scenario);
 
 // The fully resolved form (presets expanded, every field explicit, units as in the JSON keys).
 // parse_scenario(scenario_to_json(s)) reproduces s.

@@ -1,5 +1,5 @@
 // Names of the IR's enums and the deterministic text dump used by golden tests.
-#include "schedule.h"
+#include "shared/schedule.h"
 
 #include <cinttypes>
 #include <cmath>

@@ -27,7 +27,7 @@
 #include <variant>
 #include <vector>
 
-#include "model_math.h"
+#include "shared/model_math.h"
 
 namespace hzp {
 
@@ -87,6 +87,10 @@ int dtype_bytes(DType v);
 // u - 1 (unit 0 the embedding, unit L + 1 the head); its modules in forward order are its module slots
 // (0 attention / embedding / head, 1 MLP or MoE). This is the one numbering every executor uses.
 inline int unit_of_layer(int layer) { return layer + 1; }
+// The unit a module's costs belong to (ModuleCost numbers both the embedding and the head layer -1).
+inline int unit_of_module(const ModuleCost& m, int layers) {
+  return m.kind == ModuleKind::kEmbedding ? 0 : m.kind == ModuleKind::kHead ? layers + 1 : unit_of_layer(m.layer);
+}
 int module_slot(ModuleKind module);
 
 struct ComputeOp {

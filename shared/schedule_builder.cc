@@ -1,12 +1,12 @@
 // The sharded data-parallel scheduler (see schedule_builder.h for the timeline it builds), in phases:
 // layout (groups, units, buckets, pools) -> step-start refresh -> per compute visit: forward gathers,
 // gradient slots, compute, gradient reductions -> gradient norm -> optimizer steps.
-#include "schedule_builder.h"
+#include "shared/schedule_builder.h"
 
 #include <algorithm>
 #include <array>
 
-#include "sharding.h"
+#include "shared/sharding.h"
 
 namespace hzp {
 namespace {
@@ -167,8 +167,7 @@ class DataParallelBuilder {
     units_.assign(scenario_.model.layers + 2, Unit{});
     for (std::size_t i = 0; i < units_.size(); ++i) units_[i].layer = static_cast<int>(i) - 1;
     for (const ModuleCost& m : cost_.modules) {
-      const std::size_t u = m.kind == ModuleKind::kEmbedding ? 0 : m.kind == ModuleKind::kHead ? units_.size() - 1
-                                                                                               : unit_of_layer(m.layer);
+      const std::size_t u = static_cast<std::size_t>(unit_of_module(m, scenario_.model.layers));
       units_[u].modules.push_back(&m);
       // With expert parallelism each rank holds 1/EP of the experts; without, experts are ordinary params.
       const std::int64_t experts = ep_ > 1 ? m.expert_params : 0;

@@ -27,10 +27,10 @@
 
 #include <string>
 
-#include "model_math.h"
-#include "scenario.h"
-#include "schedule.h"
-#include "status.h"
+#include "shared/model_math.h"
+#include "shared/scenario.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
 
 namespace hzp {
 

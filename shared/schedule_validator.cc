@@ -1,5 +1,5 @@
 // Schedule validation: structure, pools, per-group collective order, and an abstract run for deadlocks.
-#include "schedule_validator.h"
+#include "shared/schedule_validator.h"
 
 #include <algorithm>
 #include <map>

@@ -3,8 +3,8 @@
 // collective matching can leave ranks waiting on each other forever.
 #pragma once
 
-#include "schedule.h"
-#include "status.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
 
 namespace hzp {
 

@@ -1,5 +1,5 @@
 // Process groups of the sharding plan and the per-GPU memory model (see sharding.h for the layout).
-#include "sharding.h"
+#include "shared/sharding.h"
 
 #include <algorithm>
 #include <functional>

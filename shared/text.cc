@@ -1,5 +1,5 @@
 // Text helpers (text.h).
-#include "text.h"
+#include "shared/text.h"
 
 #include <cstdio>
 

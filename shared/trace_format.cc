@@ -1,14 +1,14 @@
 // hzp trace format, version 1 (trace_format.h, traces/README.md).
-#include "trace_format.h"
+#include "shared/trace_format.h"
 
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <map>
 
-#include "files.h"
-#include "json_io.h"
-#include "text.h"
+#include "shared/files.h"
+#include "shared/json_io.h"
+#include "shared/text.h"
 
 namespace hzp {
 namespace {

@@ -15,9 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model_math.h"
-#include "schedule.h"
-#include "status.h"
+#include "shared/model_math.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
 
 namespace hzp {
 

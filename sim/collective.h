@@ -7,9 +7,9 @@
 // shared/collective_cost.h. Concurrent collectives share links through SimGrid's max-min sharing.
 #pragma once
 
-#include "collective_cost.h"
-#include "platform.h"
-#include "schedule.h"
+#include "shared/collective_cost.h"
+#include "sim/platform.h"
+#include "shared/schedule.h"
 
 namespace hzp::sim {
 

@@ -1,5 +1,5 @@
 // The SimGrid executor: one actor per (rank, stream) replaying the schedule IR (see executor.h).
-#include "executor.h"
+#include "sim/executor.h"
 
 #include <simgrid/s4u/Actor.hpp>
 #include <simgrid/s4u/ConditionVariable.hpp>
@@ -13,9 +13,9 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "collective.h"
-#include "collective_cost.h"
-#include "platform.h"
+#include "sim/collective.h"
+#include "shared/collective_cost.h"
+#include "sim/platform.h"
 
 namespace hzp::sim {
 namespace sg4 = simgrid::s4u;
@@ -50,7 +50,13 @@ class Executor {
  public:
   Executor(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule, const SimOptions& options,
            const Platform& platform)
-      : scenario_(scenario), cost_(cost), schedule_(schedule), options_(options), platform_(platform) {
+      : scenario_(scenario),
+        cost_(cost),
+        schedule_(schedule),
+        options_(options),
+        platform_(platform),
+        roofline_(scenario.cluster),
+        durations_(options.durations ? *options.durations : roofline_) {
     const ClusterSpec& c = scenario.cluster;
     for (const ProcessGroup& g : schedule.groups) shapes_.push_back(group_shape(c, g));
     ranks_.resize(schedule.world_size);
@@ -60,10 +66,9 @@ class Executor {
     }
     result_.timeline_ranks = timeline_sample(schedule.world_size, schedule.gpus_per_node, options.timeline_max_ranks);
     for (int r : result_.timeline_ranks) ranks_[r].recorded = true;
-    for (const ModuleCost& m : cost.modules) {
-      const int unit = m.kind == ModuleKind::kEmbedding ? -1 : m.kind == ModuleKind::kHead ? scenario.model.layers : m.layer;
-      activation_of_[{unit, static_cast<int>(m.kind)}] += m.activation_bytes;
-    }
+    // Activation bytes per (unit, module kind), in the core's unit numbering (ComputeOp::unit).
+    for (const ModuleCost& m : cost.modules)
+      activation_of_[{unit_of_module(m, scenario.model.layers), static_cast<int>(m.kind)}] += m.activation_bytes;
     // Per program, each stream's ops in program order.
     for (const Program& p : schedule.programs) {
       std::vector<std::vector<int>> per_stream(schedule.streams.size());
@@ -95,17 +100,8 @@ class Executor {
       comm_sum += r.comm_busy / steps;
     }
     out.comm_s = comm_sum / world;
-    out.exposed_comm_s = std::max(0.0, out.step_time_s - out.compute_s);
-    out.overlap_fraction = out.comm_s > 0 ? std::clamp(1 - out.exposed_comm_s / out.comm_s, 0.0, 1.0) : 1.0;
     out.comm_bytes_intra_node = traffic_.intra_node_bytes / world / steps;
     out.comm_bytes_inter_node = traffic_.inter_node_bytes / world / steps;
-    out.model_flops_per_gpu = cost_.model_flops * static_cast<double>(scenario_.grad_accum_steps());
-    if (out.step_time_s > 0) {
-      out.mfu = out.model_flops_per_gpu / (out.step_time_s * scenario_.cluster.gpu.peak_flops);
-      out.tflops_per_gpu = out.model_flops_per_gpu / out.step_time_s / 1e12;
-      out.tokens_per_s = static_cast<double>(scenario_.training.global_batch * scenario_.training.seq_len) / out.step_time_s;
-      out.tokens_per_gpu_per_s = out.tokens_per_s / world;
-    }
     // Memory: states and pools are allocated once (core memory model); activations as measured.
     const MemoryBreakdown fixed = memory_per_gpu(scenario_, cost_, schedule_);
     double worst = -1;
@@ -114,13 +110,13 @@ class Executor {
       m.activations = ranks_[r].peak_activations + cost_.transient_bytes;
       if (m.total() > worst) {
         worst = m.total();
-        out.peak_memory = m;
+        out.memory = m;
         out.peak_memory_rank = r;
       }
     }
+    derive_performance(scenario_, cost_, out);
     constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
     const double capacity = scenario_.cluster.gpu.memory_bytes;
-    out.fits_memory = worst <= capacity;
     char verdict[256];
     std::snprintf(verdict, sizeof verdict, "%s: rank %d peaks at %.2f GiB of %.2f GiB",
                   out.fits_memory ? "fits" : "OUT OF MEMORY", out.peak_memory_rank, worst / GiB, capacity / GiB);
@@ -178,19 +174,18 @@ class Executor {
   // the time its flows started (the last member's arrival).
   double execute(int rank, const Op& op, double start) {
     RankState& st = ranks_[rank];
-    const ClusterSpec& c = scenario_.cluster;
     if (const auto* comp = std::get_if<ComputeOp>(&op.body)) {
-      const double d = compute_time(c, comp->flops, comp->mem_bytes);
+      const double d = durations_.compute_s(rank, *comp);
       sg4::this_actor::sleep_for(d);
       st.compute_busy += d;
-      const double act = activation(comp->layer, comp->module);
+      const double act = activation(comp->unit, comp->module);
       if (comp->phase == Phase::kForward) st.live_activations += act;
       if (comp->phase == Phase::kBackward) st.live_activations -= act;
       st.peak_activations = std::max(st.peak_activations, st.live_activations);
       return start;
     }
     if (const auto* opt = std::get_if<OptimizerStepOp>(&op.body)) {
-      const double d = compute_time(c, 0, opt->mem_bytes);
+      const double d = durations_.optimizer_s(rank, *opt);
       sg4::this_actor::sleep_for(d);
       st.compute_busy += d;
       return start;
@@ -237,8 +232,8 @@ class Executor {
     return transfer_start;
   }
 
-  double activation(int layer, ModuleKind kind) const {
-    auto it = activation_of_.find({layer, static_cast<int>(kind)});
+  double activation(int unit, ModuleKind kind) const {
+    auto it = activation_of_.find({unit, static_cast<int>(kind)});
     return it == activation_of_.end() ? 0 : it->second;
   }
 
@@ -247,10 +242,12 @@ class Executor {
   const Schedule& schedule_;
   const SimOptions& options_;
   const Platform& platform_;
+  const RooflineDurations roofline_;
+  const DurationModel& durations_;
   std::vector<GroupShape> shapes_;
   std::vector<RankState> ranks_;
   std::vector<std::vector<std::vector<int>>> stream_ops_;  // [program][stream] -> op indices
-  std::map<std::pair<int, int>, double> activation_of_;   // (unit layer, module kind) -> bytes
+  std::map<std::pair<int, int>, double> activation_of_;   // (unit, module kind) -> bytes
   std::unordered_map<long long, Instance> instances_;
   CollectiveTraffic traffic_;
   long long ops_executed_ = 0;

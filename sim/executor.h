@@ -2,8 +2,8 @@
 //
 // Every (rank, stream) is one SimGrid actor that executes its ops in program order, like a CUDA stream:
 // an op starts when the previous op of its stream is done and its dependencies (same step) and
-// loop-carried dependencies (previous step) are done. Compute and optimizer ops take the roofline time of
-// shared/collective_cost.h on their GPU (one compute stream per GPU: nothing to share). A collective
+// loop-carried dependencies (previous step) are done. Compute and optimizer ops take the time of the
+// DurationModel (shared/duration_model.h; the roofline unless SimOptions names another) on their GPU (one compute stream per GPU: nothing to share). A collective
 // starts when every member of its group has reached it (NCCL semantics); the last member to arrive runs
 // its flows (sim/collective.h), which share links with every other flow in flight — including collectives
 // of other streams of the same GPU. The executor never re-decides what the IR says.
@@ -14,11 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model_math.h"
-#include "scenario.h"
-#include "schedule.h"
-#include "sharding.h"
-#include "status.h"
+#include "shared/duration_model.h"
+#include "shared/model_math.h"
+#include "shared/performance.h"
+#include "shared/scenario.h"
+#include "shared/schedule.h"
+#include "shared/sharding.h"
+#include "shared/status.h"
 
 namespace hzp::sim {
 
@@ -26,6 +28,7 @@ struct SimOptions {
   int steps = 1;                 // training steps run back to back
   int timeline_max_ranks = 64;   // ranks recorded for the timeline (all of them up to this many)
   bool progress = false;         // progress lines on stderr for long simulations
+  const DurationModel* durations = nullptr;  // compute and optimizer op times (the roofline when null)
 };
 
 // One executed op of a recorded rank.
@@ -38,25 +41,13 @@ struct OpSpan {
   double transfer_start = 0;  // collectives: when the last member arrived and flows started
 };
 
-struct SimResult {
-  int gpus = 0;
+struct SimResult : StepPerformance {  // memory: of the rank with the highest peak
   int steps = 0;
-  double total_time_s = 0;
-  double step_time_s = 0;            // total / steps
-  double compute_s = 0;              // per step: compute + optimizer time of the busiest rank
-  double comm_s = 0;                 // per step, averaged over ranks: time collectives were transferring
-  double exposed_comm_s = 0;         // step_time - compute
-  double overlap_fraction = 0;       // 1 - exposed / comm
+  double total_time_s = 0;           // step_time_s = total / steps; compute_s: the busiest rank's;
+                                     // comm_s: averaged over ranks, time collectives were transferring
   double comm_bytes_intra_node = 0;  // per GPU per step, bytes put on intra-node links
   double comm_bytes_inter_node = 0;  // per GPU per step, bytes put through NICs
-  double model_flops_per_gpu = 0;    // per step
-  double mfu = 0;
-  double tflops_per_gpu = 0;
-  double tokens_per_s = 0;
-  double tokens_per_gpu_per_s = 0;
-  MemoryBreakdown peak_memory;       // of the rank with the highest peak
   int peak_memory_rank = 0;
-  bool fits_memory = true;
   std::string memory_verdict;
   double sim_wall_s = 0;
   long long ops_executed = 0;

@@ -7,7 +7,7 @@
 //
 // GPU hosts and NIC hosts never talk to each other: an inter-node flow is modelled NIC -> NIC (GPUDirect
 // RDMA takes the data from the GPU to its rail NIC over PCIe, not over NVLink), an intra-node flow GPU -> GPU.
-#include "platform.h"
+#include "sim/platform.h"
 
 #include <algorithm>
 #include <string>

@@ -7,8 +7,8 @@
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Host.hpp>
 
-#include "scenario.h"
-#include "status.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
 
 namespace hzp::sim {
 

@@ -1,16 +1,16 @@
 // summary.json and the Perfetto timeline of a simulation.
-#include "executor.h"
+#include "sim/executor.h"
 
 #include <cstdio>
 #include <map>
 
-#include "collective_cost.h"
-#include "perfetto.h"
+#include "shared/collective_cost.h"
+#include "shared/perfetto.h"
 
 namespace hzp::sim {
 
 nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
-  const MemoryBreakdown& m = r.peak_memory;
+  const MemoryBreakdown& m = r.memory;
   return {
       {"scenario", scenario.name},
       {"policy", scenario.policy.preset},

@@ -1,5 +1,5 @@
 // SimGrid version reporting for `hzp --version`.
-#include "sim_info.h"
+#include "sim/sim_info.h"
 
 #include <xbt/base.h>  // SG_BEGIN_DECL / XBT_PUBLIC, which version.h uses without including
 #include <simgrid/version.h>

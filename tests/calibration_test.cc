@@ -1,9 +1,9 @@
 // Calibration from single-node facts only: ZeRO-1 on LLaMA-7B, one 8xA800 node, seq 4096
 // reaches 63 % MFU (AMSP §II). The GEMM efficiency in calibration.cc is set so the analytic estimator
 // reproduces it; multi-node results are never used to calibrate.
-#include "test_util.h"
+#include "tests/test_util.h"
 
-#include "calibration.h"
+#include "shared/calibration.h"
 
 using namespace hzp;
 using namespace hzp::test;

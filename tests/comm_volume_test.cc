@@ -1,9 +1,9 @@
 // Communication bytes summed over the IR against the closed forms of docs/model_math.md and the ZeRO paper (ring, bf16 gradients):
 // DDP sends 2(D-1)/D · 2Ψ per GPU; ZeRO-1/2 the same (reduce-scatter G + all-gather P); ZeRO-3 1.5x DDP;
 // with M micro-batches, states sharded finer than the optimizer talk every micro-batch.
-#include "test_util.h"
+#include "tests/test_util.h"
 
-#include "collective_cost.h"
+#include "shared/collective_cost.h"
 
 using namespace hzp;
 using namespace hzp::test;

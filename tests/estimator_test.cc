@@ -1,10 +1,10 @@
 // The analytic estimator against closed forms: a 1-GPU step is exactly its compute; ring collectives
 // follow (p-1)α + (p-1)/p·S/B; a single stream without prefetch serialises compute and communication;
 // overlap only ever helps.
-#include "test_util.h"
+#include "tests/test_util.h"
 
-#include "collective_cost.h"
-#include "schedule_builder.h"
+#include "shared/collective_cost.h"
+#include "shared/schedule_builder.h"
 
 using namespace hzp;
 using namespace hzp::test;

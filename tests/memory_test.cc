@@ -1,9 +1,9 @@
 // Memory per GPU of every preset against the closed forms of the ZeRO and AMSP papers:
 // model states = 2Ψ/s_p + 2Ψ/s_g + 12Ψ/s_os (bf16 + AdamW): DDP 16Ψ, ZeRO-1 4Ψ + 12Ψ/D,
 // ZeRO-2 2Ψ + 14Ψ/D, ZeRO-3 16Ψ/D, HSDP 16Ψ/R.
-#include "test_util.h"
+#include "tests/test_util.h"
 
-#include "sharding.h"
+#include "shared/sharding.h"
 
 using namespace hzp;
 using namespace hzp::test;

@@ -1,7 +1,8 @@
 // Tests for shared/model_math: parameter counts against published totals, per-module model FLOPs against the
 // closed form of docs/model_math.md, activation memory against Korthikanti et al. 2022, and the recompute / flash /
 // MoE relationships docs/model_math.md derives.
-#include "model_math.h"
+#include "shared/model_math.h"
+#include "shared/presets.h"
 
 #include <catch2/catch.hpp>
 
@@ -13,18 +14,7 @@ namespace hzp {
 namespace {
 
 ModelSpec llama(int layers, std::int64_t hidden, int heads, int kv_heads, std::int64_t ffn) {
-  ModelSpec m;
-  m.name = "test-llama";
-  m.family = ModelFamily::kLlama;
-  m.layers = layers;
-  m.hidden = hidden;
-  m.heads = heads;
-  m.kv_heads = kv_heads;
-  m.ffn_hidden = ffn;
-  m.vocab = 32000;
-  m.tied_embeddings = false;
-  m.position = PositionEmbedding::kRope;
-  return m;
+  return llama_model("test-llama", layers, hidden, heads, kv_heads, ffn, 32000, 4096);
 }
 
 ModelSpec llama2_7b() { return llama(32, 4096, 32, 32, 11008); }

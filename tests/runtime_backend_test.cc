@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "backend/device.h"
-#include "backend/gloo_comm.h"
-#include "store/store.h"
+#include "runtime/backend/device.h"
+#include "runtime/backend/gloo_comm.h"
+#include "runtime/store/store.h"
 
 using namespace hzp;
 using namespace hzp::runtime;

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "model/kernels.h"
-#include "model/model.h"
-#include "model_math.h"
+#include "runtime/model/kernels.h"
+#include "runtime/model/model.h"
+#include "shared/model_math.h"
 
 namespace hzp::runtime {
 namespace {

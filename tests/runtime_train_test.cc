@@ -17,44 +17,19 @@
 #include <string>
 #include <vector>
 
-#include "launch/launch_env.h"
-#include "train/executor.h"
+#include "runtime/launch/launch_env.h"
+#include "tests/run_util.h"
+#include "runtime/train/executor.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-const std::string kData = std::string(HZP_TEST_DATA_DIR) + "/tinyshakespeare_200k.txt";
-
-struct RunResult {
-  int code = -1;
-  std::string output;
-  double seconds = 0;
-};
-
-RunResult run(const std::string& command) {
-  static int counter = 0;
-  const fs::path log = fs::temp_directory_path() / ("hzp_rt_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".log");
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system((command + " > " + log.string() + " 2>&1").c_str());
-  RunResult r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  fs::remove(log);
-  return r;
-}
-
-fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("hzp_rt_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using hzp::test::fresh_dir;
+using hzp::test::run;
+using hzp::test::RunResult;
+const std::string& kData = hzp::test::kTrainingText;
 
 // The tiny models of the tests: small enough that 20 steps on 4 ranks take a few seconds.
 json tiny_scenario(bool moe, const json& policy, int steps = 20) {

@@ -6,9 +6,9 @@
 #include <map>
 #include <string>
 
-#include "calibration.h"
-#include "presets.h"
-#include "scenario_parser.h"
+#include "shared/calibration.h"
+#include "shared/presets.h"
+#include "shared/scenario_parser.h"
 
 #ifndef HZP_TEST_DATA_DIR
 #define HZP_TEST_DATA_DIR "tests/data"
@@ -686,4 +686,28 @@ TEST_CASE("calibration table: one entry per GPU type, every number sourced", "[c
   CHECK(unknown.status().message().find("h100-sxm") != std::string::npos);
 }
 
+}  // namespace hzp
+
+namespace hzp {
+namespace {
+
+TEST_CASE("the parallel mesh prints every degree and multiplies to the world", "[scenario][mesh]") {
+  Scenario s = parse_ok(base_doc());
+  const ParallelMesh m = s.mesh();
+  CHECK(m.data == 32);
+  CHECK(m.world() == s.cluster.world_size());
+  CHECK(s.data_parallel() == 32);
+  CHECK(m.describe() == "data 32 x tensor 1 x pipeline 1 x context 1 = 32 GPUs");
+  CHECK(validate_mesh(s).ok());
+
+  // Expert parallelism lives inside the data axis and must divide it; the message names every degree.
+  s.policy.expert_parallel = 3;
+  const Status bad = validate_mesh(s);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.message() ==
+        "parallel mesh (data 32 x tensor 1 x pipeline 1 x context 1 = 32 GPUs, expert 3 (inside data)): "
+        "expert must divide data");
+}
+
+}  // namespace
 }  // namespace hzp

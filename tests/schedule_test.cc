@@ -1,6 +1,6 @@
 // The schedule IR: golden dumps of a tiny model under each preset, and the validator catching planted
 // deadlocks (out-of-order collectives, stream-order cycles) and pool misuse.
-#include "test_util.h"
+#include "tests/test_util.h"
 
 #include <chrono>
 #include <cstdlib>

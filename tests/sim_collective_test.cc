@@ -18,10 +18,10 @@
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Link.hpp>
 
-#include "collective.h"
-#include "collective_cost.h"
-#include "platform.h"
-#include "presets.h"
+#include "sim/collective.h"
+#include "shared/collective_cost.h"
+#include "sim/platform.h"
+#include "shared/presets.h"
 
 using namespace hzp;
 namespace sg4 = simgrid::s4u;

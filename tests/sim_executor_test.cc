@@ -1,14 +1,14 @@
 // The SimGrid executor end to end. Every test case creates its own SimGrid engine, so each must run in its
 // own process: ctest does that (one test per case); running this binary on several cases at once does not.
-#include "test_util.h"
+#include "tests/test_util.h"
 
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
 
-#include "collective_cost.h"
-#include "executor.h"
+#include "shared/collective_cost.h"
+#include "sim/executor.h"
 
 using namespace hzp;
 using namespace hzp::test;
@@ -86,8 +86,8 @@ TEST_CASE("sim: measured peak memory equals the core's memory model", "[sim][mem
   const Built b = build(scenario_from(scenario_json("llama2-7b", "a800", 2, "zero3", 4096, 16 * 2)));
   const sim::SimResult r = run_sim(b);
   const MemoryBreakdown m = memory_per_gpu(b.scenario, b.cost, b.schedule);
-  CHECK(r.peak_memory.activations == Approx(m.activations).epsilon(1e-9));
-  CHECK(r.peak_memory.total() == Approx(m.total()).epsilon(1e-9));
+  CHECK(r.memory.activations == Approx(m.activations).epsilon(1e-9));
+  CHECK(r.memory.total() == Approx(m.total()).epsilon(1e-9));
   CHECK(r.fits_memory);
 }
 

@@ -27,8 +27,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
-#include "store/gloo_store.h"
-#include "store/store.h"
+#include "runtime/store/gloo_store.h"
+#include "runtime/store/store.h"
 
 using namespace hzp;
 using namespace hzp::runtime;

@@ -2,7 +2,7 @@
 # Smoke test of tools/sweep.py: sweeps two tiny golden scenarios into a temporary folder and checks that
 # results.csv has one row per scenario, without errors, and that the plots and index.html exist.
 # Usage: bash tests/sweep_smoke.sh [HZP]   (HZP defaults to build/hzp; paths are relative to the repo root)
-# Skips (exit 0) when no python3 with matplotlib is found.
+# Skips (exit 77, ctest "skipped") when no python3 with matplotlib is found.
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ for candidate in python3 /usr/bin/python3; do
 done
 if [ -z "$python" ]; then
   echo "sweep_smoke: SKIPPED: matplotlib is not importable (install python3-matplotlib)"
-  exit 0
+  exit 77
 fi
 
 out="$(mktemp -d "${TMPDIR:-/tmp}/hzp-sweep-smoke.XXXXXX")"

@@ -5,12 +5,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "estimator.h"
-#include "model_math.h"
-#include "plan.h"
-#include "policy_registry.h"
-#include "scenario_parser.h"
-#include "schedule_validator.h"
+#include "shared/estimator.h"
+#include "shared/model_math.h"
+#include "shared/plan.h"
+#include "shared/policy_registry.h"
+#include "shared/scenario_parser.h"
+#include "shared/schedule_validator.h"
 
 namespace hzp::test {
 

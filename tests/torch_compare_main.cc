@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "model/model.h"
+#include "runtime/model/model.h"
 
 namespace {
 

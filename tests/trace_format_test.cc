@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "trace_format.h"
+#include "shared/trace_format.h"
 
 namespace {
 

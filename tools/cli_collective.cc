@@ -1,7 +1,7 @@
 // `hzp collective`: one collective over a range of sizes on the simulated cluster, printed like
 // nccl-tests (size, time, algorithm and bus bandwidth), with the closed form of shared/collective_cost.h
 // beside each simulated time.
-#include "cli_collective.h"
+#include "tools/cli_collective.h"
 
 #include <cmath>
 #include <cstdint>
@@ -15,13 +15,13 @@
 #include <simgrid/s4u/Actor.hpp>
 #include <simgrid/s4u/Engine.hpp>
 
-#include "collective.h"
-#include "collective_cost.h"
-#include "platform.h"
-#include "cli_flags.h"
-#include "json_io.h"
-#include "scenario_parser.h"
-#include "text.h"
+#include "sim/collective.h"
+#include "shared/collective_cost.h"
+#include "sim/platform.h"
+#include "tools/cli_flags.h"
+#include "shared/json_io.h"
+#include "shared/scenario_parser.h"
+#include "shared/text.h"
 
 namespace hzp::cli {
 

@@ -10,21 +10,21 @@
 #include <tuple>
 #include <vector>
 
-#include "cli.h"
-#include "cli_flags.h"
-#include "files.h"
-#include "estimator.h"
-#include "cli_collective.h"
-#include "cli_search.h"
-#include "cli_train.h"
-#include "executor.h"
-#include "model_math.h"
-#include "plan.h"
-#include "planner.h"
-#include "policy_registry.h"
-#include "scenario_parser.h"
-#include "schedule_validator.h"
-#include "sharding.h"
+#include "tools/cli.h"
+#include "tools/cli_flags.h"
+#include "shared/files.h"
+#include "shared/estimator.h"
+#include "tools/cli_collective.h"
+#include "tools/cli_search.h"
+#include "tools/cli_train.h"
+#include "sim/executor.h"
+#include "shared/model_math.h"
+#include "shared/plan.h"
+#include "shared/planner.h"
+#include "shared/policy_registry.h"
+#include "shared/scenario_parser.h"
+#include "shared/schedule_validator.h"
+#include "shared/sharding.h"
 
 namespace hzp::cli {
 namespace {
@@ -96,9 +96,9 @@ int run_validate(const std::vector<std::string>& argv) {
     return 0;
   }
   if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
-  std::fprintf(stderr, "hzp validate: ok — %s, %lld parameters, %d GPUs, %lld micro-batches/step, schedule of %zu ops "
-               "per rank on %zu streams, %zu process groups, no deadlock\n",
-               scenario->name.c_str(), static_cast<long long>(cost.params), scenario->data_parallel(),
+  std::fprintf(stderr, "hzp validate: ok — %s, %lld parameters, mesh %s, %lld micro-batches/step, schedule of %zu "
+               "ops per rank on %zu streams, %zu process groups, no deadlock\n",
+               scenario->name.c_str(), static_cast<long long>(cost.params), scenario->mesh().describe().c_str(),
                static_cast<long long>(scenario->grad_accum_steps()), schedule->programs[0].ops.size(),
                schedule->streams.size(), schedule->groups.size());
   return 0;
@@ -202,7 +202,7 @@ int run_simulate(const std::vector<std::string>& argv) {
   if (!result.ok()) return fail(result.status());
   const sim::SimResult& r = *result;
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
-  const MemoryBreakdown& m = r.peak_memory;
+  const MemoryBreakdown& m = r.memory;
   std::printf("simulated %s: %s, %s on %d GPUs (%d x %d %s), %d step%s\n", scenario->name.c_str(),
               scenario->model.name.c_str(), scenario->policy.preset.c_str(), r.gpus, scenario->cluster.nodes,
               scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(), r.steps, r.steps > 1 ? "s" : "");
@@ -212,6 +212,7 @@ int run_simulate(const std::vector<std::string>& argv) {
   std::printf("  throughput    %.0f tokens/s, %.0f tokens/s/GPU, %.1f TFLOP/s/GPU, MFU %.1f %%%s\n", r.tokens_per_s,
               r.tokens_per_gpu_per_s, r.tflops_per_gpu, 100 * r.mfu,
               r.fits_memory ? "" : "  -- NOT RUNNABLE: does not fit in GPU memory");
+  std::printf("  mesh          %s\n", scenario->mesh().describe().c_str());
   std::printf("  sharding      %s (%s)\n", sharding_notation(scenario->policy.sharding).c_str(), kShardingLegend);
   std::printf("  memory        %s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f, buffers %.2f GiB)\n",
               r.memory_verdict.c_str(), m.params / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,

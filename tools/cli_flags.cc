@@ -1,10 +1,10 @@
 // The `hzp` command-line parser (cli_flags.h).
-#include "cli_flags.h"
+#include "tools/cli_flags.h"
 
 #include <algorithm>
 #include <charconv>
 
-#include "text.h"
+#include "shared/text.h"
 
 namespace hzp::cli {
 

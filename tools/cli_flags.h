@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "status.h"
+#include "shared/status.h"
 
 namespace hzp::cli {
 

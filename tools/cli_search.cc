@@ -1,6 +1,6 @@
 // `hzp plan --search`: enumerate, rank analytically, simulate the top K (and the presets) in parallel
 // SimGrid processes, and pick the fastest simulated candidate.
-#include "cli_search.h"
+#include "tools/cli_search.h"
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -17,12 +17,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "files.h"
-#include "plan.h"
-#include "planner.h"
-#include "policy_registry.h"
-#include "scenario_parser.h"
-#include "sharding.h"
+#include "shared/files.h"
+#include "shared/plan.h"
+#include "shared/planner.h"
+#include "shared/policy_registry.h"
+#include "shared/scenario_parser.h"
+#include "shared/sharding.h"
 
 extern char** environ;
 

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "scenario.h"
+#include "shared/scenario.h"
 
 namespace hzp::cli {
 

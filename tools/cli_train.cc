@@ -1,14 +1,14 @@
-#include "cli_train.h"
+#include "tools/cli_train.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
-#include "cli_flags.h"
+#include "tools/cli_flags.h"
 
-#include "launch/launch_env.h"
-#include "launch/launcher.h"
-#include "train/trainer.h"
+#include "runtime/launch/launch_env.h"
+#include "runtime/launch/launcher.h"
+#include "runtime/train/trainer.h"
 
 namespace hzp::cli {
 
@@ -121,7 +121,14 @@ int run_train_command(const std::vector<std::string>& args) {
   // Under an external launcher a node is what the launcher put on one host, unless --gpus-per-node says.
   if (o.gpus_per_node == 0 && e.local_world_size > 0 && e.world_size % e.local_world_size == 0)
     o.gpus_per_node = e.local_world_size;
-  return runtime::run_rank(o, e);
+  // A fatal error after the ranks joined: other streams of this process may wait on a dead peer's collective
+  // until their timeout, and destructors may block on its sockets, so leave at once.
+  return runtime::run_rank(o, e, [](const std::string& message) {
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::_Exit(1);
+  });
 }
 
 }  // namespace hzp::cli

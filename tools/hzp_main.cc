@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "cli.h"
-#include "runtime_info.h"
-#include "sim_info.h"
-#include "text.h"
+#include "tools/cli.h"
+#include "runtime/runtime_info.h"
+#include "sim/sim_info.h"
+#include "shared/text.h"
 
 namespace {
 

@@ -13,6 +13,7 @@ packages=(
   libopenblas-dev                    # runtime/: host matmuls
   python3-matplotlib                 # tools/sweep.py plots (run with /usr/bin/python3)
   python3-torch                      # runtime reference: tests/torch_compare, bench/runtime_vs_torch.sh
+  clang-format-14                    # tools/check_format.sh (a test)
 )
 
 missing=()

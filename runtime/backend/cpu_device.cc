@@ -1,5 +1,5 @@
 // The CPU backend's memory pool, events and streams (device.h).
-#include "backend/device.h"
+#include "runtime/backend/device.h"
 
 #include <cstring>
 #include <exception>

@@ -31,8 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "schedule.h"
-#include "status.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
 
 namespace hzp::runtime {
 

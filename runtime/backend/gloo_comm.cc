@@ -14,7 +14,7 @@
 // Each call reaching Gloo uses a fresh tag (a per-communicator sequence number, the same on every member that
 // issues the same calls), so members that disagree on the sequence of calls time out instead of silently
 // pairing a message of one collective with another.
-#include "backend/gloo_comm.h"
+#include "runtime/backend/gloo_comm.h"
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -42,7 +42,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
-#include "store/gloo_store.h"
+#include "runtime/store/gloo_store.h"
 
 namespace hzp::runtime {
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/device.h"
-#include "store/store.h"
+#include "runtime/backend/device.h"
+#include "runtime/store/store.h"
 
 namespace gloo::transport {
 class Device;

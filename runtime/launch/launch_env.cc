@@ -1,4 +1,4 @@
-#include "launch/launch_env.h"
+#include "runtime/launch/launch_env.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -8,7 +8,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "text.h"
+#include "shared/text.h"
 
 namespace hzp::runtime {
 namespace {

@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "status.h"
+#include "shared/status.h"
 
 namespace hzp::runtime {
 

@@ -1,7 +1,7 @@
 // The local launcher of `hzp train` (see launcher.h).
 #include <utility>  // before Boost.Asio headers pulled in by the store (g++ 12 needs std::exchange first)
 
-#include "launch/launcher.h"
+#include "runtime/launch/launcher.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -17,8 +17,8 @@
 #include <string>
 #include <thread>
 
-#include "store/store.h"
-#include "train/checkpoint.h"
+#include "runtime/store/store.h"
+#include "runtime/train/checkpoint.h"
 
 extern char** environ;
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "train/trainer.h"
+#include "runtime/train/trainer.h"
 
 namespace hzp::runtime {
 

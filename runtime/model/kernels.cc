@@ -1,5 +1,5 @@
 // The fp32 CPU kernels of the models (kernels.h): OpenBLAS sgemm for every matmul, plain loops for the rest.
-#include "model/kernels.h"
+#include "runtime/model/kernels.h"
 
 #include <cblas.h>
 

@@ -1,6 +1,6 @@
 // The LLaMA-style dense and MoE models of the runtime (model.h): configuration checks, parameter layouts,
 // deterministic initialisation, and each module's forward and backward on the fp32 kernels (kernels.h).
-#include "model/model.h"
+#include "runtime/model/model.h"
 
 #include <algorithm>
 #include <cassert>
@@ -9,7 +9,7 @@
 #include <numbers>
 #include <string>
 
-#include "model/kernels.h"
+#include "runtime/model/kernels.h"
 
 namespace hzp::runtime {
 

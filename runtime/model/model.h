@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "scenario.h"
-#include "status.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
 
 namespace hzp::runtime {
 

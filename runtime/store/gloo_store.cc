@@ -1,5 +1,5 @@
 // GlooStore: Gloo's rendezvous::Store calls mapped onto StoreClient (gloo_store.h).
-#include "store/gloo_store.h"
+#include "runtime/store/gloo_store.h"
 
 #include <gloo/common/error.h>
 

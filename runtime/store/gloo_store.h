@@ -10,7 +10,7 @@
 
 #include <gloo/rendezvous/store.h>
 
-#include "store/store.h"
+#include "runtime/store/store.h"
 
 namespace hzp::runtime {
 

@@ -11,7 +11,7 @@
 // sockets without close-on-exec; Asio still parses addresses and binds the listening socket.
 #include <utility>  // before Boost.Asio: g++ 12 with C++20 needs std::exchange declared first
 
-#include "store/store.h"
+#include "runtime/store/store.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>

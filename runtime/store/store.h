@@ -40,7 +40,7 @@
 #include <memory>
 #include <string>
 
-#include "status.h"
+#include "shared/status.h"
 
 namespace hzp::runtime {
 

@@ -1,5 +1,5 @@
 // AdamW on a slice (adamw.h).
-#include "train/adamw.h"
+#include "runtime/train/adamw.h"
 
 #include <algorithm>
 #include <cmath>

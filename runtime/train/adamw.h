@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "model/model.h"
+#include "runtime/model/model.h"
 
 namespace hzp::runtime {
 

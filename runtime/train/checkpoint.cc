@@ -1,5 +1,5 @@
 // Sharded checkpoint files and directories (checkpoint.h).
-#include "train/checkpoint.h"
+#include "runtime/train/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -12,9 +12,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "files.h"
-#include "json_io.h"
-#include "text.h"
+#include "shared/files.h"
+#include "shared/json_io.h"
+#include "shared/text.h"
 
 namespace hzp::runtime {
 namespace {

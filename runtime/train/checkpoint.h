@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "status.h"
+#include "shared/status.h"
 
 namespace hzp::runtime {
 

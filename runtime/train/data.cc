@@ -1,7 +1,7 @@
-#include "train/data.h"
+#include "runtime/train/data.h"
 
-#include "files.h"
-#include "text.h"
+#include "shared/files.h"
+#include "shared/text.h"
 
 namespace hzp::runtime {
 

@@ -2,7 +2,7 @@
 // unit and module slot, a collective's purpose and state kind, a pool's kind — and touches the device only
 // through runtime/backend/device.h. Buffer layout: state_layout.*; AdamW: adamw.*; checkpoint files:
 // checkpoint.*.
-#include "train/executor.h"
+#include "runtime/train/executor.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,9 +13,9 @@
 #include <numeric>
 #include <sstream>
 
-#include "train/adamw.h"
-#include "train/checkpoint.h"
-#include "train/state_layout.h"
+#include "runtime/train/adamw.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/state_layout.h"
 
 namespace hzp::runtime {
 namespace {

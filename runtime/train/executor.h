@@ -28,12 +28,12 @@
 #include <string>
 #include <vector>
 
-#include "backend/device.h"
-#include "model/model.h"
-#include "schedule.h"
-#include "scenario.h"
-#include "status.h"
-#include "train/data.h"
+#include "runtime/backend/device.h"
+#include "runtime/model/model.h"
+#include "shared/schedule.h"
+#include "shared/scenario.h"
+#include "shared/status.h"
+#include "runtime/train/data.h"
 
 namespace hzp::runtime {
 

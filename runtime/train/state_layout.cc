@@ -1,5 +1,5 @@
 // This rank's model-state layout (state_layout.h).
-#include "train/state_layout.h"
+#include "runtime/train/state_layout.h"
 
 #include <algorithm>
 #include <numeric>

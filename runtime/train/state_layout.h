@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/model.h"
-#include "schedule.h"
-#include "status.h"
+#include "runtime/model/model.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
 
 namespace hzp::runtime {
 

@@ -1,12 +1,12 @@
 // Runtime traces in the core's format (trace.h).
-#include "train/trace.h"
+#include "runtime/train/trace.h"
 
 #include <algorithm>
 #include <limits>
 
-#include "files.h"
-#include "perfetto.h"
-#include "scenario_parser.h"
+#include "shared/files.h"
+#include "shared/perfetto.h"
+#include "shared/scenario_parser.h"
 
 namespace hzp::runtime {
 

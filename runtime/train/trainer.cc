@@ -2,7 +2,7 @@
 // checkpoints, metrics and traces; and the checks the launcher makes once before any rank starts.
 #include <utility>  // before Boost.Asio headers pulled in by the store (g++ 12 needs std::exchange first)
 
-#include "train/trainer.h"
+#include "runtime/train/trainer.h"
 
 #include <cblas.h>
 #include <unistd.h>
@@ -18,21 +18,21 @@
 #include <sstream>
 #include <thread>
 
-#include "backend/gloo_comm.h"
-#include "files.h"
-#include "json_io.h"
-#include "model_math.h"
-#include "planner.h"
-#include "policy_registry.h"
-#include "scenario_parser.h"
-#include "schedule_validator.h"
-#include "sharding.h"
-#include "store/store.h"
-#include "text.h"
-#include "train/checkpoint.h"
-#include "train/executor.h"
-#include "trace_format.h"
-#include "train/trace.h"
+#include "runtime/backend/gloo_comm.h"
+#include "shared/files.h"
+#include "shared/json_io.h"
+#include "shared/model_math.h"
+#include "shared/planner.h"
+#include "shared/policy_registry.h"
+#include "shared/scenario_parser.h"
+#include "shared/schedule_validator.h"
+#include "shared/sharding.h"
+#include "runtime/store/store.h"
+#include "shared/text.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/executor.h"
+#include "shared/trace_format.h"
+#include "runtime/train/trace.h"
 
 namespace hzp::runtime {
 namespace {
@@ -113,15 +113,6 @@ std::string lost_rank_note(const LaunchEnv& env) {
     if (r != env.rank && before[r] == after[r]) stale += (stale.empty() ? "" : ", ") + std::to_string(r);
   if (stale.empty()) return "";
   return "lost rank " + stale + " (no heartbeat for 2 s: stopped, hung or dead)";
-}
-
-[[noreturn]] void die(const LaunchEnv& env, const Status& st) {
-  const std::string note = lost_rank_note(env);
-  std::fprintf(stderr, "hzp train: rank %d: %s%s%s\n", env.rank, note.c_str(), note.empty() ? "" : ": ",
-               st.message().c_str());
-  std::fflush(stderr);
-  std::fflush(stdout);
-  std::_Exit(1);
 }
 
 std::string clock_text(double seconds) {
@@ -220,115 +211,199 @@ Status check_outputs(const TrainOptions& options) {
   return Status::Ok();
 }
 
-int run_rank(const TrainOptions& options, const LaunchEnv& launched) {
-  // A peer that dies closes its sockets: writing to them must be an error from Gloo or the store, not a
-  // SIGPIPE that kills this rank before it can say what happened.
-  std::signal(SIGPIPE, SIG_IGN);
-  LaunchEnv env = launched;
-  auto fail = [&](const Status& st) {
-    std::fprintf(stderr, "hzp train: rank %d: %s\n", env.rank, st.message().c_str());
+namespace {
+
+// One rank's run in four phases — join (store, device, executor, resume point), train (the step loop with
+// evaluation and checkpoints), write (memory, traces, summary), leave (the exit barrier). A phase returns 0
+// to go on or the process exit code. Errors before the rank depends on its peers are plain (exit 2 for bad
+// input, 1 otherwise); after, they are fatal: the message names a lost rank where one can be found and goes
+// to the caller's FatalHandler, which `hzp train` uses to end the process at once.
+class RankRun {
+ public:
+  RankRun(const TrainOptions& options, const LaunchEnv& env, const PreparedRun& prepared, FatalHandler on_fatal)
+      : options_(options),
+        env_(env),
+        scenario_(prepared.scenario),
+        cost_(prepared.cost),
+        schedule_(prepared.schedule),
+        prepared_(prepared),
+        on_fatal_(std::move(on_fatal)),
+        lead_(env.rank == 0),
+        timeout_(static_cast<long long>(options.timeout_s) * 1000),
+        tokens_per_step_(prepared.scenario.training.global_batch * prepared.scenario.training.seq_len),
+        // MFU against the scenario's GPU type (model FLOPs per rank per step / (step time x peak)), as the
+        // simulator reports it, so a CPU run and its simulated GPU cluster read on one scale.
+        flops_per_rank_step_(prepared.cost.model_flops * static_cast<double>(prepared.scenario.grad_accum_steps())),
+        peak_(prepared.scenario.cluster.gpu.peak_flops) {}
+
+  int join();
+  int train();
+  int write_outputs();
+  int leave();
+
+ private:
+  int fail(const Status& st) const {
+    std::fprintf(stderr, "hzp train: rank %d: %s\n", env_.rank, st.message().c_str());
     return st.code() == StatusCode::kInvalidInput ? 2 : 1;
-  };
-  // Under hzp's launcher every check below already passed once, before any rank started.
-  auto prepared_or = prepare_run(options, env.world_size);
-  if (!prepared_or.ok()) return fail(prepared_or.status());
-  const PreparedRun& prepared = *prepared_or;
-  const Scenario& scenario = prepared.scenario;
-  const ModelCost& cost = prepared.cost;
-  const Schedule& schedule = prepared.schedule;
-  const bool lead = env.rank == 0;
-  std::unique_ptr<CheckpointDirLock> lock;  // external launchers: rank 0 holds the checkpoint directory
-  if (!env.hosted_by_launcher && lead) {
-    if (Status st = check_outputs(options); !st.ok()) return fail(st);
-    if (!options.checkpoint_dir.empty()) {
-      auto locked = CheckpointDirLock::acquire(options.checkpoint_dir);
-      if (!locked.ok()) return fail(locked.status());
-      lock = std::move(locked).value();
-    }
+  }
+  // Reported once even when a stream thread and the main thread both fail.
+  int fatal(const Status& st) {
+    if (fatal_reported_.exchange(true)) return 1;
+    const std::string note = lost_rank_note(env_);
+    on_fatal_("hzp train: rank " + std::to_string(env_.rank) + ": " + note + (note.empty() ? "" : ": ") + st.message());
+    return 1;
+  }
+  int evaluate(std::int64_t step_shown, bool before_training);
+  int checkpoint(std::int64_t steps_done);
+  int write_traces();
+  double mfu(double seconds, std::int64_t steps) const {
+    return seconds > 0 ? flops_per_rank_step_ * static_cast<double>(steps) / (seconds * peak_) : 0.0;
   }
 
-  // Threads: the ranks of this host share its cores.
-  const int local = env.local_world_size > 0 ? env.local_world_size : options.nproc > 0 ? options.nproc : env.world_size;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(options.threads > 0 ? options.threads : std::max(1, cores / std::max(1, local)));
+  const TrainOptions& options_;
+  LaunchEnv env_;
+  const Scenario& scenario_;
+  const ModelCost& cost_;
+  const Schedule& schedule_;
+  const PreparedRun& prepared_;
+  const FatalHandler on_fatal_;
+  std::atomic<bool> fatal_reported_{false};
+  const bool lead_;
+  const milliseconds timeout_;
+  const std::int64_t tokens_per_step_;
+  const double flops_per_rank_step_;
+  const double peak_;
 
-  auto address = resolve_ipv4(env.store_host, "the store address (HZP_STORE_ADDR or MASTER_ADDR)");
+  std::unique_ptr<CheckpointDirLock> lock_;  // external launchers: rank 0 holds the checkpoint directory
+  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<StoreClient> store_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Heartbeat> heartbeat_;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_{nullptr, &std::fclose};
+  std::int64_t first_step_ = 0;
+  std::int64_t end_step_ = 0;
+  double train_seconds_ = 0;
+  std::int64_t trained_ = 0;
+  StepMetrics last_;
+  double last_val_ = -1;
+  std::vector<std::string> checkpoints_written_;
+  std::vector<std::string> wrote_;
+};
+
+int RankRun::join() {
+  // Under hzp's launcher these checks already passed once, before any rank started.
+  if (!env_.hosted_by_launcher && lead_) {
+    if (Status st = check_outputs(options_); !st.ok()) return fail(st);
+    if (!options_.checkpoint_dir.empty()) {
+      auto locked = CheckpointDirLock::acquire(options_.checkpoint_dir);
+      if (!locked.ok()) return fail(locked.status());
+      lock_ = std::move(locked).value();
+    }
+  }
+  // Threads: the ranks of this host share its cores.
+  const int local = env_.local_world_size > 0 ? env_.local_world_size : options_.nproc > 0 ? options_.nproc : env_.world_size;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  openblas_set_num_threads(options_.threads > 0 ? options_.threads : std::max(1, cores / std::max(1, local)));
+
+  auto address = resolve_ipv4(env_.store_host, "the store address (HZP_STORE_ADDR or MASTER_ADDR)");
   if (!address.ok()) return fail(address.status());
-  env.store_host = *address;
-  const milliseconds timeout(static_cast<long long>(options.timeout_s) * 1000);
+  env_.store_host = *address;
   // The store: hzp's launcher hosts it; under torchrun / Slurm / mpirun rank 0 does.
-  std::unique_ptr<StoreServer> server;
-  if (!env.hosted_by_launcher && lead) {
+  if (!env_.hosted_by_launcher && lead_) {
     StoreLimits limits;
-    limits.max_wait = timeout;
-    auto started = StoreServer::start(env.store_host, env.store_port, env.token, limits);
+    limits.max_wait = timeout_;
+    auto started = StoreServer::start(env_.store_host, env_.store_port, env_.token, limits);
     if (!started.ok()) return fail(started.status());
-    server = std::move(started).value();
+    server_ = std::move(started).value();
   }
   // Under an external launcher rank 0 may not be listening yet: retry refused connections until the timeout
   // (a refused token is final).
-  auto store_or = StoreClient::connect(env.store_host, env.store_port, env.token, timeout);
-  for (auto until = std::chrono::steady_clock::now() + timeout;
+  auto store_or = StoreClient::connect(env_.store_host, env_.store_port, env_.token, timeout_);
+  for (auto until = std::chrono::steady_clock::now() + timeout_;
        !store_or.ok() && store_or.status().code() == StatusCode::kInternal && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(milliseconds(100));
-    store_or = StoreClient::connect(env.store_host, env.store_port, env.token, timeout);
+    store_or = StoreClient::connect(env_.store_host, env_.store_port, env_.token, timeout_);
   }
   if (!store_or.ok()) return fail(store_or.status());
-  std::unique_ptr<StoreClient> store = std::move(store_or).value();
-  if (Status st = store->set("hzp/joined/" + std::to_string(env.rank), "1"); !st.ok()) return fail(st);
+  store_ = std::move(store_or).value();
+  if (Status st = store_->set("hzp/joined/" + std::to_string(env_.rank), "1"); !st.ok()) return fail(st);
 
-  auto device_or = make_device(options, env, timeout);
+  auto device_or = make_device(options_, env_, timeout_);
   if (!device_or.ok()) return fail(device_or.status());
-  std::unique_ptr<Device> device = std::move(device_or).value();
-  auto on_fatal = [env](const Status& st) { die(env, st); };
-  auto executor_or = Executor::create(scenario, schedule, env.rank, &prepared.data, *device, on_fatal);
-  if (!executor_or.ok()) {
-    if (executor_or.status().code() == StatusCode::kInvalidInput) return fail(executor_or.status());
-    die(env, executor_or.status());
-  }
-  Executor& executor = **executor_or;
-  executor.set_tracing(!options.trace_path.empty() || !options.perfetto_path.empty());
+  device_ = std::move(device_or).value();
+  auto executor_or = Executor::create(scenario_, schedule_, env_.rank, &prepared_.data, *device_,
+                                      [this](const Status& st) { fatal(st); });
+  if (!executor_or.ok())
+    return executor_or.status().code() == StatusCode::kInvalidInput ? fail(executor_or.status())
+                                                                     : fatal(executor_or.status());
+  executor_ = std::move(executor_or).value();
+  executor_->set_tracing(!options_.trace_path.empty() || !options_.perfetto_path.empty());
 
-  const std::string out_dir = options.out_dir;
-  std::FILE* metrics = nullptr;
-  if (lead && !out_dir.empty()) {
-    metrics = std::fopen((fs::path(out_dir) / "metrics.jsonl").c_str(), options.resume ? "a" : "w");
-    if (metrics == nullptr) return fail(Status::InvalidInput("--out: cannot write " + out_dir + "/metrics.jsonl"));
+  if (lead_ && !options_.out_dir.empty()) {
+    metrics_.reset(std::fopen((fs::path(options_.out_dir) / "metrics.jsonl").c_str(), options_.resume ? "a" : "w"));
+    if (!metrics_) return fail(Status::InvalidInput("--out: cannot write " + options_.out_dir + "/metrics.jsonl"));
   }
-
-  std::int64_t first_step = 0;
-  const std::string ckpt = options.checkpoint_dir;
-  if (options.resume) {
-    auto latest = read_latest(ckpt);
+  if (options_.resume) {
+    auto latest = read_latest(options_.checkpoint_dir);
     if (!latest.ok()) return fail(latest.status());
-    const std::string file = checkpoint_file(ckpt, *latest, env.rank);
-    auto agreed = agree_on_resume(*store, env, executor.load(file), *latest, timeout);
+    const std::string file = checkpoint_file(options_.checkpoint_dir, *latest, env_.rank);
+    auto agreed = agree_on_resume(*store_, env_, executor_->load(file), *latest, timeout_);
     if (!agreed.ok()) return fail(agreed.status());
-    first_step = *agreed;
-    if (lead) std::printf("resumed from %s at step %lld\n", file.c_str(), static_cast<long long>(first_step));
+    first_step_ = *agreed;
+    if (lead_) std::printf("resumed from %s at step %lld\n", file.c_str(), static_cast<long long>(first_step_));
   }
-
-  const RunSpec& run = scenario.run;
-  const std::int64_t tokens_per_step = scenario.training.global_batch * scenario.training.seq_len;
-  // MFU against the scenario's GPU type (model FLOPs per rank per step / (step time x peak)), as the
-  // simulator reports it, so a CPU run and its simulated GPU cluster read on one scale.
-  const double flops_per_rank_step = cost.model_flops * static_cast<double>(scenario.grad_accum_steps());
-  const double peak = scenario.cluster.gpu.peak_flops;
-  const std::int64_t end_step = options.stop_after > 0 ? std::min(run.steps, options.stop_after) : run.steps;
-  if (lead) {
+  const RunSpec& run = scenario_.run;
+  end_step_ = options_.stop_after > 0 ? std::min(run.steps, options_.stop_after) : run.steps;
+  if (lead_) {
     std::printf("hzp train: %s, policy %s %s, %d ranks (%d per node), %lld params, %lld tokens/step, steps %lld..%lld "
                 "of %lld; MFU against %s (%.0f TFLOP/s)\n",
-                scenario.name.c_str(), schedule.policy.c_str(), sharding_notation(scenario.policy.sharding).c_str(),
-                env.world_size, scenario.cluster.gpus_per_node, static_cast<long long>(cost.params),
-                static_cast<long long>(tokens_per_step), static_cast<long long>(first_step + 1),
-                static_cast<long long>(end_step), static_cast<long long>(run.steps), scenario.cluster.gpu.type.c_str(),
-                peak / 1e12);
+                scenario_.name.c_str(), schedule_.policy.c_str(), sharding_notation(scenario_.policy.sharding).c_str(),
+                env_.world_size, scenario_.cluster.gpus_per_node, static_cast<long long>(cost_.params),
+                static_cast<long long>(tokens_per_step_), static_cast<long long>(first_step_ + 1),
+                static_cast<long long>(end_step_), static_cast<long long>(run.steps), scenario_.cluster.gpu.type.c_str(),
+                peak_ / 1e12);
     std::fflush(stdout);
   }
-  double train_seconds = 0;
-  std::int64_t trained = 0;
-  StepMetrics last;
-  double last_val = -1;
+  return 0;
+}
+
+// Validation loss, printed and logged by rank 0; `step_shown` is 1-based (0 before training).
+int RankRun::evaluate(std::int64_t step_shown, bool before_training) {
+  auto val = executor_->evaluate(scenario_.run.eval_batches);
+  if (!val.ok()) return fatal(val.status());
+  last_val_ = *val;
+  if (!lead_) return 0;
+  if (before_training)
+    std::printf("before training | val_loss %.6f\n", *val);
+  else
+    std::printf("step %lld/%lld | val_loss %.6f\n", static_cast<long long>(step_shown), static_cast<long long>(end_step_),
+                *val);
+  if (metrics_)
+    std::fprintf(metrics_.get(), "%s\n", nlohmann::json({{"step", step_shown - 1}, {"val_loss", *val}}).dump().c_str());
+  return 0;
+}
+
+// Every rank writes its file; `latest` moves only once every rank's file is in place.
+int RankRun::checkpoint(std::int64_t steps_done) {
+  const std::string& dir = options_.checkpoint_dir;
+  const fs::path file = checkpoint_file(dir, steps_done, env_.rank);
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  if (Status st = executor_->save(file.string(), steps_done); !st.ok()) return fatal(st);
+  if (Status st = store_barrier(*store_, "hzp/ckpt/" + std::to_string(steps_done), env_.rank, env_.world_size, false,
+                                timeout_);
+      !st.ok())
+    return fatal(st);
+  if (lead_) {
+    if (Status st = write_latest(dir, steps_done); !st.ok()) return fatal(st);
+    checkpoints_written_.push_back(file.parent_path().string());
+  }
+  return 0;
+}
+
+int RankRun::train() {
+  const RunSpec& run = scenario_.run;
   // Fault injection for tests: HZP_FAULT_KILL_RANK / _STEP pick the victim and the step, HZP_FAULT_SIGNAL
   // "STOP" freezes it instead of killing it (a hung rank); HZP_FAULT_NAN_STEP makes that step's loss NaN on
   // every rank (a diverged step).
@@ -336,167 +411,166 @@ int run_rank(const TrainOptions& options, const LaunchEnv& launched) {
   const char* kill_rank = std::getenv("HZP_FAULT_KILL_RANK");
   const char* kill_step = std::getenv("HZP_FAULT_KILL_STEP");
   const char* kill_signal = std::getenv("HZP_FAULT_SIGNAL");
-  const Heartbeat heartbeat(env);
+  heartbeat_ = std::make_unique<Heartbeat>(env_);  // until the rank leaves
   const auto started = std::chrono::steady_clock::now();
   // The starting point of the validation curve (ln 256 = 5.55 for untrained byte-level weights).
-  if (run.eval_interval > 0 && first_step == 0) {
-    auto val = executor.evaluate(run.eval_batches);
-    if (!val.ok()) die(env, val.status());
-    if (lead) {
-      std::printf("before training | val_loss %.6f\n", *val);
-      if (metrics) std::fprintf(metrics, "%s\n", nlohmann::json({{"step", -1}, {"val_loss", *val}}).dump().c_str());
-    }
-  }
-  std::vector<std::string> checkpoints_written;
-  for (std::int64_t step = first_step; step < end_step; ++step) {
-    if (kill_rank && kill_step && std::atoi(kill_rank) == env.rank && std::atoll(kill_step) == step) {
-      std::fprintf(stderr, "hzp train: rank %d: HZP_FAULT_KILL_* (signal %s) at step %lld\n", env.rank,
+  if (run.eval_interval > 0 && first_step_ == 0)
+    if (int rc = evaluate(0, true); rc != 0) return rc;
+  for (std::int64_t step = first_step_; step < end_step_; ++step) {
+    if (kill_rank && kill_step && std::atoi(kill_rank) == env_.rank && std::atoll(kill_step) == step) {
+      std::fprintf(stderr, "hzp train: rank %d: HZP_FAULT_KILL_* (signal %s) at step %lld\n", env_.rank,
                    kill_signal != nullptr ? kill_signal : "KILL", static_cast<long long>(step));
       std::fflush(stderr);
       std::raise(kill_signal != nullptr && std::string(kill_signal) == "STOP" ? SIGSTOP : SIGKILL);
     }
-    auto m = executor.train_step(step);
-    if (!m.ok()) die(env, m.status());
+    auto m = executor_->train_step(step);
+    if (!m.ok()) return fatal(m.status());
     if (nan_step != nullptr && std::atoll(nan_step) == step) m->loss = std::nan("");
     // Every rank holds the same all-reduced loss: a diverged run stops everywhere, said once.
     if (!std::isfinite(m->loss) || !std::isfinite(m->grad_norm)) {
-      if (lead)
+      if (lead_)
         std::fprintf(stderr, "hzp train: training diverged at step %lld (loss %g, gradient norm %g): stopping before "
                      "the non-finite state is checkpointed; lower run.lr or set training.grad_clip\n",
                      static_cast<long long>(step), m->loss, m->grad_norm);
       std::fflush(stderr);
       return 1;
     }
-    last = *m;
-    train_seconds += m->seconds;
-    ++trained;
-    const bool final_step = step + 1 == end_step;
-    if (lead) {
+    last_ = *m;
+    train_seconds_ += m->seconds;
+    ++trained_;
+    const bool final_step = step + 1 == end_step_;
+    if (lead_) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      const double eta = elapsed / static_cast<double>(trained) * static_cast<double>(end_step - step - 1);
+      const double eta = elapsed / static_cast<double>(trained_) * static_cast<double>(end_step_ - step - 1);
       std::printf("step %lld/%lld | loss %.6f | aux %.4f | lr %.2e | norm %.3f | %.3f s | %.0f tok/s | MFU %.3g %% | "
                   "elapsed %s | ETA %s\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(end_step), m->loss, m->aux_loss, m->lr,
-                  m->grad_norm, m->seconds, tokens_per_step / m->seconds, 100 * flops_per_rank_step / (m->seconds * peak),
+                  static_cast<long long>(step + 1), static_cast<long long>(end_step_), m->loss, m->aux_loss, m->lr,
+                  m->grad_norm, m->seconds, tokens_per_step_ / m->seconds, 100 * mfu(m->seconds, 1),
                   clock_text(elapsed).c_str(), clock_text(eta).c_str());
-      if (metrics) {
+      if (metrics_) {
         nlohmann::json line = {{"step", step},         {"loss", m->loss},       {"aux_loss", m->aux_loss},
                                {"grad_norm", m->grad_norm}, {"lr", m->lr}, {"seconds", m->seconds}};
-        std::fprintf(metrics, "%s\n", line.dump().c_str());
+        std::fprintf(metrics_.get(), "%s\n", line.dump().c_str());
       }
     }
-    if ((run.eval_interval > 0 && (step + 1) % run.eval_interval == 0) || final_step) {
-      auto val = executor.evaluate(run.eval_batches);
-      if (!val.ok()) die(env, val.status());
-      last_val = *val;
-      if (lead) {
-        std::printf("step %lld/%lld | val_loss %.6f\n", static_cast<long long>(step + 1), static_cast<long long>(end_step), *val);
-        if (metrics) std::fprintf(metrics, "%s\n", nlohmann::json({{"step", step}, {"val_loss", *val}}).dump().c_str());
-      }
-    }
-    if (lead) std::fflush(stdout);
-    if (metrics) std::fflush(metrics);
-    if (!ckpt.empty() && ((run.checkpoint_interval > 0 && (step + 1) % run.checkpoint_interval == 0) || final_step)) {
-      const fs::path file = checkpoint_file(ckpt, step + 1, env.rank);
-      std::error_code ec;
-      fs::create_directories(file.parent_path(), ec);
-      Status st = executor.save(file.string(), step + 1);
-      if (!st.ok()) die(env, st);
-      // `latest` moves only once every rank's file is in place.
-      st = store_barrier(*store, "hzp/ckpt/" + std::to_string(step + 1), env.rank, env.world_size, false, timeout);
-      if (!st.ok()) die(env, st);
-      if (lead) {
-        st = write_latest(ckpt, step + 1);
-        if (!st.ok()) die(env, st);
-        checkpoints_written.push_back(file.parent_path().string());
-      }
-    }
+    if ((run.eval_interval > 0 && (step + 1) % run.eval_interval == 0) || final_step)
+      if (int rc = evaluate(step + 1, false); rc != 0) return rc;
+    if (lead_) std::fflush(stdout);
+    if (metrics_) std::fflush(metrics_.get());
+    if (!options_.checkpoint_dir.empty() &&
+        ((run.checkpoint_interval > 0 && (step + 1) % run.checkpoint_interval == 0) || final_step))
+      if (int rc = checkpoint(step + 1); rc != 0) return rc;
   }
+  return 0;
+}
 
+// Traces: every rank writes its events, rank 0 merges them once all are written.
+int RankRun::write_traces() {
+  const std::string base = options_.trace_path.empty() ? options_.perfetto_path + ".hzp-trace.json" : options_.trace_path;
+  const std::string part = base + ".rank" + std::to_string(env_.rank);
+  if (Status st = write_json_atomic(part, trace_to_json(rank_trace(scenario_, schedule_, env_.rank, executor_->trace())));
+      !st.ok())
+    return fatal(st);
+  if (Status st = store_barrier(*store_, "hzp/trace", env_.rank, env_.world_size, false, timeout_); !st.ok())
+    return fatal(st);
+  if (!lead_) return 0;
+  std::vector<Trace> parts;
+  for (int r = 0; r < env_.world_size; ++r) {
+    const std::string path = base + ".rank" + std::to_string(r);
+    auto t = load_trace_file(path);
+    if (!t.ok()) return fatal(Status::Internal("trace: " + t.status().message()));
+    parts.push_back(std::move(t).value());
+    std::error_code ec;
+    fs::remove(path, ec);
+  }
+  auto trace = merge_traces(std::move(parts));
+  if (!trace.ok()) return fatal(trace.status());
+  if (!options_.trace_path.empty()) {
+    if (Status st = write_json_atomic(options_.trace_path, trace_to_json(*trace)); !st.ok()) return fatal(st);
+    wrote_.push_back(options_.trace_path + " (trace)");
+  }
+  if (!options_.perfetto_path.empty()) {
+    if (Status st = write_json_atomic(options_.perfetto_path, perfetto_from_trace(*trace)); !st.ok()) return fatal(st);
+    wrote_.push_back(options_.perfetto_path + " (Perfetto timeline)");
+  }
+  return 0;
+}
+
+int RankRun::write_outputs() {
+  const std::string& out_dir = options_.out_dir;
   // Per-rank memory: measured buffers next to the core's model of them.
-  std::vector<std::string> wrote;
   if (!out_dir.empty()) {
     nlohmann::json pools = nlohmann::json::object();
-    for (const BufferPool& p : schedule.pools) pools[p.name] = static_cast<double>(p.slots) * static_cast<double>(p.slot_bytes);
-    nlohmann::json mem = {{"rank", env.rank},
-                          {"measured", executor.memory()},
+    for (const BufferPool& p : schedule_.pools)
+      pools[p.name] = static_cast<double>(p.slots) * static_cast<double>(p.slot_bytes);
+    nlohmann::json mem = {{"rank", env_.rank},
+                          {"measured", executor_->memory()},
                           {"model",
-                           {{"params", schedule.state_bytes.params},
-                            {"grads", schedule.state_bytes.grads},
-                            {"optimizer", schedule.state_bytes.optimizer},
+                           {{"params", schedule_.state_bytes.params},
+                            {"grads", schedule_.state_bytes.grads},
+                            {"optimizer", schedule_.state_bytes.optimizer},
                             {"pools", pools}}}};
-    Status st = write_file_atomic((fs::path(out_dir) / ("memory_rank" + std::to_string(env.rank) + ".json")).string(),
+    Status st = write_file_atomic((fs::path(out_dir) / ("memory_rank" + std::to_string(env_.rank) + ".json")).string(),
                                   mem.dump(2) + "\n");
     if (!st.ok()) return fail(st);
-    if (metrics) wrote.push_back((fs::path(out_dir) / "metrics.jsonl").string());
-    wrote.push_back((fs::path(out_dir) / "memory_rank<r>.json").string() + " (" + std::to_string(env.world_size) + " ranks)");
+    if (metrics_) wrote_.push_back((fs::path(out_dir) / "metrics.jsonl").string());
+    wrote_.push_back((fs::path(out_dir) / "memory_rank<r>.json").string() + " (" + std::to_string(env_.world_size) +
+                     " ranks)");
   }
-
-  // Traces: every rank writes its events, rank 0 merges them once all are written.
-  if (!options.trace_path.empty() || !options.perfetto_path.empty()) {
-    const std::string base = options.trace_path.empty() ? options.perfetto_path + ".hzp-trace.json" : options.trace_path;
-    const std::string part = base + ".rank" + std::to_string(env.rank);
-    Status st = write_json_atomic(part, trace_to_json(rank_trace(scenario, schedule, env.rank, executor.trace())));
-    if (!st.ok()) die(env, st);
-    st = store_barrier(*store, "hzp/trace", env.rank, env.world_size, false, timeout);
-    if (!st.ok()) die(env, st);
-    if (lead) {
-      std::vector<Trace> parts;
-      for (int r = 0; r < env.world_size; ++r) {
-        const std::string path = base + ".rank" + std::to_string(r);
-        auto t = load_trace_file(path);
-        if (!t.ok()) die(env, Status::Internal("trace: " + t.status().message()));
-        parts.push_back(std::move(t).value());
-        std::error_code ec;
-        fs::remove(path, ec);
-      }
-      auto trace = merge_traces(std::move(parts));
-      if (!trace.ok()) die(env, trace.status());
-      if (!options.trace_path.empty()) {
-        st = write_json_atomic(options.trace_path, trace_to_json(*trace));
-        if (!st.ok()) die(env, st);
-        wrote.push_back(options.trace_path + " (trace)");
-      }
-      if (!options.perfetto_path.empty()) {
-        st = write_json_atomic(options.perfetto_path, perfetto_from_trace(*trace));
-        if (!st.ok()) die(env, st);
-        wrote.push_back(options.perfetto_path + " (Perfetto timeline)");
-      }
-    }
-  }
-
-  if (lead && !out_dir.empty()) {
-    nlohmann::json summary = {{"scenario", scenario.name},
-                              {"policy", schedule.policy},
-                              {"sharding", sharding_notation(scenario.policy.sharding)},
-                              {"world_size", env.world_size},
-                              {"gpus_per_node", scenario.cluster.gpus_per_node},
-                              {"params", cost.params},
-                              {"steps_run", trained},
-                              {"final_loss", last.loss},
-                              {"final_val_loss", last_val},
-                              {"train_seconds", train_seconds},
-                              {"tokens_per_second", train_seconds > 0 ? trained * tokens_per_step / train_seconds : 0.0},
-                              {"mfu", train_seconds > 0 ? flops_per_rank_step * trained / (train_seconds * peak) : 0.0},
-                              {"mfu_peak_of", scenario.cluster.gpu.type}};
+  if (!options_.trace_path.empty() || !options_.perfetto_path.empty())
+    if (int rc = write_traces(); rc != 0) return rc;
+  if (lead_ && !out_dir.empty()) {
+    nlohmann::json summary = {{"scenario", scenario_.name},
+                              {"policy", schedule_.policy},
+                              {"sharding", sharding_notation(scenario_.policy.sharding)},
+                              {"world_size", env_.world_size},
+                              {"gpus_per_node", scenario_.cluster.gpus_per_node},
+                              {"params", cost_.params},
+                              {"steps_run", trained_},
+                              {"final_loss", last_.loss},
+                              {"final_val_loss", last_val_},
+                              {"train_seconds", train_seconds_},
+                              {"tokens_per_second", train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0},
+                              {"mfu", mfu(train_seconds_, trained_)},
+                              {"mfu_peak_of", scenario_.cluster.gpu.type}};
     Status st = write_file_atomic((fs::path(out_dir) / "summary.json").string(), summary.dump(2) + "\n");
     if (!st.ok()) return fail(st);
-    wrote.push_back((fs::path(out_dir) / "summary.json").string());
+    wrote_.push_back((fs::path(out_dir) / "summary.json").string());
   }
-  if (lead) {
-    for (const std::string& dir : checkpoints_written) wrote.push_back(dir + " (checkpoint)");
+  if (lead_) {
+    for (const std::string& dir : checkpoints_written_) wrote_.push_back(dir + " (checkpoint)");
     std::printf("hzp train: done: %lld steps in %.1f s (%.0f tokens/s, MFU %.3g %% of %s), final loss %.4f, "
                 "validation loss %.4f\n",
-                static_cast<long long>(trained), train_seconds,
-                train_seconds > 0 ? trained * tokens_per_step / train_seconds : 0.0,
-                train_seconds > 0 ? 100 * flops_per_rank_step * trained / (train_seconds * peak) : 0.0,
-                scenario.cluster.gpu.type.c_str(), last.loss, last_val);
-    if (!wrote.empty()) std::printf("  wrote %s\n", join(wrote, "\n  wrote ").c_str());
+                static_cast<long long>(trained_), train_seconds_,
+                train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0, 100 * mfu(train_seconds_, trained_),
+                scenario_.cluster.gpu.type.c_str(), last_.loss, last_val_);
+    if (!wrote_.empty()) std::printf("  wrote %s\n", hzp::join(wrote_, "\n  wrote ").c_str());
     std::fflush(stdout);
   }
-  // Rank 0 leaves last: it may host the store the others still use.
-  Status st = store_barrier(*store, "hzp/exit", env.rank, env.world_size, false, timeout);
-  if (!st.ok()) die(env, st);
+  return 0;
+}
+
+// Rank 0 leaves last: it may host the store the others still use.
+int RankRun::leave() {
+  if (Status st = store_barrier(*store_, "hzp/exit", env_.rank, env_.world_size, false, timeout_); !st.ok())
+    return fatal(st);
+  return 0;
+}
+
+}  // namespace
+
+int run_rank(const TrainOptions& options, const LaunchEnv& env, const FatalHandler& on_fatal) {
+  // A peer that dies closes its sockets: writing to them must be an error from Gloo or the store, not a
+  // SIGPIPE that kills this rank before it can say what happened.
+  std::signal(SIGPIPE, SIG_IGN);
+  auto prepared = prepare_run(options, env.world_size);
+  if (!prepared.ok()) {
+    std::fprintf(stderr, "hzp train: rank %d: %s\n", env.rank, prepared.status().message().c_str());
+    return prepared.status().code() == StatusCode::kInvalidInput ? 2 : 1;
+  }
+  RankRun run(options, env, *prepared, on_fatal);
+  for (int (RankRun::*phase)() : {&RankRun::join, &RankRun::train, &RankRun::write_outputs, &RankRun::leave})
+    if (int rc = (run.*phase)(); rc != 0) return rc;
   return 0;
 }
 

@@ -3,16 +3,17 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "launch/launch_env.h"
-#include "model_math.h"
-#include "scenario.h"
-#include "schedule.h"
-#include "status.h"
-#include "train/data.h"
+#include "runtime/launch/launch_env.h"
+#include "shared/model_math.h"
+#include "shared/scenario.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
+#include "runtime/train/data.h"
 
 namespace hzp::runtime {
 
@@ -53,8 +54,13 @@ Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size);
 // --checkpoint-dir (and its `latest` with --resume).
 Status check_outputs(const TrainOptions& options);
 
-// Runs one rank to completion. Returns the process exit code (0 ok, 1 failure, 2 bad input); fatal errors
-// on a stream end the process at once (std::_Exit(1)) after printing which rank was lost, if known.
-int run_rank(const TrainOptions& options, const LaunchEnv& env);
+// Told about an error the rank cannot recover from once it depends on its peers (a collective failed, a peer
+// was lost), with a one-line message naming the lost rank where it can be found; called at most once, maybe
+// from a stream's thread. The caller decides: `hzp train` prints the line and ends the process at once,
+// since other streams may still wait on collectives with a dead peer. If it returns, run_rank returns 1.
+using FatalHandler = std::function<void(const std::string& message)>;
+
+// Runs one rank to completion. Returns the process exit code (0 ok, 1 failure, 2 bad input).
+int run_rank(const TrainOptions& options, const LaunchEnv& env, const FatalHandler& on_fatal);
 
 }  // namespace hzp::runtime

@@ -12,7 +12,7 @@
 
 #include <simgrid/s4u/Comm.hpp>
 
-#include "collective.h"
+#include "sim/collective.h"
 
 namespace hzp::sim::collectives {
 

@@ -1,7 +1,7 @@
 // Direct all-gather / reduce-scatter / all-reduce inside one full-mesh node: every member exchanges its
 // 1/p share with every peer at once, each over its own pair link. Closed form (collective_cost.h):
 //   AG/RS (p-1)α_i + (R-1)/p·S/B_i (a pair link has B_i/(R-1)),  AR twice that.
-#include "algorithm.h"
+#include "sim/collectives/algorithm.h"
 
 namespace hzp::sim::collectives {
 

@@ -5,7 +5,7 @@
 
 #include <simgrid/s4u/Actor.hpp>
 
-#include "algorithm.h"
+#include "sim/collectives/algorithm.h"
 
 namespace hzp::sim::collectives {
 namespace sg4 = simgrid::s4u;

@@ -3,7 +3,7 @@
 // ring j joining the members with local index j — on their rail, NIC to NIC. Closed form
 // (collective_cost.h): AG = inter AG of S/s0 + intra AG of S; RS = intra RS of S + inter RS of S/s0;
 // AR = intra RS + inter AR of S/s0 + intra AG.
-#include "algorithm.h"
+#include "sim/collectives/algorithm.h"
 
 namespace hzp::sim::collectives {
 namespace {

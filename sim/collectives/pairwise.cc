@@ -2,7 +2,7 @@
 // NIC to NIC across nodes. Closed form (collective_cost.h): (p-1)α + max(intra part, inter part).
 #include <vector>
 
-#include "algorithm.h"
+#include "sim/collectives/algorithm.h"
 
 namespace hzp::sim::collectives {
 

@@ -2,7 +2,7 @@
 // A new algorithm adds its file (sim/collectives/<name>.cc), its run function in algorithm.h, and a row here.
 #include <cassert>
 
-#include "algorithm.h"
+#include "sim/collectives/algorithm.h"
 
 namespace hzp::sim {
 namespace {

@@ -5,7 +5,7 @@
 // (p-1)/p·S over the whole pass: the simulation uses one flow per hop of that size, not one per step.
 #include <algorithm>
 
-#include "algorithm.h"
+#include "sim/collectives/algorithm.h"
 
 namespace hzp::sim::collectives {
 namespace {

@@ -1,7 +1,7 @@
 // Message and status checks shared by the targets (see checks.h).
-#include "checks.h"
+#include "tests/fuzz/checks.h"
 
-#include "sandbox.h"
+#include "tests/fuzz/sandbox.h"
 
 namespace hzp::fuzz {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "fuzz_target.h"
-#include "status.h"
+#include "tests/fuzz/fuzz_target.h"
+#include "shared/status.h"
 
 namespace hzp::fuzz {
 

@@ -1,5 +1,5 @@
 // File helpers (see files.h).
-#include "files.h"
+#include "tests/fuzz/files.h"
 
 #include <algorithm>
 #include <filesystem>

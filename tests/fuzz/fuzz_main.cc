@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "files.h"
-#include "fuzz_target.h"
-#include "sandbox.h"
-#include "self_test.h"
+#include "tests/fuzz/files.h"
+#include "tests/fuzz/fuzz_target.h"
+#include "tests/fuzz/sandbox.h"
+#include "tests/fuzz/self_test.h"
 
 namespace {
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "rng.h"
+#include "tests/fuzz/rng.h"
 
 namespace hzp::fuzz {
 

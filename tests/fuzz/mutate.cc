@@ -1,5 +1,5 @@
 // JSON mutations (see mutate.h). Every choice comes from the Rng, so a case seed names one document.
-#include "mutate.h"
+#include "tests/fuzz/mutate.h"
 
 #include <algorithm>
 #include <cctype>

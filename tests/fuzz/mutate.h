@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rng.h"
+#include "tests/fuzz/rng.h"
 
 namespace hzp::fuzz {
 

@@ -1,5 +1,5 @@
 // The forked child and its supervision (protocol in sandbox.h).
-#include "sandbox.h"
+#include "tests/fuzz/sandbox.h"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -10,7 +10,7 @@
 #include <functional>
 #include <string>
 
-#include "fuzz_target.h"
+#include "tests/fuzz/fuzz_target.h"
 
 namespace hzp::fuzz {
 

@@ -1,6 +1,6 @@
 // `hzp_fuzz --self-test`: the sandbox must turn each way a case can go wrong into the right outcome, or the
 // harness would report a crashing build as clean. Each body below misbehaves in one way, on purpose.
-#include "self_test.h"
+#include "tests/fuzz/self_test.h"
 
 #include <signal.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "checks.h"
-#include "sandbox.h"
+#include "tests/fuzz/checks.h"
+#include "tests/fuzz/sandbox.h"
 
 namespace hzp::fuzz {
 namespace {

@@ -12,12 +12,12 @@
 #include <fstream>
 #include <sstream>
 
-#include "checks.h"
-#include "fuzz_target.h"
-#include "json_io.h"
-#include "mutate.h"
-#include "trace_format.h"
-#include "train/checkpoint.h"
+#include "tests/fuzz/checks.h"
+#include "tests/fuzz/fuzz_target.h"
+#include "shared/json_io.h"
+#include "tests/fuzz/mutate.h"
+#include "shared/trace_format.h"
+#include "runtime/train/checkpoint.h"
 
 namespace hzp::fuzz {
 namespace {

@@ -12,19 +12,19 @@
 // the builder made a schedule that deadlocks), and so is a resolved form that does not parse back.
 #include <exception>
 
-#include "checks.h"
-#include "estimator.h"
-#include "files.h"
-#include "json_io.h"
-#include "fuzz_target.h"
-#include "model_math.h"
-#include "mutate.h"
-#include "plan.h"
-#include "planner.h"
-#include "policy_registry.h"
-#include "sandbox.h"
-#include "scenario_parser.h"
-#include "schedule_validator.h"
+#include "tests/fuzz/checks.h"
+#include "shared/estimator.h"
+#include "tests/fuzz/files.h"
+#include "shared/json_io.h"
+#include "tests/fuzz/fuzz_target.h"
+#include "shared/model_math.h"
+#include "tests/fuzz/mutate.h"
+#include "shared/plan.h"
+#include "shared/planner.h"
+#include "shared/policy_registry.h"
+#include "tests/fuzz/sandbox.h"
+#include "shared/scenario_parser.h"
+#include "shared/schedule_validator.h"
 
 namespace hzp::fuzz {
 namespace {

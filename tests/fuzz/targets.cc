@@ -3,9 +3,9 @@
 //
 // Adding a target: write target_<name>.cc with a FuzzTarget subclass and a make_<name>_target() factory,
 // declare the factory in fuzz_target.h, add the file to tests/CMakeLists.txt (hzp_fuzz) and a row here.
-#include "fuzz_target.h"
+#include "tests/fuzz/fuzz_target.h"
 
-#include "sandbox.h"
+#include "tests/fuzz/sandbox.h"
 
 namespace hzp::fuzz {
 
