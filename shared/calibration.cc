@@ -1,7 +1,7 @@
 // The calibration table: one entry per GPU type, every number with its source.
 //
-// Rules: only single-node public facts are inputs (datasheets, single-node measurements). Anything else is marked either as a
-// vendor datasheet value or as an "assumption" with its reasoning. Published multi-node results are the
+// Rules: only single-node public facts are inputs (datasheets, single-node measurements). Anything else is marked
+// either as a vendor datasheet value or as an "assumption" with its reasoning. Published multi-node results are the
 // validation set and must never be used to set a number here.
 //
 // Latencies are per ring step, taken from NCCL's own cost model (src/graph/tuning.cc, NVIDIA/nccl at commit
@@ -26,8 +26,8 @@ constexpr double kNcclRingSimpleNetLatency = 14.0 / kUsPerS;
 
 // Shared by every entry unless stated otherwise.
 constexpr double kMemoryBoundEff = 0.80;  // assumption, see sources
-constexpr double kIntraNodeEff = 0.82;    // 370 / 450 GB/s: ring busbw of 8xH100 (NCCL maintainer, NVIDIA/nccl-tests#212)
-constexpr double kInterNodeEff = 0.90;    // assumption, see sources
+constexpr double kIntraNodeEff = 0.82;  // 370 / 450 GB/s: ring busbw of 8xH100 (NCCL maintainer, NVIDIA/nccl-tests#212)
+constexpr double kInterNodeEff = 0.90;  // assumption, see sources
 // Calibrated: the analytic estimator gives 63.0 % MFU for ZeRO-1 LLaMA-7B, seq 4096, micro-batch 1, one
 // micro-batch per step, on one 8xA800 node (AMSP §II; the paper does not state its global batch — with more
 // micro-batches per step the optimizer's share shrinks and the same efficiency gives ~1 % more MFU).
@@ -43,67 +43,74 @@ constexpr const char* kCommonSources =
 std::vector<CalibrationEntry> build_table() {
   std::vector<CalibrationEntry> t;
 
-  t.push_back({"a100-80gb",
-               {"a100-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps},
-               {kAmpereGemmEff, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-               kNcclRingSimpleNvlinkLatency,
-               kNcclRingSimpleNetLatency,
-               std::string("peak 312 TFLOP/s dense bf16: NVIDIA A100 datasheet. 80 GiB, 2039 GB/s HBM2e: NVIDIA A100 80GB SXM "
-                           "datasheet. gemm 0.683: calibrated so that the analytic estimator "
-                           "reproduces 63 % MFU for ZeRO-1 LLaMA-7B seq 4096 on one 8xA800 node (AMSP §II); "
-                           "checked by tests/calibration_test.cc (same chip as A800). intra_node 0.82: NVIDIA/nccl-tests#212 "
-                           "value measured on 8xH100, assumed to hold for NVLink3 too.") +
-                   kCommonSources});
+  t.push_back(
+      {"a100-80gb",
+       {"a100-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps},
+       {kAmpereGemmEff, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string("peak 312 TFLOP/s dense bf16: NVIDIA A100 datasheet. 80 GiB, 2039 GB/s HBM2e: NVIDIA A100 80GB SXM "
+                   "datasheet. gemm 0.683: calibrated so that the analytic estimator "
+                   "reproduces 63 % MFU for ZeRO-1 LLaMA-7B seq 4096 on one 8xA800 node (AMSP §II); "
+                   "checked by tests/calibration_test.cc (same chip as A800). intra_node 0.82: NVIDIA/nccl-tests#212 "
+                   "value measured on 8xH100, assumed to hold for NVLink3 too.") +
+           kCommonSources});
 
-  t.push_back({"a800-80gb",
-               {"a800-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps},
-               {kAmpereGemmEff, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-               kNcclRingSimpleNvlinkLatency,
-               kNcclRingSimpleNetLatency,
-               std::string("peak 312 TFLOP/s dense bf16: NVIDIA A800 datasheet. 80 GiB, 2039 GB/s: assumption (the A800 is the "
-                           "A100 80GB chip with NVLink capped at 400 GB/s bidirectional, so its A100 datasheet "
-                           "memory numbers). gemm 0.683: calibrated so that the analytic estimator reproduces 63 % "
-                           "MFU for ZeRO-1 LLaMA-7B seq 4096 on one 8xA800 node (AMSP §II); checked by "
-                           "tests/calibration_test.cc. intra_node 0.82: the ring busbw fraction measured on 8xH100 (NVIDIA/nccl-tests#212), assumed "
-                           "to hold for NVLink3 too.") +
-                   kCommonSources});
+  t.push_back(
+      {"a800-80gb",
+       {"a800-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps},
+       {kAmpereGemmEff, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string("peak 312 TFLOP/s dense bf16: NVIDIA A800 datasheet. 80 GiB, 2039 GB/s: assumption (the A800 is the "
+                   "A100 80GB chip with NVLink capped at 400 GB/s bidirectional, so its A100 datasheet "
+                   "memory numbers). gemm 0.683: calibrated so that the analytic estimator reproduces 63 % "
+                   "MFU for ZeRO-1 LLaMA-7B seq 4096 on one 8xA800 node (AMSP §II); checked by "
+                   "tests/calibration_test.cc. intra_node 0.82: the ring busbw fraction measured on 8xH100 "
+                   "(NVIDIA/nccl-tests#212), assumed "
+                   "to hold for NVLink3 too.") +
+           kCommonSources});
 
-  t.push_back({"h100-sxm",
-               {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps},
-               {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-               kNcclRingSimpleNvlinkLatency,
-               kNcclRingSimpleNetLatency,
-               std::string("peak 989 TFLOP/s dense bf16: NVIDIA H100 datasheet. 80 GiB, 3350 GB/s HBM3: NVIDIA H100 SXM "
-                           "datasheet. gemm 0.60: assumption (Hopper's peak grew 3.2x over A100 "
-                           "while HBM bandwidth grew 1.6x, so end-to-end training reaches a smaller fraction of "
-                           "peak than on A100; no single-node H100 MFU fact to calibrate against yet). "
-                           "intra_node 0.82: 370 of 450 GB/s ring busbw on 8xH100 (NVIDIA/nccl-tests#212).") +
-                   kCommonSources});
+  t.push_back(
+      {"h100-sxm",
+       {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps},
+       {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string("peak 989 TFLOP/s dense bf16: NVIDIA H100 datasheet. 80 GiB, 3350 GB/s HBM3: NVIDIA H100 SXM "
+                   "datasheet. gemm 0.60: assumption (Hopper's peak grew 3.2x over A100 "
+                   "while HBM bandwidth grew 1.6x, so end-to-end training reaches a smaller fraction of "
+                   "peak than on A100; no single-node H100 MFU fact to calibrate against yet). "
+                   "intra_node 0.82: 370 of 450 GB/s ring busbw on 8xH100 (NVIDIA/nccl-tests#212).") +
+           kCommonSources});
 
-  t.push_back({"h800-sxm",
-               {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps},
-               {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-               kNcclRingSimpleNvlinkLatency,
-               kNcclRingSimpleNetLatency,
-               std::string("peak 989 TFLOP/s, 80 GiB, 3350 GB/s: assumption (the H800 is the H100 SXM chip with "
-                           "NVLink capped at 400 GB/s bidirectional, so H100 compute and memory numbers). gemm "
-                           "0.60: assumption, same reasoning as h100-sxm. intra_node 0.82: the 8xH100 ring fraction (nccl-tests#212) "
-                           "measured on 8xH100, assumed to hold at the lower NVLink rate.") +
-                   kCommonSources});
+  t.push_back(
+      {"h800-sxm",
+       {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps},
+       {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string(
+           "peak 989 TFLOP/s, 80 GiB, 3350 GB/s: assumption (the H800 is the H100 SXM chip with "
+           "NVLink capped at 400 GB/s bidirectional, so H100 compute and memory numbers). gemm "
+           "0.60: assumption, same reasoning as h100-sxm. intra_node 0.82: the 8xH100 ring fraction (nccl-tests#212) "
+           "measured on 8xH100, assumed to hold at the lower NVLink rate.") +
+           kCommonSources});
 
-  t.push_back({"npu-910b",
-               {"npu-910b", 320 * kTflops, 64 * kGiB, 1600 * kGBps},
-               {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-               kNcclRingSimpleNvlinkLatency,
-               kNcclRingSimpleNetLatency,
-               std::string("AsyncHZP-like accelerator; ALL numbers are assumptions (no public datasheet). peak "
-                           "320 TFLOP/s: assumption (the dense fp16/bf16 figure commonly reported for Ascend 910B). "
-                           "64 GiB, 1600 GB/s: assumption (commonly reported 64 GB HBM2e at ~1.6 TB/s). gemm "
-                           "0.60: assumption (no single-node MFU fact; set to the Hopper value pending "
-                           "calibration). intra_node 0.82: assumption (the 8xH100 NVLink measurement of nccl-tests#212 applied "
-                           "to the full mesh). Latencies: assumption (NCCL's NVLINK/NET values applied to the full "
-                           "mesh and RoCE; HCCL's cost model is not public).") +
-                   kCommonSources});
+  t.push_back(
+      {"npu-910b",
+       {"npu-910b", 320 * kTflops, 64 * kGiB, 1600 * kGBps},
+       {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string("AsyncHZP-like accelerator; ALL numbers are assumptions (no public datasheet). peak "
+                   "320 TFLOP/s: assumption (the dense fp16/bf16 figure commonly reported for Ascend 910B). "
+                   "64 GiB, 1600 GB/s: assumption (commonly reported 64 GB HBM2e at ~1.6 TB/s). gemm "
+                   "0.60: assumption (no single-node MFU fact; set to the Hopper value pending "
+                   "calibration). intra_node 0.82: assumption (the 8xH100 NVLink measurement of nccl-tests#212 applied "
+                   "to the full mesh). Latencies: assumption (NCCL's NVLINK/NET values applied to the full "
+                   "mesh and RoCE; HCCL's cost model is not public).") +
+           kCommonSources});
   return t;
 }
 

@@ -11,10 +11,14 @@ namespace hzp {
 
 const char* to_string(CollectiveAlgorithm algorithm) {
   switch (algorithm) {
-    case CollectiveAlgorithm::kRing: return "ring";
-    case CollectiveAlgorithm::kDirect: return "direct";
-    case CollectiveAlgorithm::kHierarchical: return "hierarchical";
-    case CollectiveAlgorithm::kPairwise: return "pairwise";
+    case CollectiveAlgorithm::kRing:
+      return "ring";
+    case CollectiveAlgorithm::kDirect:
+      return "direct";
+    case CollectiveAlgorithm::kHierarchical:
+      return "hierarchical";
+    case CollectiveAlgorithm::kPairwise:
+      return "pairwise";
   }
   return "?";
 }
@@ -53,7 +57,9 @@ LinkParams link_params(const ClusterSpec& c, const GroupShape& shape) {
 
 namespace {
 
-bool full_mesh(const ClusterSpec& c) { return c.intra.topology == IntraNodeTopology::kFullMesh; }
+bool full_mesh(const ClusterSpec& c) {
+  return c.intra.topology == IntraNodeTopology::kFullMesh;
+}
 
 // One reduce-scatter or all-gather pass; the building block of every formula.
 double ring_pass(int p, double alpha, double bytes, double bandwidth) {
@@ -79,8 +85,8 @@ double ring_time(const ClusterSpec& c, CollectiveKind kind, double bytes, const 
   // Intra-node hops: a switch port carries every channel; on a full mesh channel k uses its own pair link,
   // so min(s0-1, channels) of the R-1 pair links carry the ring.
   if (s.ranks_per_node > 1)
-    bandwidth = std::min(bandwidth, full_mesh(c) ? l.intra * std::min(s.ranks_per_node - 1, s.nics) / (c.gpus_per_node - 1)
-                                                 : l.intra);
+    bandwidth = std::min(
+        bandwidth, full_mesh(c) ? l.intra * std::min(s.ranks_per_node - 1, s.nics) / (c.gpus_per_node - 1) : l.intra);
   if (kind == CollectiveKind::kBroadcast) return (p - 1) * l.alpha_inter + bytes / bandwidth;
   const double pass = ring_pass(p, l.alpha_inter, bytes, bandwidth);
   return kind == CollectiveKind::kAllReduce ? 2 * pass : pass;
@@ -135,10 +141,14 @@ double algorithm_time(const ClusterSpec& c, CollectiveAlgorithm algorithm, Colle
   if (s.size() <= 1 || bytes <= 0) return 0;
   const LinkParams l = link_params(c, s);
   switch (algorithm) {
-    case CollectiveAlgorithm::kRing: return ring_time(c, kind, bytes, s, l);
-    case CollectiveAlgorithm::kDirect: return intra_time(c, kind, bytes, s.size(), l);
-    case CollectiveAlgorithm::kHierarchical: return hierarchical_time(c, kind, bytes, s, l);
-    case CollectiveAlgorithm::kPairwise: return pairwise_time(c, bytes, s, l);
+    case CollectiveAlgorithm::kRing:
+      return ring_time(c, kind, bytes, s, l);
+    case CollectiveAlgorithm::kDirect:
+      return intra_time(c, kind, bytes, s.size(), l);
+    case CollectiveAlgorithm::kHierarchical:
+      return hierarchical_time(c, kind, bytes, s, l);
+    case CollectiveAlgorithm::kPairwise:
+      return pairwise_time(c, bytes, s, l);
   }
   return 0;
 }
@@ -146,9 +156,12 @@ double algorithm_time(const ClusterSpec& c, CollectiveAlgorithm algorithm, Colle
 CollectiveAlgorithm choose_algorithm(const ClusterSpec& c, CollectiveKind kind, double bytes, const GroupShape& s) {
   auto forced = [&]() -> std::optional<CollectiveAlgorithm> {
     switch (c.collective_algorithm) {
-      case CollectiveAlgorithmChoice::kRing: return CollectiveAlgorithm::kRing;
-      case CollectiveAlgorithmChoice::kHierarchical: return CollectiveAlgorithm::kHierarchical;
-      case CollectiveAlgorithmChoice::kAuto: return std::nullopt;
+      case CollectiveAlgorithmChoice::kRing:
+        return CollectiveAlgorithm::kRing;
+      case CollectiveAlgorithmChoice::kHierarchical:
+        return CollectiveAlgorithm::kHierarchical;
+      case CollectiveAlgorithmChoice::kAuto:
+        return std::nullopt;
     }
     return std::nullopt;
   }();
@@ -182,7 +195,8 @@ double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks) {
 }
 
 double compute_time(const ClusterSpec& c, double flops, double mem_bytes) {
-  return flops / (c.gpu.peak_flops * c.efficiency.gemm) + mem_bytes / (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
+  return flops / (c.gpu.peak_flops * c.efficiency.gemm) +
+         mem_bytes / (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
 }
 
 }  // namespace hzp

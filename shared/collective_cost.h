@@ -51,8 +51,8 @@ GroupShape group_shape(const ClusterSpec& cluster, const ProcessGroup& group);
 
 // The per-GPU bandwidths and latencies of the formulas above.
 struct LinkParams {
-  double intra = 0;      // B_i
-  double rail = 0;       // B_rail
+  double intra = 0;  // B_i
+  double rail = 0;   // B_rail
   double alpha_intra = 0;
   double alpha_inter = 0;
 };

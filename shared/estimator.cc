@@ -30,8 +30,9 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
   const DurationModel& source = durations ? *durations : roofline;
   Estimate est;
   for (size_t p = 0; p < schedule.programs.size(); ++p) {
-    const int rank = static_cast<int>(std::find(schedule.rank_program.begin(), schedule.rank_program.end(),
-                                                static_cast<int>(p)) - schedule.rank_program.begin());
+    const int rank =
+        static_cast<int>(std::find(schedule.rank_program.begin(), schedule.rank_program.end(), static_cast<int>(p)) -
+                         schedule.rank_program.begin());
     const std::vector<Op>& ops = schedule.programs[p].ops;
     std::vector<OpTiming> t(ops.size());
     std::vector<double> stream_free(schedule.streams.size(), 0.0);
@@ -44,10 +45,12 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
       t[i] = {start, start + dur};
       stream_free[op.stream] = t[i].end;
       end = std::max(end, t[i].end);
-      if (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body)) compute += dur;
+      if (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body))
+        compute += dur;
       if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
         const ProcessGroup& g = schedule.group_of(rank, c->role);
-        const double sent = collective_bytes_sent(c->kind, static_cast<double>(c->bytes), static_cast<int>(g.ranks.size()));
+        const double sent =
+            collective_bytes_sent(c->kind, static_cast<double>(c->bytes), static_cast<int>(g.ranks.size()));
         comm += dur;
         bytes += sent;
         // In a ring spanning n nodes, n of the p hops cross a NIC.

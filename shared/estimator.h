@@ -26,10 +26,10 @@ struct OpTiming {
 };
 
 struct Estimate : StepPerformance {
-  double comm_bytes_per_gpu = 0; // bytes sent per GPU per step (ring), summed over collectives
-  double comm_bytes_intra = 0;   // ... of which over intra-node links
-  double comm_bytes_inter = 0;   // ... of which over NICs
-  std::vector<OpTiming> timings; // per op of program 0
+  double comm_bytes_per_gpu = 0;  // bytes sent per GPU per step (ring), summed over collectives
+  double comm_bytes_intra = 0;    // ... of which over intra-node links
+  double comm_bytes_inter = 0;    // ... of which over NICs
+  std::vector<OpTiming> timings;  // per op of program 0
 };
 
 // Compute and optimizer ops take the time `durations` gives (the roofline when null).

@@ -16,7 +16,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 Status write_all(int fd, const std::string& text, const std::string& path) {
   std::size_t done = 0;
@@ -95,7 +97,8 @@ Status ensure_writable_dir(const std::string& dir, const std::string& what) {
   const std::string shown = what + " " + printable(dir, 200);
   std::error_code ec;
   if (dir.empty()) return Status::InvalidInput(what + ": empty path");
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) return Status::InvalidInput(shown + ": exists and is not a directory");
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    return Status::InvalidInput(shown + ": exists and is not a directory");
   fs::create_directories(dir, ec);
   if (ec) return Status::InvalidInput(shown + ": cannot create directory: " + ec.message());
   const fs::path probe = fs::path(dir) / (".hzp-write-probe-" + std::to_string(::getpid()));
@@ -110,8 +113,8 @@ std::string safe_file_name(const std::string& name) {
   std::string out;
   for (char c : name) {
     if (out.size() >= 100) break;
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-                    c == '_' || c == '.';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
     out += ok ? c : '_';
   }
   if (out.empty() || out == "." || out == "..") out = "_" + out;

@@ -13,11 +13,16 @@ bool ModelSpec::is_moe_layer(int layer) const {
 
 const char* to_string(ModuleKind kind) {
   switch (kind) {
-    case ModuleKind::kEmbedding: return "embedding";
-    case ModuleKind::kAttention: return "attention";
-    case ModuleKind::kMlp: return "mlp";
-    case ModuleKind::kMoe: return "moe";
-    case ModuleKind::kHead: return "head";
+    case ModuleKind::kEmbedding:
+      return "embedding";
+    case ModuleKind::kAttention:
+      return "attention";
+    case ModuleKind::kMlp:
+      return "mlp";
+    case ModuleKind::kMoe:
+      return "moe";
+    case ModuleKind::kHead:
+      return "head";
   }
   return "unknown";
 }
@@ -28,10 +33,14 @@ namespace {
 // Parameters
 // ---------------------------------------------------------------------------------------------------------
 
-bool has_biases(const ModelSpec& m) { return m.family == ModelFamily::kGpt; }
+bool has_biases(const ModelSpec& m) {
+  return m.family == ModelFamily::kGpt;
+}
 
 // RMSNorm has a weight only; LayerNorm a weight and a bias.
-std::int64_t norm_params(const ModelSpec& m) { return has_biases(m) ? 2 * m.hidden : m.hidden; }
+std::int64_t norm_params(const ModelSpec& m) {
+  return has_biases(m) ? 2 * m.hidden : m.hidden;
+}
 
 std::int64_t linear_params(const ModelSpec& m, std::int64_t in, std::int64_t out) {
   return in * out + (has_biases(m) ? out : 0);
@@ -55,7 +64,9 @@ std::int64_t attention_params(const ModelSpec& m) {
          linear_params(m, q_width, m.hidden);
 }
 
-std::int64_t dense_mlp_params(const ModelSpec& m) { return norm_params(m) + mlp_params(m, m.ffn_hidden); }
+std::int64_t dense_mlp_params(const ModelSpec& m) {
+  return norm_params(m) + mlp_params(m, m.ffn_hidden);
+}
 
 // The router has no bias in either family (Mixtral, Switch).
 std::int64_t moe_params(const ModelSpec& m) {
@@ -102,11 +113,15 @@ struct Traffic {
 
 // A norm reads x and writes y; its backward reads x and dy and writes dx (the weight-gradient reduction
 // happens in the same pass). The per-row statistics are a few bytes per token and are ignored.
-Traffic norm_traffic(const Dims& d) { return {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e}; }
+Traffic norm_traffic(const Dims& d) {
+  return {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e};
+}
 
 // Residual add reads two streams and writes one; in backward the block's input gradient is summed into the
 // skip path's gradient, which is the same shape of traffic.
-Traffic residual_traffic(const Dims& d) { return {3 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e}; }
+Traffic residual_traffic(const Dims& d) {
+  return {3 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e};
+}
 
 // SwiGLU reads gate and up and writes their product; backward reads both and dy, writes both gradients.
 // GELU reads one and writes one; backward reads x and dy, writes dx.
@@ -281,8 +296,8 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   // Norm input, norm output (router input), fp32 router probabilities, the permuted expert inputs, the
   // experts' intermediates, and their outputs (the combine's gate gradient needs them). Routing indices
   // are a few bytes per token and ignored.
-  const double saved_all = 2 * t * d.h * d.e + t * experts * 4 + routed * d.h * d.e +
-                           mlp_saved_bytes(d, routed, f) + routed * d.h * d.e;
+  const double saved_all =
+      2 * t * d.h * d.e + t * experts * 4 + routed * d.h * d.e + mlp_saved_bytes(d, routed, f) + routed * d.h * d.e;
   if (d.recompute == Recompute::kFull) {
     cost.activation_bytes = 0;
     cost.recompute_flops = cost.fwd_flops;
@@ -352,10 +367,10 @@ ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training) {
     const Dims full_set(model, no_recompute);
     for (int layer = 0; layer < model.layers; ++layer) {
       const double attention_all = attention_cost(full_set, layer).activation_bytes;
-      const double rebuilt = training.recompute == Recompute::kFull
-                                 ? attention_all + mlp_or_moe_cost(full_set, layer).activation_bytes -
-                                       d.tokens * d.h * d.e
-                                 : attention_all - attention_cost(d, layer).activation_bytes;
+      const double rebuilt =
+          training.recompute == Recompute::kFull
+              ? attention_all + mlp_or_moe_cost(full_set, layer).activation_bytes - d.tokens * d.h * d.e
+              : attention_all - attention_cost(d, layer).activation_bytes;
       transient = std::max(transient, rebuilt);
     }
   }

@@ -27,17 +27,17 @@ const char* to_string(ModuleKind kind);
 
 struct ModuleCost {
   ModuleKind kind = ModuleKind::kEmbedding;
-  int layer = -1;                 // -1 for embedding and head
-  std::int64_t params = 0;        // parameters owned by this module (a tied head owns only the final norm)
-  std::int64_t expert_params = 0; // of which expert weights (MoE: experts x one expert MLP), split by EP
-  double fwd_flops = 0;           // forward matmul FLOPs (incl. the MoE router; norms are costed in mem_bytes)
-  double fwd_mem_bytes = 0;       // forward memory-bound HBM bytes
-  double bwd_flops = 0;           // backward FLOPs, incl. flash-attention's recompute of scores
+  int layer = -1;                  // -1 for embedding and head
+  std::int64_t params = 0;         // parameters owned by this module (a tied head owns only the final norm)
+  std::int64_t expert_params = 0;  // of which expert weights (MoE: experts x one expert MLP), split by EP
+  double fwd_flops = 0;            // forward matmul FLOPs (incl. the MoE router; norms are costed in mem_bytes)
+  double fwd_mem_bytes = 0;        // forward memory-bound HBM bytes
+  double bwd_flops = 0;            // backward FLOPs, incl. flash-attention's recompute of scores
   double bwd_mem_bytes = 0;
-  double recompute_flops = 0;     // extra forward FLOPs redone before backward (selective/full recompute)
+  double recompute_flops = 0;  // extra forward FLOPs redone before backward (selective/full recompute)
   double recompute_mem_bytes = 0;
-  double activation_bytes = 0;    // saved for backward under the scenario's recompute setting
-  double model_flops = 0;         // MFU numerator contribution: fwd + bwd model FLOPs
+  double activation_bytes = 0;  // saved for backward under the scenario's recompute setting
+  double model_flops = 0;       // MFU numerator contribution: fwd + bwd model FLOPs
 };
 
 struct ModelCost {
@@ -55,10 +55,10 @@ ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training);
 // Parameter count of the whole model (== model_cost(...).params).
 std::int64_t parameter_count(const ModelSpec& model);
 
-// The closed form of docs/model_math.md (Megatron-LM, Narayanan et al. 2021, with GQA and SwiGLU terms) for model FLOPs of `sequences` sequences of `seq_len` tokens (fwd + bwd):
-// F = 12·B·s·L·h²·[(1 + n_kv/n_h + s/h)·(n_h·d_head/h) + (f/h)·topk·(3/2) + V/(2·L·h)].
-// For MoE models with MoE in every layer, f is the expert width and topk the routing fan-out; with a mix of
-// dense and MoE layers the MLP term is averaged over layers.
+// The closed form of docs/model_math.md (Megatron-LM, Narayanan et al. 2021, with GQA and SwiGLU terms) for model FLOPs
+// of `sequences` sequences of `seq_len` tokens (fwd + bwd): F = 12·B·s·L·h²·[(1 + n_kv/n_h + s/h)·(n_h·d_head/h) +
+// (f/h)·topk·(3/2) + V/(2·L·h)]. For MoE models with MoE in every layer, f is the expert width and topk the routing
+// fan-out; with a mix of dense and MoE layers the MLP term is averaged over layers.
 double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::int64_t seq_len);
 
 }  // namespace hzp

@@ -14,8 +14,14 @@ void PerfettoTimeline::thread(int pid, int tid, const std::string& name) {
 
 void PerfettoTimeline::span(int pid, int tid, const std::string& name, const char* category, double start_us,
                             double duration_us, nlohmann::json args) {
-  events_.push_back({{"name", name}, {"cat", category}, {"ph", "X"}, {"pid", pid}, {"tid", tid}, {"ts", start_us},
-                     {"dur", duration_us}, {"args", std::move(args)}});
+  events_.push_back({{"name", name},
+                     {"cat", category},
+                     {"ph", "X"},
+                     {"pid", pid},
+                     {"tid", tid},
+                     {"ts", start_us},
+                     {"dur", duration_us},
+                     {"args", std::move(args)}});
 }
 
 nlohmann::json PerfettoTimeline::to_json(nlohmann::json other) && {

@@ -10,7 +10,7 @@ namespace hzp {
 
 class PerfettoTimeline {
  public:
-  void process(int pid, const std::string& name);               // sorted by pid in the UI
+  void process(int pid, const std::string& name);  // sorted by pid in the UI
   void thread(int pid, int tid, const std::string& name);
   void span(int pid, int tid, const std::string& name, const char* category, double start_us, double duration_us,
             nlohmann::json args);

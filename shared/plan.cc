@@ -38,8 +38,9 @@ Result<Plan> plan_presets(const Scenario& scenario) {
     scenario_is_listed = scenario_is_listed || variant.policy.sharding == scenario.policy.sharding;
     variants.push_back(std::move(variant));
   }
-  if (!scenario_is_listed && policy_registry().end() != std::find_if(policy_registry().begin(), policy_registry().end(),
-      [&](const PolicyEntry& e) { return scenario.policy.preset == e.name; }))
+  if (!scenario_is_listed &&
+      policy_registry().end() != std::find_if(policy_registry().begin(), policy_registry().end(),
+                                              [&](const PolicyEntry& e) { return scenario.policy.preset == e.name; }))
     variants.insert(variants.begin(), scenario);
 
   for (const Scenario& variant : variants) {
@@ -57,7 +58,9 @@ Result<Plan> plan_presets(const Scenario& scenario) {
 }
 
 namespace {
-nlohmann::json group_json(ShardGroup g) { return nlohmann::json::array({g.s0, g.s1}); }
+nlohmann::json group_json(ShardGroup g) {
+  return nlohmann::json::array({g.s0, g.s1});
+}
 }  // namespace
 
 nlohmann::json plan_to_json(const Scenario& scenario, const Plan& plan) {
@@ -66,11 +69,17 @@ nlohmann::json plan_to_json(const Scenario& scenario, const Plan& plan) {
     const Estimate& e = c.estimate;
     candidates.push_back({
         {"policy", c.policy},
-        {"sharding", {{"params", group_json(c.sharding.params)}, {"grads", group_json(c.sharding.grads)},
-                      {"optimizer", group_json(c.sharding.optimizer)}}},
-        {"memory_bytes_per_gpu", {{"params", e.memory.params}, {"grads", e.memory.grads},
-                                  {"optimizer", e.memory.optimizer}, {"activations", e.memory.activations},
-                                  {"buffers", e.memory.buffers}, {"total", e.memory.total()}}},
+        {"sharding",
+         {{"params", group_json(c.sharding.params)},
+          {"grads", group_json(c.sharding.grads)},
+          {"optimizer", group_json(c.sharding.optimizer)}}},
+        {"memory_bytes_per_gpu",
+         {{"params", e.memory.params},
+          {"grads", e.memory.grads},
+          {"optimizer", e.memory.optimizer},
+          {"activations", e.memory.activations},
+          {"buffers", e.memory.buffers},
+          {"total", e.memory.total()}}},
         {"comm_bytes_per_gpu", e.comm_bytes_per_gpu},
         {"comm_bytes_per_gpu_intra_node", e.comm_bytes_intra},
         {"comm_bytes_per_gpu_inter_node", e.comm_bytes_inter},
@@ -92,10 +101,11 @@ std::string plan_table(const Scenario& scenario, const Plan& plan) {
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "scenario %s: %s on %d x %d %s, seq %lld, micro-batch %lld, %lld micro-batches/step\n",
-                scenario.name.c_str(), scenario.model.name.c_str(), scenario.cluster.nodes, scenario.cluster.gpus_per_node,
-                scenario.cluster.gpu.type.c_str(), static_cast<long long>(scenario.training.seq_len),
-                static_cast<long long>(scenario.training.micro_batch), static_cast<long long>(scenario.grad_accum_steps()));
+  std::snprintf(
+      line, sizeof line, "scenario %s: %s on %d x %d %s, seq %lld, micro-batch %lld, %lld micro-batches/step\n",
+      scenario.name.c_str(), scenario.model.name.c_str(), scenario.cluster.nodes, scenario.cluster.gpus_per_node,
+      scenario.cluster.gpu.type.c_str(), static_cast<long long>(scenario.training.seq_len),
+      static_cast<long long>(scenario.training.micro_batch), static_cast<long long>(scenario.grad_accum_steps()));
   out += line;
   out += std::string(kShardingLegend) + "; memory in GiB (2^30 bytes) per GPU of " +
          std::to_string(static_cast<int>(scenario.cluster.gpu.memory_bytes / GiB)) +

@@ -51,7 +51,8 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
                           bytes.optimizer * psi / sharding.optimizer.size();
     if (scenario.policy.expert_parallel == 1 &&
         states + cost.activation_bytes + cost.transient_bytes > c.gpu.memory_bytes) {
-      result.rejected_memory += static_cast<long long>(options.prefetch_depths.size() * options.separate_streams.size());
+      result.rejected_memory +=
+          static_cast<long long>(options.prefetch_depths.size() * options.separate_streams.size());
       done += static_cast<long long>(options.prefetch_depths.size() * options.separate_streams.size());
       continue;
     }

@@ -33,11 +33,11 @@ struct SearchResult {
                                         // a deeper prefetch with the same estimate as a shallower one is dropped
   // Every enumerated candidate lands in exactly one of the last four counts:
   //   candidates == rejected_memory + rejected_invalid + redundant + ranked.size()
-  long long candidates = 0;             // shardings x prefetch depths x stream settings
-  long long estimated = 0;              // built and estimated (the rest failed on model states alone)
-  long long rejected_memory = 0;        // do not fit: model states alone, or the estimate's peak
-  long long rejected_invalid = 0;       // refused by the scheduler (e.g. uneven expert groups)
-  long long redundant = 0;              // fit, but estimate the same as a shallower prefetch of the same policy
+  long long candidates = 0;        // shardings x prefetch depths x stream settings
+  long long estimated = 0;         // built and estimated (the rest failed on model states alone)
+  long long rejected_memory = 0;   // do not fit: model states alone, or the estimate's peak
+  long long rejected_invalid = 0;  // refused by the scheduler (e.g. uneven expert groups)
+  long long redundant = 0;         // fit, but estimate the same as a shallower prefetch of the same policy
 };
 
 // For "sharding": "auto": replaces the scenario's policy by the search's analytic best (groups, prefetch,

@@ -16,19 +16,51 @@ const std::vector<PolicyEntry>& policy_registry() {
   // policy.overlap.separate_streams = false and prefetch_depth = 0 (then the schedule is the synchronous one).
   constexpr SchedulerOptions kAsync{.dedicated_refresh_stream = true, .backward_module_gather = true};
   static const std::vector<PolicyEntry> table = {
-      {"ddp", "replicated P, G, OS; gradient all-reduce in buckets", S::kReplica, S::kReplica, S::kReplica, {}, true, true},
+      {"ddp",
+       "replicated P, G, OS; gradient all-reduce in buckets",
+       S::kReplica,
+       S::kReplica,
+       S::kReplica,
+       {},
+       true,
+       true},
       {"zero1", "optimizer states sharded over all GPUs", S::kReplica, S::kReplica, S::kFull, {}, true, true},
-      {"zero2", "gradients and optimizer states sharded over all GPUs", S::kReplica, S::kFull, S::kFull, {}, true, true},
-      {"zero3", "P, G, OS sharded over all GPUs; per-layer all-gather with prefetch", S::kFull, S::kFull, S::kFull, {},
-       true, true},
+      {"zero2",
+       "gradients and optimizer states sharded over all GPUs",
+       S::kReplica,
+       S::kFull,
+       S::kFull,
+       {},
+       true,
+       true},
+      {"zero3",
+       "P, G, OS sharded over all GPUs; per-layer all-gather with prefetch",
+       S::kFull,
+       S::kFull,
+       S::kFull,
+       {},
+       true,
+       true},
       {"fsdp", "alias of zero3", S::kFull, S::kFull, S::kFull, {}, false, true},
-      {"hsdp", "P, G, OS sharded inside the node, replicated across nodes (MiCS, FSDP HYBRID_SHARD)", S::kNode, S::kNode,
-       S::kNode, {}, true, true},
+      {"hsdp",
+       "P, G, OS sharded inside the node, replicated across nodes (MiCS, FSDP HYBRID_SHARD)",
+       S::kNode,
+       S::kNode,
+       S::kNode,
+       {},
+       true,
+       true},
       {"mics", "alias of hsdp", S::kNode, S::kNode, S::kNode, {}, false, true},
-      {"zeropp", "ZeRO-3 + secondary intra-node parameter copy for backward all-gathers (ZeRO++ hpZ)", S::kFull, S::kFull,
-       S::kFull, kHpz, true, true},
-      {"amsp", "explicit (s_p, s_g, s_os) partial sharding, or the planner's pick", S::kExplicit, S::kExplicit,
-       S::kExplicit, {}, false, true},
+      {"zeropp", "ZeRO-3 + secondary intra-node parameter copy for backward all-gathers (ZeRO++ hpZ)", S::kFull,
+       S::kFull, S::kFull, kHpz, true, true},
+      {"amsp",
+       "explicit (s_p, s_g, s_os) partial sharding, or the planner's pick",
+       S::kExplicit,
+       S::kExplicit,
+       S::kExplicit,
+       {},
+       false,
+       true},
       {"asynchzp", "AsyncHZP: per-state groups, one stream per communication kind, fixed buffer pools", S::kNode,
        S::kNode, S::kFull, kAsync, true, true},
       {"custom", "explicit sharding without a preset", S::kExplicit, S::kExplicit, S::kExplicit, {}, false, false},
@@ -44,7 +76,8 @@ const PolicyEntry* find_policy(std::string_view name) {
 
 Result<Schedule> build_schedule(const Scenario& scenario, const ModelCost& cost) {
   const PolicyEntry* entry = find_policy(scenario.policy.preset);
-  if (entry == nullptr) return Status::InvalidInput("policy.preset: no scheduler for \"" + scenario.policy.preset + "\"");
+  if (entry == nullptr)
+    return Status::InvalidInput("policy.preset: no scheduler for \"" + scenario.policy.preset + "\"");
   return build_data_parallel_schedule(scenario, cost, entry->name, entry->options);
 }
 

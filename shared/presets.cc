@@ -1,4 +1,5 @@
-// Built-in presets: the model, cluster and sharding-policy tables, and AMSP's sharding validity rules (arXiv 2311.00257 §III).
+// Built-in presets: the model, cluster and sharding-policy tables, and AMSP's sharding validity rules (arXiv 2311.00257
+// §III).
 #include "shared/presets.h"
 
 #include <algorithm>
@@ -18,7 +19,6 @@ std::string show(const ShardGroup& g) {
 // ---------------------------------------------------------------------------------------------------------
 // Models (numbers from the papers / Hugging Face configs)
 // ---------------------------------------------------------------------------------------------------------
-
 
 ModelSpec with_moe(ModelSpec m, const char* name, int experts, int top_k, std::int64_t expert_ffn) {
   m.name = name;
@@ -74,7 +74,8 @@ struct ClusterRow {
   // dgx-h100: NVIDIA DGX H100 datasheet (NVLink 900 GB/s bidirectional, 8x 400 Gb/s NDR).
   // h800:     NVIDIA H800 SXM datasheet (NVLink 400 GB/s bidirectional); 8x 400 Gb/s NICs is an
   //           assumption (the DGX H100 NIC complement, which H800 servers copy).
-  // npu-16:   AsyncHZP's evaluation (arXiv 2510.20111: 16 accelerators per node, full mesh at 400 GB/s bidirectional, RoCE 200 Gb/s);
+  // npu-16:   AsyncHZP's evaluation (arXiv 2510.20111: 16 accelerators per node, full mesh at 400 GB/s bidirectional,
+  // RoCE 200 Gb/s);
   //           8 NICs per node is an assumption (one NIC per two accelerators; AsyncHZP does not state it).
 };
 
@@ -105,7 +106,7 @@ ShardGroup group_for(ShardScope scope, int gpus_per_node, int nodes) {
 }  // namespace
 
 ModelSpec llama_model(std::string_view name, int layers, std::int64_t hidden, int heads, int kv_heads, std::int64_t ffn,
-                std::int64_t vocab, std::int64_t max_positions) {
+                      std::int64_t vocab, std::int64_t max_positions) {
   ModelSpec m;
   m.name = std::string(name);
   m.family = ModelFamily::kLlama;

@@ -16,8 +16,8 @@ Result<ModelSpec> model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 
 // A LLaMA-family model (RoPE, SwiGLU, untied embeddings): the shape every LLaMA preset is built from.
-ModelSpec llama_model(std::string_view name, int layers, std::int64_t hidden, int heads, int kv_heads,
-                      std::int64_t ffn, std::int64_t vocab, std::int64_t max_positions);
+ModelSpec llama_model(std::string_view name, int layers, std::int64_t hidden, int heads, int kv_heads, std::int64_t ffn,
+                      std::int64_t vocab, std::int64_t max_positions);
 
 // Clusters: dgx-a100, a800, dgx-h100, h800, npu-16 (16 accelerators per node, full mesh, RoCE).
 // `nodes` is left at the preset's default (1); scenarios override it. Efficiencies come from
@@ -37,8 +37,8 @@ InterNodeSpec default_inter_node();
 Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes);
 std::vector<std::string> policy_preset_names();
 
-// AMSP's validity rules (arXiv 2311.00257 §III) for explicit sharding on a gpus_per_node x nodes data-parallel group. `path` is
-// the JSON path prefix used in messages (e.g. "policy.sharding").
+// AMSP's validity rules (arXiv 2311.00257 §III) for explicit sharding on a gpus_per_node x nodes data-parallel group.
+// `path` is the JSON path prefix used in messages (e.g. "policy.sharding").
 Status check_sharding(const ShardingSpec& sharding, int gpus_per_node, int nodes, std::string_view path);
 
 }  // namespace hzp

@@ -14,8 +14,8 @@ ParallelMesh Scenario::mesh() const {
 
 std::string ParallelMesh::describe() const {
   std::string s = "data " + std::to_string(data) + " x tensor " + std::to_string(tensor) + " x pipeline " +
-                  std::to_string(pipeline) + " x context " + std::to_string(context) + " = " +
-                  std::to_string(world()) + " GPUs";
+                  std::to_string(pipeline) + " x context " + std::to_string(context) + " = " + std::to_string(world()) +
+                  " GPUs";
   if (expert > 1) s += ", expert " + std::to_string(expert) + " (inside data)";
   return s;
 }

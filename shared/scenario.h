@@ -21,24 +21,24 @@ enum class ModelFamily { kLlama, kGpt };
 enum class PositionEmbedding { kRope, kLearned, kAlibi };
 
 struct MoeSpec {
-  int experts = 0;                    // E experts per MoE layer
-  int top_k = 0;                      // experts each token is routed to
-  std::int64_t expert_ffn_hidden = 0; // SwiGLU / GELU width of one expert
-  std::vector<int> layers;            // indices of MoE layers (sorted, unique); the parser expands "all"
+  int experts = 0;                     // E experts per MoE layer
+  int top_k = 0;                       // experts each token is routed to
+  std::int64_t expert_ffn_hidden = 0;  // SwiGLU / GELU width of one expert
+  std::vector<int> layers;             // indices of MoE layers (sorted, unique); the parser expands "all"
 };
 
 struct ModelSpec {
-  std::string name;                   // preset name or "custom"
+  std::string name;  // preset name or "custom"
   ModelFamily family = ModelFamily::kLlama;
   int layers = 0;
   std::int64_t hidden = 0;
   int heads = 0;
-  int kv_heads = 0;                   // == heads for multi-head attention; fewer for GQA/MQA
-  std::int64_t ffn_hidden = 0;        // dense MLP width
+  int kv_heads = 0;             // == heads for multi-head attention; fewer for GQA/MQA
+  std::int64_t ffn_hidden = 0;  // dense MLP width
   std::int64_t vocab = 0;
-  bool tied_embeddings = false;       // head shares the embedding matrix
+  bool tied_embeddings = false;  // head shares the embedding matrix
   PositionEmbedding position = PositionEmbedding::kRope;
-  std::int64_t max_positions = 0;     // rows of the learned position table (kLearned only)
+  std::int64_t max_positions = 0;  // rows of the learned position table (kLearned only)
   bool has_moe = false;
   MoeSpec moe;
 
@@ -64,33 +64,33 @@ struct Efficiency {
 };
 
 struct GpuSpec {
-  std::string type;              // key into the calibration table, e.g. "a100-80gb"
-  double peak_flops = 0;         // dense bf16 FLOP/s
-  double memory_bytes = 0;       // HBM capacity
+  std::string type;         // key into the calibration table, e.g. "a100-80gb"
+  double peak_flops = 0;    // dense bf16 FLOP/s
+  double memory_bytes = 0;  // HBM capacity
   double hbm_bytes_per_s = 0;
 };
 
 struct IntraNodeSpec {
   IntraNodeTopology topology = IntraNodeTopology::kSwitch;
-  double bytes_per_s = 0;        // per GPU, per direction (NVLink "600 GB/s bidirectional" = 300e9)
+  double bytes_per_s = 0;  // per GPU, per direction (NVLink "600 GB/s bidirectional" = 300e9)
   double latency_s = 0;
 };
 
 struct NicSpec {
   int per_node = 0;
-  double bytes_per_s = 0;        // per NIC, per direction (200 Gb/s HDR = 25e9)
-  double latency_s = 0;          // one hop GPU -> NIC -> switch -> NIC -> GPU, excluding switch hops
+  double bytes_per_s = 0;  // per NIC, per direction (200 Gb/s HDR = 25e9)
+  double latency_s = 0;    // one hop GPU -> NIC -> switch -> NIC -> GPU, excluding switch hops
   NicMapping mapping = NicMapping::kRail;
 };
 
 struct InterNodeSpec {
-  int leaf_size = 0;             // nodes under one leaf switch
-  double oversubscription = 1;   // leaf downlink : uplink bandwidth ratio (1 = non-blocking)
-  double switch_latency_s = 0;   // per switch traversed
+  int leaf_size = 0;            // nodes under one leaf switch
+  double oversubscription = 1;  // leaf downlink : uplink bandwidth ratio (1 = non-blocking)
+  double switch_latency_s = 0;  // per switch traversed
 };
 
 struct ClusterSpec {
-  std::string name;              // preset name or "custom"
+  std::string name;  // preset name or "custom"
   int nodes = 0;
   int gpus_per_node = 0;
   GpuSpec gpu;
@@ -112,10 +112,10 @@ enum class Recompute { kNone, kSelective, kFull };
 
 struct TrainingSpec {
   std::int64_t seq_len = 0;
-  std::int64_t micro_batch = 0;       // sequences per GPU per micro-batch
-  std::int64_t global_batch = 0;      // sequences per optimizer step (the parser converts tokens)
+  std::int64_t micro_batch = 0;   // sequences per GPU per micro-batch
+  std::int64_t global_batch = 0;  // sequences per optimizer step (the parser converts tokens)
   Precision precision = Precision::kBf16;
-  std::string optimizer = "adamw";    // only AdamW is modelled
+  std::string optimizer = "adamw";  // only AdamW is modelled
   Recompute recompute = Recompute::kNone;
   bool flash_attention = true;
   // Clip gradients to this global L2 norm (0 = no clipping). The norm spans every shard, so the schedule
@@ -126,17 +126,17 @@ struct TrainingSpec {
 // Settings only the runtime reads (runtime/): the optimizer's hyper-parameters, the step count, seeding,
 // evaluation and checkpoints. The simulator ignores them. Defaults suit the tiny models in scenarios/runtime.
 struct RunSpec {
-  std::int64_t steps = 100;           // optimizer steps to train
-  double lr = 3e-3;                   // peak learning rate
-  double min_lr = 3e-4;               // cosine decays to this at `steps`
-  std::int64_t warmup_steps = 10;     // linear warm-up from 0
-  double weight_decay = 0.1;          // AdamW, matrices only
+  std::int64_t steps = 100;        // optimizer steps to train
+  double lr = 3e-3;                // peak learning rate
+  double min_lr = 3e-4;            // cosine decays to this at `steps`
+  std::int64_t warmup_steps = 10;  // linear warm-up from 0
+  double weight_decay = 0.1;       // AdamW, matrices only
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  std::int64_t seed = 1234;           // weights and data order
-  std::int64_t eval_interval = 0;     // validation loss every N steps (0 = only at the end)
-  std::int64_t eval_batches = 4;      // validation micro-batches per rank per evaluation
+  std::int64_t seed = 1234;              // weights and data order
+  std::int64_t eval_interval = 0;        // validation loss every N steps (0 = only at the end)
+  std::int64_t eval_batches = 4;         // validation micro-batches per rank per evaluation
   std::int64_t checkpoint_interval = 0;  // write a checkpoint every N steps (0 = only at the end, if asked)
 };
 
@@ -144,8 +144,8 @@ struct RunSpec {
 // Policy
 // ---------------------------------------------------------------------------------------------------------
 
-// A sharding group for one state, in the notation of the AMSP paper (Chen et al. 2023, arXiv 2311.00257, §III): s0 GPUs inside a node x s1 nodes.
-// (1,1) = replicated; (gpus_per_node, nodes) = fully sharded over the data-parallel group.
+// A sharding group for one state, in the notation of the AMSP paper (Chen et al. 2023, arXiv 2311.00257, §III): s0 GPUs
+// inside a node x s1 nodes. (1,1) = replicated; (gpus_per_node, nodes) = fully sharded over the data-parallel group.
 struct ShardGroup {
   int s0 = 1;
   int s1 = 1;
@@ -161,14 +161,14 @@ struct ShardingSpec {
 };
 
 struct OverlapSpec {
-  int prefetch_depth = 1;             // layers of parameter all-gather issued ahead of compute (0 = none)
-  std::int64_t bucket_bytes = 0;      // gradient bucket for DDP-style all-reduce / reduce-scatter
-  bool separate_streams = true;       // false: every collective runs on the compute stream (no overlap)
+  int prefetch_depth = 1;         // layers of parameter all-gather issued ahead of compute (0 = none)
+  std::int64_t bucket_bytes = 0;  // gradient bucket for DDP-style all-reduce / reduce-scatter
+  bool separate_streams = true;   // false: every collective runs on the compute stream (no overlap)
 };
 
 struct PolicySpec {
-  std::string preset;                 // "ddp", "zero1", ..., or "custom" when only explicit sharding given
-  ShardingSpec sharding;              // always resolved (presets are expanded by the parser)
+  std::string preset;     // "ddp", "zero1", ..., or "custom" when only explicit sharding given
+  ShardingSpec sharding;  // always resolved (presets are expanded by the parser)
   OverlapSpec overlap;
   // Expert parallelism for MoE layers: each expert lives on one of `expert_parallel` consecutive ranks
   // (1 = every rank holds every expert). Expert states are then sharded like the dense ones but only over
@@ -195,7 +195,7 @@ struct ParallelMesh {
 };
 
 struct Scenario {
-  std::string name;                   // optional "name" key, else the file stem
+  std::string name;  // optional "name" key, else the file stem
   ModelSpec model;
   ClusterSpec cluster;
   TrainingSpec training;

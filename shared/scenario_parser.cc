@@ -60,16 +60,16 @@ constexpr std::int64_t kExperts = 4096;
 constexpr std::int64_t kTopK = 256;
 constexpr std::int64_t kNodes = 1 << 17;
 constexpr std::int64_t kGpusPerNode = 1024;
-constexpr std::int64_t kFullMeshGpus = 64;          // a full mesh of R GPUs has R(R-1)/2 links
-constexpr std::int64_t kWorld = 1 << 18;            // GPUs in all: above the largest clusters built (~200 k)
+constexpr std::int64_t kFullMeshGpus = 64;  // a full mesh of R GPUs has R(R-1)/2 links
+constexpr std::int64_t kWorld = 1 << 18;    // GPUs in all: above the largest clusters built (~200 k)
 constexpr std::int64_t kNics = 64;
 constexpr std::int64_t kLeafSize = 1 << 16;
 constexpr std::int64_t kSeqLen = 1 << 22;
 constexpr std::int64_t kMicroBatch = 1 << 16;
-constexpr std::int64_t kMicroBatchTokens = 1 << 26; // micro_batch x seq_len
+constexpr std::int64_t kMicroBatchTokens = 1 << 26;  // micro_batch x seq_len
 constexpr std::int64_t kGlobalSequences = 1ll << 40;
 constexpr std::int64_t kMicroBatchesPerStep = 1 << 16;
-constexpr std::int64_t kUnitPasses = 1 << 16;       // micro-batches per step x (layers + 2)
+constexpr std::int64_t kUnitPasses = 1 << 16;  // micro-batches per step x (layers + 2)
 constexpr std::int64_t kPrefetch = 64;
 constexpr std::int64_t kSteps = 1'000'000'000;
 constexpr std::int64_t kEvalBatches = 100'000;
@@ -95,7 +95,8 @@ Status invalid(const std::string& path, const std::string& what, const json& got
 Result<std::int64_t> as_int(const json& v, const std::string& path, std::int64_t min, std::int64_t max) {
   if (!v.is_number_integer()) return invalid(path, "must be an integer", v);
   const std::string range = "must be an integer in [" + std::to_string(min) + ", " + std::to_string(max) + "]";
-  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max)) return invalid(path, range, v);
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(max))
+    return invalid(path, range, v);
   const std::int64_t x = v.get<std::int64_t>();
   if (x < min || x > max) return invalid(path, range, v);
   return x;
@@ -134,7 +135,8 @@ class ObjectReader {
     if (!value.is_object()) return invalid(shown, "must be an object", value);
     for (const auto& item : value.items()) {
       if (std::find(keys.begin(), keys.end(), item.key()) == keys.end())
-        return invalid(join_path(path, printable(item.key(), 60)), "unknown key; known keys of " + shown + ": " + join(keys));
+        return invalid(join_path(path, printable(item.key(), 60)),
+                       "unknown key; known keys of " + shown + ": " + join(keys));
     }
     return ObjectReader(value, path);
   }
@@ -384,10 +386,10 @@ Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& g
 }
 
 Result<ClusterSpec> parse_cluster(const json& value) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "cluster",
-                                                          {"name", "preset", "nodes", "gpus_per_node", "gpu",
-                                                           "intra_node", "nic", "inter_node", "efficiency",
-                                                           "collective_algorithm"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       ObjectReader::open(value, "cluster",
+                                          {"name", "preset", "nodes", "gpus_per_node", "gpu", "intra_node", "nic",
+                                           "inter_node", "efficiency", "collective_algorithm"}));
   ClusterSpec c;
   const bool from_preset = r.has("preset");
   if (from_preset) {
@@ -478,9 +480,9 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(eff.read_number("inter_node", c.efficiency.inter_node, kOne, kFraction));
   }
 
-  HZP_RETURN_IF_ERROR(r.read_enum("collective_algorithm", c.collective_algorithm,
-                                  {CollectiveAlgorithmChoice::kAuto, CollectiveAlgorithmChoice::kRing,
-                                   CollectiveAlgorithmChoice::kHierarchical}));
+  HZP_RETURN_IF_ERROR(r.read_enum(
+      "collective_algorithm", c.collective_algorithm,
+      {CollectiveAlgorithmChoice::kAuto, CollectiveAlgorithmChoice::kRing, CollectiveAlgorithmChoice::kHierarchical}));
 
   if (c.intra.topology == IntraNodeTopology::kFullMesh && c.gpus_per_node > range::kFullMeshGpus)
     return invalid("cluster.gpus_per_node",
@@ -548,7 +550,8 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
                      std::to_string(tokens) + " is not a multiple of seq_len (" + std::to_string(t.seq_len) + ")");
     t.global_batch = tokens / t.seq_len;
     if (t.global_batch > range::kGlobalSequences)
-      return invalid(batch_path, "is more than " + std::to_string(range::kGlobalSequences) + " sequences", r.at("global_batch_tokens"));
+      return invalid(batch_path, "is more than " + std::to_string(range::kGlobalSequences) + " sequences",
+                     r.at("global_batch_tokens"));
     shown = std::to_string(tokens) + " tokens = " + std::to_string(t.global_batch) + " sequences";
   } else {
     HZP_RETURN_IF_ERROR(r.read_int("global_batch_sequences", t.global_batch, 1, range::kGlobalSequences));
@@ -585,7 +588,8 @@ Result<RunSpec> parse_run(const json& value) {
   HZP_RETURN_IF_ERROR(r.read_int("eval_interval", run.eval_interval, 0, range::kSteps));
   HZP_RETURN_IF_ERROR(r.read_int("eval_batches", run.eval_batches, 1, range::kEvalBatches));
   HZP_RETURN_IF_ERROR(r.read_int("checkpoint_interval", run.checkpoint_interval, 0, range::kSteps));
-  if (run.min_lr > run.lr) return invalid(r.path_of("min_lr"), "must not exceed lr (" + std::to_string(run.lr) + ")", run.min_lr);
+  if (run.min_lr > run.lr)
+    return invalid(r.path_of("min_lr"), "must not exceed lr (" + std::to_string(run.lr) + ")", run.min_lr);
   return run;
 }
 
@@ -654,7 +658,8 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     if (ep <= gpus_per_node ? gpus_per_node % ep != 0 : ep % gpus_per_node != 0 || nodes % (ep / gpus_per_node) != 0)
       return invalid(at,
                      "must divide the " + std::to_string(gpus_per_node) +
-                         " GPUs per node, or be a whole number of nodes dividing the " + std::to_string(nodes) + " nodes",
+                         " GPUs per node, or be a whole number of nodes dividing the " + std::to_string(nodes) +
+                         " nodes",
                      ep);
   }
   return p;
@@ -682,7 +687,8 @@ json group_json(const ShardGroup& g) {
 }  // namespace
 
 Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(doc, "", {"name", "model", "cluster", "training", "policy", "run"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       ObjectReader::open(doc, "", {"name", "model", "cluster", "training", "policy", "run"}));
   for (const char* key : {"model", "cluster", "training", "policy"}) HZP_RETURN_IF_ERROR(r.require(key));
   Scenario s;
   s.name = std::string(name);
@@ -725,7 +731,8 @@ Result<Scenario> load_scenario_file(const std::string& path) {
   Result<Scenario> s = parse_scenario_text(text, stem);
   // Syntax errors have no JSON path to lead with, so they lead with the file instead.
   const std::string& m = s.status().message();
-  if (!s.ok() && (m.rfind("malformed JSON", 0) == 0 || m.rfind("empty document", 0) == 0 || m.rfind("document of", 0) == 0))
+  if (!s.ok() &&
+      (m.rfind("malformed JSON", 0) == 0 || m.rfind("empty document", 0) == 0 || m.rfind("document of", 0) == 0))
     return Status::InvalidInput(printable(path, 200) + ": " + m);
   return s;
 }
@@ -801,12 +808,18 @@ nlohmann::json scenario_to_json(const Scenario& s) {
   };
   const RunSpec& u = s.run;
   json run = {
-      {"steps", u.steps},           {"lr", u.lr},
-      {"min_lr", u.min_lr},         {"warmup_steps", u.warmup_steps},
-      {"weight_decay", u.weight_decay}, {"beta1", u.beta1},
-      {"beta2", u.beta2},           {"eps", u.eps},
-      {"seed", u.seed},             {"eval_interval", u.eval_interval},
-      {"eval_batches", u.eval_batches}, {"checkpoint_interval", u.checkpoint_interval},
+      {"steps", u.steps},
+      {"lr", u.lr},
+      {"min_lr", u.min_lr},
+      {"warmup_steps", u.warmup_steps},
+      {"weight_decay", u.weight_decay},
+      {"beta1", u.beta1},
+      {"beta2", u.beta2},
+      {"eps", u.eps},
+      {"seed", u.seed},
+      {"eval_interval", u.eval_interval},
+      {"eval_batches", u.eval_batches},
+      {"checkpoint_interval", u.checkpoint_interval},
   };
 
   const PolicySpec& p = s.policy;
@@ -823,8 +836,8 @@ nlohmann::json scenario_to_json(const Scenario& s) {
   };
   if (p.preset != "custom") policy["preset"] = p.preset;
 
-  return {{"name", s.name}, {"model", model}, {"cluster", cluster}, {"training", training}, {"policy", policy},
-          {"run", run}};
+  return {{"name", s.name},       {"model", model},   {"cluster", cluster},
+          {"training", training}, {"policy", policy}, {"run", run}};
 }
 
 }  // namespace hzp

@@ -10,84 +10,129 @@ namespace hzp {
 
 const char* to_string(Phase v) {
   switch (v) {
-    case Phase::kForward: return "fwd";
-    case Phase::kBackward: return "bwd";
-    case Phase::kRecompute: return "recompute";
+    case Phase::kForward:
+      return "fwd";
+    case Phase::kBackward:
+      return "bwd";
+    case Phase::kRecompute:
+      return "recompute";
   }
   return "?";
 }
 
 const char* to_string(CollectiveKind v) {
   switch (v) {
-    case CollectiveKind::kAllGather: return "all_gather";
-    case CollectiveKind::kReduceScatter: return "reduce_scatter";
-    case CollectiveKind::kAllReduce: return "all_reduce";
-    case CollectiveKind::kBroadcast: return "broadcast";
-    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }
 
 const char* to_string(DType v) {
   switch (v) {
-    case DType::kBf16: return "bf16";
-    case DType::kFp16: return "fp16";
-    case DType::kFp32: return "fp32";
+    case DType::kBf16:
+      return "bf16";
+    case DType::kFp16:
+      return "fp16";
+    case DType::kFp32:
+      return "fp32";
   }
   return "?";
 }
 
 const char* to_string(Payload v) {
   switch (v) {
-    case Payload::kParams: return "params";
-    case Payload::kGrads: return "grads";
-    case Payload::kActivations: return "activations";
-    case Payload::kGradNorm: return "grad_norm";
+    case Payload::kParams:
+      return "params";
+    case Payload::kGrads:
+      return "grads";
+    case Payload::kActivations:
+      return "activations";
+    case Payload::kGradNorm:
+      return "grad_norm";
   }
   return "?";
 }
 
-int dtype_bytes(DType v) { return v == DType::kFp32 ? 4 : 2; }
+int dtype_bytes(DType v) {
+  return v == DType::kFp32 ? 4 : 2;
+}
 
 const char* to_string(GroupRole role) {
   switch (role) {
-    case GroupRole::kParamShard: return "param_shard";
-    case GroupRole::kGradShard: return "grad_shard";
-    case GroupRole::kParamRefresh: return "param_refresh";
-    case GroupRole::kOsReplica: return "os_replica";
-    case GroupRole::kExpertParallel: return "expert_parallel";
-    case GroupRole::kExpertParamShard: return "expert_param_shard";
-    case GroupRole::kExpertGradShard: return "expert_grad_shard";
-    case GroupRole::kExpertParamRefresh: return "expert_param_refresh";
-    case GroupRole::kExpertOsReplica: return "expert_os_replica";
-    case GroupRole::kParamSecondary: return "param_secondary";
-    case GroupRole::kWorld: return "world";
+    case GroupRole::kParamShard:
+      return "param_shard";
+    case GroupRole::kGradShard:
+      return "grad_shard";
+    case GroupRole::kParamRefresh:
+      return "param_refresh";
+    case GroupRole::kOsReplica:
+      return "os_replica";
+    case GroupRole::kExpertParallel:
+      return "expert_parallel";
+    case GroupRole::kExpertParamShard:
+      return "expert_param_shard";
+    case GroupRole::kExpertGradShard:
+      return "expert_grad_shard";
+    case GroupRole::kExpertParamRefresh:
+      return "expert_param_refresh";
+    case GroupRole::kExpertOsReplica:
+      return "expert_os_replica";
+    case GroupRole::kParamSecondary:
+      return "param_secondary";
+    case GroupRole::kWorld:
+      return "world";
   }
   return "?";
 }
 
-const char* to_string(StateKind v) { return v == StateKind::kDense ? "dense" : "expert"; }
+const char* to_string(StateKind v) {
+  return v == StateKind::kDense ? "dense" : "expert";
+}
 
-const char* to_string(PoolKind v) { return v == PoolKind::kParamGather ? "param_gather" : "grad_reduce"; }
+const char* to_string(PoolKind v) {
+  return v == PoolKind::kParamGather ? "param_gather" : "grad_reduce";
+}
 
 const char* to_string(CollectivePurpose v) {
   switch (v) {
-    case CollectivePurpose::kGatherParams: return "gather_params";
-    case CollectivePurpose::kGatherSecondary: return "gather_secondary";
-    case CollectivePurpose::kRefreshParams: return "refresh_params";
-    case CollectivePurpose::kReduceGrads: return "reduce_grads";
-    case CollectivePurpose::kReduceToOptimizer: return "reduce_to_optimizer";
-    case CollectivePurpose::kSyncReplicas: return "sync_replicas";
-    case CollectivePurpose::kGradNorm: return "grad_norm";
-    case CollectivePurpose::kMoeDispatch: return "moe_dispatch";
-    case CollectivePurpose::kMoeCombine: return "moe_combine";
-    case CollectivePurpose::kMoeCombineGrad: return "moe_combine_grad";
-    case CollectivePurpose::kMoeDispatchGrad: return "moe_dispatch_grad";
+    case CollectivePurpose::kGatherParams:
+      return "gather_params";
+    case CollectivePurpose::kGatherSecondary:
+      return "gather_secondary";
+    case CollectivePurpose::kRefreshParams:
+      return "refresh_params";
+    case CollectivePurpose::kReduceGrads:
+      return "reduce_grads";
+    case CollectivePurpose::kReduceToOptimizer:
+      return "reduce_to_optimizer";
+    case CollectivePurpose::kSyncReplicas:
+      return "sync_replicas";
+    case CollectivePurpose::kGradNorm:
+      return "grad_norm";
+    case CollectivePurpose::kMoeDispatch:
+      return "moe_dispatch";
+    case CollectivePurpose::kMoeCombine:
+      return "moe_combine";
+    case CollectivePurpose::kMoeCombineGrad:
+      return "moe_combine_grad";
+    case CollectivePurpose::kMoeDispatchGrad:
+      return "moe_dispatch_grad";
   }
   return "?";
 }
 
-int module_slot(ModuleKind module) { return module == ModuleKind::kMlp || module == ModuleKind::kMoe ? 1 : 0; }
+int module_slot(ModuleKind module) {
+  return module == ModuleKind::kMlp || module == ModuleKind::kMoe ? 1 : 0;
+}
 
 int Schedule::role_index(GroupRole role) const {
   for (std::size_t i = 0; i < roles.size(); ++i)
@@ -154,11 +199,13 @@ std::string dump_schedule(const Schedule& schedule, int rank) {
   os << "streams:";
   for (size_t i = 0; i < schedule.streams.size(); ++i) os << " " << i << "=" << schedule.streams[i];
   os << "\npools:";
-  for (const BufferPool& p : schedule.pools) os << " " << p.name << "(slots=" << p.slots << ",slot_bytes=" << p.slot_bytes << ")";
+  for (const BufferPool& p : schedule.pools)
+    os << " " << p.name << "(slots=" << p.slots << ",slot_bytes=" << p.slot_bytes << ")";
   os << "\nunits:";
   for (std::size_t u = 0; u < schedule.units.size(); ++u) {
     os << " " << u << "=";
-    for (std::size_t m = 0; m < schedule.units[u].modules.size(); ++m) os << (m ? "+" : "") << to_string(schedule.units[u].modules[m]);
+    for (std::size_t m = 0; m < schedule.units[u].modules.size(); ++m)
+      os << (m ? "+" : "") << to_string(schedule.units[u].modules[m]);
   }
   os << "\nstates:";
   for (StateKind k : {StateKind::kDense, StateKind::kExpert}) {

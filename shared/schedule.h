@@ -34,12 +34,16 @@ namespace hzp {
 enum class Phase { kForward, kBackward, kRecompute };
 // The process group a collective runs over, by the state it serves (sharding.h lays them out).
 enum class GroupRole {
-  kParamShard, kGradShard, kParamRefresh, kOsReplica,
+  kParamShard,
+  kGradShard,
+  kParamRefresh,
+  kOsReplica,
   // Only with expert parallelism (policy.expert_parallel > 1):
   kExpertParallel,  // the EP consecutive ranks that together hold every expert: all-to-all of tokens
-  kExpertParamShard, kExpertGradShard, kExpertParamRefresh, kExpertOsReplica,  // the dense roles' groups
-                                                                               // restricted to the ranks
-                                                                               // holding the same experts
+  kExpertParamShard,
+  kExpertGradShard,
+  kExpertParamRefresh,
+  kExpertOsReplica,  // the dense roles' groups restricted to the ranks holding the same experts
   // Only with a secondary parameter copy (ZeRO++ hpZ): the GPUs of my node, which hold the copy sharded
   // among themselves and all-gather it in backward.
   kParamSecondary,
@@ -52,17 +56,17 @@ enum class StateKind { kDense, kExpert };
 enum class PoolKind { kParamGather, kGradReduce };
 // What a collective is for. Each names its group role and what the executor does with its buffers:
 enum class CollectivePurpose {
-  kGatherParams,      // all-gather a unit's (or one module's) parameter shards into a param_gather slot
-  kGatherSecondary,   // hpZ: the same from the node's secondary copy (param_secondary), in backward
-  kRefreshParams,     // all-gather last step's updated optimizer slices into the parameter shard (param_refresh)
-  kReduceGrads,       // reduce-scatter a grad_reduce slot into the gradient shard (grad_shard), every micro-batch
-  kReduceToOptimizer, // reduce-scatter the gradient shard down to the optimizer slice (param_refresh), once a step
-  kSyncReplicas,      // all-reduce the optimizer slice's gradients across replicas (os_replica), once a step
-  kGradNorm,          // all-reduce of every rank's partial squared gradient norm (world), before clipping
-  kMoeDispatch,       // forward: tokens to the ranks holding their experts (expert_parallel)
-  kMoeCombine,        // forward: expert outputs back to their tokens' ranks
-  kMoeCombineGrad,    // backward: gradients of the expert outputs to the experts' ranks
-  kMoeDispatchGrad,   // backward: gradients of the dispatched tokens back to their ranks
+  kGatherParams,       // all-gather a unit's (or one module's) parameter shards into a param_gather slot
+  kGatherSecondary,    // hpZ: the same from the node's secondary copy (param_secondary), in backward
+  kRefreshParams,      // all-gather last step's updated optimizer slices into the parameter shard (param_refresh)
+  kReduceGrads,        // reduce-scatter a grad_reduce slot into the gradient shard (grad_shard), every micro-batch
+  kReduceToOptimizer,  // reduce-scatter the gradient shard down to the optimizer slice (param_refresh), once a step
+  kSyncReplicas,       // all-reduce the optimizer slice's gradients across replicas (os_replica), once a step
+  kGradNorm,           // all-reduce of every rank's partial squared gradient norm (world), before clipping
+  kMoeDispatch,        // forward: tokens to the ranks holding their experts (expert_parallel)
+  kMoeCombine,         // forward: expert outputs back to their tokens' ranks
+  kMoeCombineGrad,     // backward: gradients of the expert outputs to the experts' ranks
+  kMoeDispatchGrad,    // backward: gradients of the dispatched tokens back to their ranks
 };
 enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 enum class DType { kBf16, kFp16, kFp32 };
@@ -86,7 +90,9 @@ int dtype_bytes(DType v);
 // Units: the granularity of parameter gathers — the embedding, each layer, the head. Unit u holds layer
 // u - 1 (unit 0 the embedding, unit L + 1 the head); its modules in forward order are its module slots
 // (0 attention / embedding / head, 1 MLP or MoE). This is the one numbering every executor uses.
-inline int unit_of_layer(int layer) { return layer + 1; }
+inline int unit_of_layer(int layer) {
+  return layer + 1;
+}
 // The unit a module's costs belong to (ModuleCost numbers both the embedding and the head layer -1).
 inline int unit_of_module(const ModuleCost& m, int layers) {
   return m.kind == ModuleKind::kEmbedding ? 0 : m.kind == ModuleKind::kHead ? layers + 1 : unit_of_layer(m.layer);
@@ -95,8 +101,8 @@ int module_slot(ModuleKind module);
 
 struct ComputeOp {
   ModuleKind module = ModuleKind::kAttention;
-  int unit = 0;              // Schedule::units
-  int layer = -1;            // the unit's layer: -1 embedding, 0..L-1 layers, L head (as in every op kind)
+  int unit = 0;    // Schedule::units
+  int layer = -1;  // the unit's layer: -1 embedding, 0..L-1 layers, L head (as in every op kind)
   Phase phase = Phase::kForward;
   int micro_batch = 0;
   double flops = 0;
@@ -110,22 +116,22 @@ struct CollectiveOp {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   CollectivePurpose purpose = CollectivePurpose::kGatherParams;
   StateKind state = StateKind::kDense;  // whose parameters or gradients it moves (dense for norm and all-to-all)
-  int role = 0;              // index into Schedule::roles
+  int role = 0;                         // index into Schedule::roles
   std::int64_t bytes = 0;
   DType dtype = DType::kBf16;
   Payload payload = Payload::kParams;
-  int unit = 0;              // Schedule::units; for a bucket of several units, the one whose backward
-  int layer = -1;            // completes it (and that unit's layer)
+  int unit = 0;    // Schedule::units; for a bucket of several units, the one whose backward
+  int layer = -1;  // completes it (and that unit's layer)
   int micro_batch = 0;
-  int bucket = -1;           // gradient reduction and parameter refresh: index into Schedule::buckets
-  int module = -1;           // parameter all-gather of ONE module of the unit (its index in the unit, forward
-                             // order: 0 attention, 1 MLP/MoE); -1 = the whole unit
+  int bucket = -1;  // gradient reduction and parameter refresh: index into Schedule::buckets
+  int module = -1;  // parameter all-gather of ONE module of the unit (its index in the unit, forward
+                    // order: 0 attention, 1 MLP/MoE); -1 = the whole unit
 };
 
 // The AdamW update of this rank's optimizer shard of one unit: memory-bound.
 struct OptimizerStepOp {
-  int bucket = -1;           // index into Schedule::buckets
-  int unit = 0;              // the bucket's last unit
+  int bucket = -1;  // index into Schedule::buckets
+  int unit = 0;     // the bucket's last unit
   int layer = -1;
   std::int64_t shard_params = 0;
   double mem_bytes = 0;
@@ -138,7 +144,7 @@ struct BufferAcquireOp {
   int slot = 0;
   int unit = 0;
   int layer = -1;
-  int bucket = -1;           // a gradient slot holds this bucket (Schedule::buckets); -1 for parameter slots
+  int bucket = -1;  // a gradient slot holds this bucket (Schedule::buckets); -1 for parameter slots
 };
 struct BufferReleaseOp {
   int pool = 0;
@@ -151,8 +157,8 @@ struct BufferReleaseOp {
 using OpBody = std::variant<ComputeOp, CollectiveOp, OptimizerStepOp, BufferAcquireOp, BufferReleaseOp>;
 
 struct Op {
-  int stream = 0;            // index into Schedule::streams
-  std::vector<int> deps;     // indices of earlier ops of the same program
+  int stream = 0;         // index into Schedule::streams
+  std::vector<int> deps;  // indices of earlier ops of the same program
   OpBody body;
   // Loop-carried dependencies: ops of the *previous* step this op waits for when steps run back to back
   // (e.g. the first read of a unit's parameters waits for last step's optimizer update of that unit).
@@ -162,15 +168,15 @@ struct Op {
 
 struct ProcessGroup {
   GroupRole role = GroupRole::kParamShard;
-  std::vector<int> ranks;    // global ranks in ring order
-  bool intra_node = false;   // every member on one node
-  int ranks_per_node = 0;    // members per node (s0)
-  int nodes = 0;             // nodes spanned (s1)
+  std::vector<int> ranks;   // global ranks in ring order
+  bool intra_node = false;  // every member on one node
+  int ranks_per_node = 0;   // members per node (s0)
+  int nodes = 0;            // nodes spanned (s1)
 };
 
 struct BufferPool {
   PoolKind kind = PoolKind::kParamGather;
-  std::string name;          // to_string(kind), for dumps and traces
+  std::string name;  // to_string(kind), for dumps and traces
   int slots = 0;
   std::int64_t slot_bytes = 0;
 };
@@ -180,7 +186,7 @@ struct BufferPool {
 // order, each unit's modules in forward order.
 struct GradBucket {
   StateKind state = StateKind::kDense;  // expert buckets only with expert parallelism
-  std::vector<int> units;    // Schedule::units, in backward order; the last one completes the bucket
+  std::vector<int> units;               // Schedule::units, in backward order; the last one completes the bucket
 };
 
 struct UnitInfo {
@@ -214,16 +220,16 @@ struct Schedule {
   StateBytesPerRank state_bytes;
   int world_size = 0;
   int gpus_per_node = 0;
-  std::vector<std::string> streams;       // e.g. {"compute", "allgather", "reduce_scatter", "allreduce"}
-  std::vector<GroupRole> roles;           // group roles used by collectives
-  std::vector<ProcessGroup> groups;       // every concrete group, deterministic order
+  std::vector<std::string> streams;  // e.g. {"compute", "allgather", "reduce_scatter", "allreduce"}
+  std::vector<GroupRole> roles;      // group roles used by collectives
+  std::vector<ProcessGroup> groups;  // every concrete group, deterministic order
   std::vector<BufferPool> pools;
   std::vector<GradBucket> buckets;
-  std::vector<UnitInfo> units;            // index = unit (unit_of_layer)
-  std::array<StateSharding, 2> states;    // [StateKind]
+  std::vector<UnitInfo> units;                                          // index = unit (unit_of_layer)
+  std::array<StateSharding, 2> states;                                  // [StateKind]
   int role_secondary = -1, role_expert_parallel = -1, role_world = -1;  // indices into roles, -1 when absent
   std::vector<Program> programs;
-  std::vector<int> rank_program;          // size world_size
+  std::vector<int> rank_program;              // size world_size
   std::vector<std::vector<int>> rank_groups;  // [rank][role] -> index into groups
 
   const Program& program_of(int rank) const { return programs[rank_program[rank]]; }

@@ -39,7 +39,7 @@ struct Visit {
   std::array<std::int64_t, 2> params;      // per kind, gathered for this visit
   bool first_of_unit;                      // in execution order
   bool last_of_unit;
-  int module = -1;                         // module slot of a one-module visit
+  int module = -1;  // module slot of a one-module visit
 };
 
 // Appends ops to one program; streams are created on first use so unused ones do not appear.
@@ -94,8 +94,12 @@ class DataParallelBuilder {
  public:
   DataParallelBuilder(const Scenario& scenario, const ModelCost& cost, const std::string& policy,
                       const SchedulerOptions& options)
-      : scenario_(scenario), cost_(cost), options_(options), overlap_(scenario.policy.overlap),
-        ep_(scenario.policy.expert_parallel), num_kinds_(ep_ > 1 ? 2 : 1),
+      : scenario_(scenario),
+        cost_(cost),
+        options_(options),
+        overlap_(scenario.policy.overlap),
+        ep_(scenario.policy.expert_parallel),
+        num_kinds_(ep_ > 1 ? 2 : 1),
         state_(state_bytes_per_param(scenario.training.precision)),
         dtype_(scenario.training.precision == Precision::kFp32   ? DType::kFp32
                : scenario.training.precision == Precision::kFp16 ? DType::kFp16
@@ -205,7 +209,8 @@ class DataParallelBuilder {
       schedule_.state_bytes.grads += state_.grad * psi / kind(k).s_g;
       schedule_.state_bytes.optimizer += state_.optimizer * psi / kind(k).s_os;
       // hpZ's secondary copy: the dense parameters again, sharded over the node.
-      if (secondary_ && k == kDense) schedule_.state_bytes.params += state_.param * psi / scenario_.cluster.gpus_per_node;
+      if (secondary_ && k == kDense)
+        schedule_.state_bytes.params += state_.param * psi / scenario_.cluster.gpus_per_node;
     }
   }
 
@@ -222,7 +227,8 @@ class DataParallelBuilder {
     const int reduce_slots = 2 * num_kinds_;  // double-buffered per kind of state
     if (any_gather_) {
       gather_pool_ = SlotPool(static_cast<int>(schedule_.pools.size()), gather_slots);
-      schedule_.pools.push_back({PoolKind::kParamGather, to_string(PoolKind::kParamGather), gather_slots, param_bytes(max_unit)});
+      schedule_.pools.push_back(
+          {PoolKind::kParamGather, to_string(PoolKind::kParamGather), gather_slots, param_bytes(max_unit)});
     }
     if (any_reduce_) {
       grad_pool_ = SlotPool(static_cast<int>(schedule_.pools.size()), reduce_slots, num_kinds_);
@@ -238,10 +244,10 @@ class DataParallelBuilder {
       const StateSharding& g = kind(buckets_[b].kind);
       if (g.q() <= 1) continue;
       const int u = buckets_[b].units.back();
-      refresh_op_[b] = prog_->add(refresh_stream_, {},
-                                  collective(CollectiveKind::kAllGather, CollectivePurpose::kRefreshParams,
-                                             buckets_[b].kind, g.role_refresh, param_bytes(buckets_[b].params) / g.s_p,
-                                             Payload::kParams, u, 0, b));
+      refresh_op_[b] =
+          prog_->add(refresh_stream_, {},
+                     collective(CollectiveKind::kAllGather, CollectivePurpose::kRefreshParams, buckets_[b].kind,
+                                g.role_refresh, param_bytes(buckets_[b].params) / g.s_p, Payload::kParams, u, 0, b));
     }
     // The first op of the step that reads each unit's parameters of each kind: it waits for last step's update.
     first_read_.assign(units_.size(), {-1, -1});
@@ -265,8 +271,14 @@ class DataParallelBuilder {
         for (std::size_t i = modules.size(); i-- > 0;) {
           const ModuleCost* m = modules[i];
           const std::int64_t experts = ep_ > 1 ? m->expert_params : 0;
-          visits_.push_back({u, Phase::kBackward, mb, {m}, {m->params - experts, experts / ep_}, i + 1 == modules.size(),
-                             i == 0, static_cast<int>(i)});
+          visits_.push_back({u,
+                             Phase::kBackward,
+                             mb,
+                             {m},
+                             {m->params - experts, experts / ep_},
+                             i + 1 == modules.size(),
+                             i == 0,
+                             static_cast<int>(i)});
         }
       }
     }
@@ -288,10 +300,11 @@ class DataParallelBuilder {
         if (kind(k).s_p <= 1 || v.params[k] == 0) continue;
         // hpZ: backward gathers the dense parameters from the node's secondary copy.
         const bool from_secondary = k == kDense && schedule_.role_secondary >= 0 && v.phase == Phase::kBackward;
-        CollectiveOp c = collective(CollectiveKind::kAllGather,
-                                    from_secondary ? CollectivePurpose::kGatherSecondary : CollectivePurpose::kGatherParams,
-                                    k, from_secondary ? schedule_.role_secondary : kind(k).role_param,
-                                    param_bytes(v.params[k]), Payload::kParams, v.unit, v.micro_batch, -1);
+        CollectiveOp c =
+            collective(CollectiveKind::kAllGather,
+                       from_secondary ? CollectivePurpose::kGatherSecondary : CollectivePurpose::kGatherParams, k,
+                       from_secondary ? schedule_.role_secondary : kind(k).role_param, param_bytes(v.params[k]),
+                       Payload::kParams, v.unit, v.micro_batch, -1);
         c.module = v.module;
         const int gather = prog_->add("param_gather", {acquire, refresh_of(v.unit, k)}, c);
         gather_ops_[next_gather_].push_back(gather);
@@ -305,8 +318,9 @@ class DataParallelBuilder {
   // DeepSpeed-MoE), so they run on it.
   int all_to_all(CollectivePurpose purpose, int unit, int mb, std::vector<int> deps) {
     const double act_bytes = scenario_.training.precision == Precision::kFp32 ? 4 : 2;
-    const auto bytes = static_cast<std::int64_t>(static_cast<double>(scenario_.training.micro_batch * scenario_.training.seq_len) *
-                                                 scenario_.model.moe.top_k * scenario_.model.hidden * act_bytes);
+    const auto bytes =
+        static_cast<std::int64_t>(static_cast<double>(scenario_.training.micro_batch * scenario_.training.seq_len) *
+                                  scenario_.model.moe.top_k * scenario_.model.hidden * act_bytes);
     return prog_->add("compute", std::move(deps),
                       collective(CollectiveKind::kAllToAll, purpose, kDense, schedule_.role_expert_parallel, bytes,
                                  Payload::kActivations, unit, mb, -1));
@@ -316,10 +330,12 @@ class DataParallelBuilder {
     const bool a2a = ep_ > 1 && m->kind == ModuleKind::kMoe && phase != Phase::kRecompute;
     const bool fwd = phase == Phase::kForward;
     // forward: dispatch, experts, combine; backward: combine's gradient, experts, dispatch's gradient.
-    if (a2a) deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
-    int op = prog_->add("compute", std::move(deps),
-                        ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes});
-    if (a2a) op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
+    if (a2a)
+      deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
+    int op =
+        prog_->add("compute", std::move(deps), ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes});
+    if (a2a)
+      op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
     return op;
   }
 
@@ -350,15 +366,18 @@ class DataParallelBuilder {
     } else {
       for (const ModuleCost* m : v.modules)
         if (m->recompute_flops > 0 || m->recompute_mem_bytes > 0)
-          deps = {compute(m, v.unit, Phase::kRecompute, v.micro_batch, deps, m->recompute_flops, m->recompute_mem_bytes)};
+          deps = {
+              compute(m, v.unit, Phase::kRecompute, v.micro_batch, deps, m->recompute_flops, m->recompute_mem_bytes)};
       for (auto it = v.modules.rbegin(); it != v.modules.rend(); ++it) {
-        last_compute = compute(*it, v.unit, Phase::kBackward, v.micro_batch, deps, (*it)->bwd_flops, (*it)->bwd_mem_bytes);
+        last_compute =
+            compute(*it, v.unit, Phase::kBackward, v.micro_batch, deps, (*it)->bwd_flops, (*it)->bwd_mem_bytes);
         deps = {last_compute};
       }
     }
     if (any_gather_) {
-      const int release = prog_->add("compute", {last_compute},
-                                     BufferReleaseOp{gather_pool_.pool(), gather_slot_[i], v.unit, units_[v.unit].layer});
+      const int release =
+          prog_->add("compute", {last_compute},
+                     BufferReleaseOp{gather_pool_.pool(), gather_slot_[i], v.unit, units_[v.unit].layer});
       gather_pool_.set_release(gather_slot_[i], release);
     }
     if (v.phase == Phase::kBackward) reduce_gradients(v, last_compute);
@@ -375,10 +394,10 @@ class DataParallelBuilder {
       int prev = last_compute;
       if (g.s_g > 1) {  // every micro-batch: a sharded gradient cannot accumulate unsharded
         prev = prog_->add("grad_reduce", {prev},
-                          collective(CollectiveKind::kReduceScatter, CollectivePurpose::kReduceGrads, k, g.role_grad, bytes,
-                                     Payload::kGrads, v.unit, v.micro_batch, b));
-        const int release = prog_->add("grad_reduce", {prev},
-                                       BufferReleaseOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b});
+                          collective(CollectiveKind::kReduceScatter, CollectivePurpose::kReduceGrads, k, g.role_grad,
+                                     bytes, Payload::kGrads, v.unit, v.micro_batch, b));
+        const int release = prog_->add(
+            "grad_reduce", {prev}, BufferReleaseOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b});
         grad_pool_.set_release(grad_slot_[b], release);
         bytes /= g.s_g;
       }
@@ -403,16 +422,19 @@ class DataParallelBuilder {
   void gradient_norm() {
     if (scenario_.training.grad_clip <= 0) return;
     const int world = schedule_.world_size;
-    ProcessGroup world_group{GroupRole::kWorld, {}, world <= scenario_.cluster.gpus_per_node,
-                             std::min(world, scenario_.cluster.gpus_per_node), scenario_.cluster.nodes};
+    ProcessGroup world_group{GroupRole::kWorld,
+                             {},
+                             world <= scenario_.cluster.gpus_per_node,
+                             std::min(world, scenario_.cluster.gpus_per_node),
+                             scenario_.cluster.nodes};
     for (int r = 0; r < world; ++r) world_group.ranks.push_back(r);
     schedule_.role_world = static_cast<int>(schedule_.roles.size());
     schedule_.roles.push_back(GroupRole::kWorld);
     schedule_.groups.push_back(std::move(world_group));
     for (std::vector<int>& g : schedule_.rank_groups) g.push_back(static_cast<int>(schedule_.groups.size()) - 1);
-    CollectiveOp c = collective(CollectiveKind::kAllReduce, CollectivePurpose::kGradNorm, kDense, schedule_.role_world, 4,
-                                Payload::kGradNorm, static_cast<int>(units_.size()) - 1,
-                                static_cast<int>(micro_batches_) - 1, -1);
+    CollectiveOp c =
+        collective(CollectiveKind::kAllReduce, CollectivePurpose::kGradNorm, kDense, schedule_.role_world, 4,
+                   Payload::kGradNorm, static_cast<int>(units_.size()) - 1, static_cast<int>(micro_batches_) - 1, -1);
     c.dtype = DType::kFp32;
     norm_op_ = prog_->add("compute", final_grad_op_, c);
   }
@@ -422,10 +444,11 @@ class DataParallelBuilder {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       const std::int64_t shard = buckets_[b].params / kind(buckets_[b].kind).s_os;
       const int u = buckets_[b].units.back();
-      const int update = prog_->add("compute", {norm_op_ >= 0 ? norm_op_ : final_grad_op_[b]},
-                                    OptimizerStepOp{static_cast<int>(b), u, units_[u].layer, shard,
-                                                    shard * kAdamBytesPerParam});
-      for (int unit : buckets_[b].units) prog_->op(first_read_[unit][buckets_[b].kind]).prev_step_deps.push_back(update);
+      const int update =
+          prog_->add("compute", {norm_op_ >= 0 ? norm_op_ : final_grad_op_[b]},
+                     OptimizerStepOp{static_cast<int>(b), u, units_[u].layer, shard, shard * kAdamBytesPerParam});
+      for (int unit : buckets_[b].units)
+        prog_->op(first_read_[unit][buckets_[b].kind]).prev_step_deps.push_back(update);
     }
   }
 
@@ -465,14 +488,14 @@ class DataParallelBuilder {
   std::vector<std::array<int, 2>> bucket_of_;  // [unit][kind] -> bucket
   bool any_gather_ = false, any_reduce_ = false;
   SlotPool gather_pool_{-1, 1}, grad_pool_{-1, 1};
-  std::vector<int> refresh_op_;                // per bucket
-  std::vector<std::array<int, 2>> first_read_; // [unit][kind]
+  std::vector<int> refresh_op_;                 // per bucket
+  std::vector<std::array<int, 2>> first_read_;  // [unit][kind]
   std::vector<Visit> visits_;
-  std::vector<std::vector<int>> gather_ops_;   // per visit
-  std::vector<int> gather_slot_;               // per visit
+  std::vector<std::vector<int>> gather_ops_;  // per visit
+  std::vector<int> gather_slot_;              // per visit
   std::size_t next_gather_ = 0;
-  std::vector<int> final_grad_op_;             // per bucket
-  std::vector<int> grad_slot_;                 // per bucket
+  std::vector<int> final_grad_op_;  // per bucket
+  std::vector<int> grad_slot_;      // per bucket
   int norm_op_ = -1;
 };
 

@@ -44,8 +44,8 @@ struct SchedulerOptions {
   // with the cross-replica all-reduce, so last step's refresh never queues behind this step's sync.
   bool dedicated_refresh_stream = false;
   // AsyncHZP: backward gathers one module (attention, MLP) at a time, so prefetching the next module's
-  // parameters overlaps this module's backward (as AMSP and FSDP's BACKWARD_PRE prefetch do). Only with prefetch_depth > 0 (the "no prefetch"
-  // switch turns it off too) and without recomputation (which needs the whole layer gathered).
+  // parameters overlaps this module's backward (as AMSP and FSDP's BACKWARD_PRE prefetch do). Only with prefetch_depth
+  // > 0 (the "no prefetch" switch turns it off too) and without recomputation (which needs the whole layer gathered).
   bool backward_module_gather = false;
 };
 

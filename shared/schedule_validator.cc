@@ -10,10 +10,12 @@ namespace {
 
 std::string describe(const Schedule& s, int rank, int op_index) {
   const Op& op = s.program_of(rank).ops[op_index];
-  std::string out = "rank " + std::to_string(rank) + " op " + std::to_string(op_index) + " [" + s.streams[op.stream] + "]";
+  std::string out =
+      "rank " + std::to_string(rank) + " op " + std::to_string(op_index) + " [" + s.streams[op.stream] + "]";
   if (const auto* c = std::get_if<CollectiveOp>(&op.body))
-    out += std::string(" ") + to_string(c->kind) + " role=" + to_string(s.roles[c->role]) + " unit=" + std::to_string(c->unit) +
-           " mb=" + std::to_string(c->micro_batch) + " bytes=" + std::to_string(c->bytes);
+    out += std::string(" ") + to_string(c->kind) + " role=" + to_string(s.roles[c->role]) +
+           " unit=" + std::to_string(c->unit) + " mb=" + std::to_string(c->micro_batch) +
+           " bytes=" + std::to_string(c->bytes);
   return out;
 }
 
@@ -28,8 +30,10 @@ Status check_structure(const Schedule& s) {
     const size_t role = std::find(s.roles.begin(), s.roles.end(), s.groups[g].role) - s.roles.begin();
     if (role == roles) return Status::Internal("schedule: group " + std::to_string(g) + " has an unknown role");
     for (int r : s.groups[g].ranks) {
-      if (r < 0 || r >= s.world_size) return Status::Internal("schedule: group " + std::to_string(g) + " names rank " + std::to_string(r));
-      if (s.rank_groups[r].size() == roles && s.rank_groups[r][role] == static_cast<int>(g)) member[r * roles + role] = 1;
+      if (r < 0 || r >= s.world_size)
+        return Status::Internal("schedule: group " + std::to_string(g) + " names rank " + std::to_string(r));
+      if (s.rank_groups[r].size() == roles && s.rank_groups[r][role] == static_cast<int>(g))
+        member[r * roles + role] = 1;
     }
   }
   for (int r = 0; r < s.world_size; ++r) {
@@ -48,14 +52,17 @@ Status check_structure(const Schedule& s) {
     for (size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
       const std::string where = "schedule: program " + std::to_string(p) + " op " + std::to_string(i);
-      if (op.stream < 0 || op.stream >= static_cast<int>(s.streams.size())) return Status::Internal(where + ": no such stream");
+      if (op.stream < 0 || op.stream >= static_cast<int>(s.streams.size()))
+        return Status::Internal(where + ": no such stream");
       for (int d : op.deps)
-        if (d < 0 || d >= static_cast<int>(i)) return Status::Internal(where + ": dependency " + std::to_string(d) + " is not an earlier op");
+        if (d < 0 || d >= static_cast<int>(i))
+          return Status::Internal(where + ": dependency " + std::to_string(d) + " is not an earlier op");
       for (int d : op.prev_step_deps)
         if (d < 0 || d >= static_cast<int>(ops.size()))
           return Status::Internal(where + ": previous-step dependency " + std::to_string(d) + " does not exist");
       if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-        if (c->role < 0 || c->role >= static_cast<int>(s.roles.size())) return Status::Internal(where + ": no such group role");
+        if (c->role < 0 || c->role >= static_cast<int>(s.roles.size()))
+          return Status::Internal(where + ": no such group role");
         if (c->bytes < 0) return Status::Internal(where + ": negative byte count");
       }
     }
@@ -85,7 +92,8 @@ Status check_pools(const Schedule& s) {
         const int prev = last_release[a->pool][a->slot];
         if (prev >= 0 && std::find(ops[i].deps.begin(), ops[i].deps.end(), prev) == ops[i].deps.end() &&
             ops[prev].stream != ops[i].stream)
-          return Status::Internal(where + ": acquire does not wait for the previous release (op " + std::to_string(prev) + ")");
+          return Status::Internal(where + ": acquire does not wait for the previous release (op " +
+                                  std::to_string(prev) + ")");
         holder[a->pool][a->slot] = static_cast<int>(i);
       } else if (const auto* r = std::get_if<BufferReleaseOp>(&ops[i].body)) {
         if (!slot_ok(r->pool, r->slot)) return Status::Internal(where + ": release of a slot that does not exist");
@@ -102,13 +110,14 @@ Status check_pools(const Schedule& s) {
 std::vector<int> collectives_on_role(const Program& program, int role) {
   std::vector<int> out;
   for (size_t i = 0; i < program.ops.size(); ++i)
-    if (const auto* c = std::get_if<CollectiveOp>(&program.ops[i].body); c && c->role == role) out.push_back(static_cast<int>(i));
+    if (const auto* c = std::get_if<CollectiveOp>(&program.ops[i].body); c && c->role == role)
+      out.push_back(static_cast<int>(i));
   return out;
 }
 
 bool same_collective(const CollectiveOp& a, const CollectiveOp& b) {
-  return a.kind == b.kind && a.purpose == b.purpose && a.bytes == b.bytes && a.dtype == b.dtype && a.payload == b.payload &&
-         a.unit == b.unit && a.micro_batch == b.micro_batch;
+  return a.kind == b.kind && a.purpose == b.purpose && a.bytes == b.bytes && a.dtype == b.dtype &&
+         a.payload == b.payload && a.unit == b.unit && a.micro_batch == b.micro_batch;
 }
 
 Status check_collective_order(const Schedule& s) {
@@ -140,9 +149,10 @@ Status check_collective_order(const Schedule& s) {
         const auto& a = std::get<CollectiveOp>(s.program_of(first).ops[ref[k]].body);
         const auto& b = std::get<CollectiveOp>(s.program_of(rank).ops[mine[k]].body);
         if (!same_collective(a, b))
-          return Status::Internal("deadlock: group " + std::to_string(g) + " (" + to_string(group.role) + ") collective #" +
-                                  std::to_string(k) + ": " + describe(s, first, ref[k]) + " but " +
-                                  describe(s, rank, mine[k]) + " — members must issue the same collectives in the "
+          return Status::Internal("deadlock: group " + std::to_string(g) + " (" + to_string(group.role) +
+                                  ") collective #" + std::to_string(k) + ": " + describe(s, first, ref[k]) + " but " +
+                                  describe(s, rank, mine[k]) +
+                                  " — members must issue the same collectives in the "
                                   "same order");
       }
     }

@@ -14,7 +14,8 @@ namespace hzp {
 //  2. pools: a slot is acquired only when free and released only when held, in program order, and each
 //     acquire depends on the previous release of its slot;
 //  3. collective order: for each group, every member's sequence of collectives on it is identical
-//     (kind, bytes, dtype, payload, layer, micro-batch) — a mismatch is a deadlock (NCCL matches collectives by issue order);
+//     (kind, bytes, dtype, payload, layer, micro-batch) — a mismatch is a deadlock (NCCL matches collectives by issue
+//     order);
 //  4. progress: an abstract execution (zero durations; a collective completes when every member has
 //     reached it at the head of its stream) runs every op. Distinct programs are executed rank by rank;
 //     a single shared program is executed once, since identical ranks move in lock-step.

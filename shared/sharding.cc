@@ -28,12 +28,13 @@ BlockCoords coords(int rank, int gpus_per_node, ShardGroup g) {
   return {(node / g.s1) * local_blocks + local / g.s0, (node % g.s1) * g.s0 + local % g.s0};
 }
 
-bool divides(ShardGroup small, ShardGroup big) { return big.s0 % small.s0 == 0 && big.s1 % small.s1 == 0; }
+bool divides(ShardGroup small, ShardGroup big) {
+  return big.s0 % small.s0 == 0 && big.s1 % small.s1 == 0;
+}
 
 // Group ranks by key (first appearance order); members in rank order, then optionally re-sorted.
 void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_node,
-              const std::function<long long(int)>& key_of,
-              const std::function<long long(int)>& order_of) {
+              const std::function<long long(int)>& key_of, const std::function<long long(int)>& order_of) {
   const int role_index = static_cast<int>(layout.roles.size());
   layout.roles.push_back(role);
   layout.index[static_cast<int>(role)] = role_index;
@@ -49,8 +50,7 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
   }
   for (int g = first_group; g < static_cast<int>(layout.groups.size()); ++g) {
     ProcessGroup& group = layout.groups[g];
-    std::stable_sort(group.ranks.begin(), group.ranks.end(),
-                     [&](int a, int b) { return order_of(a) < order_of(b); });
+    std::stable_sort(group.ranks.begin(), group.ranks.end(), [&](int a, int b) { return order_of(a) < order_of(b); });
     const int first_node = group.ranks.front() / gpus_per_node;
     int nodes = 0, last_node = -1, on_first = 0;
     std::vector<int> sorted_nodes;
@@ -70,7 +70,7 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
 }  // namespace
 
 Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& s,
-                                            const LayoutOptions& options) {
+                                             const LayoutOptions& options) {
   const int R = cluster.gpus_per_node, N = cluster.nodes, world = cluster.world_size();
   for (ShardGroup g : {s.params, s.grads, s.optimizer}) {
     if (g.s0 < 1 || g.s1 < 1 || R % g.s0 != 0 || N % g.s1 != 0)
@@ -79,8 +79,9 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
                                   " nodes");
   }
   if (!divides(s.params, s.grads) || !divides(s.grads, s.optimizer))
-    return Status::InvalidInput("policy.sharding: groups must nest (params divides grads divides optimizer, "
-                                "component-wise)");
+    return Status::InvalidInput(
+        "policy.sharding: groups must nest (params divides grads divides optimizer, "
+        "component-wise)");
   if (!(s.grads == s.params || s.grads == s.optimizer))
     return Status::InvalidInput("policy.sharding.grads: must be sharded like params or like optimizer");
 
@@ -108,13 +109,15 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
   }
   auto os_block = block(s.optimizer);
   auto p = position(s.params);
-  add_role(layout, GroupRole::kParamRefresh, world, R,
-           [=](int r) -> long long { return os_block(r) * static_cast<long long>(world) + p(r); }, rank_order);
+  add_role(
+      layout, GroupRole::kParamRefresh, world, R,
+      [=](int r) -> long long { return os_block(r) * static_cast<long long>(world) + p(r); }, rank_order);
   add_role(layout, GroupRole::kOsReplica, world, R, position(s.optimizer), rank_order);
   if (options.secondary_param_copy) add_role(layout, GroupRole::kParamSecondary, world, R, block({R, 1}), rank_order);
   if (ep == 1) return layout;
 
-  add_role(layout, GroupRole::kExpertParallel, world, R, [=](int r) -> long long { return r / ep; }, rank_order);
+  add_role(
+      layout, GroupRole::kExpertParallel, world, R, [=](int r) -> long long { return r / ep; }, rank_order);
   // Expert roles: the dense role's group of r, restricted to the ranks holding r's experts (same r % ep).
   for (int dense = 0; dense < kNumDenseRoles; ++dense) {
     const GroupRole role = static_cast<GroupRole>(static_cast<int>(GroupRole::kExpertParamShard) + dense);
@@ -125,15 +128,16 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
     for (const ProcessGroup& g : layout.groups)
       if (g.role == layout.roles[dense_index])
         for (size_t i = 0; i < g.ranks.size(); ++i) order[g.ranks[i]] = static_cast<long long>(i);
-    add_role(layout, role, world, R,
-             [&](int r) -> long long { return static_cast<long long>(dense_of[r]) * ep + r % ep; },
-             [&](int r) -> long long { return order[r]; });
+    add_role(
+        layout, role, world, R, [&](int r) -> long long { return static_cast<long long>(dense_of[r]) * ep + r % ep; },
+        [&](int r) -> long long { return order[r]; });
     const int index = layout.role(role);
     const size_t size = layout.groups[layout.rank_groups[0][index]].ranks.size();
     for (int r = 0; r < world; ++r)
       if (layout.groups[layout.rank_groups[r][index]].ranks.size() != size)
         return Status::InvalidInput("policy.expert_parallel: " + std::to_string(ep) + " splits the " +
-                                    to_string(layout.roles[dense_index]) + " groups unevenly; expert_parallel and each group's "
+                                    to_string(layout.roles[dense_index]) +
+                                    " groups unevenly; expert_parallel and each group's "
                                     "s0 must divide one another");
   }
   return layout;
@@ -142,8 +146,10 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
 StateBytes state_bytes_per_param(Precision precision) {
   switch (precision) {
     case Precision::kBf16:
-    case Precision::kFp16: return {2, 2, 12};  // fp32 master + Adam m + v
-    case Precision::kFp32: return {4, 4, 8};   // the parameter is the master; Adam m + v
+    case Precision::kFp16:
+      return {2, 2, 12};  // fp32 master + Adam m + v
+    case Precision::kFp32:
+      return {4, 4, 8};  // the parameter is the master; Adam m + v
   }
   return {};
 }

@@ -39,16 +39,16 @@ inline constexpr int kNumDenseRoles = 4;
 // Group membership for every role and rank, deterministic. `groups` is deduplicated: ranks of one group
 // share its index. Built once per (cluster, sharding).
 struct ShardingLayout {
-  std::vector<GroupRole> roles;              // each present role, in the order built
+  std::vector<GroupRole> roles;  // each present role, in the order built
   std::vector<ProcessGroup> groups;
-  std::vector<std::vector<int>> rank_groups; // [rank][role index] -> index into groups
-  std::array<int, kNumGroupRoles> index{};   // GroupRole -> role index, -1 when the role is absent (kWorld always)
+  std::vector<std::vector<int>> rank_groups;  // [rank][role index] -> index into groups
+  std::array<int, kNumGroupRoles> index{};    // GroupRole -> role index, -1 when the role is absent (kWorld always)
 
   int role(GroupRole r) const { return index[static_cast<int>(r)]; }
 };
 
 struct LayoutOptions {
-  int expert_parallel = 1;          // > 1 adds the expert roles
+  int expert_parallel = 1;            // > 1 adds the expert roles
   bool secondary_param_copy = false;  // adds kParamSecondary
 };
 
@@ -59,13 +59,13 @@ inline constexpr const char* kShardingLegend =
     "([1,1] = replicated)";
 
 Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
-                                            const LayoutOptions& options = {});
+                                             const LayoutOptions& options = {});
 
 // Bytes per parameter of each model state for a precision (mixed precision keeps fp32 master + m + v).
 struct StateBytes {
-  double param = 0;     // working parameters
-  double grad = 0;      // gradients
-  double optimizer = 0; // master weights + Adam moments
+  double param = 0;      // working parameters
+  double grad = 0;       // gradients
+  double optimizer = 0;  // master weights + Adam moments
 };
 StateBytes state_bytes_per_param(Precision precision);
 

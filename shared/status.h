@@ -57,9 +57,9 @@ class [[nodiscard]] Result {
 }  // namespace hzp
 
 // Propagate a failed Status / Result from the current function.
-#define HZP_RETURN_IF_ERROR(expr)          \
-  do {                                     \
-    ::hzp::Status hzp_status_ = (expr);    \
+#define HZP_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::hzp::Status hzp_status_ = (expr);        \
     if (!hzp_status_.ok()) return hzp_status_; \
   } while (0)
 

@@ -16,8 +16,9 @@ namespace {
 using nlohmann::json;
 
 constexpr std::initializer_list<TraceKind> kKinds = {
-    TraceKind::kCompute,  TraceKind::kAllGather,     TraceKind::kReduceScatter, TraceKind::kAllReduce, TraceKind::kBroadcast,
-    TraceKind::kAllToAll, TraceKind::kOptimizerStep, TraceKind::kAcquire,       TraceKind::kRelease};
+    TraceKind::kCompute,       TraceKind::kAllGather, TraceKind::kReduceScatter,
+    TraceKind::kAllReduce,     TraceKind::kBroadcast, TraceKind::kAllToAll,
+    TraceKind::kOptimizerStep, TraceKind::kAcquire,   TraceKind::kRelease};
 
 bool is_collective(TraceKind k) {
   return k == TraceKind::kAllGather || k == TraceKind::kReduceScatter || k == TraceKind::kAllReduce ||
@@ -78,26 +79,40 @@ class Fields {
 
 const char* to_string(TraceKind kind) {
   switch (kind) {
-    case TraceKind::kCompute: return "compute";
-    case TraceKind::kAllGather: return "all_gather";
-    case TraceKind::kReduceScatter: return "reduce_scatter";
-    case TraceKind::kAllReduce: return "all_reduce";
-    case TraceKind::kBroadcast: return "broadcast";
-    case TraceKind::kAllToAll: return "all_to_all";
-    case TraceKind::kOptimizerStep: return "optimizer_step";
-    case TraceKind::kAcquire: return "acquire";
-    case TraceKind::kRelease: return "release";
+    case TraceKind::kCompute:
+      return "compute";
+    case TraceKind::kAllGather:
+      return "all_gather";
+    case TraceKind::kReduceScatter:
+      return "reduce_scatter";
+    case TraceKind::kAllReduce:
+      return "all_reduce";
+    case TraceKind::kBroadcast:
+      return "broadcast";
+    case TraceKind::kAllToAll:
+      return "all_to_all";
+    case TraceKind::kOptimizerStep:
+      return "optimizer_step";
+    case TraceKind::kAcquire:
+      return "acquire";
+    case TraceKind::kRelease:
+      return "release";
   }
   return "?";
 }
 
 TraceKind trace_kind(CollectiveKind kind) {
   switch (kind) {
-    case CollectiveKind::kAllGather: return TraceKind::kAllGather;
-    case CollectiveKind::kReduceScatter: return TraceKind::kReduceScatter;
-    case CollectiveKind::kAllReduce: return TraceKind::kAllReduce;
-    case CollectiveKind::kBroadcast: return TraceKind::kBroadcast;
-    case CollectiveKind::kAllToAll: return TraceKind::kAllToAll;
+    case CollectiveKind::kAllGather:
+      return TraceKind::kAllGather;
+    case CollectiveKind::kReduceScatter:
+      return TraceKind::kReduceScatter;
+    case CollectiveKind::kAllReduce:
+      return TraceKind::kAllReduce;
+    case CollectiveKind::kBroadcast:
+      return TraceKind::kBroadcast;
+    case CollectiveKind::kAllToAll:
+      return TraceKind::kAllToAll;
   }
   return TraceKind::kAllReduce;
 }
@@ -108,9 +123,14 @@ json trace_to_json(const Trace& t) {
     groups.push_back({{"index", g}, {"role", t.groups[g].role}, {"ranks", t.groups[g].ranks}});
   json events = json::array();
   for (const TraceEvent& e : t.events) {
-    json j = {{"rank", e.rank},         {"step", e.step},         {"op", e.op},
-              {"stream", t.streams[e.stream]}, {"kind", to_string(e.kind)}, {"start_us", e.start_us},
-              {"end_us", e.end_us},     {"layer", e.layer}};
+    json j = {{"rank", e.rank},
+              {"step", e.step},
+              {"op", e.op},
+              {"stream", t.streams[e.stream]},
+              {"kind", to_string(e.kind)},
+              {"start_us", e.start_us},
+              {"end_us", e.end_us},
+              {"layer", e.layer}};
     if (e.kind == TraceKind::kCompute) {
       j["module"] = to_string(e.module);
       j["phase"] = to_string(e.phase);
@@ -138,12 +158,22 @@ json trace_to_json(const Trace& t) {
   const bool moe = sc.is_object() && sc.contains("model") && sc["model"].is_object() && sc["model"].contains("moe") &&
                    !sc["model"]["moe"].is_null();
   const json model = {{"layers", field("model", "layers")}, {"hidden", field("model", "hidden")}, {"moe", moe}};
-  const json training = {{"seq_len", field("training", "seq_len")}, {"micro_batch", field("training", "micro_batch")},
+  const json training = {{"seq_len", field("training", "seq_len")},
+                         {"micro_batch", field("training", "micro_batch")},
                          {"global_batch_sequences", field("training", "global_batch_sequences")}};
-  return {{"format", kTraceFormat}, {"version", kTraceVersion}, {"scenario", t.scenario},
-          {"scenario_config", t.scenario_config}, {"policy", t.policy}, {"world_size", t.world_size},
-          {"gpus_per_node", t.gpus_per_node}, {"model", model}, {"training", training}, {"streams", t.streams},
-          {"groups", groups}, {"pools", t.pools}, {"events", events}};
+  return {{"format", kTraceFormat},
+          {"version", kTraceVersion},
+          {"scenario", t.scenario},
+          {"scenario_config", t.scenario_config},
+          {"policy", t.policy},
+          {"world_size", t.world_size},
+          {"gpus_per_node", t.gpus_per_node},
+          {"model", model},
+          {"training", training},
+          {"streams", t.streams},
+          {"groups", groups},
+          {"pools", t.pools},
+          {"events", events}};
 }
 
 Result<Trace> trace_from_json(const json& doc) {
@@ -181,7 +211,8 @@ Result<Trace> trace_from_json(const json& doc) {
     if (!gj.is_object()) return Status::InvalidInput(where + ": must be an object");
     const Fields f(gj, where);
     HZP_ASSIGN_OR_RETURN(std::int64_t index, f.integer("index", 0, static_cast<std::int64_t>(groups->size()) - 1));
-    if (index != static_cast<std::int64_t>(g)) return f.bad("index", "must equal the group's position " + std::to_string(g));
+    if (index != static_cast<std::int64_t>(g))
+      return f.bad("index", "must equal the group's position " + std::to_string(g));
     TraceGroup group;
     HZP_ASSIGN_OR_RETURN(group.role, f.string("role"));
     const json* ranks = f.find("ranks");
@@ -244,8 +275,8 @@ Result<Trace> trace_from_json(const json& doc) {
       HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
       e.micro_batch = static_cast<int>(mb);
       HZP_ASSIGN_OR_RETURN(e.bytes, f.integer("bytes", 0, std::int64_t{1} << 50));
-      HZP_ASSIGN_OR_RETURN(e.payload, f.name("payload", {Payload::kParams, Payload::kGrads, Payload::kActivations,
-                                                         Payload::kGradNorm}));
+      HZP_ASSIGN_OR_RETURN(
+          e.payload, f.name("payload", {Payload::kParams, Payload::kGrads, Payload::kActivations, Payload::kGradNorm}));
       HZP_ASSIGN_OR_RETURN(std::int64_t group, f.integer("group", 0, static_cast<std::int64_t>(t.groups.size()) - 1));
       e.group = static_cast<int>(group);
       const std::vector<int>& members = t.groups[e.group].ranks;

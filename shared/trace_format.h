@@ -27,7 +27,15 @@ inline constexpr std::size_t kMaxTraceBytes = 256u << 20;
 inline constexpr std::int64_t kMaxTraceEvents = 2'000'000;
 
 enum class TraceKind {
-  kCompute, kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll, kOptimizerStep, kAcquire, kRelease
+  kCompute,
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kAllToAll,
+  kOptimizerStep,
+  kAcquire,
+  kRelease
 };
 const char* to_string(TraceKind kind);
 TraceKind trace_kind(CollectiveKind kind);
@@ -36,20 +44,20 @@ TraceKind trace_kind(CollectiveKind kind);
 struct TraceEvent {
   int rank = 0;
   std::int64_t step = 0;
-  int op = 0;                 // index in the rank's program (`hzp schedule --rank R`)
-  int stream = 0;             // index into Trace::streams
+  int op = 0;      // index in the rank's program (`hzp schedule --rank R`)
+  int stream = 0;  // index into Trace::streams
   TraceKind kind = TraceKind::kCompute;
   double start_us = 0;
   double end_us = 0;
-  int layer = -1;             // unit: -1 embedding, 0..L-1 layers, L head
-  int micro_batch = -1;       // compute and collectives
+  int layer = -1;                              // unit: -1 embedding, 0..L-1 layers, L head
+  int micro_batch = -1;                        // compute and collectives
   ModuleKind module = ModuleKind::kEmbedding;  // compute
   Phase phase = Phase::kForward;               // compute
-  std::int64_t bytes = -1;    // collectives: the full buffer as nccl-tests counts it, as executed
+  std::int64_t bytes = -1;                     // collectives: the full buffer as nccl-tests counts it, as executed
   Payload payload = Payload::kParams;          // collectives
-  int group = -1;             // collectives: index into Trace::groups
-  int bucket = -1;            // optimizer steps
-  int pool = -1;              // acquire / release: index into Trace::pools
+  int group = -1;                              // collectives: index into Trace::groups
+  int bucket = -1;                             // optimizer steps
+  int pool = -1;                               // acquire / release: index into Trace::pools
 };
 
 struct TraceGroup {
@@ -58,15 +66,15 @@ struct TraceGroup {
 };
 
 struct Trace {
-  std::string scenario;               // scenario name
-  nlohmann::json scenario_config;     // the resolved scenario (as `hzp validate` prints it)
+  std::string scenario;            // scenario name
+  nlohmann::json scenario_config;  // the resolved scenario (as `hzp validate` prints it)
   std::string policy;
   int world_size = 0;
   int gpus_per_node = 0;
   std::vector<std::string> streams;
   std::vector<TraceGroup> groups;
   std::vector<std::string> pools;
-  std::vector<TraceEvent> events;     // sorted by start time
+  std::vector<TraceEvent> events;  // sorted by start time
 };
 
 // The document of traces/README.md. `model` and `training` summaries are taken from scenario_config.

@@ -8,15 +8,15 @@
 #pragma once
 
 #include "shared/collective_cost.h"
-#include "sim/platform.h"
 #include "shared/schedule.h"
+#include "sim/platform.h"
 
 namespace hzp::sim {
 
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kAllReduce;
-  double bytes = 0;                    // nccl-tests size convention (collective_cost.h)
-  const ProcessGroup* group = nullptr; // members in ring order
+  double bytes = 0;                     // nccl-tests size convention (collective_cost.h)
+  const ProcessGroup* group = nullptr;  // members in ring order
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::kRing;
 };
 

@@ -13,8 +13,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "sim/collective.h"
 #include "shared/collective_cost.h"
+#include "sim/collective.h"
 #include "sim/platform.h"
 
 namespace hzp::sim {
@@ -34,8 +34,8 @@ struct Instance {
 };
 
 struct RankState {
-  std::vector<int> completed_step;   // per op: the last step in which it completed (-1: never)
-  std::vector<int> collective_seq;   // per role: collectives this rank has issued on it
+  std::vector<int> completed_step;  // per op: the last step in which it completed (-1: never)
+  std::vector<int> collective_seq;  // per role: collectives this rank has issued on it
   sg4::MutexPtr mutex = sg4::Mutex::create();
   sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
   double live_activations = 0;
@@ -154,8 +154,7 @@ class Executor {
         const double start = sg4::Engine::get_clock();
         const double transfer_start = execute(rank, op, start);
         ++ops_executed_;
-        if (st.recorded)
-          result_.spans.push_back({rank, index, step, start, sg4::Engine::get_clock(), transfer_start});
+        if (st.recorded) result_.spans.push_back({rank, index, step, start, sg4::Engine::get_clock(), transfer_start});
         st.completed_step[index] = step;
         if (st.waiting > 0) st.cv->notify_all();
         if (options_.progress && rank == 0 && stream == 0 && k % 256 == 0) {
@@ -247,7 +246,7 @@ class Executor {
   std::vector<GroupShape> shapes_;
   std::vector<RankState> ranks_;
   std::vector<std::vector<std::vector<int>>> stream_ops_;  // [program][stream] -> op indices
-  std::map<std::pair<int, int>, double> activation_of_;   // (unit, module kind) -> bytes
+  std::map<std::pair<int, int>, double> activation_of_;    // (unit, module kind) -> bytes
   std::unordered_map<long long, Instance> instances_;
   CollectiveTraffic traffic_;
   long long ops_executed_ = 0;
@@ -279,7 +278,8 @@ std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks) {
 Result<SimResult> simulate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
                            const SimOptions& options) {
   if (g_engine_used) return Status::Internal("simulate: one SimGrid simulation per process (SimGrid keeps its clock)");
-  if (options.steps < 1) return Status::InvalidInput("--steps: must be at least 1, got " + std::to_string(options.steps));
+  if (options.steps < 1)
+    return Status::InvalidInput("--steps: must be at least 1, got " + std::to_string(options.steps));
   g_engine_used = true;
   int argc = 2;
   char arg0[] = "hzp";
@@ -299,8 +299,8 @@ Result<SimResult> simulate(const Scenario& scenario, const ModelCost& cost, cons
     return n * options.steps;
   }();
   if (executor.ops_executed() != expected)
-    return Status::Internal("simulate: the simulation stopped after " + std::to_string(executor.ops_executed()) + " of " +
-                            std::to_string(expected) + " ops (a deadlock the validator did not catch)");
+    return Status::Internal("simulate: the simulation stopped after " + std::to_string(executor.ops_executed()) +
+                            " of " + std::to_string(expected) + " ops (a deadlock the validator did not catch)");
   SimResult result = executor.finish(wall);
   result.ops_executed = expected;
   return result;

@@ -3,10 +3,10 @@
 // Every (rank, stream) is one SimGrid actor that executes its ops in program order, like a CUDA stream:
 // an op starts when the previous op of its stream is done and its dependencies (same step) and
 // loop-carried dependencies (previous step) are done. Compute and optimizer ops take the time of the
-// DurationModel (shared/duration_model.h; the roofline unless SimOptions names another) on their GPU (one compute stream per GPU: nothing to share). A collective
-// starts when every member of its group has reached it (NCCL semantics); the last member to arrive runs
-// its flows (sim/collective.h), which share links with every other flow in flight — including collectives
-// of other streams of the same GPU. The executor never re-decides what the IR says.
+// DurationModel (shared/duration_model.h; the roofline unless SimOptions names another) on their GPU (one compute
+// stream per GPU: nothing to share). A collective starts when every member of its group has reached it (NCCL
+// semantics); the last member to arrive runs its flows (sim/collective.h), which share links with every other flow in
+// flight — including collectives of other streams of the same GPU. The executor never re-decides what the IR says.
 #pragma once
 
 #include <string>
@@ -25,9 +25,9 @@
 namespace hzp::sim {
 
 struct SimOptions {
-  int steps = 1;                 // training steps run back to back
-  int timeline_max_ranks = 64;   // ranks recorded for the timeline (all of them up to this many)
-  bool progress = false;         // progress lines on stderr for long simulations
+  int steps = 1;                             // training steps run back to back
+  int timeline_max_ranks = 64;               // ranks recorded for the timeline (all of them up to this many)
+  bool progress = false;                     // progress lines on stderr for long simulations
   const DurationModel* durations = nullptr;  // compute and optimizer op times (the roofline when null)
 };
 
@@ -36,7 +36,7 @@ struct OpSpan {
   int rank = 0;
   int op = 0;
   int step = 0;
-  double start = 0;        // the stream reached the op (collectives: may wait for peers)
+  double start = 0;  // the stream reached the op (collectives: may wait for peers)
   double end = 0;
   double transfer_start = 0;  // collectives: when the last member arrived and flows started
 };

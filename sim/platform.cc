@@ -44,7 +44,9 @@ void configure_engine(sg4::Engine& engine) {
   engine.set_config("contexts/nthreads:1");
 }
 
-int Platform::nics_per_gpu() const { return std::max(1, cluster->nic.per_node / cluster->gpus_per_node); }
+int Platform::nics_per_gpu() const {
+  return std::max(1, cluster->nic.per_node / cluster->gpus_per_node);
+}
 
 int Platform::nic_index(int rank) const {
   const int R = cluster->gpus_per_node;
@@ -55,7 +57,9 @@ int Platform::nic_index(int rank) const {
   return cluster->nic.mapping == NicMapping::kRail ? g * count / R : g * nics_per_gpu() % count;
 }
 
-sg4::Host* Platform::nic_of(int rank) const { return nics[node_of(rank)][nic_index(rank)]; }
+sg4::Host* Platform::nic_of(int rank) const {
+  return nics[node_of(rank)][nic_index(rank)];
+}
 
 Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
   if (c.nodes < 1 || c.gpus_per_node < 1 || c.nic.per_node < 1 || c.inter.leaf_size < 1)
@@ -130,7 +134,8 @@ Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
       sg4::SplitDuplexLink* bundle = zone->create_split_duplex_link(node + "-bundle", c.nic.per_node * nic_link);
       bundle->seal();
       sg4::Host* all = zone->create_host(node + "-all", 1.0)->seal();
-      zone->add_route(all->get_netpoint(), nullptr, nullptr, nullptr, {{bundle, sg4::LinkInRoute::Direction::UP}}, true);
+      zone->add_route(all->get_netpoint(), nullptr, nullptr, nullptr, {{bundle, sg4::LinkInRoute::Direction::UP}},
+                      true);
       p.node_nics.push_back(all);
       for (int k = 0; k < c.nic.per_node; ++k) {
         const std::string name = node + "-" + std::to_string(k);
@@ -150,8 +155,7 @@ Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
     const double uplink_bw = c.inter.leaf_size * c.nic.per_node * nic_link / c.inter.oversubscription;
     sg4::SplitDuplexLink* uplink = root->create_split_duplex_link(leaf + "-uplink", uplink_bw);
     uplink->seal();
-    root->add_route(zone->get_netpoint(), nullptr, gateway, nullptr, {{uplink, sg4::LinkInRoute::Direction::UP}},
-                    true);
+    root->add_route(zone->get_netpoint(), nullptr, gateway, nullptr, {{uplink, sg4::LinkInRoute::Direction::UP}}, true);
   }
   root->seal();
   return p;

@@ -28,12 +28,16 @@ nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
       {"peak_memory_bytes", m.total()},
       {"peak_memory_rank", r.peak_memory_rank},
       {"peak_memory_breakdown_bytes",
-       {{"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer}, {"activations", m.activations},
+       {{"params", m.params},
+        {"grads", m.grads},
+        {"optimizer", m.optimizer},
+        {"activations", m.activations},
         {"buffers", m.buffers}}},
       {"gpu_memory_bytes", scenario.cluster.gpu.memory_bytes},
       {"fits_memory", r.fits_memory},
       {"memory_verdict", r.memory_verdict},
-      {"comm_bytes", {{"intra_node_per_gpu", r.comm_bytes_intra_node}, {"inter_node_per_gpu", r.comm_bytes_inter_node}}},
+      {"comm_bytes",
+       {{"intra_node_per_gpu", r.comm_bytes_intra_node}, {"inter_node_per_gpu", r.comm_bytes_inter_node}}},
       {"sim_wall_s", r.sim_wall_s},
       {"ops_executed", r.ops_executed},
       {"collectives", r.collectives},
@@ -62,7 +66,8 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
   const int R = scenario.cluster.gpus_per_node;
   for (int rank : r.timeline_ranks) {
     timeline.process(rank, "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + ")");
-    for (size_t s = 0; s < schedule.streams.size(); ++s) timeline.thread(rank, static_cast<int>(s), schedule.streams[s]);
+    for (size_t s = 0; s < schedule.streams.size(); ++s)
+      timeline.thread(rank, static_cast<int>(s), schedule.streams[s]);
   }
   for (const OpSpan& span : r.spans) {
     const Op& op = schedule.program_of(span.rank).ops[span.op];
@@ -90,9 +95,12 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
       args["shard_params"] = o->shard_params;
     }
-    timeline.span(span.rank, op.stream, op_name(op), cat, span.start * 1e6, (span.end - span.start) * 1e6, std::move(args));
+    timeline.span(span.rank, op.stream, op_name(op), cat, span.start * 1e6, (span.end - span.start) * 1e6,
+                  std::move(args));
   }
-  return std::move(timeline).to_json({{"scenario", scenario.name}, {"policy", scenario.policy.preset}, {"gpus", r.gpus},
+  return std::move(timeline).to_json({{"scenario", scenario.name},
+                                      {"policy", scenario.policy.preset},
+                                      {"gpus", r.gpus},
                                       {"recorded_ranks", r.timeline_ranks.size()}});
 }
 

@@ -1,7 +1,9 @@
 // SimGrid version reporting for `hzp --version`.
 #include "sim/sim_info.h"
 
-#include <xbt/base.h>  // SG_BEGIN_DECL / XBT_PUBLIC, which version.h uses without including
+// xbt/base.h first: simgrid/version.h uses SG_BEGIN_DECL / XBT_PUBLIC without including it.
+#include <xbt/base.h>
+
 #include <simgrid/version.h>
 
 namespace hzp::sim {

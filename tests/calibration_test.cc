@@ -20,7 +20,8 @@ TEST_CASE("every calibration entry is complete and sourced", "[calibration]") {
     CHECK(c.gpu.peak_flops > 0);
     CHECK(c.gpu.memory_bytes > 0);
     CHECK(c.gpu.hbm_bytes_per_s > 0);
-    for (double eff : {c.efficiency.gemm, c.efficiency.memory_bound, c.efficiency.intra_node, c.efficiency.inter_node}) {
+    for (double eff :
+         {c.efficiency.gemm, c.efficiency.memory_bound, c.efficiency.intra_node, c.efficiency.inter_node}) {
       CHECK(eff > 0);
       CHECK(eff <= 1);
     }

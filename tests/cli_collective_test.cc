@@ -2,10 +2,10 @@
 // its exit codes on bad arguments.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <vector>
 
 namespace {
@@ -45,7 +45,7 @@ TEST_CASE("hzp collective prints one row per size and the simulation agrees with
     std::string algorithm;
     REQUIRE(fields >> size >> time_us >> algbw >> busbw >> model_us >> algorithm);
     CHECK(size == expected_size);
-    CHECK(time_us == Approx(model_us).epsilon(1e-3));       // printed with 2 decimals
+    CHECK(time_us == Approx(model_us).epsilon(1e-3));           // printed with 2 decimals
     CHECK(busbw == Approx(algbw * 2 * 15 / 16).epsilon(1e-2));  // nccl-tests all-reduce factor, p = 16
     expected_size *= 2;
     ++rows;

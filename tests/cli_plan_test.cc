@@ -41,8 +41,8 @@ TEST_CASE("planner pick, simulated, is within 2 % of every candidate simulated (
     const auto file = dir / ("c" + std::to_string(i) + ".json");
     const auto out = dir / ("c" + std::to_string(i++));
     std::ofstream(file) << scenario_to_json(c.scenario).dump();
-    const std::string cmd = std::string("'") + HZP_BINARY + "' simulate '" + file.string() + "' --timeline-ranks 1 --out '" +
-                            out.string() + "' >/dev/null 2>&1";
+    const std::string cmd = std::string("'") + HZP_BINARY + "' simulate '" + file.string() +
+                            "' --timeline-ranks 1 --out '" + out.string() + "' >/dev/null 2>&1";
     REQUIRE(std::system(cmd.c_str()) == 0);
     std::ifstream in(out / "summary.json");
     best = std::min(best, nlohmann::json::parse(in)["step_time_s"].get<double>());

@@ -4,12 +4,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/wait.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/wait.h>
 
 namespace {
 
@@ -91,8 +91,8 @@ TEST_CASE("plan prints every preset and writes plan.json in the documented shape
   const auto plan = nlohmann::json::parse(slurp((out_dir / "plan.json").string()));
   REQUIRE(plan["candidates"].size() >= 5);
   for (const auto& c : plan["candidates"]) {
-    for (const char* key : {"policy", "sharding", "memory_bytes_per_gpu", "comm_bytes_per_gpu",
-                            "estimated_step_time_s", "estimated_mfu", "fits_memory"})
+    for (const char* key : {"policy", "sharding", "memory_bytes_per_gpu", "comm_bytes_per_gpu", "estimated_step_time_s",
+                            "estimated_mfu", "fits_memory"})
       CHECK(c.contains(key));
     for (const char* key : {"params", "grads", "optimizer", "activations", "buffers", "total"})
       CHECK(c["memory_bytes_per_gpu"].contains(key));
@@ -154,9 +154,9 @@ TEST_CASE("simulate writes summary.json and a Perfetto timeline; bad flags exit 
   REQUIRE(r.code == 0);
   CHECK(r.out.find("step time") != std::string::npos);
   const auto summary = nlohmann::json::parse(slurp((out_dir / "summary.json").string()));
-  for (const char* key : {"step_time_s", "tokens_per_s", "tokens_per_gpu_per_s", "mfu", "tflops_per_gpu", "compute_s",
-                          "exposed_comm_s", "overlap_fraction", "peak_memory_bytes", "peak_memory_breakdown_bytes",
-                          "comm_bytes", "gpus", "sim_wall_s"})
+  for (const char* key :
+       {"step_time_s", "tokens_per_s", "tokens_per_gpu_per_s", "mfu", "tflops_per_gpu", "compute_s", "exposed_comm_s",
+        "overlap_fraction", "peak_memory_bytes", "peak_memory_breakdown_bytes", "comm_bytes", "gpus", "sim_wall_s"})
     CHECK(summary.contains(key));
   CHECK(summary["steps"] == 2);
   const auto timeline = nlohmann::json::parse(slurp((out_dir / "timeline.json").string()));
@@ -169,8 +169,7 @@ TEST_CASE("simulate writes summary.json and a Perfetto timeline; bad flags exit 
 
 TEST_CASE("simulate reports an out-of-memory scenario as a verdict", "[cli][sim]") {
   const auto out_dir = scratch_dir() / "sim_oom";
-  const RunResult r = run("simulate '" + kData + "/oom_ddp_13b.json' --out '" +
-                          out_dir.string() + "'");
+  const RunResult r = run("simulate '" + kData + "/oom_ddp_13b.json' --out '" + out_dir.string() + "'");
   INFO(r.err);
   REQUIRE(r.code == 0);
   CHECK(r.out.find("OUT OF MEMORY") != std::string::npos);
@@ -192,13 +191,14 @@ TEST_CASE("\"sharding\": \"auto\" resolves to the planner's pick, printed explic
 TEST_CASE("flags outside their documented ranges exit 2 before any work", "[cli][bad-input]") {
   const std::string s = "'" + kRoot + "/scenarios/default.json'";
   for (const std::string& args : std::vector<std::string>{
-           "simulate " + s + " --steps 2147483647", "simulate " + s + " --timeline-ranks 0", "plan " + s + " --search --jobs 1000",
-        "plan " + s + " --search --top 0", "plan " + s + " --top 3", "schedule " + s + " --rank 32",
-        "schedule " + s + " --rank -1", "collective --cluster a800 --op all_reduce --group 1000000 --bytes 1M",
-        "collective --cluster a800 --op all_reduce --group 8 --bytes 9223372036854775807",
-        "collective --cluster a800 --op all_reduce --group 8 --bytes 1K:2T",
-        "collective --cluster '" + kData + "' --op all_reduce --group 8 --bytes 1M",
-        "collective --cluster a800 --op all_reduce --group 8 --bytes 1M --bytes 2M", "validate " + s + " " + s}) {
+           "simulate " + s + " --steps 2147483647", "simulate " + s + " --timeline-ranks 0",
+           "plan " + s + " --search --jobs 1000", "plan " + s + " --search --top 0", "plan " + s + " --top 3",
+           "schedule " + s + " --rank 32", "schedule " + s + " --rank -1",
+           "collective --cluster a800 --op all_reduce --group 1000000 --bytes 1M",
+           "collective --cluster a800 --op all_reduce --group 8 --bytes 9223372036854775807",
+           "collective --cluster a800 --op all_reduce --group 8 --bytes 1K:2T",
+           "collective --cluster '" + kData + "' --op all_reduce --group 8 --bytes 1M",
+           "collective --cluster a800 --op all_reduce --group 8 --bytes 1M --bytes 2M", "validate " + s + " " + s}) {
     const RunResult r = run(args);
     INFO(args << ": " << r.err);
     CHECK(r.code == 2);
@@ -212,20 +212,23 @@ TEST_CASE("flags outside their documented ranges exit 2 before any work", "[cli]
   CHECK(r.err.find("not a regular file (a directory)") != std::string::npos);
 }
 
-TEST_CASE("a scenario name never escapes out/, and an unwritable output is refused before simulating", "[cli][bad-input]") {
+TEST_CASE("a scenario name never escapes out/, and an unwritable output is refused before simulating",
+          "[cli][bad-input]") {
   const auto dir = scratch_dir() / "escape";
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir / "work");
   nlohmann::json doc = nlohmann::json::parse(slurp(kRoot + "/scenarios/dense/llama2-7b-a800-8-zero1.json"));
   doc["name"] = "../../escaped";
   std::ofstream(dir / "s.json") << doc.dump();
-  const RunResult r = run("validate '" + (dir / "s.json").string() + "' >/dev/null 2>&1 && cd '" + (dir / "work").string() +
-                          "' && '" + HZP_BINARY + "' simulate '" + (dir / "s.json").string() + "'");
+  const RunResult r =
+      run("validate '" + (dir / "s.json").string() + "' >/dev/null 2>&1 && cd '" + (dir / "work").string() + "' && '" +
+          HZP_BINARY + "' simulate '" + (dir / "s.json").string() + "'");
   INFO(r.err);
   CHECK(r.code == 0);
   CHECK_FALSE(std::filesystem::exists(dir / "escaped"));
   CHECK(std::filesystem::exists(dir / "work" / "out" / ".._.._escaped" / "summary.json"));
-  const RunResult blocked = run("simulate '" + (dir / "s.json").string() + "' --out '" + (dir / "s.json").string() + "/x'");
+  const RunResult blocked =
+      run("simulate '" + (dir / "s.json").string() + "' --out '" + (dir / "s.json").string() + "/x'");
   CHECK(blocked.code == 2);
   CHECK(blocked.err.find("--out") != std::string::npos);
   CHECK(blocked.out.find("simulated") == std::string::npos);  // refused before the simulation ran
@@ -240,7 +243,8 @@ TEST_CASE("validation stays linear in GPUs: ZeRO-3 on 262 144 GPUs validates", "
     "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": 262144}, "policy": {"preset": "zero3"}})";
   const auto err = scratch_dir() / "million.err";
   const int status = std::system(("timeout 60 '" + std::string(HZP_BINARY) + "' validate '" + path.string() +
-                                  "' >/dev/null 2>'" + err.string() + "'").c_str());
+                                  "' >/dev/null 2>'" + err.string() + "'")
+                                     .c_str());
   INFO(slurp(err.string()));
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   CHECK(slurp(err.string()).find("262144 GPUs") != std::string::npos);

@@ -1,5 +1,5 @@
-// Communication bytes summed over the IR against the closed forms of docs/model_math.md and the ZeRO paper (ring, bf16 gradients):
-// DDP sends 2(D-1)/D · 2Ψ per GPU; ZeRO-1/2 the same (reduce-scatter G + all-gather P); ZeRO-3 1.5x DDP;
+// Communication bytes summed over the IR against the closed forms of docs/model_math.md and the ZeRO paper (ring, bf16
+// gradients): DDP sends 2(D-1)/D · 2Ψ per GPU; ZeRO-1/2 the same (reduce-scatter G + all-gather P); ZeRO-3 1.5x DDP;
 // with M micro-batches, states sharded finer than the optimizer talk every micro-batch.
 #include "tests/test_util.h"
 
@@ -57,10 +57,10 @@ TEST_CASE("gradient accumulation: sharded gradients reduce every micro-batch, re
   REQUIRE(ddp.scenario.grad_accum_steps() == 4);
   const double psi = static_cast<double>(ddp.cost.params);
   const double pass = (D - 1) / D * 2 * psi;  // one reduce-scatter or all-gather of all bf16 params/grads
-  CHECK(bytes_sent(ddp) == Approx(2 * pass).epsilon(1e-6));              // all-reduce on the last micro-batch
-  CHECK(bytes_sent(run("zero1")) == Approx(2 * pass).epsilon(1e-6));     // RS once + refresh AG
-  CHECK(bytes_sent(run("zero2")) == Approx((M + 1) * pass).epsilon(1e-6));      // RS every micro-batch + AG
-  CHECK(bytes_sent(run("zero3")) == Approx(3 * M * pass).epsilon(1e-6));       // AG fwd + AG bwd + RS each
+  CHECK(bytes_sent(ddp) == Approx(2 * pass).epsilon(1e-6));                 // all-reduce on the last micro-batch
+  CHECK(bytes_sent(run("zero1")) == Approx(2 * pass).epsilon(1e-6));        // RS once + refresh AG
+  CHECK(bytes_sent(run("zero2")) == Approx((M + 1) * pass).epsilon(1e-6));  // RS every micro-batch + AG
+  CHECK(bytes_sent(run("zero3")) == Approx(3 * M * pass).epsilon(1e-6));    // AG fwd + AG bwd + RS each
 }
 
 TEST_CASE("HSDP: intra-node ZeRO-3 traffic plus a cross-node all-reduce of the shard", "[comm]") {
@@ -68,8 +68,8 @@ TEST_CASE("HSDP: intra-node ZeRO-3 traffic plus a cross-node all-reduce of the s
   const double R = 8, N = nodes;
   const Built b = build(scenario_from(scenario_json("llama2-7b", "a800", nodes, "hsdp", 4096)));
   const double psi = static_cast<double>(b.cost.params);
-  const double intra = 3 * (R - 1) / R * 2 * psi;        // AG fwd + AG bwd + RS inside the node
-  const double inter = 2 * (N - 1) / N * 2 * psi / R;     // ring all-reduce of a 1/R shard across N nodes
+  const double intra = 3 * (R - 1) / R * 2 * psi;      // AG fwd + AG bwd + RS inside the node
+  const double inter = 2 * (N - 1) / N * 2 * psi / R;  // ring all-reduce of a 1/R shard across N nodes
   CHECK(bytes_sent(b) == Approx(intra + inter).epsilon(1e-6));
 }
 
@@ -124,7 +124,8 @@ TEST_CASE("AsyncHZP with its async features off is the same sharding run synchro
   const Built on = build(scenario_from(doc));
   CHECK(on.scenario.policy.sharding.params == ShardGroup{8, 1});
   CHECK(on.scenario.policy.sharding.optimizer == ShardGroup{8, 2});
-  CHECK(std::find(on.schedule.streams.begin(), on.schedule.streams.end(), "param_refresh") != on.schedule.streams.end());
+  CHECK(std::find(on.schedule.streams.begin(), on.schedule.streams.end(), "param_refresh") !=
+        on.schedule.streams.end());
 }
 
 TEST_CASE("amsp with every group = the data-parallel group is zero3", "[equivalence]") {

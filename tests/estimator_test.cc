@@ -58,9 +58,11 @@ TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator
   CHECK(l.intra == Approx(b_intra));
   CHECK(l.rail == Approx(rail));
   // Intra-node ring all-gather among the 8 GPUs of a node: (7/8)·S/B + 7α.
-  CHECK(collective_time(c, CollectiveKind::kAllGather, S, node) == Approx(7.0 / 8 * S / b_intra + 7 * c.intra.latency_s));
+  CHECK(collective_time(c, CollectiveKind::kAllGather, S, node) ==
+        Approx(7.0 / 8 * S / b_intra + 7 * c.intra.latency_s));
   CHECK(choose_algorithm(c, CollectiveKind::kAllGather, S, node) == CollectiveAlgorithm::kRing);
-  CHECK(collective_time(c, CollectiveKind::kAllReduce, S, node) == Approx(2 * (7.0 / 8 * S / b_intra + 7 * c.intra.latency_s)));
+  CHECK(collective_time(c, CollectiveKind::kAllReduce, S, node) ==
+        Approx(2 * (7.0 / 8 * S / b_intra + 7 * c.intra.latency_s)));
   // One GPU per node across 4 nodes (a rail ring): its NIC share.
   CHECK(collective_time(c, CollectiveKind::kReduceScatter, S, rail_group) ==
         Approx(3.0 / 4 * S / rail + 3 * l.alpha_inter));
@@ -89,8 +91,10 @@ TEST_CASE("full mesh: direct inside the node, forced algorithms only where they 
   const GroupShape node{16, 1, 8}, half{8, 1, 4};
   // Every GPU sends its 1/p to each peer over its own pair link of B/(R-1).
   CHECK(choose_algorithm(c, CollectiveKind::kAllGather, 1e9, node) == CollectiveAlgorithm::kDirect);
-  CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, node) == Approx(15.0 / 16 * 1e9 / b + 15 * c.intra.latency_s));
-  CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, half) == Approx(15.0 / 8 * 1e9 / b + 7 * c.intra.latency_s));
+  CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, node) ==
+        Approx(15.0 / 16 * 1e9 / b + 15 * c.intra.latency_s));
+  CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, half) ==
+        Approx(15.0 / 8 * 1e9 / b + 7 * c.intra.latency_s));
   // "ring" is forced where it applies (across nodes) and ignored where it does not (inside one mesh node).
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{1, 4, 1}) == CollectiveAlgorithm::kRing);
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{16, 4, 8}) == CollectiveAlgorithm::kRing);
@@ -125,7 +129,8 @@ TEST_CASE("model FLOPs in the estimate follow the closed form of docs/model_math
   CHECK(e.tokens_per_s == Approx(64.0 * 4096 / e.step_time_s));
 }
 
-TEST_CASE("memory verdict: llama2-70b does not fit under DDP on 80 GB GPUs, fits under ZeRO-3 on 64", "[estimator][memory]") {
+TEST_CASE("memory verdict: llama2-70b does not fit under DDP on 80 GB GPUs, fits under ZeRO-3 on 64",
+          "[estimator][memory]") {
   auto run = [](const char* policy) {
     nlohmann::json doc = scenario_json("llama2-70b", "dgx-h100", 8, policy, 4096);
     doc["training"]["recompute"] = "full";

@@ -15,8 +15,8 @@ TEST_CASE("model-state memory per GPU equals the closed form for every preset", 
       const char* policy;
       double bytes_per_param;  // model-state bytes per parameter, per GPU
     } cases[] = {
-        {"ddp", 16}, {"zero1", 4 + 12 / D}, {"zero2", 2 + 14 / D}, {"zero3", 16 / D}, {"fsdp", 16 / D},
-        {"hsdp", 16 / R}, {"mics", 16 / R},
+        {"ddp", 16},      {"zero1", 4 + 12 / D}, {"zero2", 2 + 14 / D}, {"zero3", 16 / D},
+        {"fsdp", 16 / D}, {"hsdp", 16 / R},      {"mics", 16 / R},
     };
     for (const Case& c : cases) {
       INFO(c.policy << " on " << nodes << " nodes");
@@ -79,7 +79,8 @@ TEST_CASE("process groups: intra-node groups are contiguous local ranks, determi
   CHECK(s.group_of(5, static_cast<int>(GroupRole::kParamRefresh)).nodes == 2);
 }
 
-TEST_CASE("expert parallelism: each GPU keeps 1/EP of the experts, sharded over the ranks holding them", "[memory][moe]") {
+TEST_CASE("expert parallelism: each GPU keeps 1/EP of the experts, sharded over the ranks holding them",
+          "[memory][moe]") {
   // mixtral-8x7b on 2 x 8 GPUs, EP = 8: the expert-data-parallel group is the 2 ranks with the same experts.
   auto states = [](const char* policy, int ep) {
     nlohmann::json doc = scenario_json("mixtral-8x7b", "dgx-h100", 2, policy, 4096);

@@ -17,8 +17,12 @@ ModelSpec llama(int layers, std::int64_t hidden, int heads, int kv_heads, std::i
   return llama_model("test-llama", layers, hidden, heads, kv_heads, ffn, 32000, 4096);
 }
 
-ModelSpec llama2_7b() { return llama(32, 4096, 32, 32, 11008); }
-ModelSpec llama2_70b() { return llama(80, 8192, 64, 8, 28672); }
+ModelSpec llama2_7b() {
+  return llama(32, 4096, 32, 32, 11008);
+}
+ModelSpec llama2_70b() {
+  return llama(80, 8192, 64, 8, 28672);
+}
 
 ModelSpec mixtral_8x7b() {
   ModelSpec m = llama(32, 4096, 32, 8, 14336);
@@ -97,7 +101,7 @@ TEST_CASE("parameters sit in the module that owns them", "[model_math]") {
 
   const ModelCost llama_cost = model_cost(llama2_7b(), training(1, 128));
   CHECK(llama_cost.modules.back().params == 4096 + 32000 * 4096);  // final RMSNorm + output matrix
-  CHECK(llama_cost.modules.front().params == 32000 * 4096);         // rotary: no position table
+  CHECK(llama_cost.modules.front().params == 32000 * 4096);        // rotary: no position table
 }
 
 TEST_CASE("modules come in schedule order with MoE where the spec says", "[model_math]") {
@@ -151,9 +155,9 @@ TEST_CASE("per-module model FLOPs sum to the closed-form count", "[model_math]")
   mixed.has_moe = true;
   mixed.moe = {8, 2, 704, {1, 4, 5}};
   const Case cases[] = {
-      {llama2_7b(), 1, 4096}, {llama2_70b(), 1, 4096}, {mixtral_8x7b(), 2, 4096},
-      {gpt2_small(), 8, 1024},  // GELU: the (3/2) becomes (2/2), see model_flops_formula
-      {mixed, 4, 256},          // dense/MoE mix: MLP term averaged over layers
+      {llama2_7b(), 1, 4096},    {llama2_70b(), 1, 4096},
+      {mixtral_8x7b(), 2, 4096}, {gpt2_small(), 8, 1024},  // GELU: the (3/2) becomes (2/2), see model_flops_formula
+      {mixed, 4, 256},                                     // dense/MoE mix: MLP term averaged over layers
   };
   for (const Case& c : cases) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -206,10 +210,10 @@ TEST_CASE("activations match Korthikanti et al. without the dropout terms", "[mo
   const ModelCost cost = model_cost(m, training(2, 2048, Recompute::kNone, false));
 
   const double korthikanti = 34 * s * b * h + 5 * a * s * s * b;
-  const double dropout_terms = a * s * s * b        // attention dropout mask (1 byte per score)
-                               + 2 * a * s * s * b  // attention dropout output kept for P·V; without
-                                                    // dropout P·V reads the softmax output, already counted
-                               + 2 * s * b * h;     // masks of the two dropouts after attention and MLP
+  const double dropout_terms = a * s * s * b                  // attention dropout mask (1 byte per score)
+                               + 2 * a * s * s * b            // attention dropout output kept for P·V; without
+                                                              // dropout P·V reads the softmax output, already counted
+                               + 2 * s * b * h;               // masks of the two dropouts after attention and MLP
   const double expected_layer = korthikanti - dropout_terms;  // = 32·s·b·h + 2·a·s²·b
   CHECK(expected_layer == 32 * s * b * h + 2 * a * s * s * b);
   for (int layer = 0; layer < m.layers; ++layer) {

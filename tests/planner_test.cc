@@ -16,8 +16,8 @@ using namespace hzp::test;
 
 namespace {
 
-// AMSP's rules (arXiv 2311.00257 §III) written out once more, independently of presets.cc: s0 | R, s1 | N, fill the node first,
-// component-wise p <= g <= os with nesting, g in {p, os}.
+// AMSP's rules (arXiv 2311.00257 §III) written out once more, independently of presets.cc: s0 | R, s1 | N, fill the
+// node first, component-wise p <= g <= os with nesting, g in {p, os}.
 bool brief_valid(ShardGroup p, ShardGroup g, ShardGroup os, int R, int N) {
   for (ShardGroup x : {p, g, os}) {
     if (R % x.s0 || N % x.s1) return false;
@@ -53,7 +53,8 @@ TEST_CASE("search: every fitting preset is a candidate, ranking is by estimated 
   REQUIRE(result.ok());
   const auto& ranked = result->ranked;
   REQUIRE(!ranked.empty());
-  for (size_t i = 1; i < ranked.size(); ++i) CHECK(ranked[i - 1].estimate.step_time_s <= ranked[i].estimate.step_time_s);
+  for (size_t i = 1; i < ranked.size(); ++i)
+    CHECK(ranked[i - 1].estimate.step_time_s <= ranked[i].estimate.step_time_s);
   for (const char* preset : {"zero1", "zero2", "zero3", "hsdp"}) {
     auto sharding = sharding_preset(preset, 8, 4);
     REQUIRE(sharding.ok());

@@ -18,16 +18,16 @@ namespace hzp::test {
 inline const std::string kTrainingText = std::string(HZP_TEST_DATA_DIR) + "/tinyshakespeare_200k.txt";
 
 struct RunResult {
-  int code = -1;        // exit code, or 128 + signal
-  std::string output;   // stdout and stderr, interleaved
+  int code = -1;       // exit code, or 128 + signal
+  std::string output;  // stdout and stderr, interleaved
   double seconds = 0;
 };
 
 inline RunResult run(const std::string& command) {
   namespace fs = std::filesystem;
   static int counter = 0;
-  const fs::path log = fs::temp_directory_path() /
-                       ("hzp_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".log");
+  const fs::path log =
+      fs::temp_directory_path() / ("hzp_run_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + ".log");
   const auto t0 = std::chrono::steady_clock::now();
   const int status = std::system((command + " > " + log.string() + " 2>&1").c_str());
   RunResult r;

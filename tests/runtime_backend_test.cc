@@ -27,7 +27,9 @@ namespace {
 
 // --- Streams and events ----------------------------------------------------------------------------------
 
-Status wait_event(const EventPtr& e) { return e->synchronize(10s); }
+Status wait_event(const EventPtr& e) {
+  return e->synchronize(10s);
+}
 
 // --- Multi-rank harness ----------------------------------------------------------------------------------
 
@@ -72,8 +74,8 @@ struct Log {
     }
     for (std::size_t i = 0; i < got.size(); ++i)
       if (got[i] != want[i]) {
-        failures.push_back(what + ": element " + std::to_string(i) + " is " + std::to_string(got[i]) +
-                           ", expected " + std::to_string(want[i]));
+        failures.push_back(what + ": element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", expected " +
+                           std::to_string(want[i]));
         return;
       }
   }
@@ -111,7 +113,9 @@ std::unique_ptr<Communicator> connect(const World& w, int me, const std::vector<
 }
 
 // Deterministic, exactly representable test data: position p's element i.
-float v(int p, std::int64_t i) { return static_cast<float>(p * 1000 + (i % 997)); }
+float v(int p, std::int64_t i) {
+  return static_cast<float>(p * 1000 + (i % 997));
+}
 
 // Every op on `c` against its expected result; every member of the group runs the same sequence.
 void check_every_op(Communicator& c, std::int64_t count, Log& log) {
@@ -197,10 +201,10 @@ void check_every_op(Communicator& c, std::int64_t count, Log& log) {
 TEST_CASE("backend: the memory pool hands out zeroed, 64-byte aligned pieces accounted per category", "[backend]") {
   CpuMemoryPool pool(4096);
   CHECK(pool.capacity_bytes() == 4096);
-  auto a = pool.allocate("params", 1);    // 4 bytes -> one 64-byte piece
-  auto b = pool.allocate("grads", 17);    // 68 bytes -> 128
-  auto c = pool.allocate("params", 16);   // 64 bytes -> 64
-  auto d = pool.allocate("scratch", 0);   // nothing
+  auto a = pool.allocate("params", 1);   // 4 bytes -> one 64-byte piece
+  auto b = pool.allocate("grads", 17);   // 68 bytes -> 128
+  auto c = pool.allocate("params", 16);  // 64 bytes -> 64
+  auto d = pool.allocate("scratch", 0);  // nothing
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   REQUIRE(c.ok());
@@ -222,7 +226,7 @@ TEST_CASE("backend: memory pool exhaustion names the category and the sizes", "[
   REQUIRE_FALSE(big.ok());
   CHECK_THAT(big.status().message(), Catch::Contains("optimizer") && Catch::Contains("448 bytes (100 fp32 elements)") &&
                                          Catch::Contains("192 of 1024 bytes are free"));
-  CHECK(pool.used_bytes() == 832);  // a failed request takes nothing
+  CHECK(pool.used_bytes() == 832);             // a failed request takes nothing
   CHECK(pool.allocate("optimizer", 48).ok());  // exactly the rest
   CHECK(pool.used_bytes() == 1024);
   CHECK_FALSE(pool.allocate("x", 1).ok());
@@ -444,7 +448,8 @@ TEST_CASE("backend: two communicators over the same ranks work concurrently from
     CpuStream sa("compute" + std::to_string(me)), sb("comm" + std::to_string(me));
     constexpr int kRounds = 20;
     constexpr std::size_t N = 4096;
-    std::vector<std::vector<float>> reduced(kRounds, std::vector<float>(N)), gathered(kRounds, std::vector<float>(N * 4));
+    std::vector<std::vector<float>> reduced(kRounds, std::vector<float>(N)),
+        gathered(kRounds, std::vector<float>(N * 4));
     std::vector<std::vector<float>> shards(kRounds, std::vector<float>(N));
     for (int r = 0; r < kRounds; ++r)
       for (std::size_t i = 0; i < N; ++i) reduced[r][i] = v(me, i + r), shards[r][i] = v(me, i * 3 + r);
@@ -464,8 +469,7 @@ TEST_CASE("backend: two communicators over the same ranks work concurrently from
   });
 }
 
-TEST_CASE("backend: a rank that never joins a collective is an error naming the group, not a hang",
-          "[backend][gloo]") {
+TEST_CASE("backend: a rank that never joins a collective is an error naming the group, not a hang", "[backend][gloo]") {
   World w = make_world();
   std::promise<void> rank0_done;
   auto rank0_done_f = rank0_done.get_future().share();
@@ -496,8 +500,8 @@ TEST_CASE("backend: a rank that never joins a collective is an error naming the 
   INFO(error);
   CHECK_THAT(error, Catch::StartsWith("all_reduce on fault_pair (global ranks [0,1]) failed: "));
   CHECK(waited < 5s);
-  CHECK_THAT(later_error, Catch::StartsWith("barrier on fault_pair (global ranks [0,1]) failed: ") &&
-                              Catch::Contains("unusable"));
+  CHECK_THAT(later_error,
+             Catch::StartsWith("barrier on fault_pair (global ranks [0,1]) failed: ") && Catch::Contains("unusable"));
   CHECK_THAT(peer_error, Catch::StartsWith("all_reduce on fault_pair (global ranks [0,1]) failed: "));
 }
 
@@ -514,8 +518,7 @@ TEST_CASE("backend: a rendezvous with a missing member fails naming the group; b
         StatusCode::kInvalidInput);
   CHECK(make_gloo_communicator(w.address, 0, {0, 0}, "k", "g", w.device, {}).status().code() ==
         StatusCode::kInvalidInput);
-  CHECK(make_gloo_communicator(w.address, 0, {}, "k", "g", w.device, {}).status().code() ==
-        StatusCode::kInvalidInput);
+  CHECK(make_gloo_communicator(w.address, 0, {}, "k", "g", w.device, {}).status().code() == StatusCode::kInvalidInput);
   CHECK(make_gloo_communicator(w.address, 0, {0, 1}, "k", "g", nullptr, {}).status().code() ==
         StatusCode::kInvalidInput);
   StoreAddress wrong = w.address;

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "runtime/launch/launch_env.h"
-#include "tests/run_util.h"
 #include "runtime/train/checkpoint.h"
+#include "tests/run_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -34,11 +34,12 @@ using hzp::test::RunResult;
 const std::string& kData = hzp::test::kTrainingText;
 
 std::string tiny_scenario(const fs::path& dir, int steps, const std::string& policy = "zero3") {
-  const json doc = {{"model", {{"preset", "tiny-dense"}, {"layers", 2}, {"hidden", 32}, {"heads", 4}, {"ffn_hidden", 64}}},
-                    {"cluster", {{"preset", "dgx-a100"}, {"gpus_per_node", 4}}},
-                    {"training", {{"seq_len", 32}, {"micro_batch", 2}, {"global_batch_sequences", 8}, {"precision", "fp32"}}},
-                    {"policy", {{"preset", policy}}},
-                    {"run", {{"steps", steps}, {"lr", 0.003}, {"warmup_steps", 2}, {"eval_batches", 2}}}};
+  const json doc = {
+      {"model", {{"preset", "tiny-dense"}, {"layers", 2}, {"hidden", 32}, {"heads", 4}, {"ffn_hidden", 64}}},
+      {"cluster", {{"preset", "dgx-a100"}, {"gpus_per_node", 4}}},
+      {"training", {{"seq_len", 32}, {"micro_batch", 2}, {"global_batch_sequences", 8}, {"precision", "fp32"}}},
+      {"policy", {{"preset", policy}}},
+      {"run", {{"steps", steps}, {"lr", 0.003}, {"warmup_steps", 2}, {"eval_batches", 2}}}};
   const fs::path p = dir / "s.json";
   std::ofstream(p) << doc.dump(2);
   return p.string();
@@ -82,9 +83,15 @@ std::string fnv1a_hex(const std::string& bytes) {
 
 TEST_CASE("checkpoint header: every field is type- and range-checked", "[train][checkpoint]") {
   using hzp::runtime::parse_checkpoint_header;
-  const json good = {{"format", "hzp-checkpoint-v1"}, {"rank", 1}, {"world_size", 4}, {"policy", "zero3"},
-                     {"next_step", 10}, {"adam_steps", 10}, {"segments", {{8, 4}, {16, 8}}},
-                     {"payload_bytes", (8 + 8 + 16 + 16) * 4}, {"payload_fnv1a64", "00000000000000ff"}};
+  const json good = {{"format", "hzp-checkpoint-v1"},
+                     {"rank", 1},
+                     {"world_size", 4},
+                     {"policy", "zero3"},
+                     {"next_step", 10},
+                     {"adam_steps", 10},
+                     {"segments", {{8, 4}, {16, 8}}},
+                     {"payload_bytes", (8 + 8 + 16 + 16) * 4},
+                     {"payload_fnv1a64", "00000000000000ff"}};
   auto ok = parse_checkpoint_header(good.dump());
   REQUIRE(ok.ok());
   CHECK(ok->rank == 1);
@@ -124,7 +131,8 @@ TEST_CASE("checkpoint header: every field is type- and range-checked", "[train][
   CHECK_FALSE(parse_checkpoint_header("").ok());
 }
 
-TEST_CASE("runtime: damaged, foreign, inconsistent and non-finite checkpoints are refused with exit 2", "[train][checkpoint]") {
+TEST_CASE("runtime: damaged, foreign, inconsistent and non-finite checkpoints are refused with exit 2",
+          "[train][checkpoint]") {
   const fs::path dir = fresh_dir("ckpt");
   const std::string scen = tiny_scenario(dir, 6);
   const fs::path ckpt = dir / "ckpt";
@@ -211,8 +219,11 @@ TEST_CASE("runtime: ranks die with a launcher killed by SIGKILL", "[train]") {
   const std::string out = (dir / "o").string();
   // Start the launcher, wait for training, list its ranks, kill -9 the launcher only, then count survivors.
   const std::string script =
-      train(scen, 2, "--out " + out) + " >/dev/null 2>&1 & launcher=$!; "
-      "for i in $(seq 150); do [ -s " + out + "/metrics.jsonl ] && break; sleep 0.1; done; "
+      train(scen, 2, "--out " + out) +
+      " >/dev/null 2>&1 & launcher=$!; "
+      "for i in $(seq 150); do [ -s " +
+      out +
+      "/metrics.jsonl ] && break; sleep 0.1; done; "
       "ranks=$(pgrep -P $launcher); [ -n \"$ranks\" ] || exit 3; kill -9 $launcher; "
       "for i in $(seq 50); do alive=0; for p in $ranks; do kill -0 $p 2>/dev/null && alive=1; done; "
       "[ $alive = 0 ] && exit 0; sleep 0.1; done; kill -9 $ranks; exit 4";
@@ -227,9 +238,10 @@ TEST_CASE("runtime: a rank that never joins is named as such; MASTER_ADDR may be
   const std::string scen = tiny_scenario(dir, 3, "ddp");
   const int port = 21000 + (::getpid() % 20000);
   // Rank 0 of 2 alone: it hosts the store at "localhost" and waits for rank 1, which never comes.
-  const RunResult r = run("RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=" + std::to_string(port) +
-                          " HZP_STORE_TOKEN=t " + std::string(HZP_BINARY) + " train " + scen +
-                          " --threads 1 --timeout-s 3 --data " + kData);
+  const RunResult r =
+      run("RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=" + std::to_string(port) +
+          " HZP_STORE_TOKEN=t " + std::string(HZP_BINARY) + " train " + scen + " --threads 1 --timeout-s 3 --data " +
+          kData);
   INFO(r.output);
   CHECK(r.code == 1);
   CHECK_THAT(r.output, Catch::Contains("rank 1 never joined"));
@@ -250,7 +262,8 @@ TEST_CASE("launch environment: ranks per host from LOCAL_WORLD_SIZE and Slurm's 
       return it == vars.end() ? nullptr : it->second.c_str();
     };
   };
-  const std::map<std::string, std::string> base = {{"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "t"}};
+  const std::map<std::string, std::string> base = {
+      {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "t"}};
   auto with = [&](std::map<std::string, std::string> extra) {
     extra.insert(base.begin(), base.end());
     return detect_launch_env(from(extra));
@@ -298,18 +311,23 @@ TEST_CASE("runtime: flags out of range, unwritable outputs and bad scenarios fai
   json bad_doc = json::parse(slurp(scen));
   bad_doc["model"]["hiden"] = 3;
   std::ofstream(dir / "bad.json") << bad_doc.dump();
-  const RunResult bad = run(std::string(HZP_BINARY) + " train " + (dir / "bad.json").string() + " --nproc 4 --data " + kData);
+  const RunResult bad =
+      run(std::string(HZP_BINARY) + " train " + (dir / "bad.json").string() + " --nproc 4 --data " + kData);
   CHECK(bad.code == 2);
   std::size_t count = 0;
-  for (std::size_t at = bad.output.find("model.hiden"); at != std::string::npos; at = bad.output.find("model.hiden", at + 1)) ++count;
+  for (std::size_t at = bad.output.find("model.hiden"); at != std::string::npos;
+       at = bad.output.find("model.hiden", at + 1))
+    ++count;
   CHECK(count == 1);
   fs::remove_all(dir);
 }
 
-TEST_CASE("runtime: the default training text is found from any working directory; a diverged loss stops the run", "[train]") {
+TEST_CASE("runtime: the default training text is found from any working directory; a diverged loss stops the run",
+          "[train]") {
   const fs::path dir = fresh_dir("cwd");
   const std::string scen = tiny_scenario(dir, 2);
-  const RunResult r = run("cd " + dir.string() + " && " + std::string(HZP_BINARY) + " train " + scen + " --nproc 1 --threads 1");
+  const RunResult r =
+      run("cd " + dir.string() + " && " + std::string(HZP_BINARY) + " train " + scen + " --nproc 1 --threads 1");
   INFO(r.output);
   CHECK(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("hzp train: done: 2 steps"));

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "runtime/launch/launch_env.h"
-#include "tests/run_util.h"
 #include "runtime/train/executor.h"
+#include "tests/run_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -33,11 +33,17 @@ const std::string& kData = hzp::test::kTrainingText;
 
 // The tiny models of the tests: small enough that 20 steps on 4 ranks take a few seconds.
 json tiny_scenario(bool moe, const json& policy, int steps = 20) {
-  json model = {{"preset", moe ? "tiny-moe" : "tiny-dense"}, {"layers", 2}, {"hidden", 32}, {"heads", 4}, {"ffn_hidden", 64}};
+  json model = {
+      {"preset", moe ? "tiny-moe" : "tiny-dense"}, {"layers", 2}, {"hidden", 32}, {"heads", 4}, {"ffn_hidden", 64}};
   if (moe) model["moe"] = {{"experts", 4}, {"top_k", 2}, {"expert_ffn_hidden", 32}};
   return {{"model", model},
           {"cluster", {{"preset", "dgx-a100"}, {"gpus_per_node", 4}}},
-          {"training", {{"seq_len", 32}, {"micro_batch", 2}, {"global_batch_sequences", 16}, {"precision", "fp32"}, {"grad_clip", 1.0}}},
+          {"training",
+           {{"seq_len", 32},
+            {"micro_batch", 2},
+            {"global_batch_sequences", 16},
+            {"precision", "fp32"},
+            {"grad_clip", 1.0}}},
           {"policy", policy},
           {"run", {{"steps", steps}, {"lr", 0.003}, {"warmup_steps", 5}, {"eval_batches", 4}}}};
 }
@@ -48,9 +54,11 @@ std::string write_scenario(const fs::path& dir, const std::string& name, const j
   return p.string();
 }
 
-std::string train_cmd(const std::string& scenario, int nproc, int per_node, const fs::path& out, const std::string& extra = "") {
+std::string train_cmd(const std::string& scenario, int nproc, int per_node, const fs::path& out,
+                      const std::string& extra = "") {
   return std::string(HZP_BINARY) + " train " + scenario + " --nproc " + std::to_string(nproc) + " --gpus-per-node " +
-         std::to_string(per_node) + " --threads 1 --timeout-s 30 --data " + kData + " --out " + out.string() + " " + extra;
+         std::to_string(per_node) + " --threads 1 --timeout-s 30 --data " + kData + " --out " + out.string() + " " +
+         extra;
 }
 
 // (step -> loss) and (step -> val_loss) from metrics.jsonl.
@@ -84,7 +92,8 @@ void check_memory(const fs::path& out, int nproc) {
     INFO("rank " << r << ": " << m.dump());
     const json& got = m["measured"];
     const double states = got.value("params", 0.0) + got.value("grads", 0.0) + got.value("optimizer", 0.0);
-    const double model = m["model"]["params"].get<double>() + m["model"]["grads"].get<double>() + m["model"]["optimizer"].get<double>();
+    const double model =
+        m["model"]["params"].get<double>() + m["model"]["grads"].get<double>() + m["model"]["optimizer"].get<double>();
     CHECK(states == Approx(model).epsilon(0.05));
     for (const auto& [name, bytes] : m["model"]["pools"].items())
       CHECK(got.value("pool:" + name, 0.0) == Approx(bytes.get<double>()).epsilon(0.05));
@@ -113,19 +122,33 @@ void check_equivalence(bool moe, const json& policy, const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("runtime equivalence: ddp on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "ddp"}}, "ddp"); }
-TEST_CASE("runtime equivalence: zero1 on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zero1"}}, "zero1"); }
-TEST_CASE("runtime equivalence: zero2 on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zero2"}}, "zero2"); }
-TEST_CASE("runtime equivalence: zero3 on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zero3"}}, "zero3"); }
-TEST_CASE("runtime equivalence: hsdp on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "hsdp"}}, "hsdp"); }
+TEST_CASE("runtime equivalence: ddp on 4 ranks = 1 process", "[train]") {
+  check_equivalence(false, {{"preset", "ddp"}}, "ddp");
+}
+TEST_CASE("runtime equivalence: zero1 on 4 ranks = 1 process", "[train]") {
+  check_equivalence(false, {{"preset", "zero1"}}, "zero1");
+}
+TEST_CASE("runtime equivalence: zero2 on 4 ranks = 1 process", "[train]") {
+  check_equivalence(false, {{"preset", "zero2"}}, "zero2");
+}
+TEST_CASE("runtime equivalence: zero3 on 4 ranks = 1 process", "[train]") {
+  check_equivalence(false, {{"preset", "zero3"}}, "zero3");
+}
+TEST_CASE("runtime equivalence: hsdp on 4 ranks = 1 process", "[train]") {
+  check_equivalence(false, {{"preset", "hsdp"}}, "hsdp");
+}
 TEST_CASE("runtime equivalence: amsp partial sharding on 4 ranks = 1 process", "[train]") {
   // P and G inside the node, OS over both nodes: the refresh all-gather and the q = 2 reduce-scatter run.
-  check_equivalence(false, {{"preset", "amsp"}, {"sharding", {{"params", {2, 1}}, {"grads", {2, 1}}, {"optimizer", {2, 2}}}}}, "amsp");
+  check_equivalence(false,
+                    {{"preset", "amsp"}, {"sharding", {{"params", {2, 1}}, {"grads", {2, 1}}, {"optimizer", {2, 2}}}}},
+                    "amsp");
 }
 TEST_CASE("runtime equivalence: asynchzp on 4 ranks = 1 process", "[train]") {
   check_equivalence(false, {{"preset", "asynchzp"}, {"overlap", {{"prefetch_depth", 2}}}}, "asynchzp");
 }
-TEST_CASE("runtime equivalence: zeropp (hpZ) on 4 ranks = 1 process", "[train]") { check_equivalence(false, {{"preset", "zeropp"}}, "zeropp"); }
+TEST_CASE("runtime equivalence: zeropp (hpZ) on 4 ranks = 1 process", "[train]") {
+  check_equivalence(false, {{"preset", "zeropp"}}, "zeropp");
+}
 TEST_CASE("runtime equivalence: MoE zero2 with expert parallelism 2 on 4 ranks = 1 process", "[train]") {
   check_equivalence(true, {{"preset", "zero2"}, {"expert_parallel", 2}}, "moe_ep2");
 }
@@ -139,10 +162,11 @@ TEST_CASE("runtime: checkpoint resume continues the loss curve bit for bit", "[t
   doc["run"]["checkpoint_interval"] = 5;
   const std::string scen = write_scenario(dir, "s", doc);
   const Curve whole = train_ok(train_cmd(scen, 4, 2, dir / "whole"), dir / "whole");
-  train_ok(train_cmd(scen, 4, 2, dir / "part", "--checkpoint-dir " + (dir / "ckpt").string() + " --stop-after 5"), dir / "part");
+  train_ok(train_cmd(scen, 4, 2, dir / "part", "--checkpoint-dir " + (dir / "ckpt").string() + " --stop-after 5"),
+           dir / "part");
   CHECK(fs::exists(dir / "ckpt" / "step_5" / "rank_3.bin"));
-  const Curve resumed = train_ok(train_cmd(scen, 4, 2, dir / "part", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"),
-                                 dir / "part");
+  const Curve resumed = train_ok(
+      train_cmd(scen, 4, 2, dir / "part", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"), dir / "part");
   REQUIRE(resumed.loss.size() == 10);
   for (const auto& [step, loss] : whole.loss) {
     INFO("step " << step);
@@ -152,11 +176,13 @@ TEST_CASE("runtime: checkpoint resume continues the loss curve bit for bit", "[t
   json other = doc;
   other["policy"] = {{"preset", "zero3"}};
   const std::string other_path = write_scenario(dir, "other", other);
-  const RunResult r = run(train_cmd(other_path, 4, 2, dir / "other", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"));
+  const RunResult r =
+      run(train_cmd(other_path, 4, 2, dir / "other", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"));
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("another layout"));
   // No checkpoint at all, and a truncated one: clear errors, non-zero exits, the checkpoint left as it was.
-  RunResult none = run(train_cmd(scen, 4, 2, dir / "none", "--checkpoint-dir " + (dir / "empty").string() + " --resume"));
+  RunResult none =
+      run(train_cmd(scen, 4, 2, dir / "none", "--checkpoint-dir " + (dir / "empty").string() + " --resume"));
   CHECK(none.code == 2);
   CHECK_THAT(none.output, Catch::Contains("--resume: no checkpoint in"));
   const fs::path victim = dir / "ckpt" / "step_10" / "rank_1.bin";
@@ -179,7 +205,8 @@ TEST_CASE("runtime: a killed rank makes every other rank fail fast, naming it", 
   CHECK(r.code == 1);
   CHECK(r.seconds < 30 + 10);  // the configured timeout plus the launcher's grace: no hang
   CHECK_THAT(r.output, Catch::Contains("rank 2 (killed by signal 9"));
-  for (int survivor : {0, 1, 3}) CHECK_THAT(r.output, Catch::Contains("rank " + std::to_string(survivor) + ": lost rank 2"));
+  for (int survivor : {0, 1, 3})
+    CHECK_THAT(r.output, Catch::Contains("rank " + std::to_string(survivor) + ": lost rank 2"));
   CHECK_THAT(r.output, Catch::Contains("first to fail: rank 2"));
   fs::remove_all(dir);
 }
@@ -187,7 +214,8 @@ TEST_CASE("runtime: a killed rank makes every other rank fail fast, naming it", 
 TEST_CASE("runtime: a stopped (hung) rank is named by its heartbeat and killed by the launcher", "[train]") {
   const fs::path dir = fresh_dir("hang");
   const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "hsdp"}}, 50));
-  std::string cmd = "HZP_FAULT_KILL_RANK=1 HZP_FAULT_KILL_STEP=2 HZP_FAULT_SIGNAL=STOP " + train_cmd(scen, 4, 2, dir / "out");
+  std::string cmd =
+      "HZP_FAULT_KILL_RANK=1 HZP_FAULT_KILL_STEP=2 HZP_FAULT_SIGNAL=STOP " + train_cmd(scen, 4, 2, dir / "out");
   cmd.replace(cmd.find("--timeout-s 30"), 14, "--timeout-s 5");
   const RunResult r = run(cmd);
   INFO(r.output);
@@ -200,7 +228,8 @@ TEST_CASE("runtime: a stopped (hung) rank is named by its heartbeat and killed b
 
 TEST_CASE("runtime: traces hold every executed op of every rank", "[train]") {
   const fs::path dir = fresh_dir("trace");
-  const std::string scen = write_scenario(dir, "s", tiny_scenario(true, {{"preset", "zero3"}, {"expert_parallel", 2}}, 2));
+  const std::string scen =
+      write_scenario(dir, "s", tiny_scenario(true, {{"preset", "zero3"}, {"expert_parallel", 2}}, 2));
   train_ok(train_cmd(scen, 4, 2, dir / "out",
                      "--trace " + (dir / "t.json").string() + " --perfetto " + (dir / "p.json").string()),
            dir / "out");
@@ -237,7 +266,8 @@ TEST_CASE("runtime: traces hold every executed op of every rank", "[train]") {
 TEST_CASE("runtime: bad input is refused with the path and exit code 2", "[train]") {
   const fs::path dir = fresh_dir("bad");
   json gpt = tiny_scenario(false, {{"preset", "ddp"}});
-  gpt["model"] = {{"preset", "gpt3-175b"}, {"layers", 2}, {"hidden", 32}, {"heads", 4}, {"ffn_hidden", 64}, {"vocab", 256}};
+  gpt["model"] = {{"preset", "gpt3-175b"}, {"layers", 2}, {"hidden", 32}, {"heads", 4},
+                  {"ffn_hidden", 64},      {"vocab", 256}};
   RunResult r = run(train_cmd(write_scenario(dir, "gpt", gpt), 1, 1, dir / "o"));
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Catch::Contains("model."));
@@ -269,8 +299,8 @@ TEST_CASE("runtime: ranks started by an external launcher (torchrun-style variab
   for (int r = 0; r < 2; ++r)
     cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
            " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " HZP_STORE_TOKEN=secret " + HZP_BINARY +
-           " train " + scen + " --threads 1 --timeout-s 30 --data " + kData + (r == 0 ? " --out " + (dir / "o").string() : "") +
-           " & p" + std::to_string(r) + "=$!; ";
+           " train " + scen + " --threads 1 --timeout-s 30 --data " + kData +
+           (r == 0 ? " --out " + (dir / "o").string() : "") + " & p" + std::to_string(r) + "=$!; ";
   cmd += "wait $p0 && wait $p1";  // by pid: a finished job may already be gone from the job table
   const RunResult r = run("bash -c '" + cmd + "'");
   INFO(r.output);
@@ -290,8 +320,12 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
   auto none = detect_launch_env(from({}));
   REQUIRE(none.ok());
   CHECK(!none->has_value());
-  auto torchrun = detect_launch_env(from({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
-                                          {"MASTER_PORT", "29500"}, {"HZP_STORE_TOKEN", "t"}}));
+  auto torchrun = detect_launch_env(from({{"RANK", "3"},
+                                          {"WORLD_SIZE", "8"},
+                                          {"LOCAL_RANK", "1"},
+                                          {"MASTER_ADDR", "10.0.0.1"},
+                                          {"MASTER_PORT", "29500"},
+                                          {"HZP_STORE_TOKEN", "t"}}));
   REQUIRE(torchrun.ok());
   CHECK((*torchrun)->source == "torchrun");
   CHECK((*torchrun)->rank == 3);
@@ -300,26 +334,37 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
   CHECK((*torchrun)->store_host == "10.0.0.1");
   CHECK((*torchrun)->store_port == 29500);
   CHECK(!(*torchrun)->hosted_by_launcher);
-  auto slurm = detect_launch_env(from({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n1"},
-                                       {"MASTER_PORT", "29500"}, {"HZP_STORE_PORT", "29600"}, {"HZP_STORE_TOKEN", "t"}}));
+  auto slurm = detect_launch_env(from({{"SLURM_PROCID", "5"},
+                                       {"SLURM_NTASKS", "16"},
+                                       {"SLURM_LOCALID", "1"},
+                                       {"MASTER_ADDR", "n1"},
+                                       {"MASTER_PORT", "29500"},
+                                       {"HZP_STORE_PORT", "29600"},
+                                       {"HZP_STORE_TOKEN", "t"}}));
   REQUIRE(slurm.ok());
   CHECK((*slurm)->source == "slurm");
   CHECK((*slurm)->rank == 5);
   CHECK((*slurm)->store_port == 29600);
-  auto ompi = detect_launch_env(from({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
-                                      {"MASTER_PORT", "1234"}, {"HZP_STORE_TOKEN", "t"}}));
+  auto ompi = detect_launch_env(from({{"OMPI_COMM_WORLD_RANK", "0"},
+                                      {"OMPI_COMM_WORLD_SIZE", "2"},
+                                      {"MASTER_ADDR", "h"},
+                                      {"MASTER_PORT", "1234"},
+                                      {"HZP_STORE_TOKEN", "t"}}));
   REQUIRE(ompi.ok());
   CHECK((*ompi)->source == "openmpi");
   auto partial = detect_launch_env(from({{"RANK", "0"}}));
   REQUIRE(!partial.ok());
   CHECK_THAT(partial.status().message(), Catch::Contains("WORLD_SIZE"));
-  auto bad = detect_launch_env(from({{"RANK", "9"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "t"}}));
+  auto bad = detect_launch_env(
+      from({{"RANK", "9"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "t"}}));
   REQUIRE(!bad.ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("RANK='9'"));
-  auto no_token = detect_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
+  auto no_token =
+      detect_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
   REQUIRE(!no_token.ok());
   CHECK_THAT(no_token.status().message(), Catch::Contains("HZP_STORE_TOKEN"));
-  auto bad_port = detect_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}, {"HZP_STORE_TOKEN", "t"}}));
+  auto bad_port = detect_launch_env(from(
+      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}, {"HZP_STORE_TOKEN", "t"}}));
   REQUIRE(!bad_port.ok());
   CHECK_THAT(bad_port.status().message(), Catch::Contains("MASTER_PORT"));
 }
@@ -327,8 +372,8 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
 namespace {
 
 // Trains a shipped scenario on 4 ranks (2 emulated nodes) and checks its validation curve: below 2.5 nats at
-// the end, from about ln 256 before training, and within 3 % of the golden curve at every evaluation (OpenBLAS kernels differ by CPU, so the
-// curve is not bit-exact across machines). HZP_UPDATE_GOLDEN=1 rewrites the golden file.
+// the end, from about ln 256 before training, and within 3 % of the golden curve at every evaluation (OpenBLAS kernels
+// differ by CPU, so the curve is not bit-exact across machines). HZP_UPDATE_GOLDEN=1 rewrites the golden file.
 void check_learning(const std::string& scenario, const std::string& golden_name) {
   const fs::path dir = fresh_dir("learn_" + golden_name);
   const std::string cmd = train_cmd(std::string(HZP_SOURCE_DIR) + "/scenarios/runtime/" + scenario, 4, 2, dir / "out");
@@ -361,7 +406,8 @@ void check_learning(const std::string& scenario, const std::string& golden_name)
 TEST_CASE("runtime: the tiny dense model learns (val loss < 2.5, golden curve)", "[train][learn]") {
   check_learning("tiny_dense.json", "train_tiny_dense");
 }
-TEST_CASE("runtime: the tiny MoE model learns with expert parallelism (val loss < 2.5, golden curve)", "[train][learn]") {
+TEST_CASE("runtime: the tiny MoE model learns with expert parallelism (val loss < 2.5, golden curve)",
+          "[train][learn]") {
   check_learning("tiny_moe.json", "train_tiny_moe");
 }
 
@@ -372,9 +418,9 @@ TEST_CASE("learning rate: linear warm-up, then cosine from lr to min_lr at the l
   run.lr = 1e-3;
   run.min_lr = 1e-4;
   using hzp::runtime::learning_rate;
-  CHECK(learning_rate(run, 0) == Approx(1e-4));   // (0 + 1) / 10 of the peak
+  CHECK(learning_rate(run, 0) == Approx(1e-4));  // (0 + 1) / 10 of the peak
   CHECK(learning_rate(run, 9) == Approx(1e-3));
-  CHECK(learning_rate(run, 10) == Approx(1e-3));  // cosine starts at the peak
+  CHECK(learning_rate(run, 10) == Approx(1e-3));                 // cosine starts at the peak
   CHECK(learning_rate(run, 60) == Approx(0.5 * (1e-3 + 1e-4)));  // half way
   CHECK(learning_rate(run, 110) == Approx(1e-4));
   CHECK(learning_rate(run, 500) == Approx(1e-4));  // clamped after the schedule

@@ -35,14 +35,16 @@ void check_golden(const std::string& name, const std::string& actual) {
 }
 
 Schedule two_rank_schedule() {
-  Built b = build(scenario_from(nlohmann::json::parse(read_file(std::string(HZP_TEST_DATA_DIR) + "/golden/zero3.json"))));
+  Built b =
+      build(scenario_from(nlohmann::json::parse(read_file(std::string(HZP_TEST_DATA_DIR) + "/golden/zero3.json"))));
   return b.schedule;
 }
 
 }  // namespace
 
 TEST_CASE("golden IR dumps of the tiny model under each preset", "[schedule][golden]") {
-  for (const char* name : {"ddp", "zero1", "zero2", "zero3", "hsdp", "amsp", "zero3_single_stream", "zero3_moe_ep", "zeropp", "asynchzp"}) {
+  for (const char* name : {"ddp", "zero1", "zero2", "zero3", "hsdp", "amsp", "zero3_single_stream", "zero3_moe_ep",
+                           "zeropp", "asynchzp"}) {
     INFO(name);
     const std::string path = std::string(HZP_TEST_DATA_DIR) + "/golden/" + name + ".json";
     auto scenario = load_scenario_file(path);
@@ -166,7 +168,8 @@ TEST_CASE("grad_clip adds one world all-reduce of the norm before every optimize
   }
 }
 
-TEST_CASE("validation is linear in GPUs: ZeRO-3 on 1 048 576 ranks (beyond the parser's cap) validates", "[schedule][scale]") {
+TEST_CASE("validation is linear in GPUs: ZeRO-3 on 1 048 576 ranks (beyond the parser's cap) validates",
+          "[schedule][scale]") {
   // The library has no cap of its own: build the schedule of 131 072 nodes directly. A linear search per
   // (rank, role) made this quadratic (238 s measured); linear it takes a few seconds. The deadline fails the
   // quadratic version with a 30x margin for a slow, loaded machine.

@@ -18,10 +18,10 @@
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Link.hpp>
 
-#include "sim/collective.h"
 #include "shared/collective_cost.h"
-#include "sim/platform.h"
 #include "shared/presets.h"
+#include "sim/collective.h"
+#include "sim/platform.h"
 
 using namespace hzp;
 namespace sg4 = simgrid::s4u;
@@ -143,16 +143,20 @@ TEST_CASE("sim collective: inter-node rings over rails match the closed form", "
   CHECK(m[0].seconds == Approx(3.0 / 4 * S / nic + 3 * a).epsilon(kTolerance));
   CHECK(m[0].traffic.inter_node_bytes == Approx(4 * 3.0 / 4 * S));
   CHECK(m[0].traffic.intra_node_bytes == 0);
-  CHECK(m[1].seconds == Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, rail)).epsilon(kTolerance));
+  CHECK(m[1].seconds ==
+        Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, rail)).epsilon(kTolerance));
   // s0 = 8: 8 channels, one per NIC; the node boundary is crossed once per channel.
   CHECK(m[2].seconds == Approx(31.0 / 32 * S / (8 * nic) + 31 * a).epsilon(kTolerance));
-  CHECK(m[2].seconds == Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kReduceScatter, S, all)).epsilon(kTolerance));
+  CHECK(m[2].seconds ==
+        Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kReduceScatter, S, all)).epsilon(kTolerance));
   CHECK(m[2].traffic.inter_node_bytes == Approx(4 * 31.0 / 32 * S));
   CHECK(m[2].traffic.intra_node_bytes == Approx(4 * 7 * 31.0 / 32 * S));
-  CHECK(m[3].seconds == Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kBroadcast, S, all)).epsilon(kTolerance));
+  CHECK(m[3].seconds ==
+        Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kBroadcast, S, all)).epsilon(kTolerance));
 }
 
-TEST_CASE("sim collective: rail rings on shared NICs match the closed form when every GPU is busy", "[sim][collective]") {
+TEST_CASE("sim collective: rail rings on shared NICs match the closed form when every GPU is busy",
+          "[sim][collective]") {
   // a800: 4 NICs for 8 GPUs. The closed form's B_rail is the symmetric share (every GPU of the node on the
   // NICs, here B_nic/2); run the 8 rail rings at once and each gets exactly that. A ring alone gets the
   // whole NIC and is faster — correct, and the reason the comparison is made under symmetric load.
@@ -170,7 +174,8 @@ TEST_CASE("sim collective: rail rings on shared NICs match the closed form when 
     std::vector<sg4::ActorPtr> actors;
     for (int g = 0; g < 8; ++g)
       actors.push_back(sg4::Actor::create("rail" + std::to_string(g), sim.platform.gpus[g], [&, g] {
-        together[g] = measure(sim.platform, CollectiveKind::kAllGather, S, rails[g], CollectiveAlgorithm::kRing).seconds;
+        together[g] =
+            measure(sim.platform, CollectiveKind::kAllGather, S, rails[g], CollectiveAlgorithm::kRing).seconds;
       }));
     for (auto& actor : actors) actor->join();
   });
@@ -212,10 +217,10 @@ TEST_CASE("sim collective: hierarchical all-gather and reduce-scatter match the 
     ag = measure(sim.platform, CollectiveKind::kAllGather, S, all, CollectiveAlgorithm::kHierarchical);
     rs = measure(sim.platform, CollectiveKind::kReduceScatter, S, all, CollectiveAlgorithm::kHierarchical);
   });
-  CHECK(ag.seconds ==
-        Approx(closed_form(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kAllGather, S, all)).epsilon(kTolerance));
-  CHECK(rs.seconds ==
-        Approx(closed_form(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kReduceScatter, S, all)).epsilon(kTolerance));
+  CHECK(ag.seconds == Approx(closed_form(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kAllGather, S, all))
+                          .epsilon(kTolerance));
+  CHECK(rs.seconds == Approx(closed_form(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kReduceScatter, S, all))
+                          .epsilon(kTolerance));
 }
 
 TEST_CASE("sim collective: two collectives sharing a NIC each get half of it", "[sim][collective]") {
@@ -287,9 +292,11 @@ TEST_CASE("sim collective: all-to-all traffic and time match the pairwise closed
   CHECK(wide.traffic.intra_node_bytes == Approx(16 * 7.0 / 16 * S));
   CHECK(wide.traffic.inter_node_bytes == Approx(16 * 8.0 / 16 * S));
   CHECK(wide.traffic.intra_node_bytes + wide.traffic.inter_node_bytes == Approx(16 * 15.0 / 16 * S));
-  CHECK(wide.seconds == Approx(closed_form(c, CollectiveAlgorithm::kPairwise, CollectiveKind::kAllToAll, S, all)).epsilon(kTolerance));
+  CHECK(wide.seconds ==
+        Approx(closed_form(c, CollectiveAlgorithm::kPairwise, CollectiveKind::kAllToAll, S, all)).epsilon(kTolerance));
   CHECK(local.traffic.inter_node_bytes == 0);
-  CHECK(local.seconds == Approx(closed_form(c, CollectiveAlgorithm::kPairwise, CollectiveKind::kAllToAll, S, node)).epsilon(kTolerance));
+  CHECK(local.seconds ==
+        Approx(closed_form(c, CollectiveAlgorithm::kPairwise, CollectiveKind::kAllToAll, S, node)).epsilon(kTolerance));
 }
 
 TEST_CASE("sim collective: full-mesh node: direct and ring and 2-level match the closed forms", "[sim][collective]") {
@@ -322,11 +329,13 @@ TEST_CASE("sim collective: full-mesh node: direct and ring and 2-level match the
   CHECK(seconds[0] == Approx(15.0 / 16 * S / B + 15 * c.intra.latency_s).epsilon(kTolerance));
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO(to_string(cases[i].algorithm) << " " << to_string(cases[i].kind) << " over " << cases[i].group->ranks.size());
-    CHECK(seconds[i] == Approx(closed_form(c, cases[i].algorithm, cases[i].kind, S, *cases[i].group)).epsilon(kTolerance));
+    CHECK(seconds[i] ==
+          Approx(closed_form(c, cases[i].algorithm, cases[i].kind, S, *cases[i].group)).epsilon(kTolerance));
   }
 }
 
-TEST_CASE("sim collective: broadcast on a full-mesh node is bounded by each member's p-1 pair links", "[sim][collective]") {
+TEST_CASE("sim collective: broadcast on a full-mesh node is bounded by each member's p-1 pair links",
+          "[sim][collective]") {
   // Every non-root member must receive S over its p-1 pair links of B_i/(R-1): S·(R-1)/((p-1)·B_i) is a
   // lower bound, and the simulation reaches it. The closed form says S·(R-1)/(p·B_i) (its full-mesh
   // pass formula), which no algorithm reaches: 1/p optimistic.
@@ -355,5 +364,6 @@ TEST_CASE("sim collective: an 8192-GPU platform builds fast and runs a cluster-w
   const double S = 1 * GiB;
   Measured m;
   sim.run([&] { m = measure(sim.platform, CollectiveKind::kAllGather, S, world, CollectiveAlgorithm::kRing); });
-  CHECK(m.seconds == Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, world)).epsilon(kTolerance));
+  CHECK(m.seconds ==
+        Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, world)).epsilon(kTolerance));
 }

@@ -154,8 +154,9 @@ TEST_CASE("sim: timeline is a Chrome trace with one process per GPU and one thre
   CHECK(pids.size() == 16);
   CHECK(complete > 0);
   const nlohmann::json s = sim::summary_json(b.scenario, r);
-  for (const char* key : {"step_time_s", "tokens_per_s", "tokens_per_gpu_per_s", "mfu", "tflops_per_gpu", "compute_s",
-                          "exposed_comm_s", "overlap_fraction", "peak_memory_bytes", "comm_bytes", "gpus", "sim_wall_s"})
+  for (const char* key :
+       {"step_time_s", "tokens_per_s", "tokens_per_gpu_per_s", "mfu", "tflops_per_gpu", "compute_s", "exposed_comm_s",
+        "overlap_fraction", "peak_memory_bytes", "comm_bytes", "gpus", "sim_wall_s"})
     CHECK(s.contains(key));
 }
 

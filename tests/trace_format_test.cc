@@ -71,7 +71,8 @@ TEST_CASE("trace format: bad traces name the event and the field", "[trace][erro
   t = good;
   json copy = t["events"][10];
   copy["op"] = copy["op"].get<int>() + 1000;
-  copy["start_us"] = copy["start_us"].get<double>() + 0.25 * (copy["end_us"].get<double>() - copy["start_us"].get<double>());
+  copy["start_us"] =
+      copy["start_us"].get<double>() + 0.25 * (copy["end_us"].get<double>() - copy["start_us"].get<double>());
   t["events"].push_back(copy);
   CHECK_THAT(error_of(t), Catch::Contains("a stream runs one op at a time"));
   // A collective in a group its rank is not a member of.

@@ -15,13 +15,13 @@
 #include <simgrid/s4u/Actor.hpp>
 #include <simgrid/s4u/Engine.hpp>
 
-#include "sim/collective.h"
 #include "shared/collective_cost.h"
-#include "sim/platform.h"
-#include "tools/cli_flags.h"
 #include "shared/json_io.h"
 #include "shared/scenario_parser.h"
 #include "shared/text.h"
+#include "sim/collective.h"
+#include "sim/platform.h"
+#include "tools/cli_flags.h"
 
 namespace hzp::cli {
 
@@ -70,11 +70,24 @@ Result<long long> parse_size(const std::string& text) {
   long long scale = 1;
   std::string digits = text;
   switch (text.back()) {
-    case 'K': case 'k': scale = 1LL << 10; break;
-    case 'M': case 'm': scale = 1LL << 20; break;
-    case 'G': case 'g': scale = 1LL << 30; break;
-    case 'T': case 't': scale = 1LL << 40; break;
-    default: break;
+    case 'K':
+    case 'k':
+      scale = 1LL << 10;
+      break;
+    case 'M':
+    case 'm':
+      scale = 1LL << 20;
+      break;
+    case 'G':
+    case 'g':
+      scale = 1LL << 30;
+      break;
+    case 'T':
+    case 't':
+      scale = 1LL << 40;
+      break;
+    default:
+      break;
   }
   if (scale > 1) digits.pop_back();
   auto v = parse_int_flag("--bytes", digits, 1, kMaxBytes / scale);
@@ -96,15 +109,19 @@ Result<std::optional<CollectiveAlgorithm>> parse_algorithm(const std::string& te
   for (CollectiveAlgorithm a : {CollectiveAlgorithm::kRing, CollectiveAlgorithm::kDirect,
                                 CollectiveAlgorithm::kHierarchical, CollectiveAlgorithm::kPairwise})
     if (text == to_string(a)) return std::optional<CollectiveAlgorithm>(a);
-  return Status::InvalidInput("--algorithm: expected auto, ring, direct, hierarchical or pairwise, got " + quoted(text, 40));
+  return Status::InvalidInput("--algorithm: expected auto, ring, direct, hierarchical or pairwise, got " +
+                              quoted(text, 40));
 }
 
 // nccl-tests' bus bandwidth factor: what each rank's busiest link carries relative to the buffer.
 double bus_factor(CollectiveKind kind, int p) {
   switch (kind) {
-    case CollectiveKind::kAllReduce: return 2.0 * (p - 1) / p;
-    case CollectiveKind::kBroadcast: return 1;
-    default: return static_cast<double>(p - 1) / p;
+    case CollectiveKind::kAllReduce:
+      return 2.0 * (p - 1) / p;
+    case CollectiveKind::kBroadcast:
+      return 1;
+    default:
+      return static_cast<double>(p - 1) / p;
   }
 }
 
@@ -129,8 +146,12 @@ struct Options {
 
 Result<Options> parse_options(const std::vector<std::string>& args) {
   HZP_ASSIGN_OR_RETURN(ParsedArgs a, parse_flags(args,
-                                                 {{"--cluster", true}, {"--nodes", true}, {"--op", true}, {"--group", true},
-                                                  {"--bytes", true}, {"--algorithm", true}},
+                                                 {{"--cluster", true},
+                                                  {"--nodes", true},
+                                                  {"--op", true},
+                                                  {"--group", true},
+                                                  {"--bytes", true},
+                                                  {"--algorithm", true}},
                                                  0));
   for (const char* required : {"--cluster", "--op", "--group", "--bytes"})
     if (!a.has(required)) return Status::InvalidInput(std::string("missing ") + required);
@@ -148,7 +169,8 @@ Result<Options> parse_options(const std::vector<std::string>& args) {
   if (colon != std::string::npos) {
     HZP_ASSIGN_OR_RETURN(o.max_bytes, parse_size(bytes.substr(colon + 1)));
   }
-  if (o.max_bytes < o.min_bytes) return Status::InvalidInput("--bytes: MAX (" + bytes.substr(colon + 1) + ") is below MIN");
+  if (o.max_bytes < o.min_bytes)
+    return Status::InvalidInput("--bytes: MAX (" + bytes.substr(colon + 1) + ") is below MIN");
   if (auto v = a.get("--algorithm")) {
     HZP_ASSIGN_OR_RETURN(o.algorithm, parse_algorithm(*v));
   }
@@ -166,8 +188,9 @@ Result<std::vector<int>> group_ranks(const Options& o, const ClusterSpec& c) {
   } else {
     HZP_ASSIGN_OR_RETURN(const long long n, parse_int_flag("--group", o.group, 1, kMaxCollectiveGpus));
     if (n > c.world_size())
-      return Status::InvalidInput("--group: " + o.group + " GPUs exceed the cluster's " + std::to_string(c.world_size()) +
-                                  " (" + std::to_string(c.nodes) + " nodes x " + std::to_string(R) + ")");
+      return Status::InvalidInput("--group: " + o.group + " GPUs exceed the cluster's " +
+                                  std::to_string(c.world_size()) + " (" + std::to_string(c.nodes) + " nodes x " +
+                                  std::to_string(R) + ")");
     if (n > R && n % R != 0)
       return Status::InvalidInput("--group: " + o.group + " GPUs must fill whole nodes of " + std::to_string(R) +
                                   " GPUs when they span nodes");
@@ -235,8 +258,8 @@ int run_collective_command(const std::vector<std::string>& args) {
   if (!loaded.ok()) return fail(loaded.status());
   const ClusterSpec cluster = std::move(loaded).value();
   if (cluster.world_size() > kMaxCollectiveGpus)
-    return usage_error("the cluster has " + std::to_string(cluster.world_size()) + " GPUs; hzp collective simulates at most " +
-                       std::to_string(kMaxCollectiveGpus));
+    return usage_error("the cluster has " + std::to_string(cluster.world_size()) +
+                       " GPUs; hzp collective simulates at most " + std::to_string(kMaxCollectiveGpus));
   auto ranks = group_ranks(o, cluster);
   if (!ranks.ok()) return usage_error(ranks.status().message());
   ProcessGroup group;
@@ -247,9 +270,10 @@ int run_collective_command(const std::vector<std::string>& args) {
   group.intra_node = shape.nodes == 1;
   const int p = shape.size();
   if (o.algorithm && !algorithm_applies(cluster, *o.algorithm, o.kind, shape))
-    return usage_error(std::string("--algorithm ") + to_string(*o.algorithm) + " does not apply to " + to_string(o.kind) +
-                       " over " + count_of(shape.ranks_per_node, "GPU") + " on each of " + count_of(shape.nodes, "node") +
-                       " of " + cluster.name + ": ring, direct (one full-mesh node), hierarchical (several GPUs on "
+    return usage_error(std::string("--algorithm ") + to_string(*o.algorithm) + " does not apply to " +
+                       to_string(o.kind) + " over " + count_of(shape.ranks_per_node, "GPU") + " on each of " +
+                       count_of(shape.nodes, "node") + " of " + cluster.name +
+                       ": ring, direct (one full-mesh node), hierarchical (several GPUs on "
                        "several nodes) and pairwise (all_to_all only) apply as shared/collective_cost.h says");
 
   std::vector<Row> rows;
@@ -286,7 +310,8 @@ int run_collective_command(const std::vector<std::string>& args) {
               to_string(cluster.intra.topology), cluster.intra.bytes_per_s / 1e9, cluster.efficiency.intra_node,
               cluster.nic.per_node, cluster.nic.bytes_per_s * 8 / 1e9, cluster.efficiency.inter_node,
               to_string(cluster.nic.mapping), cluster.inter.leaf_size, o.algorithm ? to_string(*o.algorithm) : "auto");
-  std::printf("%14s %12s %12s %12s %12s  %s\n", "size(B)", "time_us", "algbw_GBps", "busbw_GBps", "model_us", "algorithm");
+  std::printf("%14s %12s %12s %12s %12s  %s\n", "size(B)", "time_us", "algbw_GBps", "busbw_GBps", "model_us",
+              "algorithm");
   for (const Row& row : rows) {
     const double algbw = row.seconds > 0 ? row.bytes / row.seconds / 1e9 : 0;
     std::printf("%14lld %12.2f %12.2f %12.2f %12.2f  %s\n", row.bytes, row.seconds * 1e6, algbw,

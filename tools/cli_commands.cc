@@ -10,14 +10,8 @@
 #include <tuple>
 #include <vector>
 
-#include "tools/cli.h"
-#include "tools/cli_flags.h"
-#include "shared/files.h"
 #include "shared/estimator.h"
-#include "tools/cli_collective.h"
-#include "tools/cli_search.h"
-#include "tools/cli_train.h"
-#include "sim/executor.h"
+#include "shared/files.h"
 #include "shared/model_math.h"
 #include "shared/plan.h"
 #include "shared/planner.h"
@@ -25,11 +19,19 @@
 #include "shared/scenario_parser.h"
 #include "shared/schedule_validator.h"
 #include "shared/sharding.h"
+#include "sim/executor.h"
+#include "tools/cli.h"
+#include "tools/cli_collective.h"
+#include "tools/cli_flags.h"
+#include "tools/cli_search.h"
+#include "tools/cli_train.h"
 
 namespace hzp::cli {
 namespace {
 
-int exit_code(const Status& status) { return status.code() == StatusCode::kInvalidInput ? 2 : 1; }
+int exit_code(const Status& status) {
+  return status.code() == StatusCode::kInvalidInput ? 2 : 1;
+}
 
 int fail(const Status& status) {
   std::fprintf(stderr, "hzp: error: %s\n", status.message().c_str());
@@ -74,7 +76,8 @@ Result<Scenario> load(const std::string& path) {
   HZP_ASSIGN_OR_RETURN(Scenario scenario, load_scenario_file(path));
   if (scenario.policy.auto_sharding) {
     HZP_RETURN_IF_ERROR(resolve_auto_sharding(scenario));
-    std::fprintf(stderr, "hzp: policy.sharding \"auto\" -> %s, prefetch %d (the planner's analytic pick; `hzp plan "
+    std::fprintf(stderr,
+                 "hzp: policy.sharding \"auto\" -> %s, prefetch %d (the planner's analytic pick; `hzp plan "
                  "--search` also simulates the top candidates; %s)\n",
                  sharding_notation(scenario.policy.sharding).c_str(), scenario.policy.overlap.prefetch_depth,
                  kShardingLegend);
@@ -96,7 +99,8 @@ int run_validate(const std::vector<std::string>& argv) {
     return 0;
   }
   if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
-  std::fprintf(stderr, "hzp validate: ok — %s, %lld parameters, mesh %s, %lld micro-batches/step, schedule of %zu "
+  std::fprintf(stderr,
+               "hzp validate: ok — %s, %lld parameters, mesh %s, %lld micro-batches/step, schedule of %zu "
                "ops per rank on %zu streams, %zu process groups, no deadlock\n",
                scenario->name.c_str(), static_cast<long long>(cost.params), scenario->mesh().describe().c_str(),
                static_cast<long long>(scenario->grad_accum_steps()), schedule->programs[0].ops.size(),
@@ -114,7 +118,8 @@ int run_plan(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {"--out", "--top", "--jobs"}, true, {"--search"});
   if (!args.ok()) return usage_error("plan", args.status().message());
   const bool search = args->has("--search");
-  if (!search && (args->has("--top") || args->has("--jobs"))) return usage_error("plan", "--top and --jobs need --search");
+  if (!search && (args->has("--top") || args->has("--jobs")))
+    return usage_error("plan", "--top and --jobs need --search");
   auto scenario = load(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
   if (search) {
@@ -129,12 +134,14 @@ int run_plan(const std::vector<std::string>& argv) {
     return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs),
                            args->get("--out").value_or("out/" + safe_file_name(scenario->name) + "-plan"));
   }
-  if (auto out = args->get("--out"); out && !ensure_writable_dir(*out, "--out").ok()) return fail(ensure_writable_dir(*out, "--out"));
+  if (auto out = args->get("--out"); out && !ensure_writable_dir(*out, "--out").ok())
+    return fail(ensure_writable_dir(*out, "--out"));
   auto plan = plan_presets(*scenario);
   if (!plan.ok()) return fail(plan.status());
   std::printf("%s", plan_table(*scenario, *plan).c_str());
   if (auto out = args->get("--out")) {
-    if (Status s = write_output(*out, "plan.json", plan_to_json(*scenario, *plan).dump(2) + "\n"); !s.ok()) return fail(s);
+    if (Status s = write_output(*out, "plan.json", plan_to_json(*scenario, *plan).dump(2) + "\n"); !s.ok())
+      return fail(s);
     std::printf("wrote %s/plan.json\n", out->c_str());
   }
   return 0;
@@ -221,8 +228,10 @@ int run_simulate(const std::vector<std::string>& argv) {
               r.comm_bytes_inter_node / 1e9);
   std::printf("  simulation    %lld ops, %lld collectives in %.2f s wall (%.0f ops/s)\n", r.ops_executed, r.collectives,
               r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0);
-  if (Status s = write_output(out_dir, "summary.json", sim::summary_json(*scenario, r).dump(2) + "\n"); !s.ok()) return fail(s);
-  if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(*scenario, *schedule, r).dump() + "\n"); !s.ok())
+  if (Status s = write_output(out_dir, "summary.json", sim::summary_json(*scenario, r).dump(2) + "\n"); !s.ok())
+    return fail(s);
+  if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(*scenario, *schedule, r).dump() + "\n");
+      !s.ok())
     return fail(s);
   std::printf("wrote %s/summary.json and %s/timeline.json (open in ui.perfetto.dev; %zu GPUs recorded)\n",
               out_dir.c_str(), out_dir.c_str(), r.timeline_ranks.size());

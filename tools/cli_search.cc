@@ -32,7 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct Simulation {
-  std::string label;      // "#3" for a searched candidate, the preset name for a preset
+  std::string label;  // "#3" for a searched candidate, the preset name for a preset
   Scenario scenario;
   Estimate estimate;
   double simulated_step_s = -1;
@@ -155,12 +155,13 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   }
   const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const SearchResult& r = *found;
-  std::printf("search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings): %lld do not fit in "
-              "memory, %lld are invalid, %lld equal a shallower prefetch of the same policy, %zu ranked by the analytic "
-              "estimator in %.3f s\n",
-              r.candidates, valid_shardings(scenario.cluster.gpus_per_node, scenario.cluster.nodes).size(),
-              options.prefetch_depths.size(), options.separate_streams.size(), r.rejected_memory, r.rejected_invalid,
-              r.redundant, r.ranked.size(), search_s);
+  std::printf(
+      "search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings): %lld do not fit in "
+      "memory, %lld are invalid, %lld equal a shallower prefetch of the same policy, %zu ranked by the analytic "
+      "estimator in %.3f s\n",
+      r.candidates, valid_shardings(scenario.cluster.gpus_per_node, scenario.cluster.nodes).size(),
+      options.prefetch_depths.size(), options.separate_streams.size(), r.rejected_memory, r.rejected_invalid,
+      r.redundant, r.ranked.size(), search_s);
   std::printf("%s\n", kShardingLegend);
   if (r.ranked.empty()) {
     std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
@@ -206,8 +207,8 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
                              : !s.error.empty()          ? s.error
                              : !s.simulated_fits         ? "NOT RUNNABLE: does not fit in memory when simulated"
                                                          : "";
-    std::printf("%-8s %-44s %10.4f %10s %8s %s\n", s.label.c_str(), describe(s.scenario).c_str(), s.estimate.step_time_s,
-                simulated, mfu, note.c_str());
+    std::printf("%-8s %-44s %10.4f %10s %8s %s\n", s.label.c_str(), describe(s.scenario).c_str(),
+                s.estimate.step_time_s, simulated, mfu, note.c_str());
   }
   std::printf("simulated %zu scenarios with %d parallel processes in %.1f s; each in %s/<candidate>/\n", sims.size(),
               jobs, sim_s, dir.c_str());
@@ -216,31 +217,43 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   for (size_t i : order) {
     const Simulation& s = sims[i];
     const MemoryBreakdown& m = s.estimate.memory;
-    candidates.push_back({{"policy", s.label.rfind('#', 0) == 0 ? "amsp" : s.label},
-                          {"rank", s.label},
-                          {"folder", (fs::path("candidates") / folder_name(s)).string()},
-                          {"sharding", sharding_json(s.scenario.policy.sharding)},
-                          {"overlap", {{"prefetch_depth", s.scenario.policy.overlap.prefetch_depth},
-                                       {"separate_streams", s.scenario.policy.overlap.separate_streams}}},
-                          {"memory_bytes_per_gpu", {{"params", m.params}, {"grads", m.grads},
-                                                    {"optimizer", m.optimizer}, {"activations", m.activations},
-                                                    {"buffers", m.buffers}, {"total", m.total()}}},
-                          {"comm_bytes_per_gpu", s.estimate.comm_bytes_per_gpu},
-                          {"estimated_step_time_s", s.estimate.step_time_s},
-                          {"estimated_mfu", s.estimate.mfu},
-                          {"fits_memory", s.estimate.fits_memory},
-                          {"simulated_step_time_s", s.error.empty() ? nlohmann::json(s.simulated_step_s) : nlohmann::json()},
-                          {"simulated_mfu", s.simulated_mfu},
-                          {"simulated_fits_memory", s.error.empty() ? nlohmann::json(s.simulated_fits) : nlohmann::json()},
-                          {"error", s.error}});
+    candidates.push_back(
+        {{"policy", s.label.rfind('#', 0) == 0 ? "amsp" : s.label},
+         {"rank", s.label},
+         {"folder", (fs::path("candidates") / folder_name(s)).string()},
+         {"sharding", sharding_json(s.scenario.policy.sharding)},
+         {"overlap",
+          {{"prefetch_depth", s.scenario.policy.overlap.prefetch_depth},
+           {"separate_streams", s.scenario.policy.overlap.separate_streams}}},
+         {"memory_bytes_per_gpu",
+          {{"params", m.params},
+           {"grads", m.grads},
+           {"optimizer", m.optimizer},
+           {"activations", m.activations},
+           {"buffers", m.buffers},
+           {"total", m.total()}}},
+         {"comm_bytes_per_gpu", s.estimate.comm_bytes_per_gpu},
+         {"estimated_step_time_s", s.estimate.step_time_s},
+         {"estimated_mfu", s.estimate.mfu},
+         {"fits_memory", s.estimate.fits_memory},
+         {"simulated_step_time_s", s.error.empty() ? nlohmann::json(s.simulated_step_s) : nlohmann::json()},
+         {"simulated_mfu", s.simulated_mfu},
+         {"simulated_fits_memory", s.error.empty() ? nlohmann::json(s.simulated_fits) : nlohmann::json()},
+         {"error", s.error}});
   }
   nlohmann::json plan = {{"scenario", scenario.name},
                          {"gpus", scenario.data_parallel()},
-                         {"search", {{"candidates", r.candidates}, {"estimated", r.estimated},
-                                     {"rejected_memory", r.rejected_memory}, {"rejected_invalid", r.rejected_invalid},
-                                     {"redundant", r.redundant}, {"ranked", r.ranked.size()},
-                                     {"analytic_ranking_s", search_s}, {"simulated", sims.size()},
-                                     {"simulation_wall_s", sim_s}, {"jobs", jobs}}},
+                         {"search",
+                          {{"candidates", r.candidates},
+                           {"estimated", r.estimated},
+                           {"rejected_memory", r.rejected_memory},
+                           {"rejected_invalid", r.rejected_invalid},
+                           {"redundant", r.redundant},
+                           {"ranked", r.ranked.size()},
+                           {"analytic_ranking_s", search_s},
+                           {"simulated", sims.size()},
+                           {"simulation_wall_s", sim_s},
+                           {"jobs", jobs}}},
                          {"candidates", candidates},
                          {"best", best >= 0 ? nlohmann::json(sims[best].label) : nlohmann::json()}};
   if (Status st = write_file_atomic((fs::path(out_dir) / "plan.json").string(), plan.dump(2) + "\n"); !st.ok()) {

@@ -67,9 +67,18 @@ std::string default_data_path() {
 
 int run_train_command(const std::vector<std::string>& args) {
   auto parsed = parse_flags(args,
-                            {{"--nproc", true}, {"--gpus-per-node", true}, {"--steps", true}, {"--stop-after", true},
-                             {"--out", true}, {"--data", true}, {"--trace", true}, {"--perfetto", true},
-                             {"--checkpoint-dir", true}, {"--resume", false}, {"--timeout-s", true}, {"--threads", true},
+                            {{"--nproc", true},
+                             {"--gpus-per-node", true},
+                             {"--steps", true},
+                             {"--stop-after", true},
+                             {"--out", true},
+                             {"--data", true},
+                             {"--trace", true},
+                             {"--perfetto", true},
+                             {"--checkpoint-dir", true},
+                             {"--resume", false},
+                             {"--timeout-s", true},
+                             {"--threads", true},
                              {"--backend", true}},
                             1);
   if (!parsed.ok()) return usage(parsed.status().message());
@@ -83,9 +92,10 @@ int run_train_command(const std::vector<std::string>& args) {
     long long* out;
   };
   long long nproc = 0, gpus_per_node = 0, steps = 0, stop_after = 0, timeout_s = 60, threads = 0;
-  for (const IntFlag& f : {IntFlag{"--nproc", kMaxLocalRanks, &nproc}, IntFlag{"--gpus-per-node", kMaxLocalRanks, &gpus_per_node},
-                           IntFlag{"--steps", 1'000'000'000, &steps}, IntFlag{"--stop-after", 1'000'000'000, &stop_after},
-                           IntFlag{"--timeout-s", 86400, &timeout_s}, IntFlag{"--threads", 1024, &threads}}) {
+  for (const IntFlag& f :
+       {IntFlag{"--nproc", kMaxLocalRanks, &nproc}, IntFlag{"--gpus-per-node", kMaxLocalRanks, &gpus_per_node},
+        IntFlag{"--steps", 1'000'000'000, &steps}, IntFlag{"--stop-after", 1'000'000'000, &stop_after},
+        IntFlag{"--timeout-s", 86400, &timeout_s}, IntFlag{"--threads", 1024, &threads}}) {
     if (auto v = a.get(f.name)) {
       auto n = parse_int_flag(f.name, *v, 1, f.max);
       if (!n.ok()) return usage(n.status().message());

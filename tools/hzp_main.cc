@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "tools/cli.h"
 #include "runtime/runtime_info.h"
-#include "sim/sim_info.h"
 #include "shared/text.h"
+#include "sim/sim_info.h"
+#include "tools/cli.h"
 
 namespace {
 

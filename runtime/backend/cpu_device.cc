@@ -13,7 +13,9 @@ namespace {
 
 constexpr std::int64_t kAlignment = 64;
 
-std::int64_t round_up(std::int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+std::int64_t round_up(std::int64_t bytes) {
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 }  // namespace
 
@@ -43,13 +45,14 @@ Result<Buffer> CpuMemoryPool::allocate(const std::string& category, std::int64_t
                             " bytes (category '" + category + "' asked for " + std::to_string(count) + " elements)");
   const std::int64_t free_bytes = capacity_ - used_;
   const std::int64_t max_count = (std::numeric_limits<std::int64_t>::max() - kAlignment) / element;
-  const std::int64_t requested = count <= max_count ? round_up(count * element) : std::numeric_limits<std::int64_t>::max();
+  const std::int64_t requested =
+      count <= max_count ? round_up(count * element) : std::numeric_limits<std::int64_t>::max();
   if (count > max_count || requested > free_bytes)
-    return Status::InvalidInput("memory pool exhausted: category '" + category + "' requested " +
-                                (count > max_count ? std::string("an impossible size")
-                                                   : std::to_string(requested) + " bytes") +
-                                " (" + std::to_string(count) + " " + to_string(dtype) + " elements) but only " +
-                                std::to_string(free_bytes) + " of " + std::to_string(capacity_) + " bytes are free");
+    return Status::InvalidInput(
+        "memory pool exhausted: category '" + category + "' requested " +
+        (count > max_count ? std::string("an impossible size") : std::to_string(requested) + " bytes") + " (" +
+        std::to_string(count) + " " + to_string(dtype) + " elements) but only " + std::to_string(free_bytes) + " of " +
+        std::to_string(capacity_) + " bytes are free");
   // A zero-size piece is a valid pointer into (or one past) the pool, never dereferenced.
   alignas(kAlignment) static float empty_piece = 0.0f;
   void* piece = base_ != nullptr ? static_cast<void*>(base_ + used_) : static_cast<void*>(&empty_piece);

@@ -97,10 +97,10 @@ enum class ReduceOp { kSum };
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual int rank() const = 0;                             // my position in the group
+  virtual int rank() const = 0;  // my position in the group
   virtual int size() const = 0;
   virtual const std::vector<int>& global_ranks() const = 0;  // group position -> global rank
-  virtual const std::string& name() const = 0;              // e.g. "param_shard[0,1,2,3]" for messages
+  virtual const std::string& name() const = 0;               // e.g. "param_shard[0,1,2,3]" for messages
 
   // out[size * count] = concatenation of every position's in[count], in position order. in may alias
   // out + rank() * count.
@@ -121,13 +121,17 @@ class Communicator {
   virtual Status barrier() = 0;
 
   // fp32 forms.
-  Status all_gather(const float* in, float* out, std::int64_t count) { return all_gather(in, out, count, DType::kFp32); }
+  Status all_gather(const float* in, float* out, std::int64_t count) {
+    return all_gather(in, out, count, DType::kFp32);
+  }
   Status reduce_scatter(const float* in, float* out, std::int64_t count) {
     return reduce_scatter(in, out, count, DType::kFp32);
   }
   Status all_reduce(float* data, std::int64_t count) { return all_reduce(data, count, DType::kFp32); }
   Status broadcast(float* data, std::int64_t count, int root) { return broadcast(data, count, root, DType::kFp32); }
-  Status all_to_all(const float* in, float* out, std::int64_t count) { return all_to_all(in, out, count, DType::kFp32); }
+  Status all_to_all(const float* in, float* out, std::int64_t count) {
+    return all_to_all(in, out, count, DType::kFp32);
+  }
 
   // The collective submitted on `s`, returning its event.
   EventPtr all_gather_async(Stream& s, const float* in, float* out, std::int64_t count) {
@@ -156,8 +160,10 @@ class Device {
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
   // The communicator of the group `ranks` (global ranks in group order; contains this rank), for use from
   // `stream`. `key` is the same on every member and unique per (group, stream).
-  virtual Result<std::unique_ptr<Communicator>> create_communicator(const std::vector<int>& ranks, const std::string& key,
-                                                                    const std::string& display_name, Stream& stream) = 0;
+  virtual Result<std::unique_ptr<Communicator>> create_communicator(const std::vector<int>& ranks,
+                                                                    const std::string& key,
+                                                                    const std::string& display_name,
+                                                                    Stream& stream) = 0;
 };
 
 // --- The CPU implementation ------------------------------------------------------------------------------
@@ -210,7 +216,9 @@ class CpuStream final : public Stream {
   const std::string& name() const override { return name_; }
   EventPtr submit(std::function<Status()> work) override;
   void wait(EventPtr event) override;
-  EventPtr record() override { return submit([] { return Status::Ok(); }); }
+  EventPtr record() override {
+    return submit([] { return Status::Ok(); });
+  }
   Status synchronize() override;
 
  private:

@@ -76,7 +76,9 @@ void sum_floats(void* c, const void* a, const void* b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
-std::size_t bytes_of(std::int64_t floats) { return static_cast<std::size_t>(floats) * sizeof(float); }
+std::size_t bytes_of(std::int64_t floats) {
+  return static_cast<std::size_t>(floats) * sizeof(float);
+}
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -199,8 +201,8 @@ class GlooCommunicator final : public Communicator {
     constexpr const char* op = "broadcast";
     HZP_RETURN_IF_ERROR(check_count(op, count, 1));
     if (root < 0 || root >= size())
-      return invalid(op, "root " + std::to_string(root) + " is not a position of the group (size " +
-                             std::to_string(size()) + ")");
+      return invalid(
+          op, "root " + std::to_string(root) + " is not a position of the group (size " + std::to_string(size()) + ")");
     if (count == 0 || size() == 1) return Status::Ok();
     if (data == nullptr) return invalid(op, "null buffer");
     return run(op, [&] {
@@ -238,14 +240,12 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
-
  public:
   Status all_to_all_v(const float* in, const std::vector<std::int64_t>& send_counts, std::vector<float>& out,
                       std::vector<std::int64_t>& recv_counts) override {
     constexpr const char* op = "all_to_all_v";
     if (static_cast<int>(send_counts.size()) != size())
-      return invalid(op, std::to_string(send_counts.size()) + " send counts for a group of " +
-                             std::to_string(size()));
+      return invalid(op, std::to_string(send_counts.size()) + " send counts for a group of " + std::to_string(size()));
     std::int64_t send_total = 0;
     for (std::size_t j = 0; j < send_counts.size(); ++j) {
       if (send_counts[j] < 0 || send_counts[j] > kMaxFloats - send_total)
@@ -354,7 +354,7 @@ class GlooCommunicator final : public Communicator {
   const int rank_;
   const std::vector<int> ranks_;
   const std::string name_;
-  const std::string where_;  // " on <name> (global ranks [..]) failed: "
+  const std::string where_;                             // " on <name> (global ranks [..]) failed: "
   std::shared_ptr<gloo::rendezvous::Context> context_;  // null for a group of one
   const std::chrono::milliseconds timeout_;
   std::uint32_t tag_ = 0;
@@ -403,8 +403,8 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const StoreAddress&
                                                              const std::string& display_name,
                                                              std::shared_ptr<gloo::transport::Device> device,
                                                              const GlooOptions& options) {
-  const std::string where = "rendezvous (key '" + key + "') on " + display_name + " (global ranks " +
-                            ranks_string(ranks) + ") failed: ";
+  const std::string where =
+      "rendezvous (key '" + key + "') on " + display_name + " (global ranks " + ranks_string(ranks) + ") failed: ";
   if (ranks.empty()) return Status::InvalidInput(where + "empty group");
   if (std::set<int>(ranks.begin(), ranks.end()).size() != ranks.size())
     return Status::InvalidInput(where + "a global rank appears twice");

@@ -28,7 +28,7 @@ struct StoreAddress {
 
 struct GlooOptions {
   std::string interface_address = "127.0.0.1";  // address the TCP device binds to
-  std::chrono::milliseconds timeout{60000};      // connect and every collective
+  std::chrono::milliseconds timeout{60000};     // connect and every collective
 };
 
 // A TCP device shared by every context of this process. Sets SIGPIPE to ignored (see gloo_comm.cc).

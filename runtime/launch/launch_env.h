@@ -21,7 +21,7 @@
 namespace hzp::runtime {
 
 struct LaunchEnv {
-  std::string source;      // "hzp", "torchrun", "slurm", "openmpi", "pmi"
+  std::string source;  // "hzp", "torchrun", "slurm", "openmpi", "pmi"
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;

@@ -42,12 +42,16 @@ std::string random_token() {
 }
 
 std::string describe(int status) {
-  if (WIFSIGNALED(status)) return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  if (WIFSIGNALED(status))
+    return std::string("killed by signal ") + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) +
+           ")";
   return "exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
 volatile sig_atomic_t g_interrupted = 0;
-void on_signal(int) { g_interrupted = 1; }
+void on_signal(int) {
+  g_interrupted = 1;
+}
 
 }  // namespace
 
@@ -59,8 +63,10 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   std::unique_ptr<CheckpointDirLock> lock;  // held for the job's lifetime; released if the launcher dies
   if (checked.ok() && !options.checkpoint_dir.empty()) {
     auto locked = CheckpointDirLock::acquire(options.checkpoint_dir);
-    if (locked.ok()) lock = std::move(locked).value();
-    else checked = locked.status();
+    if (locked.ok())
+      lock = std::move(locked).value();
+    else
+      checked = locked.status();
   }
   if (!checked.ok()) {
     std::fprintf(stderr, "hzp train: %s\n", checked.message().c_str());
@@ -99,8 +105,9 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
     for (char** e = environ; *e != nullptr; ++e) {
       const std::string kv = *e;
       const std::string key = kv.substr(0, kv.find('='));
-      static const char* ours[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                   "HZP_STORE_TOKEN", "HZP_LAUNCHED", "HZP_STORE_ADDR", "HZP_STORE_PORT"};
+      static const char* ours[] = {"RANK",           "WORLD_SIZE",    "LOCAL_RANK",      "LOCAL_WORLD_SIZE",
+                                   "MASTER_ADDR",    "MASTER_PORT",   "HZP_STORE_TOKEN", "HZP_LAUNCHED",
+                                   "HZP_STORE_ADDR", "HZP_STORE_PORT"};
       bool skip = false;
       for (const char* o : ours) skip = skip || key == o;
       if (!skip) env.push_back(kv);
@@ -196,7 +203,8 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   std::string summary;
   for (const auto& [r, status] : status_of) {
     const bool joined = (*client)->get("hzp/joined/" + std::to_string(r), std::chrono::milliseconds(20)).ok();
-    summary += "\n  rank " + std::to_string(r) + ": " + describe(status) + (joined ? "" : " (never joined the rendezvous)");
+    summary +=
+        "\n  rank " + std::to_string(r) + ": " + describe(status) + (joined ? "" : " (never joined the rendezvous)");
   }
   std::fprintf(stderr, "hzp train: failed%s%s\n",
                first_failed >= 0 ? (" (first to fail: rank " + std::to_string(first_failed) + ")").c_str() : "",

@@ -38,10 +38,10 @@ struct ModelConfig {
   std::int64_t vocab = 256;
   std::int64_t hidden = 0;
   std::int64_t heads = 0;
-  std::int64_t ffn = 0;          // dense MLP width
+  std::int64_t ffn = 0;  // dense MLP width
   int layers = 0;
-  std::vector<bool> moe_layer;   // size layers
-  std::int64_t experts = 0;      // E (0 when no MoE layer)
+  std::vector<bool> moe_layer;  // size layers
+  std::int64_t experts = 0;     // E (0 when no MoE layer)
   std::int64_t top_k = 0;
   std::int64_t expert_ffn = 0;
   double aux_loss_coef = 0.01;
@@ -58,19 +58,19 @@ struct TensorInfo {
   std::int64_t offset = 0;
   std::int64_t rows = 0;
   std::int64_t cols = 1;
-  bool decay = false;            // weight decay applies (matrices yes, norm weights no)
+  bool decay = false;  // weight decay applies (matrices yes, norm weights no)
   std::int64_t size() const { return rows * cols; }
 };
 using Layout = std::vector<TensorInfo>;
 std::int64_t layout_size(const Layout& layout);
 
-Layout embedding_layout(const ModelConfig& c);   // wte [V x h]
-Layout attention_layout(const ModelConfig& c);   // norm [h], wq, wk, wv [h x h], wo [h x h]
-Layout mlp_layout(const ModelConfig& c);         // norm [h], w_gate, w_up [h x f], w_down [f x h]
-Layout moe_router_layout(const ModelConfig& c);  // norm [h], router [h x E]
+Layout embedding_layout(const ModelConfig& c);                    // wte [V x h]
+Layout attention_layout(const ModelConfig& c);                    // norm [h], wq, wk, wv [h x h], wo [h x h]
+Layout mlp_layout(const ModelConfig& c);                          // norm [h], w_gate, w_up [h x f], w_down [f x h]
+Layout moe_router_layout(const ModelConfig& c);                   // norm [h], router [h x E]
 Layout experts_layout(const ModelConfig& c, std::int64_t count);  // per expert, consecutively: gate, up
-                                                                 // [h x fe], down [fe x h]
-Layout head_layout(const ModelConfig& c);        // norm [h], w_out [h x V]
+                                                                  // [h x fe], down [fe x h]
+Layout head_layout(const ModelConfig& c);                         // norm [h], w_out [h x V]
 
 // Deterministic initialisation, independent of sharding: the values depend only on (seed, tensor_id, index
 // inside the layout). Norm weights 1; matrices N(0, 0.02), the residual-output ones (wo, w_down) scaled by
@@ -84,8 +84,8 @@ void init_parameters(const ModelConfig& c, const Layout& layout, std::uint64_t s
 class Embedding {
  public:
   Embedding(const ModelConfig& c, std::int64_t tokens);
-  void forward(const float* params, const std::int32_t* ids, float* x);               // x = wte[ids]
-  void backward(const float* dx, const std::int32_t* ids, float* dparams);              // dwte += scatter
+  void forward(const float* params, const std::int32_t* ids, float* x);     // x = wte[ids]
+  void backward(const float* dx, const std::int32_t* ids, float* dparams);  // dwte += scatter
  private:
   ModelConfig c_;
   std::int64_t tokens_;
@@ -99,6 +99,7 @@ class AttentionBlock {
   AttentionBlock& operator=(const AttentionBlock&) = delete;
   void forward(const float* params, float* x);
   void backward(const float* params, float* dx, float* dparams);
+
  private:
   struct Impl;
   Impl* impl_;
@@ -112,6 +113,7 @@ class MlpBlock {
   MlpBlock& operator=(const MlpBlock&) = delete;
   void forward(const float* params, float* x);
   void backward(const float* params, float* dx, float* dparams);
+
  private:
   struct Impl;
   Impl* impl_;
@@ -128,6 +130,7 @@ class Head {
   Head& operator=(const Head&) = delete;
   double forward(const float* params, const float* x, const std::int32_t* targets);
   void backward(const float* params, float scale, float* dx, float* dparams);
+
  private:
   struct Impl;
   Impl* impl_;
@@ -163,8 +166,7 @@ class MoeBlock {
   void backward(const float* router, const float* experts, float aux_grad_scale, float* dx, float* drouter,
                 float* dexperts);
 
-  void route_forward(const float* router, const float* x, std::vector<float>& send,
-                     std::vector<std::int64_t>& counts);
+  void route_forward(const float* router, const float* x, std::vector<float>& send, std::vector<std::int64_t>& counts);
   void experts_forward(const float* experts, const std::vector<float>& recv, std::vector<float>& out);
   void combine_forward(const std::vector<float>& returned, float* x);
   void combine_backward(const float* dx, std::vector<float>& send_grad, std::vector<std::int64_t>& counts);

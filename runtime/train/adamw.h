@@ -12,8 +12,8 @@ namespace hzp::runtime {
 struct AdamWStep {
   double lr = 0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0;
-  std::int64_t t = 1;   // optimizer steps taken, this one included (bias correction)
-  float clip = 1;       // gradient scale from global-norm clipping
+  std::int64_t t = 1;  // optimizer steps taken, this one included (bias correction)
+  float clip = 1;      // gradient scale from global-norm clipping
 };
 
 // Updates elements [begin, begin + count) of a module laid out as `layout` (offsets in the layout's

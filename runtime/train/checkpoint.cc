@@ -37,7 +37,9 @@ std::string hex64(std::uint64_t v) {
   return buf;
 }
 
-Status bad(const std::string& where, const std::string& what) { return Status::InvalidInput(where + ": " + what); }
+Status bad(const std::string& where, const std::string& what) {
+  return Status::InvalidInput(where + ": " + what);
+}
 
 // The first non-finite value of the spans, as "segment value k", or "".
 std::string first_non_finite(const std::vector<FloatSpan>& spans) {
@@ -52,7 +54,8 @@ Status write_all(int fd, const void* data, std::size_t n, const std::string& pat
   while (n > 0) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return Status::Internal("checkpoint: writing " + printable(path, 200) + " failed: " + std::strerror(errno));
+    if (w <= 0)
+      return Status::Internal("checkpoint: writing " + printable(path, 200) + " failed: " + std::strerror(errno));
     p += w;
     n -= static_cast<std::size_t>(w);
   }
@@ -76,9 +79,15 @@ Status read_all(int fd, void* data, std::size_t n) {
 json CheckpointHeader::to_json() const {
   json segs = json::array();
   for (const auto& [p, o] : segments) segs.push_back({p, o});
-  return {{"format", kCheckpointFormat}, {"rank", rank},           {"world_size", world_size},
-          {"policy", policy},            {"next_step", next_step}, {"adam_steps", adam_steps},
-          {"segments", segs},            {"payload_bytes", payload_bytes}, {"payload_fnv1a64", hex64(checksum)}};
+  return {{"format", kCheckpointFormat},
+          {"rank", rank},
+          {"world_size", world_size},
+          {"policy", policy},
+          {"next_step", next_step},
+          {"adam_steps", adam_steps},
+          {"segments", segs},
+          {"payload_bytes", payload_bytes},
+          {"payload_fnv1a64", hex64(checksum)}};
 }
 
 Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
@@ -229,11 +238,14 @@ std::string checkpoint_file(const std::string& dir, std::int64_t step, int rank)
 Result<std::int64_t> read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
   auto text = read_text_file(path, 64);
-  if (!text.ok()) return Status::InvalidInput("--resume: no checkpoint in " + printable(dir, 200) + " (" + text.status().message() + ")");
+  if (!text.ok())
+    return Status::InvalidInput("--resume: no checkpoint in " + printable(dir, 200) + " (" + text.status().message() +
+                                ")");
   std::string t = *text;
   while (!t.empty() && (t.back() == '\n' || t.back() == ' ')) t.pop_back();
   if (t.empty() || t.size() > 10 || t.find_first_not_of("0123456789") != std::string::npos)
-    return Status::InvalidInput("--resume: " + printable(path, 200) + " does not hold a step number (" + quoted(t, 20) + ")");
+    return Status::InvalidInput("--resume: " + printable(path, 200) + " does not hold a step number (" + quoted(t, 20) +
+                                ")");
   return std::stoll(t);
 }
 
@@ -245,7 +257,8 @@ Result<std::unique_ptr<CheckpointDirLock>> CheckpointDirLock::acquire(const std:
   HZP_RETURN_IF_ERROR(ensure_writable_dir(dir, "--checkpoint-dir"));
   const std::string path = (fs::path(dir) / ".lock").string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::InvalidInput("--checkpoint-dir: cannot open " + printable(path, 200) + ": " + std::strerror(errno));
+  if (fd < 0)
+    return Status::InvalidInput("--checkpoint-dir: cannot open " + printable(path, 200) + ": " + std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char holder[256] = {};
     const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
@@ -260,7 +273,8 @@ Result<std::unique_ptr<CheckpointDirLock>> CheckpointDirLock::acquire(const std:
   if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, who.data(), who.size(), 0);
   // Holding the lock, nobody else writes here: temporary files are leftovers of a crashed writer.
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
     if (it.depth() > 1) it.disable_recursion_pending();
     if (it->is_regular_file(ec) && it->path().extension() == ".tmp") fs::remove(it->path(), ec);
   }

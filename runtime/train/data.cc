@@ -43,7 +43,8 @@ void ByteDataset::fill(std::int64_t begin, std::int64_t length, std::uint64_t ke
 
 void ByteDataset::train_batch(std::uint64_t seed, std::int64_t step, std::int64_t group, std::int64_t micro_batch,
                               std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const {
-  const std::uint64_t key = splitmix64(splitmix64(seed) ^ splitmix64(static_cast<std::uint64_t>(step) * 1000003ull + group));
+  const std::uint64_t key =
+      splitmix64(splitmix64(seed) ^ splitmix64(static_cast<std::uint64_t>(step) * 1000003ull + group));
   fill(0, split_, key, micro_batch, tokens, targets);
 }
 

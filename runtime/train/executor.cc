@@ -62,9 +62,9 @@ struct Executor::Impl {
 
   // Resident buffers of each segment (StateLayout sizes them).
   struct SegmentBuffers {
-    float* param = nullptr;      // full (s_p = 1) or this rank's shard
-    float* grad = nullptr;       // full (s_g = 1) or this rank's shard
-    float* m = nullptr;          // Adam moments of the optimizer slice
+    float* param = nullptr;  // full (s_p = 1) or this rank's shard
+    float* grad = nullptr;   // full (s_g = 1) or this rank's shard
+    float* m = nullptr;      // Adam moments of the optimizer slice
     float* v = nullptr;
     float* secondary = nullptr;  // hpZ: this rank's piece of the node-sharded copy
   };
@@ -74,7 +74,7 @@ struct Executor::Impl {
   float* eval_params = nullptr;                 // full parameters for evaluation (sharded runs)
 
   std::vector<std::unique_ptr<Stream>> streams;
-  std::unique_ptr<Stream> host_stream;          // metrics and evaluation collectives (outside the IR)
+  std::unique_ptr<Stream> host_stream;  // metrics and evaluation collectives (outside the IR)
   std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms;  // (group, stream)
   std::unique_ptr<Communicator> metrics;
   std::function<void(const Status&)> on_fatal;
@@ -136,7 +136,8 @@ struct Executor::Impl {
   }
   int router_seg(int unit) const { return layout.find(unit, 1, StateKind::kDense, false); }
   int experts_seg(int unit) const {
-    return layout.find(unit, 1, schedule.state(StateKind::kExpert).present ? StateKind::kExpert : StateKind::kDense, true);
+    return layout.find(unit, 1, schedule.state(StateKind::kExpert).present ? StateKind::kExpert : StateKind::kDense,
+                       true);
   }
   bool expert_parallel() const { return schedule.role_expert_parallel >= 0; }
   // dL/d(aux loss of one micro-batch): the coefficient, averaged over the step's micro-batch groups.
@@ -211,17 +212,20 @@ Status Executor::Impl::setup_memory() {
     need(layout.grad_floats(i));
     need(layout.optimizer_floats(i));
     need(layout.optimizer_floats(i));
-    if (segs[s].state == StateKind::kDense && schedule.role_secondary >= 0) need(segs[s].padded / layout.secondary_size());
+    if (segs[s].state == StateKind::kDense && schedule.role_secondary >= 0)
+      need(segs[s].padded / layout.secondary_size());
     full_model += segs[s].padded;
   }
   std::vector<std::int64_t> slot_elements;
   for (const BufferPool& bp : schedule.pools) {
-    slot_elements.push_back(bp.kind == PoolKind::kParamGather ? layout.max_unit_floats()
-                                                              : std::max(layout.max_unit_floats(), layout.max_bucket_floats()));
+    slot_elements.push_back(bp.kind == PoolKind::kParamGather
+                                ? layout.max_unit_floats()
+                                : std::max(layout.max_unit_floats(), layout.max_bucket_floats()));
     for (int i = 0; i < bp.slots; ++i) need(slot_elements.back());
   }
-  const bool sharded_params = layout.sharding(StateKind::kDense).s_p > 1 ||
-                              (schedule.state(StateKind::kExpert).present && layout.sharding(StateKind::kExpert).s_p > 1);
+  const bool sharded_params =
+      layout.sharding(StateKind::kDense).s_p > 1 ||
+      (schedule.state(StateKind::kExpert).present && layout.sharding(StateKind::kExpert).s_p > 1);
   if (sharded_params) need(full_model);
   pool = device->create_pool(elements * dtype_bytes(kComputeDtype));
 
@@ -257,9 +261,10 @@ Status Executor::Impl::setup_memory() {
       const Layout one = experts_layout(cfg, 1);
       const std::int64_t per = layout_size(one);
       for (std::int64_t e = 0; e < seg.n / per; ++e)
-        init_parameters(cfg, one, static_cast<std::uint64_t>(scenario.run.seed),
-                        1000000 + static_cast<std::uint64_t>(seg.unit) * 1000 + static_cast<std::uint64_t>(seg.first_expert + e),
-                        full.data() + e * per);
+        init_parameters(
+            cfg, one, static_cast<std::uint64_t>(scenario.run.seed),
+            1000000 + static_cast<std::uint64_t>(seg.unit) * 1000 + static_cast<std::uint64_t>(seg.first_expert + e),
+            full.data() + e * per);
     }
     const std::int64_t piece = layout.param_floats(static_cast<int>(s));
     const int p = layout.position(seg.state).p;
@@ -273,7 +278,8 @@ Status Executor::Impl::setup_comms() {
   // wait for each other's rendezvous in opposite orders.
   std::vector<std::pair<int, int>> pairs;
   for (const Op& op : program->ops)
-    if (const auto* c = std::get_if<CollectiveOp>(&op.body)) pairs.push_back({schedule.rank_groups[rank][c->role], op.stream});
+    if (const auto* c = std::get_if<CollectiveOp>(&op.body))
+      pairs.push_back({schedule.rank_groups[rank][c->role], op.stream});
   std::sort(pairs.begin(), pairs.end());
   pairs.erase(std::unique(pairs.begin(), pairs.end()), pairs.end());
   for (const auto& [group, stream] : pairs) {
@@ -282,8 +288,9 @@ Status Executor::Impl::setup_comms() {
     name << to_string(g.role) << "[";
     for (std::size_t i = 0; i < g.ranks.size(); ++i) name << (i ? "," : "") << g.ranks[i];
     name << "] on stream " << schedule.streams[stream];
-    HZP_ASSIGN_OR_RETURN(auto c, device->create_communicator(g.ranks, "g" + std::to_string(group) + "/s" + std::to_string(stream),
-                                                             name.str(), *streams[stream]));
+    HZP_ASSIGN_OR_RETURN(
+        auto c, device->create_communicator(g.ranks, "g" + std::to_string(group) + "/s" + std::to_string(stream),
+                                            name.str(), *streams[stream]));
     comms[{group, stream}] = std::move(c);
   }
   std::vector<int> all(world);
@@ -304,21 +311,31 @@ void Executor::Impl::load_batch(int micro_batch) {
 Status Executor::Impl::forward_module(ModuleKind module, int unit, const std::function<float*(int)>& P) {
   const int layer = schedule.units[unit].layer;
   const int s0 = layout.find(unit, module_slot(module), StateKind::kDense, false);
-  if (s0 < 0 || P(s0) == nullptr) return Status::Internal(std::string("runtime: no parameters for ") + to_string(module));
+  if (s0 < 0 || P(s0) == nullptr)
+    return Status::Internal(std::string("runtime: no parameters for ") + to_string(module));
   switch (module) {
-    case ModuleKind::kEmbedding: embedding->forward(P(s0), ids.data(), x.data()); break;
-    case ModuleKind::kAttention: attention[layer]->forward(P(s0), x.data()); break;
-    case ModuleKind::kMlp: mlp[layer]->forward(P(s0), x.data()); break;
+    case ModuleKind::kEmbedding:
+      embedding->forward(P(s0), ids.data(), x.data());
+      break;
+    case ModuleKind::kAttention:
+      attention[layer]->forward(P(s0), x.data());
+      break;
+    case ModuleKind::kMlp:
+      mlp[layer]->forward(P(s0), x.data());
+      break;
     case ModuleKind::kMoe:  // without expert parallelism: the stages back to back
       moe[layer]->forward(P(s0), P(experts_seg(unit)), x.data());
       aux_sum += moe[layer]->aux_loss();
       break;
-    case ModuleKind::kHead: loss_sum += head->forward(P(s0), x.data(), targets.data()); break;
+    case ModuleKind::kHead:
+      loss_sum += head->forward(P(s0), x.data(), targets.data());
+      break;
   }
   return Status::Ok();
 }
 
-Status Executor::Impl::moe_exchange(CollectivePurpose purpose, int unit, Communicator& cm, float* router, float* drouter) {
+Status Executor::Impl::moe_exchange(CollectivePurpose purpose, int unit, Communicator& cm, float* router,
+                                    float* drouter) {
   const int layer = schedule.units[unit].layer;
   MoeBuffers& buf = moe_buf[layer];
   MoeBlock& block = *moe[layer];
@@ -364,9 +381,15 @@ Status Executor::Impl::compute(const ComputeOp& c, float* gather_slot, const std
   if (s0 < 0 || P(s0) == nullptr || G(s0) == nullptr)
     return Status::Internal(std::string("runtime: no parameter or gradient buffer for ") + to_string(c.module));
   switch (c.module) {
-    case ModuleKind::kEmbedding: embedding->backward(dx.data(), ids.data(), G(s0)); break;
-    case ModuleKind::kAttention: attention[layer]->backward(P(s0), dx.data(), G(s0)); break;
-    case ModuleKind::kMlp: mlp[layer]->backward(P(s0), dx.data(), G(s0)); break;
+    case ModuleKind::kEmbedding:
+      embedding->backward(dx.data(), ids.data(), G(s0));
+      break;
+    case ModuleKind::kAttention:
+      attention[layer]->backward(P(s0), dx.data(), G(s0));
+      break;
+    case ModuleKind::kMlp:
+      mlp[layer]->backward(P(s0), dx.data(), G(s0));
+      break;
     case ModuleKind::kMoe: {
       const int se = experts_seg(c.unit);
       if (expert_parallel())
@@ -389,7 +412,8 @@ Status Executor::Impl::compute(const ComputeOp& c, float* gather_slot, const std
 Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gather_slot,
                                   const std::vector<float*>& bucket_slot) {
   Communicator* cm = comm(c.role, stream);
-  if (cm == nullptr) return Status::Internal(std::string("runtime: no communicator for ") + to_string(schedule.roles[c.role]));
+  if (cm == nullptr)
+    return Status::Internal(std::string("runtime: no communicator for ") + to_string(schedule.roles[c.role]));
   const StateSharding& k = layout.sharding(c.state);
   const ShardPosition& pos = layout.position(c.state);
   switch (c.purpose) {
@@ -542,7 +566,9 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
       }
       // Bytes as executed: the IR's element count in the dtype the models compute in.
       bytes = c->bytes / dtype_bytes(c->dtype) * dtype_bytes(kComputeDtype);
-      work = [this, body = *c, s = op.stream, slot, buckets = bucket_slot] { return collective(body, s, slot, buckets); };
+      work = [this, body = *c, s = op.stream, slot, buckets = bucket_slot] {
+        return collective(body, s, slot, buckets);
+      };
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
       work = [this, body = *o] { return optimizer(body); };
     }
@@ -576,8 +602,12 @@ Executor::~Executor() {
   }
 }
 
-int Executor::rank() const { return impl_->rank; }
-void Executor::set_tracing(bool on) { impl_->tracing = on; }
+int Executor::rank() const {
+  return impl_->rank;
+}
+void Executor::set_tracing(bool on) {
+  impl_->tracing = on;
+}
 
 Result<std::unique_ptr<Executor>> Executor::create(const Scenario& scenario, const Schedule& schedule, int rank,
                                                    const ByteDataset* data, Device& device,
@@ -650,8 +680,9 @@ Result<double> Executor::evaluate(std::int64_t groups) {
     offset += seg.padded;
     auto [cm, stream] = d.any_comm(k.role_param);  // the stream that owns this group's gathers
     if (cm == nullptr) return Status::Internal("runtime: no parameter communicator for evaluation");
-    HZP_RETURN_IF_ERROR(cm->all_gather_async(*stream, d.bufs[s].param, full[s], d.layout.param_floats(static_cast<int>(s)))
-                            ->synchronize());
+    HZP_RETURN_IF_ERROR(
+        cm->all_gather_async(*stream, d.bufs[s].param, full[s], d.layout.param_floats(static_cast<int>(s)))
+            ->synchronize());
   }
   auto P = [&](int s) { return full[s]; };
   Communicator* ep_comm = d.expert_parallel() ? d.any_comm(d.schedule.role_expert_parallel).first : nullptr;
@@ -669,7 +700,8 @@ Result<double> Executor::evaluate(std::int64_t groups) {
           continue;
         }
         const int layer = d.schedule.units[u].layer;
-        HZP_RETURN_IF_ERROR(d.moe_exchange(CollectivePurpose::kMoeDispatch, u, *ep_comm, full[d.router_seg(u)], nullptr));
+        HZP_RETURN_IF_ERROR(
+            d.moe_exchange(CollectivePurpose::kMoeDispatch, u, *ep_comm, full[d.router_seg(u)], nullptr));
         d.moe[layer]->experts_forward(full[d.experts_seg(u)], d.moe_buf[layer].recv, d.moe_buf[layer].out);
         HZP_RETURN_IF_ERROR(d.moe_exchange(CollectivePurpose::kMoeCombine, u, *ep_comm, nullptr, nullptr));
       }
@@ -720,7 +752,8 @@ Status Executor::save(const std::string& path, std::int64_t next_step) const {
 
 Result<std::int64_t> Executor::load(const std::string& path) {
   Impl& d = *impl_;
-  HZP_ASSIGN_OR_RETURN(CheckpointHeader h, read_checkpoint(path, d.checkpoint_header(0), d.scenario.run.steps, d.state_spans()));
+  HZP_ASSIGN_OR_RETURN(CheckpointHeader h,
+                       read_checkpoint(path, d.checkpoint_header(0), d.scenario.run.steps, d.state_spans()));
   d.adam_t = h.adam_steps;
   return h.next_step;
 }

@@ -30,17 +30,18 @@
 
 #include "runtime/backend/device.h"
 #include "runtime/model/model.h"
-#include "shared/schedule.h"
-#include "shared/scenario.h"
-#include "shared/status.h"
 #include "runtime/train/data.h"
+#include "shared/scenario.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
 
 namespace hzp::runtime {
 
 struct StepMetrics {
-  double loss = 0;        // mean token cross-entropy over the global batch (nats)
-  double aux_loss = 0;    // MoE load-balancing loss (without its coefficient), mean over micro-batches, summed over layers
-  double grad_norm = 0;   // global L2 norm before clipping (0 when clipping is off)
+  double loss = 0;  // mean token cross-entropy over the global batch (nats)
+  double aux_loss =
+      0;  // MoE load-balancing loss (without its coefficient), mean over micro-batches, summed over layers
+  double grad_norm = 0;  // global L2 norm before clipping (0 when clipping is off)
   double lr = 0;
   double seconds = 0;
 };
@@ -50,9 +51,9 @@ struct ExecutedOp {
   std::int64_t step = 0;
   int op = 0;
   int stream = 0;
-  double start_us = 0;    // steady clock, microseconds since its epoch (shared by processes on a host)
+  double start_us = 0;  // steady clock, microseconds since its epoch (shared by processes on a host)
   double end_us = 0;
-  std::int64_t bytes = 0; // bytes the op moved (collectives), fp32 as executed
+  std::int64_t bytes = 0;  // bytes the op moved (collectives), fp32 as executed
 };
 
 // Bytes per memory category on this rank: "params", "grads", "optimizer", "pool:<name>", plus "eval".

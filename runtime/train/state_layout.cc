@@ -7,7 +7,9 @@
 namespace hzp::runtime {
 namespace {
 
-std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+std::int64_t round_up(std::int64_t x, std::int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 int position_in(const ProcessGroup& g, int rank) {
   auto it = std::find(g.ranks.begin(), g.ranks.end(), rank);
@@ -29,8 +31,9 @@ Result<StateLayout> StateLayout::build(const Schedule& schedule, const ModelConf
     // The layout promises nested pieces (sharding.h); check it rather than train on a mismatch.
     const int expected_g = st.s_g == st.s_os ? pos.p * st.q() + pos.i : pos.p;
     if (!(st.s_g == st.s_p || st.s_g == st.s_os) || pos.g != expected_g)
-      return Status::Internal(std::string("runtime: ") + to_string(k) + " grad_shard position " + std::to_string(pos.g) +
-                              " does not nest with the parameter/optimizer pieces on rank " + std::to_string(rank));
+      return Status::Internal(std::string("runtime: ") + to_string(k) + " grad_shard position " +
+                              std::to_string(pos.g) + " does not nest with the parameter/optimizer pieces on rank " +
+                              std::to_string(rank));
   }
   if (!schedule.state(StateKind::kDense).present) return Status::Internal("runtime: the schedule has no dense states");
   const bool ep = schedule.state(StateKind::kExpert).present;
@@ -53,7 +56,8 @@ Result<StateLayout> StateLayout::build(const Schedule& schedule, const ModelConf
     s.layout = std::move(layout);
     s.n = layout_size(s.layout);
     std::int64_t multiple = out.sharding(state).s_os;
-    if (state == StateKind::kDense && schedule.role_secondary >= 0) multiple = std::lcm<std::int64_t>(multiple, out.secondary_size_);
+    if (state == StateKind::kDense && schedule.role_secondary >= 0)
+      multiple = std::lcm<std::int64_t>(multiple, out.secondary_size_);
     s.padded = round_up(s.n, multiple);
     s.unit_offset = out.unit_padded_[unit];
     out.unit_padded_[unit] += s.padded;
@@ -67,15 +71,24 @@ Result<StateLayout> StateLayout::build(const Schedule& schedule, const ModelConf
     for (std::size_t m = 0; m < info.modules.size(); ++m) {
       const int slot = static_cast<int>(m);
       switch (info.modules[m]) {
-        case ModuleKind::kEmbedding: add(u, slot, StateKind::kDense, false, embedding_layout(cfg), -1); break;
-        case ModuleKind::kAttention: add(u, slot, StateKind::kDense, false, attention_layout(cfg), -1); break;
-        case ModuleKind::kMlp: add(u, slot, StateKind::kDense, false, mlp_layout(cfg), -1); break;
-        case ModuleKind::kHead: add(u, slot, StateKind::kDense, false, head_layout(cfg), -1); break;
+        case ModuleKind::kEmbedding:
+          add(u, slot, StateKind::kDense, false, embedding_layout(cfg), -1);
+          break;
+        case ModuleKind::kAttention:
+          add(u, slot, StateKind::kDense, false, attention_layout(cfg), -1);
+          break;
+        case ModuleKind::kMlp:
+          add(u, slot, StateKind::kDense, false, mlp_layout(cfg), -1);
+          break;
+        case ModuleKind::kHead:
+          add(u, slot, StateKind::kDense, false, head_layout(cfg), -1);
+          break;
         case ModuleKind::kMoe: {
           add(u, slot, StateKind::kDense, false, moe_router_layout(cfg), -1);
-          const std::int64_t local = ep ? cfg.experts / schedule.group_of(rank, schedule.role_expert_parallel).ranks.size()
-                                        : cfg.experts;
-          add(u, slot, ep ? StateKind::kExpert : StateKind::kDense, true, experts_layout(cfg, local), ep_position * local);
+          const std::int64_t local =
+              ep ? cfg.experts / schedule.group_of(rank, schedule.role_expert_parallel).ranks.size() : cfg.experts;
+          add(u, slot, ep ? StateKind::kExpert : StateKind::kDense, true, experts_layout(cfg, local),
+              ep_position * local);
           break;
         }
       }

@@ -28,15 +28,15 @@ struct ShardPosition {
 // One module's parameters of one state kind.
 struct Segment {
   int unit = 0;
-  int module = 0;                 // module slot in the unit
+  int module = 0;  // module slot in the unit
   StateKind state = StateKind::kDense;
-  bool experts = false;           // the experts of a MoE layer (else: a dense module or a router)
+  bool experts = false;  // the experts of a MoE layer (else: a dense module or a router)
   Layout layout;
-  std::int64_t n = 0;             // real parameters
-  std::int64_t padded = 0;        // a multiple of every group size of its kind
-  std::int64_t unit_offset = 0;   // in the unit's gather slot
-  std::uint64_t tensor_id = 0;    // initialisation stream (model.h init_parameters)
-  std::int64_t first_expert = -1; // experts segment: global index of its first expert
+  std::int64_t n = 0;              // real parameters
+  std::int64_t padded = 0;         // a multiple of every group size of its kind
+  std::int64_t unit_offset = 0;    // in the unit's gather slot
+  std::uint64_t tensor_id = 0;     // initialisation stream (model.h init_parameters)
+  std::int64_t first_expert = -1;  // experts segment: global index of its first expert
 };
 
 class StateLayout {
@@ -58,8 +58,12 @@ class StateLayout {
   // Where the optimizer slice starts in the segment's full coordinates, and inside the parameter and the
   // gradient shard.
   std::int64_t optimizer_begin(int s) const;
-  std::int64_t optimizer_in_param(int s) const { return optimizer_begin(s) - position(segs_[s].state).p * param_floats(s); }
-  std::int64_t optimizer_in_grad(int s) const { return optimizer_begin(s) - position(segs_[s].state).g * grad_floats(s); }
+  std::int64_t optimizer_in_param(int s) const {
+    return optimizer_begin(s) - position(segs_[s].state).p * param_floats(s);
+  }
+  std::int64_t optimizer_in_grad(int s) const {
+    return optimizer_begin(s) - position(segs_[s].state).g * grad_floats(s);
+  }
 
   const std::vector<int>& unit_segments(int unit) const { return unit_segs_[unit]; }
   std::int64_t unit_floats(int unit) const { return unit_padded_[unit]; }  // a gather slot for the unit

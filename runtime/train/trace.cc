@@ -10,7 +10,8 @@
 
 namespace hzp::runtime {
 
-Trace rank_trace(const Scenario& scenario, const Schedule& schedule, int rank, const std::vector<ExecutedOp>& executed) {
+Trace rank_trace(const Scenario& scenario, const Schedule& schedule, int rank,
+                 const std::vector<ExecutedOp>& executed) {
   Trace t;
   t.scenario = scenario.name;
   t.scenario_config = scenario_to_json(scenario);

@@ -7,11 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shared/schedule.h"
+#include "runtime/train/executor.h"
 #include "shared/scenario.h"
+#include "shared/schedule.h"
 #include "shared/status.h"
 #include "shared/trace_format.h"
-#include "runtime/train/executor.h"
 
 namespace hzp::runtime {
 

@@ -19,6 +19,10 @@
 #include <thread>
 
 #include "runtime/backend/gloo_comm.h"
+#include "runtime/store/store.h"
+#include "runtime/train/checkpoint.h"
+#include "runtime/train/executor.h"
+#include "runtime/train/trace.h"
 #include "shared/files.h"
 #include "shared/json_io.h"
 #include "shared/model_math.h"
@@ -27,12 +31,8 @@
 #include "shared/scenario_parser.h"
 #include "shared/schedule_validator.h"
 #include "shared/sharding.h"
-#include "runtime/store/store.h"
 #include "shared/text.h"
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/executor.h"
 #include "shared/trace_format.h"
-#include "runtime/train/trace.h"
 
 namespace hzp::runtime {
 namespace {
@@ -44,12 +44,15 @@ using std::chrono::milliseconds;
 constexpr std::int64_t kMaxTracedSteps = 100;
 
 // A small barrier over the store (host thread): every rank sets key/r, rank 0 (or everybody) waits for all.
-Status store_barrier(StoreClient& store, const std::string& key, int rank, int world, bool all_wait, milliseconds timeout) {
+Status store_barrier(StoreClient& store, const std::string& key, int rank, int world, bool all_wait,
+                     milliseconds timeout) {
   HZP_RETURN_IF_ERROR(store.set(key + "/" + std::to_string(rank), "1"));
   if (!all_wait && rank != 0) return Status::Ok();
   for (int r = 0; r < world; ++r) {
     auto got = store.get(key + "/" + std::to_string(r), timeout);
-    if (!got.ok()) return Status::Internal("barrier '" + key + "': rank " + std::to_string(r) + " did not arrive: " + got.status().message());
+    if (!got.ok())
+      return Status::Internal("barrier '" + key + "': rank " + std::to_string(r) +
+                              " did not arrive: " + got.status().message());
   }
   return Status::Ok();
 }
@@ -95,8 +98,9 @@ std::string lost_rank_note(const LaunchEnv& env) {
     if (!(*client)->get("hzp/joined/" + std::to_string(r), milliseconds(50)).ok())
       never += (never.empty() ? "" : ", ") + std::to_string(r);
   if (!never.empty())
-    return "rank " + never + " never joined (did not reach the store: not started, crashed before the rendezvous, "
-                             "or started with another HZP_STORE_TOKEN / MASTER_PORT)";
+    return "rank " + never +
+           " never joined (did not reach the store: not started, crashed before the rendezvous, "
+           "or started with another HZP_STORE_TOKEN / MASTER_PORT)";
   auto beats = [&] {
     std::vector<std::string> v(env.world_size);
     for (int r = 0; r < env.world_size; ++r) {
@@ -136,7 +140,8 @@ Result<std::int64_t> agree_on_resume(StoreClient& store, const LaunchEnv& env, c
       return Status::InvalidInput("--resume: rank " + std::to_string(r) + " cannot resume: " + got->substr(6));
     if (*got != "ok " + std::to_string(latest))
       return Status::InvalidInput("--resume: rank " + std::to_string(r) + " resumes at step " + got->substr(3) +
-                                  " where 'latest' says " + std::to_string(latest) + "; the checkpoint is inconsistent");
+                                  " where 'latest' says " + std::to_string(latest) +
+                                  "; the checkpoint is inconsistent");
   }
   return mine;
 }
@@ -161,17 +166,20 @@ Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size
   auto loaded = load_json_file(options.scenario_path, kMaxScenarioBytes);
   if (!loaded.ok()) return loaded.status();
   nlohmann::json doc = std::move(loaded).value();
-  if (!doc.is_object()) return Status::InvalidInput(printable(options.scenario_path, 200) + ": scenario: must be an object");
+  if (!doc.is_object())
+    return Status::InvalidInput(printable(options.scenario_path, 200) + ": scenario: must be an object");
   const int g = options.gpus_per_node > 0 ? options.gpus_per_node : world_size;
   if (world_size % g != 0)
-    return Status::InvalidInput("--gpus-per-node " + std::to_string(g) + " does not divide --nproc " + std::to_string(world_size));
+    return Status::InvalidInput("--gpus-per-node " + std::to_string(g) + " does not divide --nproc " +
+                                std::to_string(world_size));
   if (!doc.contains("cluster") || !doc["cluster"].is_object())
     return Status::InvalidInput("cluster: must be an object (hzp train replaces its nodes and gpus_per_node)");
   doc["cluster"]["nodes"] = world_size / g;
   doc["cluster"]["gpus_per_node"] = g;
   // One emulated NIC per rank unless the scenario says otherwise (a preset's 8 NICs cannot rail-map 3 ranks).
   if (!doc["cluster"].contains("nic")) doc["cluster"]["nic"] = nlohmann::json::object();
-  if (doc["cluster"]["nic"].is_object() && !doc["cluster"]["nic"].contains("per_node")) doc["cluster"]["nic"]["per_node"] = g;
+  if (doc["cluster"]["nic"].is_object() && !doc["cluster"]["nic"].contains("per_node"))
+    doc["cluster"]["nic"]["per_node"] = g;
   auto parsed = parse_scenario(doc, fs::path(options.scenario_path).stem().string());
   if (!parsed.ok())
     return Status::InvalidInput(printable(options.scenario_path, 200) + " (with " + std::to_string(world_size / g) +
@@ -190,7 +198,8 @@ Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
   HZP_RETURN_IF_ERROR(validate_schedule(run.schedule));
   HZP_RETURN_IF_ERROR(runtime_supports(run.scenario));
   HZP_ASSIGN_OR_RETURN(run.data, ByteDataset::load(options.data_path, run.scenario.training.seq_len));
-  const std::int64_t steps = options.stop_after > 0 ? std::min(options.stop_after, run.scenario.run.steps) : run.scenario.run.steps;
+  const std::int64_t steps =
+      options.stop_after > 0 ? std::min(options.stop_after, run.scenario.run.steps) : run.scenario.run.steps;
   if ((!options.trace_path.empty() || !options.perfetto_path.empty()) && steps > kMaxTracedSteps)
     return Status::InvalidInput("--trace / --perfetto record every op of every step: at most " +
                                 std::to_string(kMaxTracedSteps) + " steps (this run has " + std::to_string(steps) +
@@ -200,13 +209,16 @@ Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
 
 Status check_outputs(const TrainOptions& options) {
   if (!options.out_dir.empty()) HZP_RETURN_IF_ERROR(ensure_writable_dir(options.out_dir, "--out"));
-  for (const auto& [flag, path] : {std::pair{"--trace", options.trace_path}, std::pair{"--perfetto", options.perfetto_path}}) {
+  for (const auto& [flag, path] :
+       {std::pair{"--trace", options.trace_path}, std::pair{"--perfetto", options.perfetto_path}}) {
     if (path.empty()) continue;
-    if (fs::is_directory(path)) return Status::InvalidInput(std::string(flag) + " " + printable(path, 200) + ": is a directory");
+    if (fs::is_directory(path))
+      return Status::InvalidInput(std::string(flag) + " " + printable(path, 200) + ": is a directory");
     const fs::path parent = fs::path(path).parent_path();
     HZP_RETURN_IF_ERROR(ensure_writable_dir(parent.empty() ? "." : parent.string(), flag));
   }
-  if (!options.checkpoint_dir.empty()) HZP_RETURN_IF_ERROR(ensure_writable_dir(options.checkpoint_dir, "--checkpoint-dir"));
+  if (!options.checkpoint_dir.empty())
+    HZP_RETURN_IF_ERROR(ensure_writable_dir(options.checkpoint_dir, "--checkpoint-dir"));
   if (options.resume) HZP_RETURN_IF_ERROR(read_latest(options.checkpoint_dir).status());
   return Status::Ok();
 }
@@ -302,7 +314,9 @@ int RankRun::join() {
     }
   }
   // Threads: the ranks of this host share its cores.
-  const int local = env_.local_world_size > 0 ? env_.local_world_size : options_.nproc > 0 ? options_.nproc : env_.world_size;
+  const int local = env_.local_world_size > 0 ? env_.local_world_size
+                    : options_.nproc > 0      ? options_.nproc
+                                              : env_.world_size;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   openblas_set_num_threads(options_.threads > 0 ? options_.threads : std::max(1, cores / std::max(1, local)));
 
@@ -320,8 +334,9 @@ int RankRun::join() {
   // Under an external launcher rank 0 may not be listening yet: retry refused connections until the timeout
   // (a refused token is final).
   auto store_or = StoreClient::connect(env_.store_host, env_.store_port, env_.token, timeout_);
-  for (auto until = std::chrono::steady_clock::now() + timeout_;
-       !store_or.ok() && store_or.status().code() == StatusCode::kInternal && std::chrono::steady_clock::now() < until;) {
+  for (auto until = std::chrono::steady_clock::now() + timeout_; !store_or.ok() &&
+                                                                 store_or.status().code() == StatusCode::kInternal &&
+                                                                 std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(milliseconds(100));
     store_or = StoreClient::connect(env_.store_host, env_.store_port, env_.token, timeout_);
   }
@@ -336,7 +351,7 @@ int RankRun::join() {
                                       [this](const Status& st) { fatal(st); });
   if (!executor_or.ok())
     return executor_or.status().code() == StatusCode::kInvalidInput ? fail(executor_or.status())
-                                                                     : fatal(executor_or.status());
+                                                                    : fatal(executor_or.status());
   executor_ = std::move(executor_or).value();
   executor_->set_tracing(!options_.trace_path.empty() || !options_.perfetto_path.empty());
 
@@ -356,13 +371,14 @@ int RankRun::join() {
   const RunSpec& run = scenario_.run;
   end_step_ = options_.stop_after > 0 ? std::min(run.steps, options_.stop_after) : run.steps;
   if (lead_) {
-    std::printf("hzp train: %s, policy %s %s, %d ranks (%d per node), %lld params, %lld tokens/step, steps %lld..%lld "
-                "of %lld; MFU against %s (%.0f TFLOP/s)\n",
-                scenario_.name.c_str(), schedule_.policy.c_str(), sharding_notation(scenario_.policy.sharding).c_str(),
-                env_.world_size, scenario_.cluster.gpus_per_node, static_cast<long long>(cost_.params),
-                static_cast<long long>(tokens_per_step_), static_cast<long long>(first_step_ + 1),
-                static_cast<long long>(end_step_), static_cast<long long>(run.steps), scenario_.cluster.gpu.type.c_str(),
-                peak_ / 1e12);
+    std::printf(
+        "hzp train: %s, policy %s %s, %d ranks (%d per node), %lld params, %lld tokens/step, steps %lld..%lld "
+        "of %lld; MFU against %s (%.0f TFLOP/s)\n",
+        scenario_.name.c_str(), schedule_.policy.c_str(), sharding_notation(scenario_.policy.sharding).c_str(),
+        env_.world_size, scenario_.cluster.gpus_per_node, static_cast<long long>(cost_.params),
+        static_cast<long long>(tokens_per_step_), static_cast<long long>(first_step_ + 1),
+        static_cast<long long>(end_step_), static_cast<long long>(run.steps), scenario_.cluster.gpu.type.c_str(),
+        peak_ / 1e12);
     std::fflush(stdout);
   }
   return 0;
@@ -377,8 +393,8 @@ int RankRun::evaluate(std::int64_t step_shown, bool before_training) {
   if (before_training)
     std::printf("before training | val_loss %.6f\n", *val);
   else
-    std::printf("step %lld/%lld | val_loss %.6f\n", static_cast<long long>(step_shown), static_cast<long long>(end_step_),
-                *val);
+    std::printf("step %lld/%lld | val_loss %.6f\n", static_cast<long long>(step_shown),
+                static_cast<long long>(end_step_), *val);
   if (metrics_)
     std::fprintf(metrics_.get(), "%s\n", nlohmann::json({{"step", step_shown - 1}, {"val_loss", *val}}).dump().c_str());
   return 0;
@@ -391,8 +407,8 @@ int RankRun::checkpoint(std::int64_t steps_done) {
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
   if (Status st = executor_->save(file.string(), steps_done); !st.ok()) return fatal(st);
-  if (Status st = store_barrier(*store_, "hzp/ckpt/" + std::to_string(steps_done), env_.rank, env_.world_size, false,
-                                timeout_);
+  if (Status st =
+          store_barrier(*store_, "hzp/ckpt/" + std::to_string(steps_done), env_.rank, env_.world_size, false, timeout_);
       !st.ok())
     return fatal(st);
   if (lead_) {
@@ -429,7 +445,8 @@ int RankRun::train() {
     // Every rank holds the same all-reduced loss: a diverged run stops everywhere, said once.
     if (!std::isfinite(m->loss) || !std::isfinite(m->grad_norm)) {
       if (lead_)
-        std::fprintf(stderr, "hzp train: training diverged at step %lld (loss %g, gradient norm %g): stopping before "
+        std::fprintf(stderr,
+                     "hzp train: training diverged at step %lld (loss %g, gradient norm %g): stopping before "
                      "the non-finite state is checkpointed; lower run.lr or set training.grad_clip\n",
                      static_cast<long long>(step), m->loss, m->grad_norm);
       std::fflush(stderr);
@@ -442,14 +459,16 @@ int RankRun::train() {
     if (lead_) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       const double eta = elapsed / static_cast<double>(trained_) * static_cast<double>(end_step_ - step - 1);
-      std::printf("step %lld/%lld | loss %.6f | aux %.4f | lr %.2e | norm %.3f | %.3f s | %.0f tok/s | MFU %.3g %% | "
-                  "elapsed %s | ETA %s\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(end_step_), m->loss, m->aux_loss, m->lr,
-                  m->grad_norm, m->seconds, tokens_per_step_ / m->seconds, 100 * mfu(m->seconds, 1),
-                  clock_text(elapsed).c_str(), clock_text(eta).c_str());
+      std::printf(
+          "step %lld/%lld | loss %.6f | aux %.4f | lr %.2e | norm %.3f | %.3f s | %.0f tok/s | MFU %.3g %% | "
+          "elapsed %s | ETA %s\n",
+          static_cast<long long>(step + 1), static_cast<long long>(end_step_), m->loss, m->aux_loss, m->lr,
+          m->grad_norm, m->seconds, tokens_per_step_ / m->seconds, 100 * mfu(m->seconds, 1),
+          clock_text(elapsed).c_str(), clock_text(eta).c_str());
       if (metrics_) {
-        nlohmann::json line = {{"step", step},         {"loss", m->loss},       {"aux_loss", m->aux_loss},
-                               {"grad_norm", m->grad_norm}, {"lr", m->lr}, {"seconds", m->seconds}};
+        nlohmann::json line = {
+            {"step", step}, {"loss", m->loss},      {"aux_loss", m->aux_loss}, {"grad_norm", m->grad_norm},
+            {"lr", m->lr},  {"seconds", m->seconds}};
         std::fprintf(metrics_.get(), "%s\n", line.dump().c_str());
       }
     }
@@ -466,9 +485,11 @@ int RankRun::train() {
 
 // Traces: every rank writes its events, rank 0 merges them once all are written.
 int RankRun::write_traces() {
-  const std::string base = options_.trace_path.empty() ? options_.perfetto_path + ".hzp-trace.json" : options_.trace_path;
+  const std::string base =
+      options_.trace_path.empty() ? options_.perfetto_path + ".hzp-trace.json" : options_.trace_path;
   const std::string part = base + ".rank" + std::to_string(env_.rank);
-  if (Status st = write_json_atomic(part, trace_to_json(rank_trace(scenario_, schedule_, env_.rank, executor_->trace())));
+  if (Status st =
+          write_json_atomic(part, trace_to_json(rank_trace(scenario_, schedule_, env_.rank, executor_->trace())));
       !st.ok())
     return fatal(st);
   if (Status st = store_barrier(*store_, "hzp/trace", env_.rank, env_.world_size, false, timeout_); !st.ok())
@@ -520,30 +541,32 @@ int RankRun::write_outputs() {
   if (!options_.trace_path.empty() || !options_.perfetto_path.empty())
     if (int rc = write_traces(); rc != 0) return rc;
   if (lead_ && !out_dir.empty()) {
-    nlohmann::json summary = {{"scenario", scenario_.name},
-                              {"policy", schedule_.policy},
-                              {"sharding", sharding_notation(scenario_.policy.sharding)},
-                              {"world_size", env_.world_size},
-                              {"gpus_per_node", scenario_.cluster.gpus_per_node},
-                              {"params", cost_.params},
-                              {"steps_run", trained_},
-                              {"final_loss", last_.loss},
-                              {"final_val_loss", last_val_},
-                              {"train_seconds", train_seconds_},
-                              {"tokens_per_second", train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0},
-                              {"mfu", mfu(train_seconds_, trained_)},
-                              {"mfu_peak_of", scenario_.cluster.gpu.type}};
+    nlohmann::json summary = {
+        {"scenario", scenario_.name},
+        {"policy", schedule_.policy},
+        {"sharding", sharding_notation(scenario_.policy.sharding)},
+        {"world_size", env_.world_size},
+        {"gpus_per_node", scenario_.cluster.gpus_per_node},
+        {"params", cost_.params},
+        {"steps_run", trained_},
+        {"final_loss", last_.loss},
+        {"final_val_loss", last_val_},
+        {"train_seconds", train_seconds_},
+        {"tokens_per_second", train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0},
+        {"mfu", mfu(train_seconds_, trained_)},
+        {"mfu_peak_of", scenario_.cluster.gpu.type}};
     Status st = write_file_atomic((fs::path(out_dir) / "summary.json").string(), summary.dump(2) + "\n");
     if (!st.ok()) return fail(st);
     wrote_.push_back((fs::path(out_dir) / "summary.json").string());
   }
   if (lead_) {
     for (const std::string& dir : checkpoints_written_) wrote_.push_back(dir + " (checkpoint)");
-    std::printf("hzp train: done: %lld steps in %.1f s (%.0f tokens/s, MFU %.3g %% of %s), final loss %.4f, "
-                "validation loss %.4f\n",
-                static_cast<long long>(trained_), train_seconds_,
-                train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0, 100 * mfu(train_seconds_, trained_),
-                scenario_.cluster.gpu.type.c_str(), last_.loss, last_val_);
+    std::printf(
+        "hzp train: done: %lld steps in %.1f s (%.0f tokens/s, MFU %.3g %% of %s), final loss %.4f, "
+        "validation loss %.4f\n",
+        static_cast<long long>(trained_), train_seconds_,
+        train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0, 100 * mfu(train_seconds_, trained_),
+        scenario_.cluster.gpu.type.c_str(), last_.loss, last_val_);
     if (!wrote_.empty()) std::printf("  wrote %s\n", hzp::join(wrote_, "\n  wrote ").c_str());
     std::fflush(stdout);
   }

@@ -9,30 +9,30 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/launch/launch_env.h"
+#include "runtime/train/data.h"
 #include "shared/model_math.h"
 #include "shared/scenario.h"
 #include "shared/schedule.h"
 #include "shared/status.h"
-#include "runtime/train/data.h"
 
 namespace hzp::runtime {
 
 struct TrainOptions {
   std::string scenario_path;
-  int nproc = 0;                 // ranks; 0 = 1 (or the launcher environment's world size)
-  int gpus_per_node = 0;         // emulated node size; 0 = nproc (one node)
-  std::int64_t steps = 0;        // 0 = the scenario's run.steps
-  std::int64_t stop_after = 0;   // > 0: leave after this many steps of the run (a preempted job); the learning-
-                                 // rate schedule still spans run.steps, so --resume continues the same curve
-  std::string out_dir;           // metrics.jsonl, summary.json, memory_rank<r>.json
+  int nproc = 0;                // ranks; 0 = 1 (or the launcher environment's world size)
+  int gpus_per_node = 0;        // emulated node size; 0 = nproc (one node)
+  std::int64_t steps = 0;       // 0 = the scenario's run.steps
+  std::int64_t stop_after = 0;  // > 0: leave after this many steps of the run (a preempted job); the learning-
+                                // rate schedule still spans run.steps, so --resume continues the same curve
+  std::string out_dir;          // metrics.jsonl, summary.json, memory_rank<r>.json
   std::string data_path;
-  std::string trace_path;        // --trace FILE
-  std::string perfetto_path;     // --perfetto FILE
+  std::string trace_path;     // --trace FILE
+  std::string perfetto_path;  // --perfetto FILE
   std::string checkpoint_dir;
   bool resume = false;
-  int timeout_s = 60;            // every collective and store wait; a dead rank is detected within it
-  int threads = 0;               // OpenBLAS threads per rank; 0 = cores / local ranks
-  std::string backend = "cpu";   // the device the ranks run on (runtime/backend/device.h)
+  int timeout_s = 60;           // every collective and store wait; a dead rank is detected within it
+  int threads = 0;              // OpenBLAS threads per rank; 0 = cores / local ranks
+  std::string backend = "cpu";  // the device the ranks run on (runtime/backend/device.h)
 };
 
 // The scenario as the ranks run it: the file with cluster.nodes x cluster.gpus_per_node replaced by the

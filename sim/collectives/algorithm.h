@@ -28,11 +28,11 @@ struct Block {
 struct Context {
   const Platform& platform;
   const CollectiveCall& call;
-  std::vector<int> ranks;         // the group's members in physical order: node by node (see make_context)
-  std::vector<Block> blocks;      // one per node visited (members of a node are consecutive in ring order)
-  GroupShape shape;               // s0 = members of the first node, s1 = nodes
-  LinkParams links;               // α terms (and bandwidths) of the closed forms
-  bool full_mesh = false;         // intra-node topology
+  std::vector<int> ranks;     // the group's members in physical order: node by node (see make_context)
+  std::vector<Block> blocks;  // one per node visited (members of a node are consecutive in ring order)
+  GroupShape shape;           // s0 = members of the first node, s1 = nodes
+  LinkParams links;           // α terms (and bandwidths) of the closed forms
+  bool full_mesh = false;     // intra-node topology
 
   int size() const { return static_cast<int>(ranks.size()); }
   int rank(const Block& b, int k) const { return ranks[b.begin + k]; }
@@ -93,6 +93,8 @@ CollectiveTraffic run_hierarchical(const Context& ctx);
 CollectiveTraffic run_pairwise(const Context& ctx);
 
 // Passes over the data: 2 for all-reduce (reduce-scatter + all-gather), else 1.
-inline int passes(CollectiveKind kind) { return kind == CollectiveKind::kAllReduce ? 2 : 1; }
+inline int passes(CollectiveKind kind) {
+  return kind == CollectiveKind::kAllReduce ? 2 : 1;
+}
 
 }  // namespace hzp::sim::collectives

@@ -53,7 +53,9 @@ void Phase::nic_flow(sg4::Host* src, sg4::Host* dst, double bytes) {
   start(src, dst, bytes);
 }
 
-void Phase::count_intra(double bytes) { traffic_.intra_node_bytes += bytes; }
+void Phase::count_intra(double bytes) {
+  traffic_.intra_node_bytes += bytes;
+}
 
 void Phase::rank_nic_flow(const Platform& platform, int src_rank, int dst_rank, double bytes) {
   const int width = platform.nics_per_gpu();
@@ -81,7 +83,8 @@ void add_ring_hops(Phase& phase, const Context& ctx, const Block& block, double 
   // Every hop of the chain carries hop_bytes over its own GPU links, so member 0's hop stands for all of
   // them under the symmetric load of a schedule; the bytes of every hop are counted.
   const auto& gpus = ctx.platform.gpus;
-  for (int j = 1; j <= spread; ++j) phase.gpu_flow(gpus[ctx.rank(block, 0)], gpus[ctx.rank(block, j % n)], hop_bytes / spread);
+  for (int j = 1; j <= spread; ++j)
+    phase.gpu_flow(gpus[ctx.rank(block, 0)], gpus[ctx.rank(block, j % n)], hop_bytes / spread);
   phase.count_intra(((wrap ? n : n - 1) - 1) * hop_bytes);
 }
 

@@ -31,7 +31,8 @@ CollectiveTraffic run_pairwise(const Context& ctx) {
       const auto& dst = platform.nics[ctx.blocks[b].node];
       if (spans_every_nic(ctx, ctx.blocks[a]) && spans_every_nic(ctx, ctx.blocks[b])) {
         // Evenly over every rail: one flow through the node bundles.
-        phase.node_flow(platform, ctx.blocks[a].node, ctx.blocks[b].node, ctx.blocks[a].size() * ctx.blocks[b].size() * per_peer);
+        phase.node_flow(platform, ctx.blocks[a].node, ctx.blocks[b].node,
+                        ctx.blocks[a].size() * ctx.blocks[b].size() * per_peer);
         continue;
       }
       for (int x = 0; x < nics; ++x) phase.nic_flow(src[x], dst[x], load[a][x] * ctx.blocks[b].size() * per_peer);

@@ -25,7 +25,8 @@ CollectiveTraffic run_collective(const Platform& platform, const CollectiveCall&
   // Nothing to move: the closed form is 0 too (collective_cost.h).
   if (call.group == nullptr || call.group->ranks.size() <= 1 || call.bytes <= 0) return {};
   const collectives::Context ctx = collectives::make_context(platform, call);
-  assert(algorithm_applies(*platform.cluster, call.algorithm, call.kind, ctx.shape) && "caller picks an applicable algorithm");
+  assert(algorithm_applies(*platform.cluster, call.algorithm, call.kind, ctx.shape) &&
+         "caller picks an applicable algorithm");
   for (const AlgorithmEntry& entry : kAlgorithms)
     if (entry.algorithm == call.algorithm) return entry.run(ctx);
   return {};

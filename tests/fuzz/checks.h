@@ -8,8 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "tests/fuzz/fuzz_target.h"
 #include "shared/status.h"
+#include "tests/fuzz/fuzz_target.h"
 
 namespace hzp::fuzz {
 

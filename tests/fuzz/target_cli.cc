@@ -25,13 +25,13 @@
 #include <filesystem>
 #include <set>
 
+#include "shared/model_math.h"
+#include "shared/scenario_parser.h"
 #include "tests/fuzz/checks.h"
 #include "tests/fuzz/files.h"
 #include "tests/fuzz/fuzz_target.h"
-#include "shared/model_math.h"
 #include "tests/fuzz/mutate.h"
 #include "tests/fuzz/sandbox.h"
-#include "shared/scenario_parser.h"
 
 extern char** environ;
 

@@ -12,12 +12,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/train/checkpoint.h"
+#include "shared/json_io.h"
+#include "shared/trace_format.h"
 #include "tests/fuzz/checks.h"
 #include "tests/fuzz/fuzz_target.h"
-#include "shared/json_io.h"
 #include "tests/fuzz/mutate.h"
-#include "shared/trace_format.h"
-#include "runtime/train/checkpoint.h"
 
 namespace hzp::fuzz {
 namespace {
@@ -58,10 +58,17 @@ class CheckpointTarget : public FuzzTarget {
   std::string generate(Rng& rng) override {
     std::string header = header_.dump(), payload = payload_;
     switch (rng.below(4)) {
-      case 0: header = mutator_.generate(rng); break;                        // a mutated header, payload intact
-      case 1: mutator_.mutate_bytes(rng, payload); break;                    // damaged payload
-      case 2: header = mutator_.generate(rng); mutator_.mutate_bytes(rng, payload); break;
-      default: {                                                              // damage anywhere in the file
+      case 0:
+        header = mutator_.generate(rng);
+        break;  // a mutated header, payload intact
+      case 1:
+        mutator_.mutate_bytes(rng, payload);
+        break;  // damaged payload
+      case 2:
+        header = mutator_.generate(rng);
+        mutator_.mutate_bytes(rng, payload);
+        break;
+      default: {  // damage anywhere in the file
         std::string all = header + "\n" + payload;
         mutator_.mutate_bytes(rng, all);
         return all;
@@ -126,7 +133,11 @@ class TraceTarget : public FuzzTarget {
 
 }  // namespace
 
-std::unique_ptr<FuzzTarget> make_checkpoint_target() { return std::make_unique<CheckpointTarget>(); }
-std::unique_ptr<FuzzTarget> make_trace_target() { return std::make_unique<TraceTarget>(); }
+std::unique_ptr<FuzzTarget> make_checkpoint_target() {
+  return std::make_unique<CheckpointTarget>();
+}
+std::unique_ptr<FuzzTarget> make_trace_target() {
+  return std::make_unique<TraceTarget>();
+}
 
 }  // namespace hzp::fuzz

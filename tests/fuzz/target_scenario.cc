@@ -12,19 +12,19 @@
 // the builder made a schedule that deadlocks), and so is a resolved form that does not parse back.
 #include <exception>
 
-#include "tests/fuzz/checks.h"
 #include "shared/estimator.h"
-#include "tests/fuzz/files.h"
 #include "shared/json_io.h"
-#include "tests/fuzz/fuzz_target.h"
 #include "shared/model_math.h"
-#include "tests/fuzz/mutate.h"
 #include "shared/plan.h"
 #include "shared/planner.h"
 #include "shared/policy_registry.h"
-#include "tests/fuzz/sandbox.h"
 #include "shared/scenario_parser.h"
 #include "shared/schedule_validator.h"
+#include "tests/fuzz/checks.h"
+#include "tests/fuzz/files.h"
+#include "tests/fuzz/fuzz_target.h"
+#include "tests/fuzz/mutate.h"
+#include "tests/fuzz/sandbox.h"
 
 namespace hzp::fuzz {
 namespace {

@@ -27,9 +27,9 @@
 #include <cstring>
 #include <thread>
 
+#include "runtime/store/store.h"
 #include "tests/fuzz/fuzz_target.h"
 #include "tests/fuzz/sandbox.h"
-#include "runtime/store/store.h"
 
 namespace hzp::fuzz {
 namespace {
