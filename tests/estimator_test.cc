@@ -141,3 +141,22 @@ TEST_CASE("memory verdict: llama2-70b does not fit under DDP on 80 GB GPUs, fits
   CHECK(ddp.memory.total() > 16 * 68e9);
   CHECK(zero3.fits_memory);
 }
+
+TEST_CASE("the estimator takes compute times from the DurationModel it is given", "[estimator][durations]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  const Built b = build(scenario_from(doc));
+  const RooflineDurations roofline(b.scenario.cluster);
+  const ScaledComputeDurations slow(b.scenario.cluster, 3.0);
+  auto base = estimate(b.scenario, b.cost, b.schedule, &roofline);
+  auto scaled = estimate(b.scenario, b.cost, b.schedule, &slow);
+  REQUIRE(base.ok());
+  REQUIRE(scaled.ok());
+  // One GPU, no communication: the step grows by exactly the extra compute; MFU is derived from it.
+  const double extra = compute_ops_time(b, slow) - compute_ops_time(b, roofline);
+  CHECK(extra > 0);
+  CHECK(scaled->step_time_s == Approx(base->step_time_s + extra).epsilon(1e-12));
+  CHECK(scaled->mfu == Approx(base->mfu * base->step_time_s / scaled->step_time_s).epsilon(1e-12));
+  CHECK(estimate_of(b).step_time_s == Approx(base->step_time_s).epsilon(1e-15));  // null = the roofline
+}

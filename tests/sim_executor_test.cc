@@ -167,3 +167,18 @@ TEST_CASE("timeline sample: all ranks up to the limit, then node 0 and spread no
   CHECK(big[7] == 7);
   CHECK(big.back() == 8184);
 }
+
+TEST_CASE("sim: the executor takes compute times from the DurationModel it is given", "[sim][durations]") {
+  // Two nodes, so communication is simulated too; the estimator with the same source agrees.
+  const Built b = build(scenario_from(scenario_json("llama2-7b", "dgx-a100", 2, "zero1", 4096, 16 * 2)));
+  const ScaledComputeDurations slow(b.scenario.cluster, 2.0);
+  sim::SimOptions options;
+  options.durations = &slow;
+  auto r = sim::simulate(b.scenario, b.cost, b.schedule, options);
+  REQUIRE(r.ok());
+  auto e = estimate(b.scenario, b.cost, b.schedule, &slow);
+  REQUIRE(e.ok());
+  CHECK(r->compute_s >= compute_ops_time(b, slow) * (1 - 1e-9));
+  CHECK(r->step_time_s > estimate_of(b).step_time_s * 1.5);
+  CHECK(r->step_time_s == Approx(e->step_time_s).epsilon(0.02));
+}

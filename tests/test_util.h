@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "shared/duration_model.h"
 #include "shared/estimator.h"
 #include "shared/model_math.h"
 #include "shared/plan.h"
@@ -53,6 +54,28 @@ inline Estimate estimate_of(const Built& b) {
   auto e = estimate(b.scenario, b.cost, b.schedule);
   if (!e.ok()) FAIL(e.status().message());
   return *e;
+}
+
+// A duration source other than the roofline: every compute op `factor` times slower, optimizer steps
+// unchanged. Both executors must take their op times from whatever DurationModel they are given.
+class ScaledComputeDurations : public RooflineDurations {
+ public:
+  ScaledComputeDurations(const ClusterSpec& cluster, double factor) : RooflineDurations(cluster), factor_(factor) {}
+  double compute_s(int rank, const ComputeOp& op) const override {
+    return factor_ * RooflineDurations::compute_s(rank, op);
+  }
+  const char* name() const override { return "scaled roofline"; }
+
+ private:
+  double factor_;
+};
+
+// Sum of compute-op times of program 0 under `durations`.
+inline double compute_ops_time(const Built& b, const DurationModel& durations) {
+  double t = 0;
+  for (const Op& op : b.schedule.programs[0].ops)
+    if (const auto* c = std::get_if<ComputeOp>(&op.body)) t += durations.compute_s(0, *c);
+  return t;
 }
 
 }  // namespace hzp::test
