@@ -249,3 +249,29 @@ TEST_CASE("validation stays linear in GPUs: ZeRO-3 on 262 144 GPUs validates", "
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   CHECK(slurp(err.string()).find("262144 GPUs") != std::string::npos);
 }
+
+TEST_CASE("calibrate fits a one-node measurement and writes a scenario that reproduces it", "[cli][calibrate]") {
+  const auto dir = scratch_dir();
+  const std::string one = (dir / "one_node.json").string();
+  std::ofstream(one) << R"({"name": "one", "model": {"preset": "llama2-7b"},
+    "cluster": {"preset": "dgx-a100", "nodes": 1},
+    "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": 32},
+    "policy": {"preset": "zero1"}})";
+  const std::string fitted = (dir / "fitted.json").string();
+  const RunResult r = run("calibrate '" + one + "' --tokens-per-gpu-s 3500 --out '" + fitted + "'");
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("\"efficiency\":{\"gemm\":") != std::string::npos);
+  // The written scenario, simulated (the other executor), runs at the measured speed.
+  const RunResult sim = run("simulate '" + fitted + "' --out '" + (dir / "sim").string() + "'");
+  REQUIRE(sim.code == 0);
+  const nlohmann::json summary = nlohmann::json::parse(slurp((dir / "sim" / "summary.json").string()));
+  CHECK(summary["tokens_per_gpu_per_s"].get<double>() == Approx(3500).epsilon(0.02));
+
+  CHECK(run("calibrate '" + one + "'").code == 2);                                     // no measurement
+  CHECK(run("calibrate '" + one + "' --mfu 0.4 --step-time-s 3").code == 2);           // two measurements
+  CHECK(run("calibrate '" + one + "' --tokens-per-gpu-s fast").code == 2);             // not a number
+  CHECK(run("calibrate '" + one + "' --tokens-per-gpu-s 350000").code == 2);           // faster than peak
+  CHECK(run("calibrate '" + kRoot + "/scenarios/default.json' --mfu 0.4").code == 2);  // 4 nodes
+  std::filesystem::remove_all(dir);
+}

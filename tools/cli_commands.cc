@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "shared/compute_fit.h"
 #include "shared/estimator.h"
 #include "shared/files.h"
 #include "shared/model_math.h"
@@ -105,6 +106,51 @@ int run_validate(const std::vector<std::string>& argv) {
                scenario->name.c_str(), static_cast<long long>(cost.params), scenario->mesh().describe().c_str(),
                static_cast<long long>(scenario->grad_accum_steps()), schedule->programs[0].ops.size(),
                schedule->streams.size(), schedule->groups.size());
+  return 0;
+}
+
+int run_calibrate(const std::vector<std::string>& argv) {
+  auto args = parse_args(argv, {"--tokens-per-gpu-s", "--step-time-s", "--mfu", "--out"});
+  if (!args.ok()) return usage_error("calibrate", args.status().message());
+  std::optional<OneNodeMeasurement> measured;
+  const std::pair<const char*, MeasureKind> kinds[] = {{"--tokens-per-gpu-s", MeasureKind::kTokensPerGpuPerS},
+                                                       {"--step-time-s", MeasureKind::kStepTimeS},
+                                                       {"--mfu", MeasureKind::kMfu}};
+  for (const auto& [flag, kind] : kinds) {
+    if (!args->has(flag)) continue;
+    if (measured) return usage_error("calibrate", "give one measurement (--tokens-per-gpu-s, --step-time-s or --mfu)");
+    auto v = parse_number_flag(flag, *args->get(flag), 1e-9, 1e12);
+    if (!v.ok()) return usage_error("calibrate", v.status().message());
+    measured = OneNodeMeasurement{kind, *v};
+  }
+  if (!measured)
+    return usage_error("calibrate", "missing the measurement (--tokens-per-gpu-s, --step-time-s or --mfu)");
+  auto scenario = load(*args->scenario);
+  if (!scenario.ok()) return fail(scenario.status());
+  auto fit = fit_compute_efficiency(*scenario, *measured);
+  if (!fit.ok()) return fail(fit.status());
+  const Efficiency& table = scenario->cluster.efficiency;
+  std::printf("calibrated %s on one node (%d x %s): measured step %.4f s, table efficiencies give %.4f s\n",
+              scenario->name.c_str(), scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(),
+              fit->measured_step_s, fit->table_step_s);
+  std::printf("  gemm          %.4f -> %.4f (fraction of peak FLOP/s)\n", table.gemm, fit->efficiency.gemm);
+  std::printf("  memory_bound  %.4f -> %.4f (fraction of HBM bandwidth)\n", table.memory_bound,
+              fit->efficiency.memory_bound);
+  std::printf("  fitted step   %.4f s (exposed communication %.4f s on this node)\n", fit->fitted_step_s,
+              fit->exposed_comm_s);
+  const nlohmann::json snippet = {{"efficiency",
+                                   {{"gemm", fit->efficiency.gemm},
+                                    {"memory_bound", fit->efficiency.memory_bound},
+                                    {"intra_node", fit->efficiency.intra_node},
+                                    {"inter_node", fit->efficiency.inter_node}}}};
+  std::printf("put this in the \"cluster\" of the multi-node scenarios (same GPU, model and micro-batch):\n  %s\n",
+              snippet.dump().c_str());
+  if (const auto out = args->get("--out")) {
+    Scenario calibrated = *scenario;
+    calibrated.cluster.efficiency = fit->efficiency;
+    if (Status st = write_file_atomic(*out, scenario_to_json(calibrated).dump(2) + "\n"); !st.ok()) return fail(st);
+    std::printf("wrote %s (the scenario, resolved, with the fitted efficiencies)\n", out->c_str());
+  }
   return 0;
 }
 
@@ -277,6 +323,17 @@ const std::vector<Command>& commands() {
        "node 0 and evenly spaced nodes). DIR defaults to out/<scenario name>. --steps N runs N steps back to\n"
        "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory false).\n",
        run_simulate},
+      {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU)",
+       "usage: hzp calibrate SCENARIO (--tokens-per-gpu-s X | --step-time-s X | --mfu X) [--out FILE]\n\n"
+       "SCENARIO describes a run measured on ONE node (cluster.nodes 1, that run's model, micro-batch, global\n"
+       "batch and policy); the flag gives its measurement: tokens per GPU per second, seconds per optimizer\n"
+       "step, or MFU as a fraction (model FLOPs / (step time x the GPU's peak)). The GEMM and memory-bound\n"
+       "efficiencies of cluster.efficiency are scaled by one common factor until the analytic step time of the\n"
+       "scenario equals the measurement; the network efficiencies are left alone. Prints the fitted values and\n"
+       "the JSON to put in the multi-node scenarios, whose prediction then comes from the schedule and the\n"
+       "network model alone. --out FILE writes the resolved scenario with the fitted efficiencies.\n"
+       "Exit 2 for a multi-node scenario or a measurement faster than the GPU's peak allows.\n",
+       run_calibrate},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
        run_collective_command},
       {"train", "train the scenario's model on local CPU ranks (Gloo) with its policy's schedule", kTrainHelp,

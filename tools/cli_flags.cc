@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 
 #include "shared/text.h"
 
@@ -49,6 +50,17 @@ Result<long long> parse_int_flag(const std::string& flag, const std::string& tex
   if (text.empty() || ec != std::errc() || p != end || v < min || v > max)
     return Status::InvalidInput(flag + ": expected an integer in [" + std::to_string(min) + ", " + std::to_string(max) +
                                 "], got " + quoted(text, 40));
+  return v;
+}
+
+Result<double> parse_number_flag(const std::string& flag, const std::string& text, double min, double max) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  char range[96];
+  std::snprintf(range, sizeof range, "[%g, %g]", min, max);
+  if (text.empty() || ec != std::errc() || p != end || !(v >= min && v <= max))
+    return Status::InvalidInput(flag + ": expected a number in " + range + ", got " + quoted(text, 40));
   return v;
 }
 

@@ -32,4 +32,7 @@ Result<ParsedArgs> parse_flags(const std::vector<std::string>& argv, const std::
 // A decimal integer in [min, max], nothing else (no sign for min >= 0, no spaces, no suffix).
 Result<long long> parse_int_flag(const std::string& flag, const std::string& text, long long min, long long max);
 
+// A decimal number in [min, max] (std::from_chars: no spaces, no suffix; NaN and infinities refused).
+Result<double> parse_number_flag(const std::string& flag, const std::string& text, double min, double max);
+
 }  // namespace hzp::cli

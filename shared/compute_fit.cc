@@ -1,0 +1,88 @@
+// Fitting compute efficiencies to a one-node measurement (see compute_fit.h).
+#include "shared/compute_fit.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <string>
+
+#include "shared/estimator.h"
+#include "shared/model_math.h"
+#include "shared/policy_registry.h"
+
+namespace hzp {
+namespace {
+
+// The schedule does not depend on efficiencies: built once, timed at each trial factor.
+Result<Estimate> step_with(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule, double scale) {
+  Scenario s = scenario;
+  s.cluster.efficiency.gemm *= scale;
+  s.cluster.efficiency.memory_bound *= scale;
+  return estimate(s, cost, schedule);
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace
+
+Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNodeMeasurement& measured) {
+  const ClusterSpec& c = one_node.cluster;
+  if (c.nodes != 1)
+    return Status::InvalidInput("calibrate: cluster.nodes is " + std::to_string(c.nodes) +
+                                "; calibrate from a one-node measurement (set cluster.nodes to 1 and the batch of "
+                                "that run), so that the multi-node prediction comes from the network model alone");
+  if (!(measured.value > 0) || !std::isfinite(measured.value))
+    return Status::InvalidInput("calibrate: the measurement must be a positive number, got " + number(measured.value));
+  if (measured.kind == MeasureKind::kMfu && measured.value >= 1)
+    return Status::InvalidInput("calibrate: --mfu is a fraction below 1, got " + number(measured.value));
+
+  const ModelCost cost = model_cost(one_node.model, one_node.training);
+  HZP_ASSIGN_OR_RETURN(const Schedule schedule, build_schedule(one_node, cost));
+  ComputeFit fit;
+  const double gpus = c.world_size();
+  const double tokens = static_cast<double>(one_node.training.global_batch * one_node.training.seq_len);
+  const double flops = cost.model_flops * static_cast<double>(one_node.grad_accum_steps());
+  switch (measured.kind) {
+    case MeasureKind::kTokensPerGpuPerS: fit.measured_step_s = tokens / (gpus * measured.value); break;
+    case MeasureKind::kStepTimeS: fit.measured_step_s = measured.value; break;
+    case MeasureKind::kMfu: fit.measured_step_s = flops / (measured.value * c.gpu.peak_flops); break;
+  }
+
+  HZP_ASSIGN_OR_RETURN(Estimate table, step_with(one_node, cost, schedule, 1));
+  fit.table_step_s = table.step_time_s;
+  // The step time falls monotonically as both efficiencies grow; the largest factor keeps both at most 1.
+  const double max_scale = std::min(1 / c.efficiency.gemm, 1 / c.efficiency.memory_bound);
+  HZP_ASSIGN_OR_RETURN(Estimate fastest, step_with(one_node, cost, schedule, max_scale));
+  if (fit.measured_step_s < fastest.step_time_s * (1 - 1e-9))
+    return Status::InvalidInput("calibrate: the measurement (a step of " + number(fit.measured_step_s) +
+                                " s) is faster than this GPU can compute the scenario even at 100 % of peak FLOP/s "
+                                "and HBM bandwidth (" + number(fastest.step_time_s) +
+                                " s): check cluster.gpu, the model and the batch of the measured run");
+  // Bisection on log(scale): 200 halvings of [1e-4, max_scale] reach double precision.
+  double lo = 1e-4, hi = max_scale;
+  HZP_ASSIGN_OR_RETURN(Estimate slowest, step_with(one_node, cost, schedule, lo));
+  if (fit.measured_step_s > slowest.step_time_s)
+    return Status::InvalidInput("calibrate: the measurement (a step of " + number(fit.measured_step_s) +
+                                " s) is over 10,000 times slower than the roofline (" +
+                                number(slowest.step_time_s) + " s at 1/10,000 of the table's efficiencies)");
+  Estimate at;
+  for (int i = 0; i < 200 && hi / lo > 1 + 1e-12; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    HZP_ASSIGN_OR_RETURN(at, step_with(one_node, cost, schedule, mid));
+    (at.step_time_s > fit.measured_step_s ? lo : hi) = mid;
+  }
+  fit.scale = std::sqrt(lo * hi);
+  HZP_ASSIGN_OR_RETURN(at, step_with(one_node, cost, schedule, fit.scale));
+  fit.fitted_step_s = at.step_time_s;
+  fit.exposed_comm_s = at.exposed_comm_s;
+  fit.efficiency = c.efficiency;
+  fit.efficiency.gemm *= fit.scale;
+  fit.efficiency.memory_bound *= fit.scale;
+  return fit;
+}
+
+}  // namespace hzp
