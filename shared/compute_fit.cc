@@ -2,8 +2,8 @@
 #include "shared/compute_fit.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "shared/estimator.h"
@@ -47,9 +47,15 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   const double tokens = static_cast<double>(one_node.training.global_batch * one_node.training.seq_len);
   const double flops = cost.model_flops * static_cast<double>(one_node.grad_accum_steps());
   switch (measured.kind) {
-    case MeasureKind::kTokensPerGpuPerS: fit.measured_step_s = tokens / (gpus * measured.value); break;
-    case MeasureKind::kStepTimeS: fit.measured_step_s = measured.value; break;
-    case MeasureKind::kMfu: fit.measured_step_s = flops / (measured.value * c.gpu.peak_flops); break;
+    case MeasureKind::kTokensPerGpuPerS:
+      fit.measured_step_s = tokens / (gpus * measured.value);
+      break;
+    case MeasureKind::kStepTimeS:
+      fit.measured_step_s = measured.value;
+      break;
+    case MeasureKind::kMfu:
+      fit.measured_step_s = flops / (measured.value * c.gpu.peak_flops);
+      break;
   }
 
   HZP_ASSIGN_OR_RETURN(Estimate table, step_with(one_node, cost, schedule, 1));
@@ -60,15 +66,16 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   if (fit.measured_step_s < fastest.step_time_s * (1 - 1e-9))
     return Status::InvalidInput("calibrate: the measurement (a step of " + number(fit.measured_step_s) +
                                 " s) is faster than this GPU can compute the scenario even at 100 % of peak FLOP/s "
-                                "and HBM bandwidth (" + number(fastest.step_time_s) +
+                                "and HBM bandwidth (" +
+                                number(fastest.step_time_s) +
                                 " s): check cluster.gpu, the model and the batch of the measured run");
   // Bisection on log(scale): 200 halvings of [1e-4, max_scale] reach double precision.
   double lo = 1e-4, hi = max_scale;
   HZP_ASSIGN_OR_RETURN(Estimate slowest, step_with(one_node, cost, schedule, lo));
   if (fit.measured_step_s > slowest.step_time_s)
     return Status::InvalidInput("calibrate: the measurement (a step of " + number(fit.measured_step_s) +
-                                " s) is over 10,000 times slower than the roofline (" +
-                                number(slowest.step_time_s) + " s at 1/10,000 of the table's efficiencies)");
+                                " s) is over 10,000 times slower than the roofline (" + number(slowest.step_time_s) +
+                                " s at 1/10,000 of the table's efficiencies)");
   Estimate at;
   for (int i = 0; i < 200 && hi / lo > 1 + 1e-12; ++i) {
     const double mid = std::sqrt(lo * hi);

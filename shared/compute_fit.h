@@ -21,12 +21,12 @@ struct OneNodeMeasurement {
 };
 
 struct ComputeFit {
-  Efficiency efficiency;        // the scenario's, with gemm and memory_bound scaled
-  double scale = 1;             // the common factor applied
-  double measured_step_s = 0;   // the measurement as a step time of the scenario
-  double table_step_s = 0;      // the analytic step time with the table's efficiencies
-  double fitted_step_s = 0;     // ... with the fitted ones (equals measured_step_s to 1e-9)
-  double exposed_comm_s = 0;    // of the fitted step: communication the one node does not hide
+  Efficiency efficiency;       // the scenario's, with gemm and memory_bound scaled
+  double scale = 1;            // the common factor applied
+  double measured_step_s = 0;  // the measurement as a step time of the scenario
+  double table_step_s = 0;     // the analytic step time with the table's efficiencies
+  double fitted_step_s = 0;    // ... with the fitted ones (equals measured_step_s to 1e-9)
+  double exposed_comm_s = 0;   // of the fitted step: communication the one node does not hide
 };
 
 // `one_node` must have cluster.nodes == 1 (the error says why otherwise).

@@ -52,6 +52,17 @@ std::int64_t mlp_params(const ModelSpec& m, std::int64_t width) {
   return linear_params(m, m.hidden, width) + linear_params(m, width, m.hidden);
 }
 
+// Parameter tensors, as a framework that owns whole tensors counts them (a weight and a bias are two).
+int norm_tensors(const ModelSpec& m) {
+  return has_biases(m) ? 2 : 1;
+}
+int linear_tensors(const ModelSpec& m) {
+  return has_biases(m) ? 2 : 1;
+}
+int mlp_tensors(const ModelSpec& m) {
+  return (m.family == ModelFamily::kLlama ? 3 : 2) * linear_tensors(m);
+}
+
 std::int64_t embedding_params(const ModelSpec& m) {
   const std::int64_t positions = m.position == PositionEmbedding::kLearned ? m.max_positions * m.hidden : 0;
   return m.vocab * m.hidden + positions;
@@ -155,6 +166,7 @@ ModuleCost embedding_cost(const Dims& d) {
   ModuleCost cost;
   cost.kind = ModuleKind::kEmbedding;
   cost.params = embedding_params(d.model);
+  cost.tensors = d.model.position == PositionEmbedding::kLearned ? 2 : 1;
   // Gather of token rows; backward scatter-adds dy into the gradient rows (read dy, read + write rows).
   add_traffic(cost, {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e});
   if (d.model.position == PositionEmbedding::kLearned) add_traffic(cost, residual_traffic(d));
@@ -168,6 +180,7 @@ ModuleCost attention_cost(const Dims& d, int layer) {
   cost.kind = ModuleKind::kAttention;
   cost.layer = layer;
   cost.params = attention_params(d.model);
+  cost.tensors = norm_tensors(d.model) + 4 * linear_tensors(d.model);
   const double t = d.tokens;
 
   add_traffic(cost, norm_traffic(d));
@@ -238,6 +251,7 @@ ModuleCost dense_mlp_cost(const Dims& d, int layer) {
   cost.kind = ModuleKind::kMlp;
   cost.layer = layer;
   cost.params = dense_mlp_params(d.model);
+  cost.tensors = norm_tensors(d.model) + mlp_tensors(d.model);
   const double t = d.tokens;
   const double f = static_cast<double>(d.model.ffn_hidden);
   const bool swiglu = d.model.family == ModelFamily::kLlama;
@@ -266,6 +280,7 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   cost.kind = ModuleKind::kMoe;
   cost.layer = layer;
   cost.params = moe_params(d.model);
+  cost.tensors = norm_tensors(d.model) + 1 + d.model.moe.experts * mlp_tensors(d.model);
   cost.expert_params = d.model.moe.experts * mlp_params(d.model, d.model.moe.expert_ffn_hidden);
   const double t = d.tokens;
   const double experts = d.model.moe.experts;
@@ -312,6 +327,7 @@ ModuleCost head_cost(const Dims& d) {
   ModuleCost cost;
   cost.kind = ModuleKind::kHead;
   cost.params = head_params(d.model);
+  cost.tensors = norm_tensors(d.model) + (d.model.tied_embeddings ? 0 : 1);
   const double t = d.tokens;
 
   add_traffic(cost, norm_traffic(d));

@@ -30,6 +30,7 @@ struct ModuleCost {
   int layer = -1;                  // -1 for embedding and head
   std::int64_t params = 0;         // parameters owned by this module (a tied head owns only the final norm)
   std::int64_t expert_params = 0;  // of which expert weights (MoE: experts x one expert MLP), split by EP
+  int tensors = 0;                 // parameter tensors (a weight and its bias are two)
   double fwd_flops = 0;            // forward matmul FLOPs (incl. the MoE router; norms are costed in mem_bytes)
   double fwd_mem_bytes = 0;        // forward memory-bound HBM bytes
   double bwd_flops = 0;            // backward FLOPs, incl. flash-attention's recompute of scores

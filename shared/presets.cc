@@ -232,4 +232,68 @@ Status check_sharding(const ShardingSpec& sharding, int gpus_per_node, int nodes
   return Status::Ok();
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Frameworks' collective choices
+// ---------------------------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::int64_t kMiBytes = 1024 * 1024;
+
+const std::vector<FrameworkComm>& framework_table() {
+  using GR = GradReduce;
+  using PR = ParamRefresh;
+  static const std::vector<FrameworkComm> table = {
+      {"hzp",
+       {"hzp", GR::kReduceScatter, PR::kAllGather, true},
+       25 * kMiBytes,
+       "hzp's own schedule: per-bucket reduce-scatter overlapped with backward, the refresh all-gather of each "
+       "unit overlapped with the next forward (what FSDP and AsyncHZP do), 25 MiB buckets (PyTorch DDP's "
+       "bucket_cap_mb default)."},
+      {"internevo",
+       {"internevo", GR::kAllReduce, PR::kBroadcast, false},
+       512 * 2 * kMiBytes,
+       "InternEvo / InternLM hybrid ZeRO-1 optimizer (InternLM/InternEvo, internlm/solver/optimizer/"
+       "hybrid_zero_optim.py, 2023): gradients all-reduced in bf16 over the data-parallel group in buckets of "
+       "reduce_bucket_size = 512 Mi elements (configs/7B_sft.py), reduced on the last micro-batch's backward; "
+       "after the update each rank of the zero1 group broadcasts the parameters it owns (whole tensors, "
+       "assigned to ranks by size), one broadcast per owner, waited on before the next step."},
+      {"deepspeed",
+       {"deepspeed", GR::kReduceScatter, PR::kAllGather, false},
+       1000 * 1000 * 1000,
+       "DeepSpeed ZeRO stage 1/2 (deepspeed/runtime/zero/stage_1_and_2.py; config docs "
+       "zero_optimization): reduce_scatter true, reduce_bucket_size 5e8 elements (1e9 bytes of bf16), the "
+       "updated partitions all-gathered at the end of step() (allgather_bucket_size 5e8) before the next "
+       "forward."},
+      {"fsdp",
+       {"fsdp", GR::kReduceScatter, PR::kAllGather, true},
+       25 * kMiBytes,
+       "PyTorch FSDP (torch/distributed/fsdp): gradients reduce-scattered per wrapped unit during backward; "
+       "parameters all-gathered per unit on demand with forward/backward prefetch (nothing to refresh at "
+       "the step's end)."},
+      {"megatron",
+       {"megatron", GR::kReduceScatter, PR::kAllGather, false},
+       80 * 1000 * 1000,
+       "Megatron-LM distributed optimizer (megatron/core/distributed, docs/source/api-guide/"
+       "dist_optimizer.md): gradients reduce-scattered in buckets of max(40M, 1M x DP) parameters (80 MB of "
+       "bf16 at DP <= 40), updated parameters all-gathered after the step; --overlap-param-gather (off by "
+       "default) would overlap that all-gather with the next forward."},
+  };
+  return table;
+}
+
+}  // namespace
+
+Result<FrameworkComm> framework_comm(std::string_view name) {
+  for (const FrameworkComm& f : framework_table())
+    if (name == f.name) return f;
+  return Status::InvalidInput("unknown framework (known: " + join(framework_names()) + ")");
+}
+
+std::vector<std::string> framework_names() {
+  std::vector<std::string> names;
+  for (const FrameworkComm& f : framework_table()) names.emplace_back(f.name);
+  return names;
+}
+
 }  // namespace hzp

@@ -41,4 +41,15 @@ std::vector<std::string> policy_preset_names();
 // `path` is the JSON path prefix used in messages (e.g. "policy.sharding").
 Status check_sharding(const ShardingSpec& sharding, int gpus_per_node, int nodes, std::string_view path);
 
+// Frameworks' collective choices for data parallelism (policy.comm.framework): hzp (the default), internevo,
+// deepspeed, fsdp, megatron. Each row: the CommSpec, its gradient bucket, and where each choice is documented.
+struct FrameworkComm {
+  const char* name;
+  CommSpec comm;
+  std::int64_t bucket_bytes;  // gradient bucket in bytes of bf16 gradients
+  const char* source;
+};
+Result<FrameworkComm> framework_comm(std::string_view name);
+std::vector<std::string> framework_names();
+
 }  // namespace hzp

@@ -98,4 +98,24 @@ const char* to_string(Recompute v) {
   return "?";
 }
 
+const char* to_string(GradReduce v) {
+  switch (v) {
+    case GradReduce::kReduceScatter:
+      return "reduce_scatter";
+    case GradReduce::kAllReduce:
+      return "all_reduce";
+  }
+  return "?";
+}
+
+const char* to_string(ParamRefresh v) {
+  switch (v) {
+    case ParamRefresh::kAllGather:
+      return "all_gather";
+    case ParamRefresh::kBroadcast:
+      return "broadcast";
+  }
+  return "?";
+}
+
 }  // namespace hzp

@@ -166,10 +166,32 @@ struct OverlapSpec {
   bool separate_streams = true;   // false: every collective runs on the compute stream (no overlap)
 };
 
+// How the data-parallel collectives are issued: the choices real frameworks make differently, each a
+// documented default of a named framework (framework_comm(), sources in presets.cc).
+enum class GradReduce {
+  kReduceScatter,  // each rank receives the reduced slice it updates (FSDP, DeepSpeed ZeRO-2/3, hzp)
+  kAllReduce,      // every rank receives every reduced gradient, keeps its slice (InternEvo ZeRO-1, DDP)
+};
+enum class ParamRefresh {
+  kAllGather,  // one all-gather per bucket of the updated slices (DeepSpeed, FSDP, hzp)
+  kBroadcast,  // one broadcast per owner rank of the parameters it updated (InternEvo, AMSP: "AG/RS+AR+BC")
+};
+struct CommSpec {
+  std::string framework = "hzp";  // whose defaults the fields below started from
+  GradReduce grad_reduce = GradReduce::kReduceScatter;
+  ParamRefresh param_refresh = ParamRefresh::kAllGather;
+  // true: the refresh of the updated parameters overlaps the next step's forward (each unit waits only for
+  // its own parameters); false: the next step starts when every refresh is done (DeepSpeed ZeRO-1/2,
+  // InternEvo: the optimizer step ends with the all-gather / broadcasts and their wait).
+  bool refresh_overlap = true;
+  bool operator==(const CommSpec&) const = default;
+};
+
 struct PolicySpec {
   std::string preset;     // "ddp", "zero1", ..., or "custom" when only explicit sharding given
   ShardingSpec sharding;  // always resolved (presets are expanded by the parser)
   OverlapSpec overlap;
+  CommSpec comm;
   // Expert parallelism for MoE layers: each expert lives on one of `expert_parallel` consecutive ranks
   // (1 = every rank holds every expert). Expert states are then sharded like the dense ones but only over
   // the ranks that hold the same experts (the expert-data-parallel group, D / expert_parallel ranks).
@@ -215,5 +237,7 @@ const char* to_string(NicMapping v);
 const char* to_string(CollectiveAlgorithmChoice v);
 const char* to_string(Precision v);
 const char* to_string(Recompute v);
+const char* to_string(GradReduce v);
+const char* to_string(ParamRefresh v);
 
 }  // namespace hzp

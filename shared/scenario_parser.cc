@@ -594,8 +594,9 @@ Result<RunSpec> parse_run(const json& value) {
 }
 
 Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r,
-                       ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "expert_parallel"}));
+  HZP_ASSIGN_OR_RETURN(
+      ObjectReader r,
+      ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "comm", "expert_parallel"}));
   PolicySpec p;
   p.preset = "custom";
   p.overlap.bucket_bytes = 25 * 1024 * 1024;
@@ -638,6 +639,24 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     }
   }
   HZP_RETURN_IF_ERROR(check_sharding(p.sharding, gpus_per_node, nodes, r.path_of("sharding")));
+
+  if (r.has("comm")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader c,
+                         r.child("comm", {"framework", "grad_reduce", "param_refresh", "refresh_overlap"}));
+    if (c.has("framework")) {
+      std::string name;
+      HZP_RETURN_IF_ERROR(c.read_string("framework", name));
+      auto framework = framework_comm(name);
+      if (!framework.ok()) return invalid(c.path_of("framework"), framework.status().message(), c.at("framework"));
+      p.comm = framework->comm;
+      p.overlap.bucket_bytes = framework->bucket_bytes;
+    }
+    HZP_RETURN_IF_ERROR(
+        c.read_enum("grad_reduce", p.comm.grad_reduce, {GradReduce::kReduceScatter, GradReduce::kAllReduce}));
+    HZP_RETURN_IF_ERROR(
+        c.read_enum("param_refresh", p.comm.param_refresh, {ParamRefresh::kAllGather, ParamRefresh::kBroadcast}));
+    HZP_RETURN_IF_ERROR(c.read_bool("refresh_overlap", p.comm.refresh_overlap));
+  }
 
   if (r.has("overlap")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader o, r.child("overlap", {"prefetch_depth", "bucket_MiB", "separate_streams"}));
@@ -832,6 +851,11 @@ nlohmann::json scenario_to_json(const Scenario& s) {
        {{"prefetch_depth", p.overlap.prefetch_depth},
         {"bucket_MiB", to_unit(static_cast<double>(p.overlap.bucket_bytes), kMiB)},
         {"separate_streams", p.overlap.separate_streams}}},
+      {"comm",
+       {{"framework", p.comm.framework},
+        {"grad_reduce", to_string(p.comm.grad_reduce)},
+        {"param_refresh", to_string(p.comm.param_refresh)},
+        {"refresh_overlap", p.comm.refresh_overlap}}},
       {"expert_parallel", p.expert_parallel},
   };
   if (p.preset != "custom") policy["preset"] = p.preset;

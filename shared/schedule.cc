@@ -175,6 +175,7 @@ struct BodyPrinter {
        << " unit=" << c.unit << " mb=" << c.micro_batch;
     if (c.bucket >= 0) os << " bucket=" << c.bucket;
     if (c.module >= 0) os << " module=" << c.module;
+    if (c.root >= 0) os << " root=" << c.root;
   }
   void operator()(const OptimizerStepOp& o) const {
     os << "optimizer_step bucket=" << o.bucket << " unit=" << o.unit << " shard_params=" << o.shard_params

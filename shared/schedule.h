@@ -126,6 +126,8 @@ struct CollectiveOp {
   int bucket = -1;  // gradient reduction and parameter refresh: index into Schedule::buckets
   int module = -1;  // parameter all-gather of ONE module of the unit (its index in the unit, forward
                     // order: 0 attention, 1 MLP/MoE); -1 = the whole unit
+  int root = -1;    // broadcast: the sending member's index in the group (policy.comm.param_refresh
+                    // "broadcast": one per owner, bucket -1 = the owner's share of the whole model)
 };
 
 // The AdamW update of this rank's optimizer shard of one unit: memory-bound.

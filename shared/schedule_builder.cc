@@ -238,21 +238,62 @@ class DataParallelBuilder {
   }
 
   // --- Step start: refresh each bucket's parameters from last step's optimizer slices ---------------------
+  // policy.comm.param_refresh: one all-gather per bucket over its refresh group, or one broadcast per owner
+  // of the parameters it updated (owners: the ranks holding whole tensors, at most one per tensor). With
+  // refresh_overlap off, every read of the step waits for the whole refresh.
   void refresh_parameters() {
+    const CommSpec& comm = scenario_.policy.comm;
     refresh_op_.assign(buckets_.size(), -1);
-    for (int b = static_cast<int>(buckets_.size()) - 1; b >= 0; --b) {
-      const StateSharding& g = kind(buckets_[b].kind);
-      if (g.q() <= 1) continue;
-      const int u = buckets_[b].units.back();
-      refresh_op_[b] =
-          prog_->add(refresh_stream_, {},
-                     collective(CollectiveKind::kAllGather, CollectivePurpose::kRefreshParams, buckets_[b].kind,
-                                g.role_refresh, param_bytes(buckets_[b].params) / g.s_p, Payload::kParams, u, 0, b));
+    refresh_start_.assign(buckets_.size(), -1);
+    if (comm.param_refresh == ParamRefresh::kBroadcast) {
+      for (int k = 0; k < num_kinds_; ++k) broadcast_refresh(k);
+    } else {
+      for (int b = static_cast<int>(buckets_.size()) - 1; b >= 0; --b) {
+        const StateSharding& g = kind(buckets_[b].kind);
+        if (g.q() <= 1) continue;
+        const int u = buckets_[b].units.back();
+        refresh_op_[b] = refresh_start_[b] =
+            prog_->add(refresh_stream_, {},
+                       collective(CollectiveKind::kAllGather, CollectivePurpose::kRefreshParams, buckets_[b].kind,
+                                  g.role_refresh, param_bytes(buckets_[b].params) / g.s_p, Payload::kParams, u, 0, b));
+      }
+    }
+    // Every refresh runs on one stream, so its last op completing means all have.
+    if (!comm.refresh_overlap) {
+      const int last = *std::max_element(refresh_op_.begin(), refresh_op_.end());
+      for (int& r : refresh_op_)
+        if (r >= 0) r = last;
     }
     // The first op of the step that reads each unit's parameters of each kind: it waits for last step's update.
     first_read_.assign(units_.size(), {-1, -1});
     for (std::size_t b = 0; b < buckets_.size(); ++b)
       for (int u : buckets_[b].units) first_read_[u][buckets_[b].kind] = refresh_op_[b];
+  }
+
+  void broadcast_refresh(int k) {
+    const StateSharding& g = kind(k);
+    if (g.q() <= 1) return;
+    std::int64_t bytes = 0;
+    int tensors = 0;
+    for (const Bucket& bucket : buckets_)
+      if (bucket.kind == k) bytes += param_bytes(bucket.params) / g.s_p;
+    for (const Unit& unit : units_)
+      for (const ModuleCost* m : unit.modules) tensors += m->tensors;
+    const int owners = std::max(1, std::min(g.q(), tensors));
+    const int last_unit = static_cast<int>(units_.size()) - 1;
+    int first = -1, last = -1;
+    for (int i = 0; i < owners; ++i) {
+      CollectiveOp c = collective(CollectiveKind::kBroadcast, CollectivePurpose::kRefreshParams, k, g.role_refresh,
+                                  bytes / owners + (i < bytes % owners ? 1 : 0), Payload::kParams, last_unit, 0, -1);
+      c.root = static_cast<int>(static_cast<long long>(i) * g.q() / owners);
+      last = prog_->add(refresh_stream_, {}, c);
+      if (first < 0) first = last;
+    }
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (buckets_[b].kind == k) {
+        refresh_op_[b] = last;
+        refresh_start_[b] = first;  // later broadcasts follow it on the stream
+      }
   }
 
   // --- The compute visits of the whole step, in order (prefetching runs across micro-batches) -----------
@@ -404,9 +445,13 @@ class DataParallelBuilder {
       if (!last_mb) continue;
       const int q_grad = g.s_os / g.s_g;
       if (q_grad > 1) {
+        // policy.comm.grad_reduce: reduce-scatter to the slice, or all-reduce everything and keep the slice.
+        const CollectiveKind how = scenario_.policy.comm.grad_reduce == GradReduce::kAllReduce
+                                       ? CollectiveKind::kAllReduce
+                                       : CollectiveKind::kReduceScatter;
         prev = prog_->add("replica_sync", {prev},
-                          collective(CollectiveKind::kReduceScatter, CollectivePurpose::kReduceToOptimizer, k,
-                                     g.role_refresh, bytes, Payload::kGrads, v.unit, v.micro_batch, b));
+                          collective(how, CollectivePurpose::kReduceToOptimizer, k, g.role_refresh, bytes,
+                                     Payload::kGrads, v.unit, v.micro_batch, b));
         bytes /= q_grad;
       }
       if (g.replicas > 1)
@@ -447,8 +492,12 @@ class DataParallelBuilder {
       const int update =
           prog_->add("compute", {norm_op_ >= 0 ? norm_op_ : final_grad_op_[b]},
                      OptimizerStepOp{static_cast<int>(b), u, units_[u].layer, shard, shard * kAdamBytesPerParam});
-      for (int unit : buckets_[b].units)
-        prog_->op(first_read_[unit][buckets_[b].kind]).prev_step_deps.push_back(update);
+      // The refresh of this bucket (or, broadcasting, the first broadcast of its kind) waits for the update.
+      if (refresh_start_[b] >= 0) prog_->op(refresh_start_[b]).prev_step_deps.push_back(update);
+      for (int unit : buckets_[b].units) {
+        const int read = first_read_[unit][buckets_[b].kind];
+        if (read != refresh_start_[b]) prog_->op(read).prev_step_deps.push_back(update);
+      }
     }
   }
 
@@ -488,7 +537,8 @@ class DataParallelBuilder {
   std::vector<std::array<int, 2>> bucket_of_;  // [unit][kind] -> bucket
   bool any_gather_ = false, any_reduce_ = false;
   SlotPool gather_pool_{-1, 1}, grad_pool_{-1, 1};
-  std::vector<int> refresh_op_;                 // per bucket
+  std::vector<int> refresh_op_;                 // per bucket: what its readers wait for
+  std::vector<int> refresh_start_;              // per bucket: the refresh op that waits for its update
   std::vector<std::array<int, 2>> first_read_;  // [unit][kind]
   std::vector<Visit> visits_;
   std::vector<std::vector<int>> gather_ops_;  // per visit

@@ -3,6 +3,8 @@
 // with M micro-batches, states sharded finer than the optimizer talk every micro-batch.
 #include "tests/test_util.h"
 
+#include <set>
+
 #include "shared/collective_cost.h"
 
 using namespace hzp;
@@ -132,4 +134,32 @@ TEST_CASE("amsp with every group = the data-parallel group is zero3", "[equivale
   nlohmann::json doc = scenario_json("tiny-dense", "dgx-a100", 2, "amsp", 64, 16 * 2);
   doc["policy"]["sharding"] = {{"params", {8, 2}}, {"grads", {8, 2}}, {"optimizer", {8, 2}}};
   CHECK(ir_of(doc) == ir_of(scenario_json("tiny-dense", "dgx-a100", 2, "zero3", 64, 16 * 2)));
+}
+
+TEST_CASE("InternEvo's ZeRO-1: all-reduce of the gradients + one broadcast per owner = 1.5x DDP", "[comm][framework]") {
+  for (int nodes : {2, 64}) {
+    const double D = 8.0 * nodes;
+    nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", nodes, "zero1", 4096);
+    const Built ddp = build(scenario_from(scenario_json("llama2-7b", "dgx-a100", nodes, "ddp", 4096)));
+    doc["policy"]["comm"] = {{"framework", "internevo"}};
+    const Built internevo = build(scenario_from(doc));
+    const double psi = static_cast<double>(ddp.cost.params);
+    INFO("nodes " << nodes);
+    // AR 2(D-1)/D·2Ψ + broadcasts (D-1)/D·2Ψ (each owner's share forwarded around the ring once).
+    CHECK(bytes_sent(internevo) == Approx(3 * (D - 1) / D * 2 * psi).epsilon(1e-6));
+    CHECK(bytes_sent(internevo) == Approx(1.5 * bytes_sent(ddp)).epsilon(1e-6));
+    // Owners hold whole tensors: LLaMA-2 7B has 32 x (4 attention + 3 MLP weights + 2 norms) + embedding +
+    // head + final norm = 291, so at most 291 broadcasts, each from a different member.
+    int broadcasts = 0;
+    std::set<int> roots;
+    for (const Op& op : internevo.schedule.program_of(0).ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body); c && c->kind == CollectiveKind::kBroadcast) {
+        ++broadcasts;
+        roots.insert(c->root);
+        CHECK(c->purpose == CollectivePurpose::kRefreshParams);
+        CHECK(internevo.schedule.group_of(0, c->role).ranks.size() == static_cast<std::size_t>(D));
+      }
+    CHECK(broadcasts == std::min(static_cast<int>(D), 291));
+    CHECK(roots.size() == static_cast<std::size_t>(broadcasts));
+  }
 }

@@ -711,3 +711,41 @@ TEST_CASE("the parallel mesh prints every degree and multiplies to the world", "
 
 }  // namespace
 }  // namespace hzp
+
+namespace hzp {
+namespace {
+
+TEST_CASE("policy.comm: a framework sets the collective choices and bucket, fields override it",
+          "[scenario][framework]") {
+  json doc = base_doc();
+  CHECK(parse_ok(doc).policy.comm == CommSpec{});  // hzp's own schedule by default
+  doc["policy"]["comm"] = {{"framework", "internevo"}};
+  Scenario s = parse_ok(doc);
+  CHECK(s.policy.comm.grad_reduce == GradReduce::kAllReduce);
+  CHECK(s.policy.comm.param_refresh == ParamRefresh::kBroadcast);
+  CHECK_FALSE(s.policy.comm.refresh_overlap);
+  CHECK(s.policy.overlap.bucket_bytes == 1024LL * 1024 * 1024);  // 512 Mi bf16 elements
+  doc["policy"]["comm"]["refresh_overlap"] = true;
+  doc["policy"]["overlap"] = {{"bucket_MiB", 64}};
+  s = parse_ok(doc);
+  CHECK(s.policy.comm.refresh_overlap);
+  CHECK(s.policy.overlap.bucket_bytes == 64LL * 1024 * 1024);
+  // The resolved form round-trips.
+  CHECK(parse_ok(scenario_to_json(s)).policy.comm == s.policy.comm);
+  for (const std::string& name : framework_names()) {
+    doc["policy"]["comm"] = {{"framework", name}};
+    CHECK(parse_ok(doc).policy.comm.framework == name);
+  }
+
+  doc["policy"]["comm"] = {{"framework", "horovod"}};
+  Result<Scenario> bad = parse_scenario(doc, "t");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().rfind("policy.comm.framework: unknown framework", 0) == 0);
+  doc["policy"]["comm"] = {{"grad_reduce", "reduce"}};
+  bad = parse_scenario(doc, "t");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().rfind("policy.comm.grad_reduce: must be one of", 0) == 0);
+}
+
+}  // namespace
+}  // namespace hzp

@@ -193,3 +193,34 @@ TEST_CASE("gradient slots: a dense bucket of several units and expert buckets ne
       "training": {"seq_len": 128, "micro_batch": 1}, "policy": {"preset": "zero2", "expert_parallel": 4}})"));
   build(s);  // fails the test unless the schedule validates
 }
+
+TEST_CASE("policy.comm: refresh_overlap off makes every read of the step wait for the whole refresh",
+          "[schedule][framework]") {
+  for (const char* refresh : {"all_gather", "broadcast"}) {
+    INFO(refresh);
+    nlohmann::json doc = test::scenario_json("tiny-dense", "dgx-a100", 2, "zero1", 256);
+    doc["policy"]["comm"] = {{"param_refresh", refresh}, {"refresh_overlap", false}};
+    const Built b = test::build(test::scenario_from(doc));
+    const Program& p = b.schedule.program_of(0);
+    int last_refresh = -1, first_compute = -1;
+    for (size_t i = 0; i < p.ops.size(); ++i) {
+      if (const auto* c = std::get_if<CollectiveOp>(&p.ops[i].body);
+          c && c->purpose == CollectivePurpose::kRefreshParams)
+        last_refresh = static_cast<int>(i);
+      if (first_compute < 0 && std::holds_alternative<ComputeOp>(p.ops[i].body)) first_compute = static_cast<int>(i);
+    }
+    REQUIRE(last_refresh >= 0);
+    REQUIRE(first_compute >= 0);
+    const std::vector<int>& deps = p.ops[first_compute].deps;
+    CHECK(std::find(deps.begin(), deps.end(), last_refresh) != deps.end());
+    // Each refresh still waits for last step's updates (loop-carried), so the step is well defined.
+    bool waits_for_update = false;
+    for (const Op& op : p.ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body); c && c->purpose == CollectivePurpose::kRefreshParams)
+        waits_for_update = waits_for_update || !op.prev_step_deps.empty();
+    CHECK(waits_for_update);
+    // Not overlapping the refresh is never faster.
+    doc["policy"]["comm"]["refresh_overlap"] = true;
+    CHECK(test::estimate_of(b).step_time_s >= test::estimate_of(test::build(test::scenario_from(doc))).step_time_s);
+  }
+}
