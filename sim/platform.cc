@@ -42,6 +42,12 @@ void configure_engine(sg4::Engine& engine) {
   engine.set_config("network/TCP-gamma:1e18");
   // One simulation thread: parallel contexts crash beyond ~64 hosts with SimGrid 3.32 (measured here).
   engine.set_config("contexts/nthreads:1");
+  // One actor per (rank, stream): 16,384 GPUs make 33k+ actors. A guard page per actor stack costs a memory
+  // mapping of its own, and Linux allows 65,530 per process (vm.max_map_count), so SimGrid aborted past
+  // ~16k actors ("Failed to protect stack"). Actors here recurse a few frames deep: no guard page, and
+  // 256 KiB stacks instead of 8 MiB (33k x 8 MiB of address space is 264 GiB).
+  engine.set_config("contexts/guard-size:0");
+  engine.set_config("contexts/stack-size:256");
 }
 
 int Platform::nics_per_gpu() const {
