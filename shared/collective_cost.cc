@@ -81,15 +81,16 @@ double intra_time(const ClusterSpec& c, CollectiveKind kind, double bytes, int s
 double ring_time(const ClusterSpec& c, CollectiveKind kind, double bytes, const GroupShape& s, const LinkParams& l) {
   const int p = s.size();
   if (s.nodes == 1) return intra_time(c, kind, bytes, p, l);
+  const double latency = ring_latency(kind, s, l);
   double bandwidth = s.ranks_per_node * l.rail;
   // Intra-node hops: a switch port carries every channel; on a full mesh channel k uses its own pair link,
   // so min(s0-1, channels) of the R-1 pair links carry the ring.
   if (s.ranks_per_node > 1)
     bandwidth = std::min(
         bandwidth, full_mesh(c) ? l.intra * std::min(s.ranks_per_node - 1, s.nics) / (c.gpus_per_node - 1) : l.intra);
-  if (kind == CollectiveKind::kBroadcast) return (p - 1) * l.alpha_inter + bytes / bandwidth;
-  const double pass = ring_pass(p, l.alpha_inter, bytes, bandwidth);
-  return kind == CollectiveKind::kAllReduce ? 2 * pass : pass;
+  if (kind == CollectiveKind::kBroadcast) return latency + bytes / bandwidth;
+  const double transfer = (p - 1) / static_cast<double>(p) * bytes / bandwidth;
+  return latency + (kind == CollectiveKind::kAllReduce ? 2 * transfer : transfer);
 }
 
 double hierarchical_time(const ClusterSpec& c, CollectiveKind kind, double bytes, const GroupShape& s,
@@ -119,6 +120,16 @@ double pairwise_time(const ClusterSpec& c, double bytes, const GroupShape& s, co
 }
 
 }  // namespace
+
+double ring_latency(CollectiveKind kind, const GroupShape& s, const LinkParams& l) {
+  const int p = s.size();
+  if (p <= 1) return 0;
+  const int passes = kind == CollectiveKind::kAllReduce ? 2 : 1;
+  const int steps = kind == CollectiveKind::kBroadcast ? p - 1 : passes * (p - 1);
+  if (s.nodes <= 1) return steps * l.alpha_intra;
+  const int inter_steps = kind == CollectiveKind::kBroadcast ? s.nodes - 1 : passes * (s.nodes - 1);
+  return (steps - inter_steps) * l.alpha_intra + inter_steps * l.alpha_inter;
+}
 
 bool algorithm_applies(const ClusterSpec& c, CollectiveAlgorithm algorithm, CollectiveKind kind, const GroupShape& s) {
   const bool a2a = kind == CollectiveKind::kAllToAll;

@@ -13,8 +13,9 @@
 //   α_i, α_n   per-step latency inside a node / across nodes (NIC latency + 2 or 4 switch hops).
 //
 // Algorithms (t_pass = one reduce-scatter or all-gather pass; all-reduce = RS + AG):
-//   ring          NCCL ring with one channel per NIC. AG/RS: (p-1)α + (p-1)/p·S/B; AR: 2x; BC: (p-1)α + S/B;
-//                 B = B_i inside a node, min(B_i, s0·B_rail) across nodes, α = α_n across nodes.
+//   ring          NCCL ring with one channel per NIC. AG/RS: λ + (p-1)/p·S/B; AR: 2x; BC: λ + S/B, where λ =
+//                 ring_latency (below: (p-1)α_i in a node; across nodes the steps crossing nodes cost α_n,
+//                 the others α_i); B = B_i inside a node, min(B_i, s0·B_rail) across nodes.
 //   direct        full mesh, one node: every member sends its 1/p to each peer over the pair links at once.
 //                 AG/RS: (p-1)α_i + (R-1)/p·S/B_i; AR: 2x.
 //   hierarchical  s0 > 1 and s1 > 1 (NCCL/MiCS 2-level): intra-node RS (ring or direct) -> s0 concurrent
@@ -74,6 +75,14 @@ double collective_time(const ClusterSpec& cluster, CollectiveKind kind, double b
 
 // Bytes one GPU sends for a collective of p ranks (ring volume): AG/RS/BC/A2A (p-1)/p·S, AR 2(p-1)/p·S.
 double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks);
+
+// The α part of a ring collective, as NCCL's tuner counts it (src/graph/tuning.cc, ring latency): of the
+// ring's steps (AG/RS p-1, AR 2(p-1); a broadcast chain p-1 hops), the nInterSteps that cross nodes (AG/RS
+// and the chain s1-1, AR 2(s1-1)) cost α_n and the others α_i. NCCL's tuner raises α_i to 3 x its network
+// post overhead (1 µs on x86) once the ring spans nodes: 3 µs, below the 3.4 µs NVLink latency, so not
+// modelled. (For broadcast the tuner counts one hop with sameChannels and nRanks tree hops otherwise; the
+// chain a chunk actually traverses is used instead.)
+double ring_latency(CollectiveKind kind, const GroupShape& shape, const LinkParams& links);
 
 // Roofline-sum compute time: flops at the GEMM efficiency plus memory-bound bytes at the HBM efficiency.
 double compute_time(const ClusterSpec& cluster, double flops, double mem_bytes);

@@ -245,34 +245,35 @@ const std::vector<FrameworkComm>& framework_table() {
   using PR = ParamRefresh;
   static const std::vector<FrameworkComm> table = {
       {"hzp",
-       {"hzp", GR::kReduceScatter, PR::kAllGather, true},
+       {"hzp", GR::kReduceScatter, PR::kAllGather, true, true},
        25 * kMiBytes,
        "hzp's own schedule: per-bucket reduce-scatter overlapped with backward, the refresh all-gather of each "
        "unit overlapped with the next forward (what FSDP and AsyncHZP do), 25 MiB buckets (PyTorch DDP's "
        "bucket_cap_mb default)."},
       {"internevo",
-       {"internevo", GR::kAllReduce, PR::kBroadcast, false},
+       {"internevo", GR::kAllReduce, PR::kBroadcast, false, false},
        512 * 2 * kMiBytes,
        "InternEvo / InternLM hybrid ZeRO-1 optimizer (InternLM/InternEvo, internlm/solver/optimizer/"
        "hybrid_zero_optim.py, 2023): gradients all-reduced in bf16 over the data-parallel group in buckets of "
-       "reduce_bucket_size = 512 Mi elements (configs/7B_sft.py), reduced on the last micro-batch's backward; "
+       "reduce_bucket_size = 512 Mi elements (configs/7B_sft.py), reduced on the last micro-batch's backward "
+       "with a device synchronize between buckets (the backward waits for each bucket's all-reduce); "
        "after the update each rank of the zero1 group broadcasts the parameters it owns (whole tensors, "
        "assigned to ranks by size), one broadcast per owner, waited on before the next step."},
       {"deepspeed",
-       {"deepspeed", GR::kReduceScatter, PR::kAllGather, false},
+       {"deepspeed", GR::kReduceScatter, PR::kAllGather, false, true},
        1000 * 1000 * 1000,
        "DeepSpeed ZeRO stage 1/2 (deepspeed/runtime/zero/stage_1_and_2.py; config docs "
        "zero_optimization): reduce_scatter true, reduce_bucket_size 5e8 elements (1e9 bytes of bf16), the "
        "updated partitions all-gathered at the end of step() (allgather_bucket_size 5e8) before the next "
        "forward."},
       {"fsdp",
-       {"fsdp", GR::kReduceScatter, PR::kAllGather, true},
+       {"fsdp", GR::kReduceScatter, PR::kAllGather, true, true},
        25 * kMiBytes,
        "PyTorch FSDP (torch/distributed/fsdp): gradients reduce-scattered per wrapped unit during backward; "
        "parameters all-gathered per unit on demand with forward/backward prefetch (nothing to refresh at "
        "the step's end)."},
       {"megatron",
-       {"megatron", GR::kReduceScatter, PR::kAllGather, false},
+       {"megatron", GR::kReduceScatter, PR::kAllGather, false, true},
        80 * 1000 * 1000,
        "Megatron-LM distributed optimizer (megatron/core/distributed, docs/source/api-guide/"
        "dist_optimizer.md): gradients reduce-scattered in buckets of max(40M, 1M x DP) parameters (80 MB of "

@@ -184,6 +184,10 @@ struct CommSpec {
   // its own parameters); false: the next step starts when every refresh is done (DeepSpeed ZeRO-1/2,
   // InternEvo: the optimizer step ends with the all-gather / broadcasts and their wait).
   bool refresh_overlap = true;
+  // true: the once-a-step gradient reductions (the last micro-batch's) overlap the rest of the backward;
+  // false: after each bucket's reduction is issued the backward waits for it (InternEvo synchronizes the
+  // device between buckets on the last micro-batch).
+  bool grad_reduce_overlap = true;
   bool operator==(const CommSpec&) const = default;
 };
 

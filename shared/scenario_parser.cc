@@ -641,8 +641,8 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
   HZP_RETURN_IF_ERROR(check_sharding(p.sharding, gpus_per_node, nodes, r.path_of("sharding")));
 
   if (r.has("comm")) {
-    HZP_ASSIGN_OR_RETURN(ObjectReader c,
-                         r.child("comm", {"framework", "grad_reduce", "param_refresh", "refresh_overlap"}));
+    HZP_ASSIGN_OR_RETURN(ObjectReader c, r.child("comm", {"framework", "grad_reduce", "param_refresh",
+                                                          "refresh_overlap", "grad_reduce_overlap"}));
     if (c.has("framework")) {
       std::string name;
       HZP_RETURN_IF_ERROR(c.read_string("framework", name));
@@ -656,6 +656,7 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     HZP_RETURN_IF_ERROR(
         c.read_enum("param_refresh", p.comm.param_refresh, {ParamRefresh::kAllGather, ParamRefresh::kBroadcast}));
     HZP_RETURN_IF_ERROR(c.read_bool("refresh_overlap", p.comm.refresh_overlap));
+    HZP_RETURN_IF_ERROR(c.read_bool("grad_reduce_overlap", p.comm.grad_reduce_overlap));
   }
 
   if (r.has("overlap")) {
@@ -855,7 +856,8 @@ nlohmann::json scenario_to_json(const Scenario& s) {
        {{"framework", p.comm.framework},
         {"grad_reduce", to_string(p.comm.grad_reduce)},
         {"param_refresh", to_string(p.comm.param_refresh)},
-        {"refresh_overlap", p.comm.refresh_overlap}}},
+        {"refresh_overlap", p.comm.refresh_overlap},
+        {"grad_reduce_overlap", p.comm.grad_reduce_overlap}}},
       {"expert_parallel", p.expert_parallel},
   };
   if (p.preset != "custom") policy["preset"] = p.preset;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 
 #include "shared/sharding.h"
 
@@ -386,6 +387,8 @@ class DataParallelBuilder {
     std::vector<int> deps = gather_ops_[i];
     for (int k = 0; k < num_kinds_; ++k)
       if (kind(k).s_p == 1) deps.push_back(refresh_of(v.unit, k));
+    // policy.comm.grad_reduce_overlap off: the backward goes on only once the last reduction is done.
+    if (blocking_reduce_ >= 0) deps.push_back(std::exchange(blocking_reduce_, -1));
 
     // Backward writes each sharded kind's gradients into a reduce slot taken when its bucket starts.
     for (int k = 0; k < num_kinds_ && v.phase == Phase::kBackward; ++k) {
@@ -459,6 +462,7 @@ class DataParallelBuilder {
                           collective(CollectiveKind::kAllReduce, CollectivePurpose::kSyncReplicas, k, g.role_replica,
                                      bytes, Payload::kGrads, v.unit, v.micro_batch, b));
       final_grad_op_[b] = prev;
+      if (!scenario_.policy.comm.grad_reduce_overlap) blocking_reduce_ = prev;
     }
   }
 
@@ -547,6 +551,7 @@ class DataParallelBuilder {
   std::vector<int> final_grad_op_;  // per bucket
   std::vector<int> grad_slot_;      // per bucket
   int norm_op_ = -1;
+  int blocking_reduce_ = -1;  // a once-a-step reduction the next compute waits for (grad_reduce_overlap off)
 };
 
 }  // namespace

@@ -66,15 +66,16 @@ TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator
   // One GPU per node across 4 nodes (a rail ring): its NIC share.
   CHECK(collective_time(c, CollectiveKind::kReduceScatter, S, rail_group) ==
         Approx(3.0 / 4 * S / rail + 3 * l.alpha_inter));
-  // Whole nodes: the ring has one channel per NIC (8 rails), capped by NVLink; hierarchical: intra RS,
-  // 8 concurrent rail rings on S/8, intra AG.
-  const double ring = 2 * (31.0 / 32 * S / std::min(8 * rail, b_intra) + 31 * l.alpha_inter);
+  // Whole nodes: the ring has one channel per NIC (8 rails), capped by NVLink; of its 2·31 steps the
+  // 2·(4-1) crossing nodes cost α_n, the others α_i (NCCL's tuner); hierarchical: intra RS, 8 concurrent
+  // rail rings on S/8, intra AG.
+  const double ring = 2 * 31.0 / 32 * S / std::min(8 * rail, b_intra) + (62 - 6) * l.alpha_intra + 6 * l.alpha_inter;
   const double intra_pass = 7.0 / 8 * S / b_intra + 7 * c.intra.latency_s;
   const double hier = 2 * intra_pass + 2 * (3.0 / 4 * (S / 8) / rail + 3 * l.alpha_inter);
   CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, all) == Approx(ring));
   CHECK(algorithm_time(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kAllReduce, S, all) == Approx(hier));
   CHECK(collective_time(c, CollectiveKind::kAllReduce, S, all) == Approx(std::min(ring, hier)));
-  // Latency-bound sizes: the 2-level algorithm pays 2·(7 intra + 3 inter) steps instead of 2·31 inter steps.
+  // Latency-bound sizes: the 2-level algorithm pays 2·(7 intra + 3 inter) steps instead of 2·(28 + 3).
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e4, all) == CollectiveAlgorithm::kHierarchical);
   // All-to-all, pairwise: max(intra 7/32·S/B_i, inter 24/32·S/B_rail) + 31 α.
   CHECK(collective_time(c, CollectiveKind::kAllToAll, S, all) ==
@@ -102,7 +103,7 @@ TEST_CASE("full mesh: direct inside the node, forced algorithms only where they 
   // Across mesh nodes the ring's intra hops use min(s0-1, channels) = 8 of the 15 pair links.
   const LinkParams l = link_params(c, GroupShape{16, 4, 8});
   CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 1e9, GroupShape{16, 4, 8}) ==
-        Approx(63 * l.alpha_inter + 63.0 / 64 * 1e9 / std::min(16 * l.rail, b * 8 / 15)));
+        Approx(60 * l.alpha_intra + 3 * l.alpha_inter + 63.0 / 64 * 1e9 / std::min(16 * l.rail, b * 8 / 15)));
 }
 
 TEST_CASE("one stream without prefetch serialises compute and communication", "[estimator][overlap]") {

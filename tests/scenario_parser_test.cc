@@ -724,6 +724,7 @@ TEST_CASE("policy.comm: a framework sets the collective choices and bucket, fiel
   CHECK(s.policy.comm.grad_reduce == GradReduce::kAllReduce);
   CHECK(s.policy.comm.param_refresh == ParamRefresh::kBroadcast);
   CHECK_FALSE(s.policy.comm.refresh_overlap);
+  CHECK_FALSE(s.policy.comm.grad_reduce_overlap);
   CHECK(s.policy.overlap.bucket_bytes == 1024LL * 1024 * 1024);  // 512 Mi bf16 elements
   doc["policy"]["comm"]["refresh_overlap"] = true;
   doc["policy"]["overlap"] = {{"bucket_MiB", 64}};

@@ -224,3 +224,27 @@ TEST_CASE("policy.comm: refresh_overlap off makes every read of the step wait fo
     CHECK(test::estimate_of(b).step_time_s >= test::estimate_of(test::build(test::scenario_from(doc))).step_time_s);
   }
 }
+
+TEST_CASE("policy.comm: grad_reduce_overlap off makes the backward wait for each once-a-step reduction",
+          "[schedule][framework]") {
+  nlohmann::json doc = test::scenario_json("tiny-dense", "dgx-a100", 2, "zero1", 256);
+  doc["policy"]["comm"] = {{"grad_reduce_overlap", false}};
+  const Built b = test::build(test::scenario_from(doc));
+  const Program& p = b.schedule.program_of(0);
+  int reductions = 0, waited = 0;
+  for (size_t i = 0; i < p.ops.size(); ++i) {
+    const auto* c = std::get_if<CollectiveOp>(&p.ops[i].body);
+    if (!c || c->purpose != CollectivePurpose::kReduceToOptimizer) continue;
+    ++reductions;
+    for (size_t j = i + 1; j < p.ops.size(); ++j)  // the next compute op waits for it, if there is one
+      if (std::holds_alternative<ComputeOp>(p.ops[j].body)) {
+        const std::vector<int>& deps = p.ops[j].deps;
+        waited += std::find(deps.begin(), deps.end(), static_cast<int>(i)) != deps.end();
+        break;
+      }
+  }
+  CHECK(reductions == static_cast<int>(b.schedule.buckets.size()));
+  CHECK(waited == reductions - 1);  // the last bucket's reduction has no backward after it
+  doc["policy"]["comm"]["grad_reduce_overlap"] = true;
+  CHECK(test::estimate_of(b).step_time_s >= test::estimate_of(test::build(test::scenario_from(doc))).step_time_s);
+}

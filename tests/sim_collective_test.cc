@@ -146,7 +146,8 @@ TEST_CASE("sim collective: inter-node rings over rails match the closed form", "
   CHECK(m[1].seconds ==
         Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, rail)).epsilon(kTolerance));
   // s0 = 8: 8 channels, one per NIC; the node boundary is crossed once per channel.
-  CHECK(m[2].seconds == Approx(31.0 / 32 * S / (8 * nic) + 31 * a).epsilon(kTolerance));
+  // Of the 31 steps, the 3 crossing nodes cost α_n, the 28 inside nodes α_i (NCCL's tuner).
+  CHECK(m[2].seconds == Approx(31.0 / 32 * S / (8 * nic) + 28 * c.intra.latency_s + 3 * a).epsilon(kTolerance));
   CHECK(m[2].seconds ==
         Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kReduceScatter, S, all)).epsilon(kTolerance));
   CHECK(m[2].traffic.inter_node_bytes == Approx(4 * 31.0 / 32 * S));
@@ -190,7 +191,7 @@ TEST_CASE("sim collective: hierarchical all-reduce beats the flat ring when late
   Sim sim(cluster("dgx-a100", 16));
   const ClusterSpec& c = sim.cluster;
   const ProcessGroup all = group_of(c, range(0, 128));
-  const double S = 1 * MiB;  // 254 inter-node α terms for the ring vs 30 (+ 14 intra) for 2-level
+  const double S = 1 * MiB;  // ring: 30 inter-node + 224 intra α terms; 2-level: 30 inter + 14 intra
   Measured ring, hier;
   sim.run([&] {
     ring = measure(sim.platform, CollectiveKind::kAllReduce, S, all, CollectiveAlgorithm::kRing);
@@ -200,7 +201,7 @@ TEST_CASE("sim collective: hierarchical all-reduce beats the flat ring when late
   const double hier_model = closed_form(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kAllReduce, S, all);
   CHECK(ring.seconds == Approx(ring_model).epsilon(kTolerance));
   CHECK(hier.seconds == Approx(hier_model).epsilon(kTolerance));
-  CHECK(ring_model / hier_model > 5);
+  CHECK(ring_model / hier_model > 1.5);
   CHECK(ring.seconds / hier.seconds == Approx(ring_model / hier_model).epsilon(kTolerance));
   // 2-level: intra RS + AG move 2·(7/8)·S per member over NVLink; the rails carry 2·(15/16)·S/8 per member.
   CHECK(hier.traffic.intra_node_bytes == Approx(128 * 2 * 7.0 / 8 * S));

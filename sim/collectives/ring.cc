@@ -1,6 +1,6 @@
 // Ring all-gather / reduce-scatter / all-reduce / broadcast, as NCCL runs it: one ring per channel, one
 // channel per NIC the group uses on a node. Closed form (collective_cost.h):
-//   AG/RS (p-1)α + (p-1)/p·S/B,  AR twice that,  BC (p-1)α + S/B.
+//   AG/RS λ + (p-1)/p·S/B,  AR λ + twice that,  BC λ + S/B, with λ = ring_latency (NCCL's step split).
 // A ring step moves a chunk to the successor; the p-1 steps are pipelined, so each member's link carries
 // (p-1)/p·S over the whole pass: the simulation uses one flow per hop of that size, not one per step.
 #include <algorithm>
@@ -78,7 +78,7 @@ CollectiveTraffic run_ring(const Context& ctx) {
         phase.nic_flow(src[here[c % here.size()]], dst[next[c % next.size()]], hop_bytes / channels);
     here = std::move(next);
   }
-  phase.finish(steps * ctx.links.alpha_inter);
+  phase.finish(ring_latency(call.kind, ctx.shape, ctx.links));
   return traffic;
 }
 
