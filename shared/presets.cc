@@ -256,7 +256,8 @@ const std::vector<FrameworkComm>& framework_table() {
        "InternEvo / InternLM hybrid ZeRO-1 optimizer (InternLM/InternEvo, internlm/solver/optimizer/"
        "hybrid_zero_optim.py, 2023): gradients all-reduced in bf16 over the data-parallel group in buckets of "
        "reduce_bucket_size = 512 Mi elements (configs/7B_sft.py), reduced on the last micro-batch's backward "
-       "with a device synchronize between buckets (the backward waits for each bucket's all-reduce); "
+       "with torch.cuda.synchronize() before each bucket's all-reduce (one in flight: the backward waits for "
+       "the previous bucket's); "
        "after the update each rank of the zero1 group broadcasts the parameters it owns (whole tensors, "
        "assigned to ranks by size), one broadcast per owner, waited on before the next step."},
       {"deepspeed",

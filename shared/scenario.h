@@ -185,8 +185,9 @@ struct CommSpec {
   // InternEvo: the optimizer step ends with the all-gather / broadcasts and their wait).
   bool refresh_overlap = true;
   // true: the once-a-step gradient reductions (the last micro-batch's) overlap the rest of the backward;
-  // false: after each bucket's reduction is issued the backward waits for it (InternEvo synchronizes the
-  // device between buckets on the last micro-batch).
+  // false: one reduction in flight — before issuing a bucket's reduction the host waits for the device
+  // (InternEvo's torch.cuda.synchronize() in _reduce_and_copy), so the backward after it waits for the
+  // previous bucket's reduction.
   bool grad_reduce_overlap = true;
   bool operator==(const CommSpec&) const = default;
 };

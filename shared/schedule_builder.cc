@@ -387,7 +387,7 @@ class DataParallelBuilder {
     std::vector<int> deps = gather_ops_[i];
     for (int k = 0; k < num_kinds_; ++k)
       if (kind(k).s_p == 1) deps.push_back(refresh_of(v.unit, k));
-    // policy.comm.grad_reduce_overlap off: the backward goes on only once the last reduction is done.
+    // policy.comm.grad_reduce_overlap off: the backward goes on once the reduction before the last is done.
     if (blocking_reduce_ >= 0) deps.push_back(std::exchange(blocking_reduce_, -1));
 
     // Backward writes each sharded kind's gradients into a reduce slot taken when its bucket starts.
@@ -462,7 +462,9 @@ class DataParallelBuilder {
                           collective(CollectiveKind::kAllReduce, CollectivePurpose::kSyncReplicas, k, g.role_replica,
                                      bytes, Payload::kGrads, v.unit, v.micro_batch, b));
       final_grad_op_[b] = prev;
-      if (!scenario_.policy.comm.grad_reduce_overlap) blocking_reduce_ = prev;
+      // grad_reduce_overlap off (InternEvo): the host synchronizes the device before issuing each bucket's
+      // reduction, so the backward after it waits for the previous bucket's reduction (one in flight).
+      if (!scenario_.policy.comm.grad_reduce_overlap) blocking_reduce_ = std::exchange(last_reduce_, prev);
     }
   }
 
@@ -552,6 +554,7 @@ class DataParallelBuilder {
   std::vector<int> grad_slot_;      // per bucket
   int norm_op_ = -1;
   int blocking_reduce_ = -1;  // a once-a-step reduction the next compute waits for (grad_reduce_overlap off)
+  int last_reduce_ = -1;      // the last once-a-step reduction issued
 };
 
 }  // namespace

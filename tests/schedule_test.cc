@@ -225,26 +225,30 @@ TEST_CASE("policy.comm: refresh_overlap off makes every read of the step wait fo
   }
 }
 
-TEST_CASE("policy.comm: grad_reduce_overlap off makes the backward wait for each once-a-step reduction",
-          "[schedule][framework]") {
+TEST_CASE("policy.comm: grad_reduce_overlap off keeps one once-a-step reduction in flight", "[schedule][framework]") {
   nlohmann::json doc = test::scenario_json("tiny-dense", "dgx-a100", 2, "zero1", 256);
   doc["policy"]["comm"] = {{"grad_reduce_overlap", false}};
+  doc["policy"]["overlap"] = {{"bucket_MiB", 0.01}};  // a bucket per unit
   const Built b = test::build(test::scenario_from(doc));
   const Program& p = b.schedule.program_of(0);
-  int reductions = 0, waited = 0;
-  for (size_t i = 0; i < p.ops.size(); ++i) {
-    const auto* c = std::get_if<CollectiveOp>(&p.ops[i].body);
-    if (!c || c->purpose != CollectivePurpose::kReduceToOptimizer) continue;
-    ++reductions;
-    for (size_t j = i + 1; j < p.ops.size(); ++j)  // the next compute op waits for it, if there is one
+  std::vector<int> reductions;
+  for (size_t i = 0; i < p.ops.size(); ++i)
+    if (const auto* c = std::get_if<CollectiveOp>(&p.ops[i].body);
+        c && c->purpose == CollectivePurpose::kReduceToOptimizer)
+      reductions.push_back(static_cast<int>(i));
+  REQUIRE(reductions.size() == b.schedule.buckets.size());
+  REQUIRE(reductions.size() >= 3);
+  // The first compute op after reduction k (k >= 1) waits for reduction k-1; none waits for its own.
+  int waited = 0;
+  for (size_t k = 0; k + 1 < reductions.size(); ++k)
+    for (int j = reductions[k] + 1; j < static_cast<int>(p.ops.size()); ++j)
       if (std::holds_alternative<ComputeOp>(p.ops[j].body)) {
         const std::vector<int>& deps = p.ops[j].deps;
-        waited += std::find(deps.begin(), deps.end(), static_cast<int>(i)) != deps.end();
+        CHECK(std::find(deps.begin(), deps.end(), reductions[k]) == deps.end());
+        if (k > 0) waited += std::find(deps.begin(), deps.end(), reductions[k - 1]) != deps.end();
         break;
       }
-  }
-  CHECK(reductions == static_cast<int>(b.schedule.buckets.size()));
-  CHECK(waited == reductions - 1);  // the last bucket's reduction has no backward after it
+  CHECK(waited == static_cast<int>(reductions.size()) - 2);
   doc["policy"]["comm"]["grad_reduce_overlap"] = true;
   CHECK(test::estimate_of(b).step_time_s >= test::estimate_of(test::build(test::scenario_from(doc))).step_time_s);
 }
