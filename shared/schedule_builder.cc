@@ -260,7 +260,7 @@ class DataParallelBuilder {
       }
     }
     // Every refresh runs on one stream, so its last op completing means all have.
-    if (!comm.refresh_overlap) {
+    if (!comm.refresh_overlap && !refresh_op_.empty()) {
       const int last = *std::max_element(refresh_op_.begin(), refresh_op_.end());
       for (int& r : refresh_op_)
         if (r >= 0) r = last;

@@ -190,8 +190,14 @@ def main():
     except OSError as e:
         print(f"validate_rows: {e}", file=sys.stderr)
         return 2
-    workdir = args.out or tempfile.mkdtemp(prefix="hzp-validate-")
-    os.makedirs(workdir, exist_ok=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        return report_rows(args, rows, cal_rows, args.out)
+    with tempfile.TemporaryDirectory(prefix="hzp-validate-") as workdir:
+        return report_rows(args, rows, cal_rows, workdir)
+
+
+def report_rows(args, rows, cal_rows, workdir):
 
     one_node = {}
     for r in cal_rows:
