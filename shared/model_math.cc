@@ -62,6 +62,13 @@ int linear_tensors(const ModelSpec& m) {
 int mlp_tensors(const ModelSpec& m) {
   return (m.family == ModelFamily::kLlama ? 3 : 2) * linear_tensors(m);
 }
+int large(std::int64_t elements) {
+  return elements >= kLargeTensorElements ? 1 : 0;
+}
+// Weight matrices of one MLP (biases and norms are never large).
+int mlp_large_tensors(const ModelSpec& m, std::int64_t width) {
+  return (m.family == ModelFamily::kLlama ? 3 : 2) * large(m.hidden * width);
+}
 
 std::int64_t embedding_params(const ModelSpec& m) {
   const std::int64_t positions = m.position == PositionEmbedding::kLearned ? m.max_positions * m.hidden : 0;
@@ -167,6 +174,9 @@ ModuleCost embedding_cost(const Dims& d) {
   cost.kind = ModuleKind::kEmbedding;
   cost.params = embedding_params(d.model);
   cost.tensors = d.model.position == PositionEmbedding::kLearned ? 2 : 1;
+  cost.large_tensors =
+      large(d.model.vocab * d.model.hidden) +
+      (d.model.position == PositionEmbedding::kLearned ? large(d.model.max_positions * d.model.hidden) : 0);
   // Gather of token rows; backward scatter-adds dy into the gradient rows (read dy, read + write rows).
   add_traffic(cost, {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e});
   if (d.model.position == PositionEmbedding::kLearned) add_traffic(cost, residual_traffic(d));
@@ -181,6 +191,10 @@ ModuleCost attention_cost(const Dims& d, int layer) {
   cost.layer = layer;
   cost.params = attention_params(d.model);
   cost.tensors = norm_tensors(d.model) + 4 * linear_tensors(d.model);
+  {
+    const std::int64_t q = d.model.heads * d.model.head_dim(), kv = d.model.kv_heads * d.model.head_dim();
+    cost.large_tensors = 2 * large(d.model.hidden * q) + 2 * large(d.model.hidden * kv);
+  }
   const double t = d.tokens;
 
   add_traffic(cost, norm_traffic(d));
@@ -252,6 +266,7 @@ ModuleCost dense_mlp_cost(const Dims& d, int layer) {
   cost.layer = layer;
   cost.params = dense_mlp_params(d.model);
   cost.tensors = norm_tensors(d.model) + mlp_tensors(d.model);
+  cost.large_tensors = mlp_large_tensors(d.model, d.model.ffn_hidden);
   const double t = d.tokens;
   const double f = static_cast<double>(d.model.ffn_hidden);
   const bool swiglu = d.model.family == ModelFamily::kLlama;
@@ -281,6 +296,8 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   cost.layer = layer;
   cost.params = moe_params(d.model);
   cost.tensors = norm_tensors(d.model) + 1 + d.model.moe.experts * mlp_tensors(d.model);
+  cost.large_tensors = large(d.model.hidden * d.model.moe.experts) +
+                       d.model.moe.experts * mlp_large_tensors(d.model, d.model.moe.expert_ffn_hidden);
   cost.expert_params = d.model.moe.experts * mlp_params(d.model, d.model.moe.expert_ffn_hidden);
   const double t = d.tokens;
   const double experts = d.model.moe.experts;
@@ -328,6 +345,7 @@ ModuleCost head_cost(const Dims& d) {
   cost.kind = ModuleKind::kHead;
   cost.params = head_params(d.model);
   cost.tensors = norm_tensors(d.model) + (d.model.tied_embeddings ? 0 : 1);
+  cost.large_tensors = d.model.tied_embeddings ? 0 : large(d.model.vocab * d.model.hidden);
   const double t = d.tokens;
 
   add_traffic(cost, norm_traffic(d));

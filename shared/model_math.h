@@ -25,12 +25,17 @@ namespace hzp {
 enum class ModuleKind { kEmbedding, kAttention, kMlp, kMoe, kHead };
 const char* to_string(ModuleKind kind);
 
+// DeepSpeed ZeRO-3 keeps parameters below stage3_param_persistence_threshold (default 1e5 elements)
+// unpartitioned on every rank and all-gathers the others per leaf module (docs: zero config).
+inline constexpr std::int64_t kLargeTensorElements = 100000;
+
 struct ModuleCost {
   ModuleKind kind = ModuleKind::kEmbedding;
   int layer = -1;                  // -1 for embedding and head
   std::int64_t params = 0;         // parameters owned by this module (a tied head owns only the final norm)
   std::int64_t expert_params = 0;  // of which expert weights (MoE: experts x one expert MLP), split by EP
   int tensors = 0;                 // parameter tensors (a weight and its bias are two)
+  int large_tensors = 0;           // of which >= kLargeTensorElements (DeepSpeed ZeRO-3 gathers these one by one)
   double fwd_flops = 0;            // forward matmul FLOPs (incl. the MoE router; norms are costed in mem_bytes)
   double fwd_mem_bytes = 0;        // forward memory-bound HBM bytes
   double bwd_flops = 0;            // backward FLOPs, incl. flash-attention's recompute of scores

@@ -243,15 +243,16 @@ constexpr std::int64_t kMiBytes = 1024 * 1024;
 const std::vector<FrameworkComm>& framework_table() {
   using GR = GradReduce;
   using PR = ParamRefresh;
+  using PG = ParamGather;
   static const std::vector<FrameworkComm> table = {
       {"hzp",
-       {"hzp", GR::kReduceScatter, PR::kAllGather, true, true},
+       {"hzp", GR::kReduceScatter, PR::kAllGather, true, true, PG::kUnit},
        25 * kMiBytes,
        "hzp's own schedule: per-bucket reduce-scatter overlapped with backward, the refresh all-gather of each "
        "unit overlapped with the next forward (what FSDP and AsyncHZP do), 25 MiB buckets (PyTorch DDP's "
        "bucket_cap_mb default)."},
       {"internevo",
-       {"internevo", GR::kAllReduce, PR::kBroadcast, false, false},
+       {"internevo", GR::kAllReduce, PR::kBroadcast, false, false, PG::kUnit},
        512 * 2 * kMiBytes,
        "InternEvo / InternLM hybrid ZeRO-1 optimizer (InternLM/InternEvo, internlm/solver/optimizer/"
        "hybrid_zero_optim.py, 2023): gradients all-reduced in bf16 over the data-parallel group in buckets of "
@@ -261,20 +262,22 @@ const std::vector<FrameworkComm>& framework_table() {
        "after the update each rank of the zero1 group broadcasts the parameters it owns (whole tensors, "
        "assigned to ranks by size), one broadcast per owner, waited on before the next step."},
       {"deepspeed",
-       {"deepspeed", GR::kReduceScatter, PR::kAllGather, false, true},
+       {"deepspeed", GR::kReduceScatter, PR::kAllGather, false, true, PG::kTensor},
        1000 * 1000 * 1000,
        "DeepSpeed ZeRO stage 1/2 (deepspeed/runtime/zero/stage_1_and_2.py; config docs "
        "zero_optimization): reduce_scatter true, reduce_bucket_size 5e8 elements (1e9 bytes of bf16), the "
        "updated partitions all-gathered at the end of step() (allgather_bucket_size 5e8) before the next "
-       "forward."},
+       "forward. ZeRO-3 (partitioned_param_coordinator.py, fetch_sub_module): parameters are all-gathered per "
+       "leaf module (all_gather_coalesced of its partitioned parameters, i.e. one collective per Linear), "
+       "parameters below stage3_param_persistence_threshold (1e5 elements) stay resident."},
       {"fsdp",
-       {"fsdp", GR::kReduceScatter, PR::kAllGather, true, true},
+       {"fsdp", GR::kReduceScatter, PR::kAllGather, true, true, PG::kUnit},
        25 * kMiBytes,
        "PyTorch FSDP (torch/distributed/fsdp): gradients reduce-scattered per wrapped unit during backward; "
        "parameters all-gathered per unit on demand with forward/backward prefetch (nothing to refresh at "
        "the step's end)."},
       {"megatron",
-       {"megatron", GR::kReduceScatter, PR::kAllGather, false, true},
+       {"megatron", GR::kReduceScatter, PR::kAllGather, false, true, PG::kUnit},
        80 * 1000 * 1000,
        "Megatron-LM distributed optimizer (megatron/core/distributed, docs/source/api-guide/"
        "dist_optimizer.md): gradients reduce-scattered in buckets of max(40M, 1M x DP) parameters (80 MB of "

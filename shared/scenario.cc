@@ -118,4 +118,14 @@ const char* to_string(ParamRefresh v) {
   return "?";
 }
 
+const char* to_string(ParamGather v) {
+  switch (v) {
+    case ParamGather::kUnit:
+      return "unit";
+    case ParamGather::kTensor:
+      return "tensor";
+  }
+  return "?";
+}
+
 }  // namespace hzp

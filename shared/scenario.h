@@ -176,6 +176,11 @@ enum class ParamRefresh {
   kAllGather,  // one all-gather per bucket of the updated slices (DeepSpeed, FSDP, hzp)
   kBroadcast,  // one broadcast per owner rank of the parameters it updated (InternEvo, AMSP: "AG/RS+AR+BC")
 };
+enum class ParamGather {
+  kUnit,    // one all-gather of a unit's (or one module's) flat parameters (FSDP, hzp)
+  kTensor,  // one all-gather per large parameter tensor (DeepSpeed ZeRO-3: all_gather_coalesced per leaf
+            // module fetch; tensors below 1e5 elements stay resident)
+};
 struct CommSpec {
   std::string framework = "hzp";  // whose defaults the fields below started from
   GradReduce grad_reduce = GradReduce::kReduceScatter;
@@ -189,6 +194,7 @@ struct CommSpec {
   // (InternEvo's torch.cuda.synchronize() in _reduce_and_copy), so the backward after it waits for the
   // previous bucket's reduction.
   bool grad_reduce_overlap = true;
+  ParamGather param_gather = ParamGather::kUnit;  // granularity of ZeRO-3 style parameter gathers
   bool operator==(const CommSpec&) const = default;
 };
 
@@ -244,5 +250,6 @@ const char* to_string(Precision v);
 const char* to_string(Recompute v);
 const char* to_string(GradReduce v);
 const char* to_string(ParamRefresh v);
+const char* to_string(ParamGather v);
 
 }  // namespace hzp

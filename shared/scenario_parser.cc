@@ -642,7 +642,7 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
 
   if (r.has("comm")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader c, r.child("comm", {"framework", "grad_reduce", "param_refresh",
-                                                          "refresh_overlap", "grad_reduce_overlap"}));
+                                                          "refresh_overlap", "grad_reduce_overlap", "param_gather"}));
     if (c.has("framework")) {
       std::string name;
       HZP_RETURN_IF_ERROR(c.read_string("framework", name));
@@ -657,6 +657,7 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
         c.read_enum("param_refresh", p.comm.param_refresh, {ParamRefresh::kAllGather, ParamRefresh::kBroadcast}));
     HZP_RETURN_IF_ERROR(c.read_bool("refresh_overlap", p.comm.refresh_overlap));
     HZP_RETURN_IF_ERROR(c.read_bool("grad_reduce_overlap", p.comm.grad_reduce_overlap));
+    HZP_RETURN_IF_ERROR(c.read_enum("param_gather", p.comm.param_gather, {ParamGather::kUnit, ParamGather::kTensor}));
   }
 
   if (r.has("overlap")) {
@@ -857,7 +858,8 @@ nlohmann::json scenario_to_json(const Scenario& s) {
         {"grad_reduce", to_string(p.comm.grad_reduce)},
         {"param_refresh", to_string(p.comm.param_refresh)},
         {"refresh_overlap", p.comm.refresh_overlap},
-        {"grad_reduce_overlap", p.comm.grad_reduce_overlap}}},
+        {"grad_reduce_overlap", p.comm.grad_reduce_overlap},
+        {"param_gather", to_string(p.comm.param_gather)}}},
       {"expert_parallel", p.expert_parallel},
   };
   if (p.preset != "custom") policy["preset"] = p.preset;

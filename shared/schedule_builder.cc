@@ -342,15 +342,25 @@ class DataParallelBuilder {
         if (kind(k).s_p <= 1 || v.params[k] == 0) continue;
         // hpZ: backward gathers the dense parameters from the node's secondary copy.
         const bool from_secondary = k == kDense && schedule_.role_secondary >= 0 && v.phase == Phase::kBackward;
-        CollectiveOp c =
-            collective(CollectiveKind::kAllGather,
-                       from_secondary ? CollectivePurpose::kGatherSecondary : CollectivePurpose::kGatherParams, k,
-                       from_secondary ? schedule_.role_secondary : kind(k).role_param, param_bytes(v.params[k]),
-                       Payload::kParams, v.unit, v.micro_batch, -1);
-        c.module = v.module;
-        const int gather = prog_->add("param_gather", {acquire, refresh_of(v.unit, k)}, c);
-        gather_ops_[next_gather_].push_back(gather);
-        if (first_read_[v.unit][k] < 0) first_read_[v.unit][k] = gather;
+        // policy.comm.param_gather "tensor" (DeepSpeed ZeRO-3): one all-gather per large tensor of the visit.
+        int pieces = 1;
+        if (scenario_.policy.comm.param_gather == ParamGather::kTensor) {
+          pieces = 0;
+          for (const ModuleCost* m : v.modules) pieces += m->large_tensors;
+          pieces = std::max(1, pieces);
+        }
+        const std::int64_t bytes = param_bytes(v.params[k]);
+        for (int piece = 0; piece < pieces; ++piece) {
+          CollectiveOp c = collective(
+              CollectiveKind::kAllGather,
+              from_secondary ? CollectivePurpose::kGatherSecondary : CollectivePurpose::kGatherParams, k,
+              from_secondary ? schedule_.role_secondary : kind(k).role_param,
+              bytes / pieces + (piece < bytes % pieces ? 1 : 0), Payload::kParams, v.unit, v.micro_batch, -1);
+          c.module = v.module;
+          const int gather = prog_->add("param_gather", {acquire, refresh_of(v.unit, k)}, c);
+          gather_ops_[next_gather_].push_back(gather);
+          if (first_read_[v.unit][k] < 0) first_read_[v.unit][k] = gather;
+        }
       }
     }
   }

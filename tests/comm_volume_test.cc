@@ -163,3 +163,25 @@ TEST_CASE("InternEvo's ZeRO-1: all-reduce of the gradients + one broadcast per o
     CHECK(roots.size() == static_cast<std::size_t>(broadcasts));
   }
 }
+
+TEST_CASE("DeepSpeed's ZeRO-3: one all-gather per large tensor, the same bytes as one per unit", "[comm][framework]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero3", 4096);
+  const Built unit = build(scenario_from(doc));
+  doc["policy"]["comm"] = {{"framework", "deepspeed"}};
+  const Built tensor = build(scenario_from(doc));
+  CHECK(bytes_sent(tensor) == Approx(bytes_sent(unit)).epsilon(1e-9));
+  auto gathers = [](const Built& b, int unit_index) {
+    int n = 0;
+    for (const Op& op : b.schedule.program_of(0).ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body);
+          c && c->purpose == CollectivePurpose::kGatherParams && c->unit == unit_index)
+        ++n;
+    return n;
+  };
+  // A LLaMA layer: q, k, v, o and gate, up, down are large; its two norms (4096 elements) stay resident.
+  const int layer_unit = unit_of_layer(5);
+  CHECK(gathers(tensor, layer_unit) == 7 * gathers(unit, layer_unit));
+  CHECK(unit.cost.modules[1].large_tensors + unit.cost.modules[2].large_tensors == 7);
+  // Latency grows with the collectives' count; bandwidth does not: never faster.
+  CHECK(estimate_of(tensor).step_time_s >= estimate_of(unit).step_time_s);
+}

@@ -40,11 +40,12 @@ double learning_rate(const RunSpec& run, std::int64_t step) {
 
 Status runtime_supports(const Scenario& scenario) {
   const CommSpec& comm = scenario.policy.comm;
-  if (comm.grad_reduce != GradReduce::kReduceScatter || comm.param_refresh != ParamRefresh::kAllGather)
+  if (comm.grad_reduce != GradReduce::kReduceScatter || comm.param_refresh != ParamRefresh::kAllGather ||
+      comm.param_gather != ParamGather::kUnit)
     return Status::InvalidInput(
-        "policy.comm: the runtime runs the reduce_scatter / all_gather forms only (framework \"" + comm.framework +
-        "\" asks for " + to_string(comm.grad_reduce) + " / " + to_string(comm.param_refresh) +
-        "); the simulator and the planner model them");
+        "policy.comm: the runtime runs the reduce_scatter / all_gather / unit forms only (framework \"" +
+        comm.framework + "\" asks for " + to_string(comm.grad_reduce) + " / " + to_string(comm.param_refresh) + " / " +
+        to_string(comm.param_gather) + "); the simulator and the planner model them");
   if (scenario.training.recompute != Recompute::kNone)
     return Status::InvalidInput("training.recompute: the runtime does not recompute activations; use \"none\"");
   if (scenario.training.precision != Precision::kFp32)

@@ -288,8 +288,14 @@ std::string JsonMutator::random_string_value(Rng& rng, Raw& raw) const {
     case 7:
       return std::string("nul\0inside", 10);
     case 8: {
+      // A bit flip in an ASCII byte keeps the string valid UTF-8 (json::dump() throws on anything else;
+      // invalid UTF-8 goes through Raw, case 5). Flipping a byte of a multi-byte character once aborted the
+      // harness itself.
       std::string s = strings_.empty() ? "auto" : rng.pick(strings_);
-      if (!s.empty()) s[rng.below(s.size())] ^= static_cast<char>(1 << rng.below(6));
+      if (!s.empty()) {
+        const std::size_t at = rng.below(s.size());
+        if (static_cast<unsigned char>(s[at]) < 0x80) s[at] ^= static_cast<char>(1 << rng.below(6));
+      }
       return s;
     }
     case 9: {  // valid non-ASCII: escaped, or raw and long enough that cutting it for a message splits a character
