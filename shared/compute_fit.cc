@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "shared/duration_model.h"
 #include "shared/estimator.h"
 #include "shared/model_math.h"
 #include "shared/policy_registry.h"
@@ -58,12 +59,22 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
       break;
   }
 
+  // With per-GPU variability the measured node ran at its slowest GPU's pace, which the simulator applies
+  // on top of the efficiencies: fit them to the step of a GPU of average speed.
+  double target = fit.measured_step_s;
+  if (c.compute_spread > 0) {
+    const RooflineDurations roofline(c);
+    const SpreadDurations spread(roofline, c.compute_spread);
+    double slowest = 0;
+    for (int r = 0; r < c.world_size(); ++r) slowest = std::max(slowest, spread.speed_factor(r));
+    target /= slowest;
+  }
   HZP_ASSIGN_OR_RETURN(Estimate table, step_with(one_node, cost, schedule, 1));
   fit.table_step_s = table.step_time_s;
   // The step time falls monotonically as both efficiencies grow; the largest factor keeps both at most 1.
   const double max_scale = std::min(1 / c.efficiency.gemm, 1 / c.efficiency.memory_bound);
   HZP_ASSIGN_OR_RETURN(Estimate fastest, step_with(one_node, cost, schedule, max_scale));
-  if (fit.measured_step_s < fastest.step_time_s * (1 - 1e-9))
+  if (target < fastest.step_time_s * (1 - 1e-9))
     return Status::InvalidInput("calibrate: the measurement (a step of " + number(fit.measured_step_s) +
                                 " s) is faster than this GPU can compute the scenario even at 100 % of peak FLOP/s "
                                 "and HBM bandwidth (" +
@@ -72,7 +83,7 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   // Bisection on log(scale): 200 halvings of [1e-4, max_scale] reach double precision.
   double lo = 1e-4, hi = max_scale;
   HZP_ASSIGN_OR_RETURN(Estimate slowest, step_with(one_node, cost, schedule, lo));
-  if (fit.measured_step_s > slowest.step_time_s)
+  if (target > slowest.step_time_s)
     return Status::InvalidInput("calibrate: the measurement (a step of " + number(fit.measured_step_s) +
                                 " s) is over 10,000 times slower than the roofline (" + number(slowest.step_time_s) +
                                 " s at 1/10,000 of the table's efficiencies)");
@@ -80,7 +91,7 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   for (int i = 0; i < 200 && hi / lo > 1 + 1e-12; ++i) {
     const double mid = std::sqrt(lo * hi);
     HZP_ASSIGN_OR_RETURN(at, step_with(one_node, cost, schedule, mid));
-    (at.step_time_s > fit.measured_step_s ? lo : hi) = mid;
+    (at.step_time_s > target ? lo : hi) = mid;
   }
   fit.scale = std::sqrt(lo * hi);
   HZP_ASSIGN_OR_RETURN(at, step_with(one_node, cost, schedule, fit.scale));

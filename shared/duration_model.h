@@ -12,6 +12,8 @@
 //   };
 #pragma once
 
+#include <cstdint>
+
 #include "shared/scenario.h"
 #include "shared/schedule.h"
 
@@ -38,5 +40,28 @@ class RooflineDurations : public DurationModel {
  private:
   ClusterSpec cluster_;
 };
+
+// A base source with per-GPU speed variability (ClusterSpec::compute_spread): rank r's compute and
+// optimizer ops take speed_factor(r) times the base's.
+class SpreadDurations : public DurationModel {
+ public:
+  SpreadDurations(const DurationModel& base, double spread) : base_(base), spread_(spread) {}
+  double compute_s(int rank, const ComputeOp& op) const override {
+    return speed_factor(rank) * base_.compute_s(rank, op);
+  }
+  double optimizer_s(int rank, const OptimizerStepOp& op) const override {
+    return speed_factor(rank) * base_.optimizer_s(rank, op);
+  }
+  const char* name() const override { return "variable GPUs"; }
+  // 1 + spread·z(rank), z a standard normal fixed per rank, at least 0.5.
+  double speed_factor(int rank) const;
+
+ private:
+  const DurationModel& base_;
+  double spread_;
+};
+
+// Standard normal draw determined by `index` alone (SplitMix64 + Box-Muller): the same on every machine.
+double fixed_normal(std::uint64_t index);
 
 }  // namespace hzp

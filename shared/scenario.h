@@ -99,6 +99,10 @@ struct ClusterSpec {
   InterNodeSpec inter;
   Efficiency efficiency;
   CollectiveAlgorithmChoice collective_algorithm = CollectiveAlgorithmChoice::kAuto;
+  // Per-GPU speed variability: each GPU's compute takes (1 + spread·z) times the model's, z a fixed
+  // standard normal draw per rank (seeded by the rank), so a synchronous step waits for the slowest GPU.
+  // 0 = identical GPUs. The simulator applies it; the analytic estimator does not.
+  double compute_spread = 0;
 
   int world_size() const { return nodes * gpus_per_node; }
 };

@@ -389,7 +389,7 @@ Result<ClusterSpec> parse_cluster(const json& value) {
   HZP_ASSIGN_OR_RETURN(ObjectReader r,
                        ObjectReader::open(value, "cluster",
                                           {"name", "preset", "nodes", "gpus_per_node", "gpu", "intra_node", "nic",
-                                           "inter_node", "efficiency", "collective_algorithm"}));
+                                           "inter_node", "efficiency", "collective_algorithm", "compute_spread"}));
   ClusterSpec c;
   const bool from_preset = r.has("preset");
   if (from_preset) {
@@ -483,6 +483,7 @@ Result<ClusterSpec> parse_cluster(const json& value) {
   HZP_RETURN_IF_ERROR(r.read_enum(
       "collective_algorithm", c.collective_algorithm,
       {CollectiveAlgorithmChoice::kAuto, CollectiveAlgorithmChoice::kRing, CollectiveAlgorithmChoice::kHierarchical}));
+  HZP_RETURN_IF_ERROR(r.read_number("compute_spread", c.compute_spread, kOne, {0, 0.2}));
 
   if (c.intra.topology == IntraNodeTopology::kFullMesh && c.gpus_per_node > range::kFullMeshGpus)
     return invalid("cluster.gpus_per_node",
@@ -814,6 +815,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
         {"intra_node", c.efficiency.intra_node},
         {"inter_node", c.efficiency.inter_node}}},
       {"collective_algorithm", to_string(c.collective_algorithm)},
+      {"compute_spread", c.compute_spread},
   };
 
   const TrainingSpec& t = s.training;

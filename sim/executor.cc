@@ -56,7 +56,10 @@ class Executor {
         options_(options),
         platform_(platform),
         roofline_(scenario.cluster),
-        durations_(options.durations ? *options.durations : roofline_) {
+        spread_(options.durations ? *options.durations : roofline_, scenario.cluster.compute_spread),
+        durations_(scenario.cluster.compute_spread > 0 ? spread_
+                   : options.durations                 ? *options.durations
+                                                       : roofline_) {
     const ClusterSpec& c = scenario.cluster;
     for (const ProcessGroup& g : schedule.groups) shapes_.push_back(group_shape(c, g));
     ranks_.resize(schedule.world_size);
@@ -242,6 +245,7 @@ class Executor {
   const SimOptions& options_;
   const Platform& platform_;
   const RooflineDurations roofline_;
+  const SpreadDurations spread_;  // cluster.compute_spread > 0: per-GPU speed on top of the source
   const DurationModel& durations_;
   std::vector<GroupShape> shapes_;
   std::vector<RankState> ranks_;

@@ -161,3 +161,19 @@ TEST_CASE("the estimator takes compute times from the DurationModel it is given"
   CHECK(scaled->mfu == Approx(base->mfu * base->step_time_s / scaled->step_time_s).epsilon(1e-12));
   CHECK(estimate_of(b).step_time_s == Approx(base->step_time_s).epsilon(1e-15));  // null = the roofline
 }
+
+TEST_CASE("fixed_normal is a standard normal, the same for an index everywhere", "[durations]") {
+  double sum = 0, sq = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double z = fixed_normal(static_cast<std::uint64_t>(i));
+    sum += z;
+    sq += z * z;
+  }
+  CHECK(sum / n == Approx(0).margin(0.01));
+  CHECK(sq / n == Approx(1).epsilon(0.01));
+  CHECK(fixed_normal(7) == fixed_normal(7));
+  const RooflineDurations roofline(ClusterSpec{});
+  const SpreadDurations spread(roofline, 0.02);
+  CHECK(spread.speed_factor(3) == Approx(1 + 0.02 * fixed_normal(3)).epsilon(1e-15));
+}

@@ -236,7 +236,7 @@ TEST_CASE("runtime: ranks die with a launcher killed by SIGKILL", "[train]") {
 TEST_CASE("runtime: a rank that never joins is named as such; MASTER_ADDR may be a host name", "[train]") {
   const fs::path dir = fresh_dir("join");
   const std::string scen = tiny_scenario(dir, 3, "ddp");
-  const int port = 21000 + (::getpid() % 20000);
+  const int port = hzp::test::free_port();
   // Rank 0 of 2 alone: it hosts the store at "localhost" and waits for rank 1, which never comes.
   const RunResult r =
       run("RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=" + std::to_string(port) +

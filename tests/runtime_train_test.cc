@@ -294,7 +294,7 @@ TEST_CASE("runtime: bad input is refused with the path and exit code 2", "[train
 TEST_CASE("runtime: ranks started by an external launcher (torchrun-style variables) train", "[train]") {
   const fs::path dir = fresh_dir("external");
   const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero2"}}, 3));
-  const int port = 20000 + (::getpid() % 20000);
+  const int port = hzp::test::free_port();
   std::string cmd;
   for (int r = 0; r < 2; ++r)
     cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +

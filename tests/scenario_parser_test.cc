@@ -750,3 +750,21 @@ TEST_CASE("policy.comm: a framework sets the collective choices and bucket, fiel
 
 }  // namespace
 }  // namespace hzp
+
+namespace hzp {
+namespace {
+
+TEST_CASE("cluster.compute_spread: 0 by default, a fraction up to 0.2", "[scenario]") {
+  json doc = base_doc();
+  CHECK(parse_ok(doc).cluster.compute_spread == 0);
+  doc["cluster"]["compute_spread"] = 0.011;
+  CHECK(parse_ok(doc).cluster.compute_spread == 0.011);
+  CHECK(parse_ok(scenario_to_json(parse_ok(doc))).cluster.compute_spread == 0.011);
+  doc["cluster"]["compute_spread"] = 0.5;
+  Result<Scenario> bad = parse_scenario(doc, "t");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().rfind("cluster.compute_spread:", 0) == 0);
+}
+
+}  // namespace
+}  // namespace hzp

@@ -182,3 +182,17 @@ TEST_CASE("sim: the executor takes compute times from the DurationModel it is gi
   CHECK(r->step_time_s > estimate_of(b).step_time_s * 1.5);
   CHECK(r->step_time_s == Approx(e->step_time_s).epsilon(0.02));
 }
+
+TEST_CASE("sim: with compute_spread each GPU computes at its own fixed speed", "[sim][durations]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  doc["cluster"]["compute_spread"] = 0.05;
+  const Built b = build(scenario_from(doc));
+  const RooflineDurations roofline(b.scenario.cluster);
+  const SpreadDurations spread(roofline, 0.05);
+  double plain = 0;
+  for (const Op& op : b.schedule.programs[0].ops) plain += op_duration(b.scenario, b.schedule, 0, op);
+  // One GPU, no communication: the step is its compute at rank 0's speed factor.
+  CHECK(run_sim(b).step_time_s == Approx(plain * spread.speed_factor(0)).epsilon(1e-9));
+}

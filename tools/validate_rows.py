@@ -85,6 +85,9 @@ def nic_of(row):
     return nic
 
 
+COMPUTE_SPREAD = 0.0
+
+
 def scenario_of(row, gpus=None):
     """The scenario of a row (on `gpus` GPUs, default the row's own), without calibration."""
     for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu_count", "gpus_per_node"):
@@ -110,7 +113,8 @@ def scenario_of(row, gpus=None):
             "heads": row["heads"], "kv_heads": row.get("kv_heads") or row["heads"], "ffn_hidden": row["ffn"],
             "vocab": row["vocab"], "tied_embeddings": False,
         },
-        "cluster": {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, "nic": nic_of(row)},
+        "cluster": {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, "nic": nic_of(row),
+                    "compute_spread": COMPUTE_SPREAD},
         "training": {
             "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": gpus * micro * accum,
             "precision": "bf16", "recompute": "none" if recompute.startswith("none") else "full",
@@ -178,12 +182,18 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", help="keep scenarios and summaries here (default: a temporary folder)")
     ap.add_argument("--json", help="write the report as JSON")
+    ap.add_argument("--compute-spread", type=float, default=0.0,
+                    help="cluster.compute_spread of every scenario (per-GPU speed variability; 0: identical GPUs)")
     ap.add_argument("--max-error", type=float)
     ap.add_argument("--min-ratio", type=float)
     ap.add_argument("--max-ratio", type=float)
     args = ap.parse_args()
     if args.jobs < 1 or args.jobs > 64:
         ap.error("--jobs must be in [1, 64]")
+    if not 0 <= args.compute_spread <= 0.2:
+        ap.error("--compute-spread must be in [0, 0.2]")
+    global COMPUTE_SPREAD
+    COMPUTE_SPREAD = args.compute_spread
     try:
         rows = load_rows(args.rows)
         cal_rows = load_rows(args.calibration) if args.calibration else rows
