@@ -25,7 +25,7 @@ class DurationModel {
   // Seconds the op takes on `rank` with the GPU to itself.
   virtual double compute_s(int rank, const ComputeOp& op) const = 0;
   virtual double optimizer_s(int rank, const OptimizerStepOp& op) const = 0;
-  // Human-readable name of the source, reported in summaries ("roofline", "trace FILE", ...).
+  // Human-readable name of the source ("roofline", "variable GPUs", ...), for messages.
   virtual const char* name() const = 0;
 };
 
