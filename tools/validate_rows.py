@@ -85,11 +85,8 @@ def nic_of(row):
     return nic
 
 
-COMPUTE_SPREAD = 0.0
-
-
-def scenario_of(row, gpus=None):
-    """The scenario of a row (on `gpus` GPUs, default the row's own), without calibration."""
+def scenario_of(row, spread):
+    """The scenario of a row on its own GPUs, without calibration; `spread`: cluster.compute_spread."""
     for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu_count", "gpus_per_node"):
         if row.get(key) is None:
             raise Skip(f"{key} not published")
@@ -98,7 +95,7 @@ def scenario_of(row, gpus=None):
     preset = next((p for sub, p in GPU_PRESETS if sub in (row.get("gpu") or "")), None)
     if preset is None:
         raise Skip(f"GPU {row.get('gpu')!r} has no cluster preset")
-    gpus = gpus or row["gpu_count"]
+    gpus = row["gpu_count"]
     gpn = row["gpus_per_node"]
     if gpus % gpn:
         raise Skip(f"{gpus} GPUs are not whole nodes of {gpn}")
@@ -114,7 +111,7 @@ def scenario_of(row, gpus=None):
             "vocab": row["vocab"], "tied_embeddings": False,
         },
         "cluster": {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, "nic": nic_of(row),
-                    "compute_spread": COMPUTE_SPREAD},
+                    "compute_spread": spread},
         "training": {
             "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": gpus * micro * accum,
             "precision": "bf16", "recompute": "none" if recompute.startswith("none") else "full",
@@ -135,8 +132,8 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def calibrate(hzp, row, workdir):
-    doc, _ = scenario_of(row)
+def calibrate(hzp, row, workdir, spread):
+    doc, _ = scenario_of(row, spread)
     path = os.path.join(workdir, f"cal-{row['id']}.json")
     with open(path, "w") as f:
         json.dump(doc, f)
@@ -167,9 +164,12 @@ def load_rows(path):
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    sys.exit(f"validate_rows: {path}:{n}: {e}")
+                    raise ValueError(f"{path}:{n}: not JSON: {e}") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{path}:{n}: a row must be a JSON object")
+                rows.append(row)
     return rows
 
 
@@ -192,12 +192,10 @@ def main():
         ap.error("--jobs must be in [1, 64]")
     if not 0 <= args.compute_spread <= 0.2:
         ap.error("--compute-spread must be in [0, 0.2]")
-    global COMPUTE_SPREAD
-    COMPUTE_SPREAD = args.compute_spread
     try:
         rows = load_rows(args.rows)
         cal_rows = load_rows(args.calibration) if args.calibration else rows
-    except OSError as e:
+    except (OSError, ValueError) as e:
         print(f"validate_rows: {e}", file=sys.stderr)
         return 2
     if args.out:
@@ -218,12 +216,12 @@ def report_rows(args, rows, cal_rows, workdir):
     jobs, skipped = [], []
     for row in rows:
         try:
-            doc, family = scenario_of(row)
+            doc, family = scenario_of(row, args.compute_spread)
             cal = one_node.get(config_key(row))
             if cal is None:
                 raise Skip("no one-node row of the same model, GPU, sequence and micro-batch to calibrate from")
             if cal["id"] not in efficiencies:
-                efficiencies[cal["id"]] = calibrate(args.hzp, cal, workdir)
+                efficiencies[cal["id"]] = calibrate(args.hzp, cal, workdir, args.compute_spread)
             doc["cluster"]["efficiency"] = efficiencies[cal["id"]]
             jobs.append((row, doc, family, cal["id"]))
         except Skip as e:

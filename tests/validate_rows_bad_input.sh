@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# tools/validate_rows.py on bad input: an unreadable rows file, a line that is not JSON, a row that is not an
+# object, and a bad flag each exit 2 with a message naming the file and line; a row it cannot translate is
+# listed as skipped, and asking for a fidelity bound with nothing simulated fails (exit 1).
+# Usage: bash tests/validate_rows_bad_input.sh [HZP]
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
+set -uo pipefail
+cd "$(dirname "$0")/.."
+hzp="${1:-build/hzp}"
+work="$(mktemp -d "${TMPDIR:-/tmp}/hzp-validate-bad.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "validate_rows_bad_input: FAILED: $*"; exit 1; }
+expect() {  # code pattern args...
+  local code=$1 pattern=$2
+  shift 2
+  out="$(python3 tools/validate_rows.py --hzp "$hzp" "$@" 2>&1)"
+  local got=$?
+  [ "$got" -eq "$code" ] || fail "exit $got (wanted $code) for $*: $out"
+  grep -q -- "$pattern" <<<"$out" || fail "no '$pattern' in the output for $*: $out"
+}
+printf '{"id": "A"}\nnot json\n' >"$work/broken.jsonl"
+printf '[1, 2]\n' >"$work/array.jsonl"
+printf '{"id": "R1", "model": "m"}\n' >"$work/untranslatable.jsonl"
+expect 2 "No such file" "$work/missing.jsonl"
+expect 2 "broken.jsonl:2: not JSON" "$work/broken.jsonl"
+expect 2 "array.jsonl:1: a row must be a JSON object" "$work/array.jsonl"
+expect 2 "jobs must be in" --jobs 0 "$work/untranslatable.jsonl"
+expect 2 "compute-spread must be in" --compute-spread 1 "$work/untranslatable.jsonl"
+expect 0 "skipped R1: layers not published" "$work/untranslatable.jsonl"
+expect 1 "no multi-node row was simulated" --max-error 15 "$work/untranslatable.jsonl"
+echo "validate_rows_bad_input: ok"
