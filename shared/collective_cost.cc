@@ -44,14 +44,72 @@ GroupShape group_shape(const ClusterSpec& c, const ProcessGroup& group) {
   return shape;
 }
 
-LinkParams link_params(const ClusterSpec& c, const GroupShape& shape) {
+namespace {
+
+// NCCL's protocol constants (src/graph/tuning.cc: baseLat and hwLat, Ring; the LL/LL128 bandwidth
+// refinements and llMaxBws for an x86 Intel host; getNetOverhead). Latencies in µs, bandwidths in GB/s.
+struct ProtocolRow {
+  NcclProtocol protocol;
+  const char* name;
+  double base_us;    // baseLat[Ring][p]
+  double nvlink_us;  // hwLat[NVLINK][Ring][p]
+  double net_us;     // hwLat[NET][Ring][p]
+};
+constexpr ProtocolRow kProtocols[] = {
+    {NcclProtocol::kLL, "ll", 6.6, 0.6, 2.7},
+    {NcclProtocol::kLL128, "ll128", 14.0, 1.9, 4.0},
+    {NcclProtocol::kSimple, "simple", 8.4, 3.4, 14.0},
+};
+constexpr const ProtocolRow& kSimpleRow = kProtocols[2];
+constexpr double kNetOverheadUs = 1.0;                     // getNetOverhead: x86 Intel (AMD: 2.0)
+constexpr double kLLBusBwCapGBps[3] = {87.7, 39.0, 20.4};  // llMaxBws: 1 node (Ampere/Hopper), 2 nodes, more
+constexpr double kLL128Fraction = 0.92;                    // 120/128 less kernel overhead
+constexpr double kLL128OneGpuPerNode = 0.7;                // ppn < 2
+constexpr double kRingPlateau = 1.4;                       // Simple all-reduce across nodes, compute capability >= 8.0
+
+const ProtocolRow& row_of(NcclProtocol protocol) {
+  for (const ProtocolRow& r : kProtocols)
+    if (r.protocol == protocol) return r;
+  return kSimpleRow;
+}
+
+}  // namespace
+
+const char* to_string(NcclProtocol protocol) {
+  return row_of(protocol).name;
+}
+
+LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtocol protocol, CollectiveKind kind) {
   LinkParams p;
   p.intra = c.intra.bytes_per_s * c.efficiency.intra_node;
   const bool spans_leaves = shape.nodes > c.inter.leaf_size;
   p.rail = c.nic.per_node * c.nic.bytes_per_s * c.efficiency.inter_node / c.gpus_per_node;
   if (spans_leaves) p.rail /= c.inter.oversubscription;
-  p.alpha_intra = c.intra.latency_s;
-  p.alpha_inter = std::max(c.intra.latency_s, c.nic.latency_s + (spans_leaves ? 4 : 2) * c.inter.switch_latency_s);
+  const ProtocolRow& row = row_of(protocol);
+  const bool multi_node = shape.nodes > 1;
+  p.protocol = protocol;
+  p.base_latency = row.base_us * 1e-6;
+  p.alpha_intra = c.intra.latency_s * row.nvlink_us / kSimpleRow.nvlink_us;
+  if (multi_node)
+    p.alpha_intra = std::max(p.alpha_intra, kNetOverheadUs * 1e-6 * (protocol == NcclProtocol::kSimple ? 3 : 1));
+  const double switches = (spans_leaves ? 4 : 2) * c.inter.switch_latency_s;
+  p.alpha_inter = std::max(p.alpha_intra, c.nic.latency_s * row.net_us / kSimpleRow.net_us + switches);
+  switch (protocol) {
+    case NcclProtocol::kSimple:
+      break;
+    case NcclProtocol::kLL128:
+      p.bandwidth_factor = shape.ranks_per_node < 2 ? kLL128OneGpuPerNode : kLL128Fraction;
+      break;
+    case NcclProtocol::kLL: {
+      const bool quarter = multi_node || kind == CollectiveKind::kAllReduce;
+      const double ring_bw = multi_node ? std::min(p.intra, shape.ranks_per_node * p.rail) : p.intra;
+      const double cap = kLLBusBwCapGBps[std::min(shape.nodes, 3) - 1] * 1e9;
+      p.bandwidth_factor = std::min(quarter ? 0.25 : 1.0 / 3.0, cap / ring_bw);
+      break;
+    }
+  }
+  p.intra *= p.bandwidth_factor;
+  p.rail *= p.bandwidth_factor;
   return p;
 }
 
@@ -80,8 +138,8 @@ double intra_time(const ClusterSpec& c, CollectiveKind kind, double bytes, int s
 
 double ring_time(const ClusterSpec& c, CollectiveKind kind, double bytes, const GroupShape& s, const LinkParams& l) {
   const int p = s.size();
-  if (s.nodes == 1) return intra_time(c, kind, bytes, p, l);
-  const double latency = ring_latency(kind, s, l);
+  if (s.nodes == 1) return l.base_latency + intra_time(c, kind, bytes, p, l);
+  const double latency = ring_latency(kind, s, l, bytes);
   double bandwidth = s.ranks_per_node * l.rail;
   // Intra-node hops: a switch port carries every channel; on a full mesh channel k uses its own pair link,
   // so min(s0-1, channels) of the R-1 pair links carry the ring.
@@ -121,14 +179,17 @@ double pairwise_time(const ClusterSpec& c, double bytes, const GroupShape& s, co
 
 }  // namespace
 
-double ring_latency(CollectiveKind kind, const GroupShape& s, const LinkParams& l) {
+double ring_latency(CollectiveKind kind, const GroupShape& s, const LinkParams& l, double bytes) {
   const int p = s.size();
   if (p <= 1) return 0;
   const int passes = kind == CollectiveKind::kAllReduce ? 2 : 1;
   const int steps = kind == CollectiveKind::kBroadcast ? p - 1 : passes * (p - 1);
-  if (s.nodes <= 1) return steps * l.alpha_intra;
+  if (s.nodes <= 1) return l.base_latency + steps * l.alpha_intra;
   const int inter_steps = kind == CollectiveKind::kBroadcast ? s.nodes - 1 : passes * (s.nodes - 1);
-  return (steps - inter_steps) * l.alpha_intra + inter_steps * l.alpha_inter;
+  const double latency = l.base_latency + (steps - inter_steps) * l.alpha_intra + inter_steps * l.alpha_inter;
+  const bool plateau = l.protocol == NcclProtocol::kSimple && kind == CollectiveKind::kAllReduce &&
+                       bytes / (std::max(1, s.nics) * static_cast<double>(p)) >= 64;
+  return plateau ? kRingPlateau * latency : latency;
 }
 
 bool algorithm_applies(const ClusterSpec& c, CollectiveAlgorithm algorithm, CollectiveKind kind, const GroupShape& s) {
@@ -148,20 +209,51 @@ bool algorithm_applies(const ClusterSpec& c, CollectiveAlgorithm algorithm, Coll
 }
 
 double algorithm_time(const ClusterSpec& c, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,
-                      const GroupShape& s) {
+                      const GroupShape& s, NcclProtocol protocol) {
   if (s.size() <= 1 || bytes <= 0) return 0;
-  const LinkParams l = link_params(c, s);
+  const LinkParams l = link_params(c, s, protocol, kind);
   switch (algorithm) {
     case CollectiveAlgorithm::kRing:
-      return ring_time(c, kind, bytes, s, l);
+      return ring_time(c, kind, bytes, s, l);  // ring_latency holds the base latency
     case CollectiveAlgorithm::kDirect:
-      return intra_time(c, kind, bytes, s.size(), l);
+      return l.base_latency + intra_time(c, kind, bytes, s.size(), l);
     case CollectiveAlgorithm::kHierarchical:
-      return hierarchical_time(c, kind, bytes, s, l);
+      return l.base_latency + hierarchical_time(c, kind, bytes, s, l);
     case CollectiveAlgorithm::kPairwise:
-      return pairwise_time(c, bytes, s, l);
+      return l.base_latency + pairwise_time(c, bytes, s, l);
   }
   return 0;
+}
+
+NcclProtocol choose_protocol(const ClusterSpec& c, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,
+                             const GroupShape& s) {
+  if (algorithm == CollectiveAlgorithm::kDirect || algorithm == CollectiveAlgorithm::kPairwise)
+    return NcclProtocol::kSimple;
+  switch (c.protocol) {
+    case ProtocolChoice::kLL:
+      return NcclProtocol::kLL;
+    case ProtocolChoice::kLL128:
+      return NcclProtocol::kLL128;
+    case ProtocolChoice::kSimple:
+      return NcclProtocol::kSimple;
+    case ProtocolChoice::kAuto:
+      break;
+  }
+  NcclProtocol best = NcclProtocol::kSimple;
+  double best_time = algorithm_time(c, algorithm, kind, bytes, s, best);
+  for (NcclProtocol p : {NcclProtocol::kLL128, NcclProtocol::kLL}) {
+    const double t = algorithm_time(c, algorithm, kind, bytes, s, p);
+    if (t < best_time) {
+      best = p;
+      best_time = t;
+    }
+  }
+  return best;
+}
+
+double algorithm_time(const ClusterSpec& c, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,
+                      const GroupShape& s) {
+  return algorithm_time(c, algorithm, kind, bytes, s, choose_protocol(c, algorithm, kind, bytes, s));
 }
 
 CollectiveAlgorithm choose_algorithm(const ClusterSpec& c, CollectiveKind kind, double bytes, const GroupShape& s) {

@@ -50,19 +50,55 @@ struct GroupShape {
 };
 GroupShape group_shape(const ClusterSpec& cluster, const ProcessGroup& group);
 
-// The per-GPU bandwidths and latencies of the formulas above.
+// NCCL's protocols (src/graph/tuning.cc): Simple moves whole buffers and pays the most per step; LL (8-byte
+// flag per 8 bytes of data) and LL128 (one flag word per 128-byte line) forward each line as it lands, for
+// a much smaller per-step latency and a fraction of the bandwidth:
+//   protocol  base latency  per-step NVLink / NET  bandwidth fraction
+//   LL        6.6 us        0.6 / 2.7 us           1/4 (1/3 for AG/RS/BC inside one node), capped at
+//                                                  87.7 GB/s in a node, 39.0 on 2 nodes, 20.4 beyond
+//   LL128     14.0 us       1.9 / 4.0 us           0.92 (0.7 with one GPU per node)
+//   Simple    8.4 us        3.4 / 14.0 us          1
+// The cluster's latencies (calibration table, or the scenario) are Simple's; the other protocols scale them
+// by the ratios above. Across nodes a ring step inside a node costs at least NCCL's network post overhead
+// (1 us on x86; x3 for Simple). Simple all-reduce rings across nodes pay NCCL's "plateau" factor 1.4
+// (Ampere and later) on their latency. cluster.protocol picks the protocol of ring and 2-level collectives
+// (direct and pairwise exchanges use Simple): "simple" by default, "ll" / "ll128" forced as NCCL_PROTO, or
+// "auto" = NCCL's own choice, the fastest by these formulas. Simple is the default because the evidence says
+// so: on the published 16 MiB nccl-tests results (scenarios/validation/nccl_tests_rows.jsonl) "auto" picks
+// LL128 and over-predicts bus bandwidth by 11-79 % where Simple is within -12..+23 %, and on the InternEvo
+// dev rows it makes ZeRO-1's 1024-GPU broadcast chains 1.8x cheaper and the row 37 % too fast (Simple: 19 %)
+// — the tuner's LL128 per-hop latencies are selection heuristics, not what a chain of 1000 GPUs achieves.
+// Left out: LL128's per-channel cap (20 GB/s Ampere, 36.7 Hopper, per channel: above the NIC-bound rates
+// here), NCCL's tree and NVLS algorithms.
+enum class NcclProtocol { kLL, kLL128, kSimple };
+const char* to_string(NcclProtocol protocol);
+
+// The per-GPU bandwidths and latencies of the formulas above, for one protocol.
 struct LinkParams {
-  double intra = 0;  // B_i
-  double rail = 0;   // B_rail
+  double intra = 0;  // B_i      (x the protocol's bandwidth fraction)
+  double rail = 0;   // B_rail   (x the protocol's bandwidth fraction)
   double alpha_intra = 0;
   double alpha_inter = 0;
+  NcclProtocol protocol = NcclProtocol::kSimple;
+  double base_latency = 0;      // once per collective (NCCL's baseLat)
+  double bandwidth_factor = 1;  // the protocol's fraction of the links' bandwidth (its wire overhead)
 };
-LinkParams link_params(const ClusterSpec& cluster, const GroupShape& shape);
+LinkParams link_params(const ClusterSpec& cluster, const GroupShape& shape,
+                       NcclProtocol protocol = NcclProtocol::kSimple, CollectiveKind kind = CollectiveKind::kAllGather);
 
 bool algorithm_applies(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind,
                        const GroupShape& shape);
 
-// Seconds for one collective with the given algorithm (must apply).
+// Seconds for one collective with the given algorithm (must apply) and protocol.
+double algorithm_time(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,
+                      const GroupShape& shape, NcclProtocol protocol);
+
+// The protocol NCCL would run the algorithm with: the scenario's forced one, else the fastest (ring and
+// 2-level); Simple for direct and pairwise exchanges.
+NcclProtocol choose_protocol(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind,
+                             double bytes, const GroupShape& shape);
+
+// algorithm_time with choose_protocol's protocol.
 double algorithm_time(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,
                       const GroupShape& shape);
 
@@ -76,13 +112,13 @@ double collective_time(const ClusterSpec& cluster, CollectiveKind kind, double b
 // Bytes one GPU sends for a collective of p ranks (ring volume): AG/RS/BC/A2A (p-1)/p·S, AR 2(p-1)/p·S.
 double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks);
 
-// The α part of a ring collective, as NCCL's tuner counts it (src/graph/tuning.cc, ring latency): of the
-// ring's steps (AG/RS p-1, AR 2(p-1); a broadcast chain p-1 hops), the nInterSteps that cross nodes (AG/RS
-// and the chain s1-1, AR 2(s1-1)) cost α_n and the others α_i. NCCL's tuner raises α_i to 3 x its network
-// post overhead (1 µs on x86) once the ring spans nodes: 3 µs, below the 3.4 µs NVLink latency, so not
-// modelled. (For broadcast the tuner counts one hop with sameChannels and nRanks tree hops otherwise; the
-// chain a chunk actually traverses is used instead.)
-double ring_latency(CollectiveKind kind, const GroupShape& shape, const LinkParams& links);
+// The latency part of a ring collective, as NCCL's tuner counts it (src/graph/tuning.cc, ring latency): the
+// protocol's base latency plus, of the ring's steps (AG/RS p-1, AR 2(p-1); a broadcast chain p-1 hops), the
+// nInterSteps that cross nodes (AG/RS and the chain s1-1, AR 2(s1-1)) at α_n and the others at α_i; times
+// 1.4 for a Simple all-reduce across nodes of at least 64 bytes per rank and channel (NCCL's "plateau").
+// (For broadcast the tuner counts one hop with sameChannels and nRanks tree hops otherwise, "waiting for
+// proper chunk modeling"; the chain a chunk actually traverses is used instead.)
+double ring_latency(CollectiveKind kind, const GroupShape& shape, const LinkParams& links, double bytes);
 
 // Roofline-sum compute time: flops at the GEMM efficiency plus memory-bound bytes at the HBM efficiency.
 double compute_time(const ClusterSpec& cluster, double flops, double mem_bytes);

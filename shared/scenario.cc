@@ -74,6 +74,20 @@ const char* to_string(CollectiveAlgorithmChoice v) {
   return "?";
 }
 
+const char* to_string(ProtocolChoice v) {
+  switch (v) {
+    case ProtocolChoice::kAuto:
+      return "auto";
+    case ProtocolChoice::kLL:
+      return "ll";
+    case ProtocolChoice::kLL128:
+      return "ll128";
+    case ProtocolChoice::kSimple:
+      return "simple";
+  }
+  return "?";
+}
+
 const char* to_string(Precision v) {
   switch (v) {
     case Precision::kBf16:

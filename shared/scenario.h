@@ -54,6 +54,8 @@ enum class IntraNodeTopology { kSwitch, kFullMesh };
 enum class NicMapping { kRail, kShared };  // rail: local GPU g uses NIC g*nics/gpus_per_node
 // NCCL_ALGO-like override of the collective algorithm selection (collective_cost.h); auto = cheapest.
 enum class CollectiveAlgorithmChoice { kAuto, kRing, kHierarchical };
+// NCCL_PROTO-like override of the protocol (collective_cost.h); auto = NCCL's cheapest of LL, LL128, Simple.
+enum class ProtocolChoice { kAuto, kLL, kLL128, kSimple };
 
 // Achievable fractions of peak, calibrated per GPU type from single-node facts (calibration.h).
 struct Efficiency {
@@ -99,6 +101,7 @@ struct ClusterSpec {
   InterNodeSpec inter;
   Efficiency efficiency;
   CollectiveAlgorithmChoice collective_algorithm = CollectiveAlgorithmChoice::kAuto;
+  ProtocolChoice protocol = ProtocolChoice::kSimple;  // see collective_cost.h for why not kAuto
   // Per-GPU speed variability: each GPU's compute takes (1 + spread·z) times the model's, z a fixed
   // standard normal draw per rank (seeded by the rank), so a synchronous step waits for the slowest GPU.
   // 0 = identical GPUs. The simulator applies it; the analytic estimator does not.
@@ -250,6 +253,7 @@ const char* to_string(PositionEmbedding v);
 const char* to_string(IntraNodeTopology v);
 const char* to_string(NicMapping v);
 const char* to_string(CollectiveAlgorithmChoice v);
+const char* to_string(ProtocolChoice v);
 const char* to_string(Precision v);
 const char* to_string(Recompute v);
 const char* to_string(GradReduce v);

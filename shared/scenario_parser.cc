@@ -386,10 +386,10 @@ Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& g
 }
 
 Result<ClusterSpec> parse_cluster(const json& value) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r,
-                       ObjectReader::open(value, "cluster",
-                                          {"name", "preset", "nodes", "gpus_per_node", "gpu", "intra_node", "nic",
-                                           "inter_node", "efficiency", "collective_algorithm", "compute_spread"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "cluster",
+                                                          {"name", "preset", "nodes", "gpus_per_node", "gpu",
+                                                           "intra_node", "nic", "inter_node", "efficiency",
+                                                           "collective_algorithm", "protocol", "compute_spread"}));
   ClusterSpec c;
   const bool from_preset = r.has("preset");
   if (from_preset) {
@@ -483,6 +483,9 @@ Result<ClusterSpec> parse_cluster(const json& value) {
   HZP_RETURN_IF_ERROR(r.read_enum(
       "collective_algorithm", c.collective_algorithm,
       {CollectiveAlgorithmChoice::kAuto, CollectiveAlgorithmChoice::kRing, CollectiveAlgorithmChoice::kHierarchical}));
+  HZP_RETURN_IF_ERROR(
+      r.read_enum("protocol", c.protocol,
+                  {ProtocolChoice::kAuto, ProtocolChoice::kLL, ProtocolChoice::kLL128, ProtocolChoice::kSimple}));
   HZP_RETURN_IF_ERROR(r.read_number("compute_spread", c.compute_spread, kOne, {0, 0.2}));
 
   if (c.intra.topology == IntraNodeTopology::kFullMesh && c.gpus_per_node > range::kFullMeshGpus)
@@ -815,6 +818,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
         {"intra_node", c.efficiency.intra_node},
         {"inter_node", c.efficiency.inter_node}}},
       {"collective_algorithm", to_string(c.collective_algorithm)},
+      {"protocol", to_string(c.protocol)},
       {"compute_spread", c.compute_spread},
   };
 

@@ -18,6 +18,7 @@ struct CollectiveCall {
   double bytes = 0;                     // nccl-tests size convention (collective_cost.h)
   const ProcessGroup* group = nullptr;  // members in ring order
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::kRing;
+  NcclProtocol protocol = NcclProtocol::kSimple;  // choose_protocol's pick for the algorithm
 };
 
 // Bytes put on the wire, by link class.
@@ -28,7 +29,8 @@ struct CollectiveTraffic {
 
 // Runs the collective from the calling SimGrid actor: starts the flows of each phase, waits for them,
 // sleeps the latency terms, and returns when the collective is complete (simulated time has advanced).
-// `call.algorithm` must apply to the group (algorithm_applies).
+// `call.algorithm` must apply to the group (algorithm_applies). The protocol sets the α terms and the
+// bandwidth fraction: its flows carry bytes / bandwidth_factor (LL's flags, LL128's flag words).
 CollectiveTraffic run_collective(const Platform& platform, const CollectiveCall& call);
 
 }  // namespace hzp::sim

@@ -216,8 +216,10 @@ class Executor {
       // Last to arrive: every member is at the head of its stream, so the collective runs now.
       inst.start = sg4::Engine::get_clock();
       const GroupShape& shape = shapes_[group_index];
-      const CollectiveCall call{op.kind, static_cast<double>(op.bytes), &group,
-                                choose_algorithm(scenario_.cluster, op.kind, static_cast<double>(op.bytes), shape)};
+      const double bytes = static_cast<double>(op.bytes);
+      const CollectiveAlgorithm algorithm = choose_algorithm(scenario_.cluster, op.kind, bytes, shape);
+      const CollectiveCall call{op.kind, bytes, &group, algorithm,
+                                choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape)};
       const CollectiveTraffic t = run_collective(platform_, call);
       traffic_.intra_node_bytes += t.intra_node_bytes;
       traffic_.inter_node_bytes += t.inter_node_bytes;

@@ -47,6 +47,11 @@ TEST_CASE("a 1-GPU DDP step takes exactly its compute time", "[estimator]") {
   CHECK(e.mfu == Approx(b.cost.model_flops / (e.step_time_s * b.scenario.cluster.gpu.peak_flops)).epsilon(1e-12));
 }
 
+// NCCL's per-collective base latency for Simple (src/graph/tuning.cc, baseLat Ring/Simple), the cluster
+// default protocol; and its "plateau" factor on a Simple all-reduce ring's latency across nodes.
+constexpr double kNcclBase = 8.4e-6;
+constexpr double kPlateau = 1.4;
+
 TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator][collective]") {
   const Scenario s = scenario_from(scenario_json("tiny-dense", "dgx-a100", 4, "ddp", 64));
   const ClusterSpec& c = s.cluster;
@@ -59,19 +64,20 @@ TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator
   CHECK(l.rail == Approx(rail));
   // Intra-node ring all-gather among the 8 GPUs of a node: (7/8)·S/B + 7α.
   CHECK(collective_time(c, CollectiveKind::kAllGather, S, node) ==
-        Approx(7.0 / 8 * S / b_intra + 7 * c.intra.latency_s));
+        Approx(kNcclBase + 7.0 / 8 * S / b_intra + 7 * c.intra.latency_s));
   CHECK(choose_algorithm(c, CollectiveKind::kAllGather, S, node) == CollectiveAlgorithm::kRing);
   CHECK(collective_time(c, CollectiveKind::kAllReduce, S, node) ==
-        Approx(2 * (7.0 / 8 * S / b_intra + 7 * c.intra.latency_s)));
+        Approx(kNcclBase + 2 * (7.0 / 8 * S / b_intra + 7 * c.intra.latency_s)));
   // One GPU per node across 4 nodes (a rail ring): its NIC share.
   CHECK(collective_time(c, CollectiveKind::kReduceScatter, S, rail_group) ==
-        Approx(3.0 / 4 * S / rail + 3 * l.alpha_inter));
+        Approx(kNcclBase + 3.0 / 4 * S / rail + 3 * l.alpha_inter));
   // Whole nodes: the ring has one channel per NIC (8 rails), capped by NVLink; of its 2·31 steps the
   // 2·(4-1) crossing nodes cost α_n, the others α_i (NCCL's tuner); hierarchical: intra RS, 8 concurrent
-  // rail rings on S/8, intra AG.
-  const double ring = 2 * 31.0 / 32 * S / std::min(8 * rail, b_intra) + (62 - 6) * l.alpha_intra + 6 * l.alpha_inter;
+  // rail rings on S/8, intra AG. The ring's latency (with the base) pays the plateau factor.
+  const double ring = 2 * 31.0 / 32 * S / std::min(8 * rail, b_intra) +
+                      kPlateau * (kNcclBase + (62 - 6) * l.alpha_intra + 6 * l.alpha_inter);
   const double intra_pass = 7.0 / 8 * S / b_intra + 7 * c.intra.latency_s;
-  const double hier = 2 * intra_pass + 2 * (3.0 / 4 * (S / 8) / rail + 3 * l.alpha_inter);
+  const double hier = kNcclBase + 2 * intra_pass + 2 * (3.0 / 4 * (S / 8) / rail + 3 * l.alpha_inter);
   CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, all) == Approx(ring));
   CHECK(algorithm_time(c, CollectiveAlgorithm::kHierarchical, CollectiveKind::kAllReduce, S, all) == Approx(hier));
   CHECK(collective_time(c, CollectiveKind::kAllReduce, S, all) == Approx(std::min(ring, hier)));
@@ -79,7 +85,7 @@ TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e4, all) == CollectiveAlgorithm::kHierarchical);
   // All-to-all, pairwise: max(intra 7/32·S/B_i, inter 24/32·S/B_rail) + 31 α.
   CHECK(collective_time(c, CollectiveKind::kAllToAll, S, all) ==
-        Approx(31 * l.alpha_inter + std::max(7.0 / 32 * S / b_intra, 24.0 / 32 * S / rail)));
+        Approx(kNcclBase + 31 * l.alpha_inter + std::max(7.0 / 32 * S / b_intra, 24.0 / 32 * S / rail)));
   CHECK(collective_time(c, CollectiveKind::kAllGather, S, GroupShape{1, 1, 1}) == 0);
 }
 
@@ -93,17 +99,18 @@ TEST_CASE("full mesh: direct inside the node, forced algorithms only where they 
   // Every GPU sends its 1/p to each peer over its own pair link of B/(R-1).
   CHECK(choose_algorithm(c, CollectiveKind::kAllGather, 1e9, node) == CollectiveAlgorithm::kDirect);
   CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, node) ==
-        Approx(15.0 / 16 * 1e9 / b + 15 * c.intra.latency_s));
+        Approx(kNcclBase + 15.0 / 16 * 1e9 / b + 15 * c.intra.latency_s));
   CHECK(collective_time(c, CollectiveKind::kAllGather, 1e9, half) ==
-        Approx(15.0 / 8 * 1e9 / b + 7 * c.intra.latency_s));
+        Approx(kNcclBase + 15.0 / 8 * 1e9 / b + 7 * c.intra.latency_s));
   // "ring" is forced where it applies (across nodes) and ignored where it does not (inside one mesh node).
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{1, 4, 1}) == CollectiveAlgorithm::kRing);
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, GroupShape{16, 4, 8}) == CollectiveAlgorithm::kRing);
   CHECK(choose_algorithm(c, CollectiveKind::kAllReduce, 1e9, node) == CollectiveAlgorithm::kDirect);
   // Across mesh nodes the ring's intra hops use min(s0-1, channels) = 8 of the 15 pair links.
   const LinkParams l = link_params(c, GroupShape{16, 4, 8});
-  CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 1e9, GroupShape{16, 4, 8}) ==
-        Approx(60 * l.alpha_intra + 3 * l.alpha_inter + 63.0 / 64 * 1e9 / std::min(16 * l.rail, b * 8 / 15)));
+  CHECK(
+      algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 1e9, GroupShape{16, 4, 8}) ==
+      Approx(kNcclBase + 60 * l.alpha_intra + 3 * l.alpha_inter + 63.0 / 64 * 1e9 / std::min(16 * l.rail, b * 8 / 15)));
 }
 
 TEST_CASE("one stream without prefetch serialises compute and communication", "[estimator][overlap]") {
@@ -176,4 +183,49 @@ TEST_CASE("fixed_normal is a standard normal, the same for an index everywhere",
   const RooflineDurations roofline(ClusterSpec{});
   const SpreadDurations spread(roofline, 0.02);
   CHECK(spread.speed_factor(3) == Approx(1 + 0.02 * fixed_normal(3)).epsilon(1e-15));
+}
+
+TEST_CASE("NCCL protocols: LL and LL128 trade bandwidth for per-step latency as NCCL's tuner says",
+          "[estimator][collective]") {
+  nlohmann::json doc = scenario_json("tiny-dense", "dgx-h100", 4, "ddp", 64);
+  doc["cluster"]["protocol"] = "auto";
+  const Scenario s = scenario_from(doc);
+  const ClusterSpec& c = s.cluster;
+  const GroupShape all{8, 4, 8};
+  const double b_intra = c.intra.bytes_per_s * c.efficiency.intra_node;
+  const double rail = c.nic.per_node * c.nic.bytes_per_s / c.gpus_per_node * c.efficiency.inter_node;
+  const double sw = 2 * c.inter.switch_latency_s;
+  // NCCL's tables (src/graph/tuning.cc): baseLat LL 6.6 / LL128 14.0 µs; hwLat Ring NVLINK LL .6 / LL128 1.9
+  // (of Simple's 3.4) and NET LL 2.7 / LL128 4.0 (of Simple's 14.0); across nodes an intra step costs at
+  // least the 1 µs network post overhead. Bandwidth: LL128 0.92, LL 1/4 capped at 20.4 GB/s beyond 2 nodes.
+  const double ll128_ai = c.intra.latency_s * 1.9 / 3.4, ll128_an = c.nic.latency_s * 4.0 / 14.0 + sw;
+  const double ll_ai = std::max(c.intra.latency_s * 0.6 / 3.4, 1e-6), ll_an = c.nic.latency_s * 2.7 / 14.0 + sw;
+  const double S = 64 * 1024.0 * 1024.0;
+  const double ll128 = 14.0e-6 + 28 * ll128_ai + 3 * ll128_an + 31.0 / 32 * S / (0.92 * std::min(8 * rail, b_intra));
+  const double ll = 6.6e-6 + 28 * ll_ai + 3 * ll_an + 31.0 / 32 * S / 20.4e9;
+  CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, all, NcclProtocol::kLL128) ==
+        Approx(ll128));
+  CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, all, NcclProtocol::kLL) ==
+        Approx(ll));
+  // "auto": LL for tiny messages, LL128 in between, Simple for large ones.
+  CHECK(choose_protocol(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 4096, all) == NcclProtocol::kLL);
+  CHECK(choose_protocol(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, all) == NcclProtocol::kLL128);
+  CHECK(choose_protocol(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 8e9, all) == NcclProtocol::kSimple);
+  // Direct and pairwise exchanges always use Simple; the default (no "protocol") is Simple everywhere.
+  CHECK(choose_protocol(c, CollectiveAlgorithm::kPairwise, CollectiveKind::kAllToAll, 4096, all) ==
+        NcclProtocol::kSimple);
+  const Scenario plain = scenario_from(scenario_json("tiny-dense", "dgx-h100", 4, "ddp", 64));
+  CHECK(plain.cluster.protocol == ProtocolChoice::kSimple);
+  CHECK(choose_protocol(plain.cluster, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 4096, all) ==
+        NcclProtocol::kSimple);
+}
+
+TEST_CASE("cluster.protocol: known names parse, others are refused with the path", "[estimator][collective]") {
+  nlohmann::json doc = scenario_json("tiny-dense", "dgx-h100", 2, "ddp", 64);
+  doc["cluster"]["protocol"] = "ll128";
+  CHECK(scenario_from(doc).cluster.protocol == ProtocolChoice::kLL128);
+  doc["cluster"]["protocol"] = "LL256";
+  auto bad = parse_scenario(doc, "t");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("cluster.protocol"));
 }

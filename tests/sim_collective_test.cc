@@ -29,6 +29,8 @@ namespace sg4 = simgrid::s4u;
 namespace {
 
 constexpr double kTolerance = 1e-6;
+// NCCL's per-collective base latency for Simple, the default protocol (src/graph/tuning.cc, baseLat Ring).
+constexpr double kNcclBase = 8.4e-6;
 constexpr double MiB = 1024.0 * 1024.0;
 constexpr double GiB = 1024.0 * MiB;
 
@@ -113,10 +115,10 @@ TEST_CASE("sim collective: ring inside an NVSwitch node = (p-1)/p·S/B_i + (p-1)
   sim.run([&] {
     for (CollectiveKind k : kinds) m.push_back(measure(sim.platform, k, S, node, CollectiveAlgorithm::kRing));
   });
-  CHECK(m[0].seconds == Approx(7.0 / 8 * S / B + 7 * a).epsilon(kTolerance));
-  CHECK(m[1].seconds == Approx(7.0 / 8 * S / B + 7 * a).epsilon(kTolerance));
-  CHECK(m[2].seconds == Approx(2 * (7.0 / 8 * S / B + 7 * a)).epsilon(kTolerance));
-  CHECK(m[3].seconds == Approx(S / B + 7 * a).epsilon(kTolerance));
+  CHECK(m[0].seconds == Approx(kNcclBase + 7.0 / 8 * S / B + 7 * a).epsilon(kTolerance));
+  CHECK(m[1].seconds == Approx(kNcclBase + 7.0 / 8 * S / B + 7 * a).epsilon(kTolerance));
+  CHECK(m[2].seconds == Approx(kNcclBase + 2 * (7.0 / 8 * S / B + 7 * a)).epsilon(kTolerance));
+  CHECK(m[3].seconds == Approx(kNcclBase + S / B + 7 * a).epsilon(kTolerance));
   for (size_t i = 0; i < kinds.size(); ++i)
     CHECK(m[i].seconds == Approx(closed_form(c, CollectiveAlgorithm::kRing, kinds[i], S, node)).epsilon(kTolerance));
   // Every member forwards (p-1)/p·S over NVLink; nothing leaves the node.
@@ -140,14 +142,15 @@ TEST_CASE("sim collective: inter-node rings over rails match the closed form", "
     m.push_back(measure(sim.platform, CollectiveKind::kBroadcast, S, all, CollectiveAlgorithm::kRing));
   });
   // s0 = 1: one NIC -> NIC flow per member on its rail.
-  CHECK(m[0].seconds == Approx(3.0 / 4 * S / nic + 3 * a).epsilon(kTolerance));
+  CHECK(m[0].seconds == Approx(kNcclBase + 3.0 / 4 * S / nic + 3 * a).epsilon(kTolerance));
   CHECK(m[0].traffic.inter_node_bytes == Approx(4 * 3.0 / 4 * S));
   CHECK(m[0].traffic.intra_node_bytes == 0);
   CHECK(m[1].seconds ==
         Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, rail)).epsilon(kTolerance));
   // s0 = 8: 8 channels, one per NIC; the node boundary is crossed once per channel.
   // Of the 31 steps, the 3 crossing nodes cost α_n, the 28 inside nodes α_i (NCCL's tuner).
-  CHECK(m[2].seconds == Approx(31.0 / 32 * S / (8 * nic) + 28 * c.intra.latency_s + 3 * a).epsilon(kTolerance));
+  CHECK(m[2].seconds ==
+        Approx(kNcclBase + 31.0 / 32 * S / (8 * nic) + 28 * c.intra.latency_s + 3 * a).epsilon(kTolerance));
   CHECK(m[2].seconds ==
         Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kReduceScatter, S, all)).epsilon(kTolerance));
   CHECK(m[2].traffic.inter_node_bytes == Approx(4 * 31.0 / 32 * S));
@@ -181,9 +184,9 @@ TEST_CASE("sim collective: rail rings on shared NICs match the closed form when 
     for (auto& actor : actors) actor->join();
   });
   const double expected = closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, rails[0]);
-  CHECK(expected == Approx(3.0 / 4 * S / (nic / 2) + 3 * a));
+  CHECK(expected == Approx(kNcclBase + 3.0 / 4 * S / (nic / 2) + 3 * a));
   for (double t : together) CHECK(t == Approx(expected).epsilon(kTolerance));
-  CHECK(alone == Approx(3.0 / 4 * S / nic + 3 * a).epsilon(kTolerance));
+  CHECK(alone == Approx(kNcclBase + 3.0 / 4 * S / nic + 3 * a).epsilon(kTolerance));
 }
 
 TEST_CASE("sim collective: hierarchical all-reduce beats the flat ring when latency-bound as the closed forms say",
@@ -245,8 +248,8 @@ TEST_CASE("sim collective: two collectives sharing a NIC each get half of it", "
     x->join();
     y->join();
   });
-  CHECK(alone == Approx(S / 2 / nic + a).epsilon(kTolerance));
-  CHECK(first == Approx(S / 2 / (nic / 2) + a).epsilon(kTolerance));
+  CHECK(alone == Approx(kNcclBase + S / 2 / nic + a).epsilon(kTolerance));
+  CHECK(first == Approx(kNcclBase + S / 2 / (nic / 2) + a).epsilon(kTolerance));
   CHECK(second == Approx(first).epsilon(1e-9));
 }
 
@@ -327,7 +330,7 @@ TEST_CASE("sim collective: full-mesh node: direct and ring and 2-level match the
     for (const Case& k : cases) seconds.push_back(measure(sim.platform, k.kind, S, *k.group, k.algorithm).seconds);
   });
   const double B = c.intra.bytes_per_s * c.efficiency.intra_node;
-  CHECK(seconds[0] == Approx(15.0 / 16 * S / B + 15 * c.intra.latency_s).epsilon(kTolerance));
+  CHECK(seconds[0] == Approx(kNcclBase + 15.0 / 16 * S / B + 15 * c.intra.latency_s).epsilon(kTolerance));
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO(to_string(cases[i].algorithm) << " " << to_string(cases[i].kind) << " over " << cases[i].group->ranks.size());
     CHECK(seconds[i] ==
@@ -347,7 +350,7 @@ TEST_CASE("sim collective: broadcast on a full-mesh node is bounded by each memb
   Measured m;
   sim.run([&] { m = measure(sim.platform, CollectiveKind::kBroadcast, S, node, CollectiveAlgorithm::kRing); });
   const double B = c.intra.bytes_per_s * c.efficiency.intra_node;
-  CHECK(m.seconds == Approx(S * 15 / (15 * B) + 15 * c.intra.latency_s).epsilon(kTolerance));
+  CHECK(m.seconds == Approx(kNcclBase + S * 15 / (15 * B) + 15 * c.intra.latency_s).epsilon(kTolerance));
   CHECK(m.traffic.intra_node_bytes == Approx(15 * S));
 }
 
@@ -367,4 +370,26 @@ TEST_CASE("sim collective: an 8192-GPU platform builds fast and runs a cluster-w
   sim.run([&] { m = measure(sim.platform, CollectiveKind::kAllGather, S, world, CollectiveAlgorithm::kRing); });
   CHECK(m.seconds ==
         Approx(closed_form(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, world)).epsilon(kTolerance));
+}
+
+TEST_CASE("sim collective: LL and LL128 rings match their closed forms (flows carry the wire overhead)",
+          "[sim][collective]") {
+  Sim sim(cluster("dgx-h100", 4));
+  const ClusterSpec& c = sim.cluster;
+  const ProcessGroup all = group_of(c, range(0, 32));
+  const double S = 64 * MiB;
+  std::vector<double> seconds;
+  const std::vector<NcclProtocol> protocols = {NcclProtocol::kLL, NcclProtocol::kLL128, NcclProtocol::kSimple};
+  sim.run([&] {
+    for (NcclProtocol p : protocols) {
+      const double t0 = sg4::Engine::get_clock();
+      sim::run_collective(sim.platform, {CollectiveKind::kAllReduce, S, &all, CollectiveAlgorithm::kRing, p});
+      seconds.push_back(sg4::Engine::get_clock() - t0);
+    }
+  });
+  for (size_t i = 0; i < protocols.size(); ++i)
+    CHECK(seconds[i] == Approx(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S,
+                                              group_shape(c, all), protocols[i]))
+                            .epsilon(kTolerance));
+  CHECK(seconds[0] > seconds[1]);  // at 64 MiB LL's quarter bandwidth costs more than its latency saves
 }

@@ -27,11 +27,11 @@ namespace hzp::cli {
 
 const char* const kCollectiveHelp =
     "usage: hzp collective --cluster PRESET|FILE.json --op OP --group GROUP --bytes MIN[:MAX]\n"
-    "                      [--nodes N] [--algorithm ALGO]\n\n"
+    "                      [--nodes N] [--algorithm ALGO] [--protocol PROTO]\n\n"
     "Simulates one collective on the SimGrid model of a cluster for sizes MIN, 2·MIN, 4·MIN, ... <= MAX and\n"
     "prints an nccl-tests-style table: size(B), time_us, algbw_GBps (size / time), busbw_GBps (algbw x the\n"
     "nccl-tests factor: all_reduce 2(p-1)/p, all_gather / reduce_scatter / all_to_all (p-1)/p, broadcast 1),\n"
-    "model_us (the closed form of shared/collective_cost.h) and the algorithm used. Sizes follow nccl-tests:\n"
+    "model_us (the closed form of shared/collective_cost.h) and the algorithm/protocol used. Sizes follow nccl-tests:\n"
     "all_gather output, reduce_scatter input, all_reduce / broadcast buffer, all_to_all send buffer.\n\n"
     "  --cluster PRESET|FILE.json  a cluster preset (dgx-a100, a800, dgx-h100, h800, npu-16) or a JSON file\n"
     "                              holding a cluster object (format: scenarios/README.md)\n"
@@ -43,7 +43,9 @@ const char* const kCollectiveHelp =
     "  --nodes N                   nodes of the cluster; default: the cluster file's, else just enough for\n"
     "                              the group (all: 2). The cluster may have at most 65536 GPUs.\n"
     "  --algorithm ALGO            auto (default: NCCL-like selection per size) | ring | direct |\n"
-    "                              hierarchical | pairwise; a forced algorithm must apply to the group\n\n"
+    "                              hierarchical | pairwise; a forced algorithm must apply to the group\n"
+    "  --protocol PROTO            auto (default: the cluster's, normally NCCL's fastest per size) | ll | ll128 |\n"
+    "                              simple, as NCCL_PROTO (ring and hierarchical; direct and pairwise use simple)\n\n"
     "Exit codes: 0 ok, 2 bad arguments or cluster, 1 internal error.\n";
 
 namespace {
@@ -142,6 +144,7 @@ struct Options {
   long long min_bytes = 0;
   long long max_bytes = 0;
   std::optional<CollectiveAlgorithm> algorithm;
+  std::optional<ProtocolChoice> protocol;
 };
 
 Result<Options> parse_options(const std::vector<std::string>& args) {
@@ -151,7 +154,8 @@ Result<Options> parse_options(const std::vector<std::string>& args) {
                                                   {"--op", true},
                                                   {"--group", true},
                                                   {"--bytes", true},
-                                                  {"--algorithm", true}},
+                                                  {"--algorithm", true},
+                                                  {"--protocol", true}},
                                                  0));
   for (const char* required : {"--cluster", "--op", "--group", "--bytes"})
     if (!a.has(required)) return Status::InvalidInput(std::string("missing ") + required);
@@ -173,6 +177,13 @@ Result<Options> parse_options(const std::vector<std::string>& args) {
     return Status::InvalidInput("--bytes: MAX (" + bytes.substr(colon + 1) + ") is below MIN");
   if (auto v = a.get("--algorithm")) {
     HZP_ASSIGN_OR_RETURN(o.algorithm, parse_algorithm(*v));
+  }
+  if (auto v = a.get("--protocol")) {
+    for (ProtocolChoice p :
+         {ProtocolChoice::kAuto, ProtocolChoice::kLL, ProtocolChoice::kLL128, ProtocolChoice::kSimple})
+      if (*v == to_string(p)) o.protocol = p;
+    if (!o.protocol)
+      return Status::InvalidInput("--protocol: expected auto, ll, ll128 or simple, got " + quoted(*v, 40));
   }
   return o;
 }
@@ -236,6 +247,7 @@ struct Row {
   double seconds = 0;
   double model_seconds = 0;
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::kRing;
+  NcclProtocol protocol = NcclProtocol::kSimple;
 };
 
 }  // namespace
@@ -256,7 +268,8 @@ int run_collective_command(const std::vector<std::string>& args) {
   (*json)["nodes"] = *nodes;
   auto loaded = parse_cluster(*json);
   if (!loaded.ok()) return fail(loaded.status());
-  const ClusterSpec cluster = std::move(loaded).value();
+  ClusterSpec cluster = std::move(loaded).value();
+  if (o.protocol) cluster.protocol = *o.protocol;
   if (cluster.world_size() > kMaxCollectiveGpus)
     return usage_error("the cluster has " + std::to_string(cluster.world_size()) +
                        " GPUs; hzp collective simulates at most " + std::to_string(kMaxCollectiveGpus));
@@ -280,7 +293,8 @@ int run_collective_command(const std::vector<std::string>& args) {
   for (long long bytes = o.min_bytes;; bytes *= 2) {
     const double b = static_cast<double>(bytes);
     const CollectiveAlgorithm a = o.algorithm ? *o.algorithm : choose_algorithm(cluster, o.kind, b, shape);
-    rows.push_back({bytes, 0, algorithm_time(cluster, a, o.kind, b, shape), a});
+    const NcclProtocol proto = choose_protocol(cluster, a, o.kind, b, shape);
+    rows.push_back({bytes, 0, algorithm_time(cluster, a, o.kind, b, shape, proto), a, proto});
     if (bytes > o.max_bytes / 2) break;
   }
 
@@ -296,7 +310,7 @@ int run_collective_command(const std::vector<std::string>& args) {
   sg4::Actor::create("collective", platform->gpus[group.ranks.front()], [&] {
     for (Row& row : rows) {
       const double start = sg4::Engine::get_clock();
-      sim::run_collective(*platform, {o.kind, static_cast<double>(row.bytes), &group, row.algorithm});
+      sim::run_collective(*platform, {o.kind, static_cast<double>(row.bytes), &group, row.algorithm, row.protocol});
       row.seconds = sg4::Engine::get_clock() - start;
     }
   });
@@ -306,16 +320,20 @@ int run_collective_command(const std::vector<std::string>& args) {
               count_of(p, "GPU").c_str(), shape.ranks_per_node, count_of(shape.nodes, "node").c_str(),
               cluster.name.c_str(), count_of(cluster.nodes, "node").c_str(), cluster.gpus_per_node,
               cluster.gpu.type.c_str());
-  std::printf("# intra-node %s %.0f GB/s x %.2f, %d NICs x %.0f Gb/s x %.2f (%s), leaves of %d nodes, algorithm %s\n",
-              to_string(cluster.intra.topology), cluster.intra.bytes_per_s / 1e9, cluster.efficiency.intra_node,
-              cluster.nic.per_node, cluster.nic.bytes_per_s * 8 / 1e9, cluster.efficiency.inter_node,
-              to_string(cluster.nic.mapping), cluster.inter.leaf_size, o.algorithm ? to_string(*o.algorithm) : "auto");
+  std::printf(
+      "# intra-node %s %.0f GB/s x %.2f, %d NICs x %.0f Gb/s x %.2f (%s), leaves of %d nodes, algorithm %s, "
+      "protocol %s\n",
+      to_string(cluster.intra.topology), cluster.intra.bytes_per_s / 1e9, cluster.efficiency.intra_node,
+      cluster.nic.per_node, cluster.nic.bytes_per_s * 8 / 1e9, cluster.efficiency.inter_node,
+      to_string(cluster.nic.mapping), cluster.inter.leaf_size, o.algorithm ? to_string(*o.algorithm) : "auto",
+      to_string(cluster.protocol));
   std::printf("%14s %12s %12s %12s %12s  %s\n", "size(B)", "time_us", "algbw_GBps", "busbw_GBps", "model_us",
-              "algorithm");
+              "algorithm/protocol");
   for (const Row& row : rows) {
     const double algbw = row.seconds > 0 ? row.bytes / row.seconds / 1e9 : 0;
-    std::printf("%14lld %12.2f %12.2f %12.2f %12.2f  %s\n", row.bytes, row.seconds * 1e6, algbw,
-                algbw * bus_factor(o.kind, p), row.model_seconds * 1e6, to_string(row.algorithm));
+    std::printf("%14lld %12.2f %12.2f %12.2f %12.2f  %s/%s\n", row.bytes, row.seconds * 1e6, algbw,
+                algbw * bus_factor(o.kind, p), row.model_seconds * 1e6, to_string(row.algorithm),
+                to_string(row.protocol));
   }
   return 0;
 }

@@ -52,7 +52,9 @@ struct Flow {
 // them and then sleeps the phase's latency. Counts bytes per link class into `traffic`.
 class Phase {
  public:
-  explicit Phase(CollectiveTraffic& traffic) : traffic_(traffic) {}
+  // Flows carry their bytes / the protocol's bandwidth fraction (its wire overhead); traffic counts payload.
+  Phase(CollectiveTraffic& traffic, const Context& ctx)
+      : traffic_(traffic), wire_scale_(1 / ctx.links.bandwidth_factor) {}
   void gpu_flow(simgrid::s4u::Host* src, simgrid::s4u::Host* dst, double bytes);  // intra-node link
   void nic_flow(simgrid::s4u::Host* src, simgrid::s4u::Host* dst, double bytes);  // through NICs
   // A GPU-to-GPU transfer between nodes, NIC to NIC, split evenly over the GPUs' NICs when each GPU
@@ -68,6 +70,7 @@ class Phase {
   void start(simgrid::s4u::Host* src, simgrid::s4u::Host* dst, double bytes);
   std::vector<Flow> flows_;
   CollectiveTraffic& traffic_;
+  double wire_scale_ = 1;
 };
 
 // Ring hops inside one node block: member k sends `hop_bytes` to member k+1 (mod the block), spread

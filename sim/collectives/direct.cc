@@ -9,7 +9,7 @@ CollectiveTraffic run_direct(const Context& ctx) {
   const CollectiveCall& call = ctx.call;
   const int p = ctx.size();
   CollectiveTraffic traffic;
-  Phase phase(traffic);
+  Phase phase(traffic, ctx);
   // phase 1: member a sends S/p to every member b (all-reduce: its reduce-scatter share and then its
   // all-gather share over the same link, one flow of 2·S/p — the pair links are dedicated, so a barrier
   // between the halves would change nothing but the simulation cost).

@@ -30,14 +30,14 @@ Context make_context(const Platform& platform, const CollectiveCall& call) {
     for (int k = 0; k < ctx.blocks.front().size(); ++k) used[platform.nic_index(ctx.rank(ctx.blocks.front(), k))] = 1;
     ctx.shape.nics = static_cast<int>(std::count(used.begin(), used.end(), 1));
   }
-  ctx.links = link_params(c, ctx.shape);
+  ctx.links = link_params(c, ctx.shape, call.protocol, call.kind);
   ctx.full_mesh = c.intra.topology == IntraNodeTopology::kFullMesh;
   return ctx;
 }
 
 void Phase::start(sg4::Host* src, sg4::Host* dst, double bytes) {
   // SimGrid moves whole bytes; a sub-byte share (a tiny buffer over many ranks) takes no time anyway.
-  const auto whole = static_cast<std::uint64_t>(std::llround(bytes));
+  const auto whole = static_cast<std::uint64_t>(std::llround(bytes * wire_scale_));
   if (whole > 0) flows_.push_back({src, dst, whole});
 }
 

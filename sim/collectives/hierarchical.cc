@@ -48,7 +48,7 @@ void inter_rings(const Context& ctx, Phase& phase, int npasses) {
 
 CollectiveTraffic run_hierarchical(const Context& ctx) {
   CollectiveTraffic traffic;
-  Phase phase(traffic);
+  Phase phase(traffic, ctx);
   switch (ctx.call.kind) {
     case CollectiveKind::kAllGather:
       inter_rings(ctx, phase, 1);  // phase 1: each member gathers its shard column across nodes (S/s0)

@@ -10,7 +10,7 @@ CollectiveTraffic run_pairwise(const Context& ctx) {
   const Platform& platform = ctx.platform;
   const double per_peer = ctx.call.bytes / ctx.size();
   CollectiveTraffic traffic;
-  Phase phase(traffic);
+  Phase phase(traffic, ctx);
   // phase 1a: inside each node, every member to every other member over the switch / its pair links.
   for (const Block& node : ctx.blocks) add_direct_pairs(phase, ctx, node, per_peer);
   // phase 1b: across nodes, NIC to NIC. load[b][x] = members of node b sending through NIC x (a member

@@ -2,6 +2,8 @@
 // A new algorithm adds its file (sim/collectives/<name>.cc), its run function in algorithm.h, and a row here.
 #include <cassert>
 
+#include <simgrid/s4u/Actor.hpp>
+
 #include "sim/collectives/algorithm.h"
 
 namespace hzp::sim {
@@ -27,8 +29,13 @@ CollectiveTraffic run_collective(const Platform& platform, const CollectiveCall&
   const collectives::Context ctx = collectives::make_context(platform, call);
   assert(algorithm_applies(*platform.cluster, call.algorithm, call.kind, ctx.shape) &&
          "caller picks an applicable algorithm");
-  for (const AlgorithmEntry& entry : kAlgorithms)
-    if (entry.algorithm == call.algorithm) return entry.run(ctx);
+  for (const AlgorithmEntry& entry : kAlgorithms) {
+    if (entry.algorithm != call.algorithm) continue;
+    const CollectiveTraffic traffic = entry.run(ctx);
+    // The kernel's base latency (the ring counts it in its ring_latency).
+    if (call.algorithm != CollectiveAlgorithm::kRing) simgrid::s4u::this_actor::sleep_for(ctx.links.base_latency);
+    return traffic;
+  }
   return {};
 }
 

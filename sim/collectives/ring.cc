@@ -1,6 +1,7 @@
 // Ring all-gather / reduce-scatter / all-reduce / broadcast, as NCCL runs it: one ring per channel, one
 // channel per NIC the group uses on a node. Closed form (collective_cost.h):
-//   AG/RS λ + (p-1)/p·S/B,  AR λ + twice that,  BC λ + S/B, with λ = ring_latency (NCCL's step split).
+//   AG/RS λ + (p-1)/p·S/B,  AR λ + twice that,  BC λ + S/B, with λ = ring_latency (NCCL's base latency and
+//   step split, per protocol).
 // A ring step moves a chunk to the successor; the p-1 steps are pipelined, so each member's link carries
 // (p-1)/p·S over the whole pass: the simulation uses one flow per hop of that size, not one per step.
 #include <algorithm>
@@ -38,9 +39,8 @@ CollectiveTraffic run_ring(const Context& ctx) {
   // (reduce-scatter steps then all-gather steps, no barrier between them): one flow of twice the bytes.
   // Broadcast pushes the whole buffer down the chain root -> ... -> last member, pipelined.
   const double hop_bytes = broadcast ? call.bytes : passes(call.kind) * (p - 1) / static_cast<double>(p) * call.bytes;
-  const int steps = broadcast ? p - 1 : passes(call.kind) * (p - 1);
   CollectiveTraffic traffic;
-  Phase phase(traffic);
+  Phase phase(traffic, ctx);
 
   if (ctx.blocks.size() == 1) {
     // phase 1 (one node): member k -> k+1 through the switch, closing the ring inside the node (a
@@ -49,7 +49,7 @@ CollectiveTraffic run_ring(const Context& ctx) {
     // links), which a chain over a single pair link would not reach.
     const Block& node = ctx.blocks.front();
     add_ring_hops(phase, ctx, node, hop_bytes, /*wrap=*/!broadcast, ctx.full_mesh ? node.size() - 1 : 1);
-    phase.finish(steps * ctx.links.alpha_intra);
+    phase.finish(ring_latency(call.kind, ctx.shape, ctx.links, call.bytes));
     return traffic;
   }
 
@@ -78,7 +78,7 @@ CollectiveTraffic run_ring(const Context& ctx) {
         phase.nic_flow(src[here[c % here.size()]], dst[next[c % next.size()]], hop_bytes / channels);
     here = std::move(next);
   }
-  phase.finish(ring_latency(call.kind, ctx.shape, ctx.links));
+  phase.finish(ring_latency(call.kind, ctx.shape, ctx.links, call.bytes));
   return traffic;
 }
 

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Collective fidelity report: published nccl-tests bus bandwidths against `hzp collective` on the same hardware.
+
+    python3 tools/validate_collectives.py [--hzp build/hzp] [--jobs N] [--max-error PCT] [--json FILE] ROWS.jsonl
+
+Each row of ROWS.jsonl (scenarios/validation/nccl_tests_rows.jsonl: one published nccl-tests result per line,
+with its source, hardware, operation, size and bus bandwidth) names in "hzp" the cluster that stands for its
+hardware (a preset with overrides) and the algorithm / protocol the run forced, if any; rows whose algorithm
+hzp does not model carry "hzp": {"not_modelled": "why"} and are listed, not simulated; rows whose hardware is
+not fully known carry "reference_only": "why" beside their cluster and are simulated and shown, not scored.
+Each simulated row runs `hzp collective --group all` at its size, in its own process, N at a time, and the
+report prints published vs simulated bus bandwidth and the error, then the median and worst absolute error
+over the scored rows of at least --min-bytes (default 1G: the bandwidth-bound sizes of training's
+collectives) and, separately, over the smaller ones.
+
+--max-error PCT: exit 1 when the worst error over the scored rows of at least --min-bytes exceeds PCT (the
+fidelity test uses it). Exit 2 on a bad command line or unreadable rows.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+class BadRow(Exception):
+    pass
+
+
+def load_rows(path):
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise BadRow(f"{path}:{n}: not JSON ({e.msg})")
+                if not isinstance(row, dict):
+                    raise BadRow(f"{path}:{n}: a row must be a JSON object")
+                for key, kind in (("id", str), ("op", str), ("gpus", int), ("gpus_per_node", int),
+                                  ("message_bytes", int), ("busbw_gbps", (int, float)), ("hzp", dict)):
+                    if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
+                        raise BadRow(f"{path}:{n}: \"{key}\" missing or of the wrong type ({row.get(key)!r})")
+                if row["gpus"] % row["gpus_per_node"]:
+                    raise BadRow(f"{path}:{n}: gpus {row['gpus']} is not a multiple of gpus_per_node")
+                hzp = row["hzp"]
+                if "not_modelled" not in hzp and not isinstance(hzp.get("cluster"), dict):
+                    raise BadRow(f"{path}:{n}: \"hzp\" needs a \"cluster\" object or a \"not_modelled\" reason")
+                rows.append(row)
+    except OSError as e:
+        raise BadRow(f"{path}: {e.strerror}")
+    return rows
+
+
+def simulate(hzp, workdir, row):
+    """Bus bandwidth (GB/s) hzp gives for the row, and the algorithm/protocol it ran."""
+    cluster = dict(row["hzp"]["cluster"])
+    cluster["nodes"] = row["gpus"] // row["gpus_per_node"]
+    cluster_file = os.path.join(workdir, row["id"] + ".json")
+    with open(cluster_file, "w", encoding="utf-8") as f:
+        json.dump(cluster, f)
+    cmd = [hzp, "collective", "--cluster", cluster_file, "--op", row["op"], "--group", "all",
+           "--bytes", str(row["message_bytes"])]
+    if row["hzp"].get("algorithm"):
+        cmd += ["--algorithm", row["hzp"]["algorithm"]]
+    if row["hzp"].get("protocol"):
+        cmd += ["--protocol", row["hzp"]["protocol"]]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"
+    fields = run.stdout.strip().splitlines()[-1].split()
+    return float(fields[3]), fields[5]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("rows")
+    ap.add_argument("--hzp", default=os.path.join(os.path.dirname(__file__), "..", "build", "hzp"))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--max-error", type=float)
+    ap.add_argument("--min-bytes", type=int, default=2**30, help="smallest size scored against --max-error")
+    ap.add_argument("--json", help="write the per-row results to FILE")
+    args = ap.parse_args()
+    if args.jobs < 1 or args.jobs > 64:
+        ap.error("--jobs must be 1 to 64")
+    if not os.access(args.hzp, os.X_OK):
+        ap.error(f"--hzp {args.hzp}: not an executable (build first: bash tools/setup.sh)")
+    try:
+        rows = load_rows(args.rows)
+    except BadRow as e:
+        print(f"validate_collectives: {e}", file=sys.stderr)
+        return 2
+
+    modelled = [r for r in rows if "not_modelled" not in r["hzp"]]
+    with tempfile.TemporaryDirectory() as workdir, concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda r: simulate(args.hzp, workdir, r), modelled))
+
+    print(f"{'row':24} {'op':14} {'GPUs':>5} {'size':>8} {'published':>9} {'hzp':>7} {'error':>7}  hzp ran")
+    errors, small_errors, report, failed = [], [], [], 0
+    for row, (busbw, how) in zip(modelled, results):
+        size = f"{row['message_bytes'] / 2**20:.0f}M" if row["message_bytes"] < 2**30 else \
+            f"{row['message_bytes'] / 2**30:.0f}G"
+        if busbw is None:
+            failed += 1
+            print(f"{row['id']:24} {row['op']:14} {row['gpus']:5} {size:>8} {row['busbw_gbps']:9.1f}  FAILED: {how}")
+            continue
+        err = 100 * (busbw - row["busbw_gbps"]) / row["busbw_gbps"]
+        reference = row["hzp"].get("reference_only")
+        if not reference:
+            (errors if row["message_bytes"] >= args.min_bytes else small_errors).append(abs(err))
+        report.append({"id": row["id"], "published_busbw_gbps": row["busbw_gbps"], "hzp_busbw_gbps": busbw,
+                       "error_pct": err, "hzp_ran": how})
+        print(f"{row['id']:24} {row['op']:14} {row['gpus']:5} {size:>8} {row['busbw_gbps']:9.1f} {busbw:7.1f} "
+              f"{err:+6.1f}%  {how}" + (f"  (reference only: {reference})" if reference else ""))
+    for row in rows:
+        if "not_modelled" in row["hzp"]:
+            print(f"{row['id']:24} not compared: {row['hzp']['not_modelled']}")
+    worst = max(errors) if errors else 0
+    for name, errs in ((f">= {args.min_bytes} bytes", errors), (f"< {args.min_bytes} bytes", small_errors)):
+        if errs:
+            print(f"scored rows {name}: {len(errs)}, median |error| {statistics.median(errs):.1f} %, "
+                  f"worst {max(errs):.1f} %")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    if failed:
+        print(f"validate_collectives: {failed} row(s) failed to simulate", file=sys.stderr)
+        return 1
+    if args.max_error is not None and not errors:
+        print("validate_collectives: --max-error given but no row of at least --min-bytes was scored", file=sys.stderr)
+        return 1
+    if args.max_error is not None and worst > args.max_error:
+        print(f"validate_collectives: worst error {worst:.1f} % exceeds --max-error {args.max_error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
