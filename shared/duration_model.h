@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "shared/scenario.h"
 #include "shared/schedule.h"
@@ -27,6 +28,15 @@ class DurationModel {
   virtual double optimizer_s(int rank, const OptimizerStepOp& op) const = 0;
   // Human-readable name of the source ("roofline", "variable GPUs", ...), for messages.
   virtual const char* name() const = 0;
+};
+
+// Where a collective's time comes from when it is not simulated as flows (a replayed trace): seconds from
+// the last member's arrival to the end, for the `seq`-th collective of group `group` (the order each
+// member meets the group's collectives in), or nothing to simulate it as usual.
+class CollectiveDurations {
+ public:
+  virtual ~CollectiveDurations() = default;
+  virtual std::optional<double> transfer_s(int group, long long seq) const = 0;
 };
 
 // The roofline of the scenario's GPU: max(flops / (peak · matmul efficiency), bytes / (HBM · efficiency)).

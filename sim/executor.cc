@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "shared/collective_cost.h"
@@ -200,7 +201,8 @@ class Executor {
     RankState& st = ranks_[rank];
     const int group_index = schedule_.rank_groups[rank][op.role];
     const ProcessGroup& group = schedule_.groups[group_index];
-    const long long key = static_cast<long long>(group_index) << 32 | st.collective_seq[op.role]++;
+    const long long seq = st.collective_seq[op.role]++;
+    const long long key = static_cast<long long>(group_index) << 32 | seq;
     if (group.ranks.size() <= 1) return sg4::Engine::get_clock();
     auto it = instances_.find(key);
     if (it == instances_.end()) {
@@ -220,7 +222,13 @@ class Executor {
       const CollectiveAlgorithm algorithm = choose_algorithm(scenario_.cluster, op.kind, bytes, shape);
       const CollectiveCall call{op.kind, bytes, &group, algorithm,
                                 choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape)};
-      const CollectiveTraffic t = run_collective(platform_, call);
+      const std::optional<double> recorded =
+          options_.collectives ? options_.collectives->transfer_s(group_index, seq) : std::nullopt;
+      CollectiveTraffic t;
+      if (recorded)
+        sg4::this_actor::sleep_for(*recorded);
+      else
+        t = run_collective(platform_, call);
       traffic_.intra_node_bytes += t.intra_node_bytes;
       traffic_.inter_node_bytes += t.inter_node_bytes;
       ++result_.collectives;

@@ -29,6 +29,9 @@ struct SimOptions {
   int timeline_max_ranks = 64;               // ranks recorded for the timeline (all of them up to this many)
   bool progress = false;                     // progress lines on stderr for long simulations
   const DurationModel* durations = nullptr;  // compute and optimizer op times (the roofline when null)
+  // Collectives it has a time for take that time from the last member's arrival instead of running flows
+  // (a replayed trace); the others are simulated.
+  const CollectiveDurations* collectives = nullptr;
 };
 
 // One executed op of a recorded rank.

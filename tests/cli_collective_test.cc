@@ -64,6 +64,7 @@ TEST_CASE("hzp collective refuses bad arguments with exit code 2", "[cli]") {
       {"--cluster dgx-a100 --op all_reduce --group 16 --nodes 1 --bytes 1M", "--nodes"},
       {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --algorithm direct", "does not apply"},
       {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --colour red", "unknown option --colour"},
+      {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --protocol ll256", "--protocol"},
   };
   for (const auto& [args, needle] : cases) {
     const Output r = hzp_collective(args);
@@ -71,4 +72,16 @@ TEST_CASE("hzp collective refuses bad arguments with exit code 2", "[cli]") {
     CHECK(r.code == 2);
     CHECK(r.text.find(needle) != std::string::npos);
   }
+}
+
+TEST_CASE("hzp collective --protocol forces NCCL's protocol and prints it", "[cli]") {
+  const Output simple = hzp_collective("--cluster dgx-h100 --op all_gather --group all --nodes 4 --bytes 64M");
+  const Output ll128 =
+      hzp_collective("--cluster dgx-h100 --op all_gather --group all --nodes 4 --bytes 64M --protocol ll128");
+  INFO(simple.text << ll128.text);
+  REQUIRE(simple.code == 0);
+  REQUIRE(ll128.code == 0);
+  CHECK(simple.text.find("ring/simple") != std::string::npos);  // the default protocol
+  CHECK(ll128.text.find("ring/ll128") != std::string::npos);
+  CHECK(ll128.text.find("protocol ll128") != std::string::npos);
 }

@@ -1,0 +1,59 @@
+// Replaying a recorded trace (traces/README.md, format v1) on its own configuration: the durations it
+// recorded become the simulator's. Compute and optimizer ops take the time the same op (rank, unit,
+// module, phase, micro-batch; optimizer: rank, bucket) took in the same step (the mean over the recorded
+// steps beyond them); each collective instance takes
+// its recorded transfer time — from the last member's arrival (the latest start among the members) to the
+// latest end — so the replay reproduces what the recorded run's network and library did.
+//
+// The trace must match the schedule its scenario_config rebuilds: same ranks, streams and groups, and every
+// event names an op of its rank's program of the event's kind. Anything else is an error naming the event.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "shared/duration_model.h"
+#include "shared/schedule.h"
+#include "shared/status.h"
+#include "shared/trace_format.h"
+
+namespace hzp {
+
+class TraceDurations : public DurationModel, public CollectiveDurations {
+ public:
+  // Checks the trace against the schedule; `fallback` times ops the trace never recorded.
+  static Result<TraceDurations> make(const Trace& trace, const Schedule& schedule, const DurationModel& fallback);
+
+  double compute_s(int rank, const ComputeOp& op) const override;
+  double optimizer_s(int rank, const OptimizerStepOp& op) const override;
+  std::optional<double> transfer_s(int group, long long seq) const override;
+  const char* name() const override { return "recorded trace"; }
+
+  int steps() const { return steps_; }
+  // Ops the replay asked for that the trace did not record (timed by the fallback).
+  long long fallbacks() const { return fallbacks_; }
+
+ private:
+  explicit TraceDurations(const DurationModel& fallback) : fallback_(&fallback) {}
+  using ComputeKey = std::tuple<int, int, int, int, int>;  // rank, unit, module, phase, micro-batch
+  std::map<ComputeKey, double> compute_;
+  std::map<std::pair<int, int>, double> optimizer_;      // rank, bucket
+  // Per recorded step; the simulator asks for an op once per step in step order, so the n-th call of a
+  // key is step n (a replay longer than the trace takes the mean).
+  std::map<ComputeKey, std::map<std::int64_t, double>> compute_steps_;
+  std::map<std::pair<int, int>, std::map<std::int64_t, double>> optimizer_steps_;
+  mutable std::map<ComputeKey, std::int64_t> compute_calls_;
+  mutable std::map<std::pair<int, int>, std::int64_t> optimizer_calls_;
+  std::map<std::pair<int, long long>, double> collective_;  // group, seq (step x per step + k)
+  std::map<int, long long> per_step_;  // group -> collectives per step
+  const DurationModel* fallback_;
+  int steps_ = 0;
+  mutable long long fallbacks_ = 0;
+};
+
+// Per rank, the recorded time per step: (last event end - first event start) / steps, in seconds.
+std::vector<double> recorded_step_times(const Trace& trace);
+
+}  // namespace hzp

@@ -1,0 +1,113 @@
+// `hzp replay` end to end: the shipped traces come back within 3 % of their recorded step time on every
+// rank, with every op timed from the trace; a trace that does not match the schedule its scenario rebuilds
+// is refused (exit 2) with a message naming the event and field, and nothing is written.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct RunResult {
+  int code = -1;
+  std::string text;  // stdout and stderr
+};
+
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::filesystem::path scratch() {
+  auto dir = std::filesystem::temp_directory_path() / ("hzp_replay_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+RunResult replay(const std::string& trace, const std::filesystem::path& out) {
+  const std::string log = (scratch() / "log").string();
+  const std::string cmd = std::string("'") + HZP_BINARY + "' replay '" + trace + "' --out '" + out.string() + "' >'" +
+                          log + "' 2>&1";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+}
+
+const std::string kTraces = std::string(HZP_SOURCE_DIR) + "/traces";
+
+// The shipped dense trace with `edit` applied, written to a scratch file.
+std::string edited_trace(const std::string& name, void (*edit)(nlohmann::json&)) {
+  nlohmann::json doc = nlohmann::json::parse(slurp(kTraces + "/tiny_dense_4ranks.json"));
+  edit(doc);
+  const std::string path = (scratch() / name).string();
+  std::ofstream(path) << doc.dump();
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("replay: the shipped traces come back within 3 % of their recorded step time", "[cli][replay]") {
+  for (const char* name : {"tiny_dense_4ranks.json", "tiny_moe_4ranks.json"}) {
+    const auto out = scratch() / (std::string("out_") + name);
+    const RunResult r = replay(kTraces + "/" + name, out);
+    INFO(name << "\n" << r.text);
+    REQUIRE(r.code == 0);
+    const auto summary = nlohmann::json::parse(slurp(out / "summary.json"));
+    const auto& rep = summary["replay"];
+    CHECK(rep["steps"] == 2);
+    CHECK(rep["ops_not_in_trace"] == 0);
+    REQUIRE(rep["ranks"].size() == 4);
+    for (const auto& rank : rep["ranks"]) {
+      CHECK(rank["recorded_step_s"].get<double>() > 0);
+      CHECK(std::abs(rank["error"].get<double>()) <= 0.03);
+    }
+    CHECK(rep["worst_abs_error"].get<double>() <= 0.03);
+    CHECK(std::filesystem::exists(out / "timeline.json"));
+  }
+}
+
+TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, naming the event", "[cli][replay]") {
+  struct Case {
+    const char* name;
+    void (*edit)(nlohmann::json&);
+    const char* needle;
+  };
+  const Case cases[] = {
+      {"kind.json",
+       [](nlohmann::json& d) {
+         for (auto& e : d["events"])
+           if (e["kind"] == "compute") {
+             e["op"] = 1;  // op 1 of every rank is the first parameter all-gather
+             break;
+           }
+       },
+       "(kind): compute but op 1"},
+      {"op.json", [](nlohmann::json& d) { d["events"][0]["op"] = 100000; }, "(op): rank"},
+      {"world.json",
+       [](nlohmann::json& d) {
+         d["scenario_config"]["cluster"]["nodes"] = 4;  // 8 ranks
+         d["scenario_config"]["training"]["global_batch_sequences"] = 32;
+       },
+       "world_size 4 differs"},
+      {"group.json",
+       [](nlohmann::json& d) { std::swap(d["groups"][0]["ranks"][0], d["groups"][0]["ranks"][1]); },
+       "other ranks than the rebuilt schedule's"},
+      {"scenario.json", [](nlohmann::json& d) { d["scenario_config"]["model"]["layers"] = "two"; },
+       "scenario_config: model.layers"},
+  };
+  for (const Case& c : cases) {
+    const auto out = scratch() / (std::string("bad_") + c.name);
+    const RunResult r = replay(edited_trace(c.name, c.edit), out);
+    INFO(c.name << "\n" << r.text);
+    CHECK(r.code == 2);
+    CHECK(r.text.find(c.needle) != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(out / "summary.json"));
+  }
+  const RunResult missing = replay(kTraces + "/no_such_trace.json", scratch() / "missing");
+  CHECK(missing.code == 2);
+}
