@@ -96,8 +96,8 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
       const int group = schedule.rank_groups[e.rank][c->role];
       if (e.group != group)
         return Status::InvalidInput(at_event(i, "group") + std::to_string(e.group) + ", but op " +
-                                    std::to_string(e.op) + " of rank " + std::to_string(e.rank) +
-                                    " runs on group " + std::to_string(group) + " in the rebuilt schedule");
+                                    std::to_string(e.op) + " of rank " + std::to_string(e.rank) + " runs on group " +
+                                    std::to_string(group) + " in the rebuilt schedule");
       const long long k = seen[{e.rank, group, e.step}]++;
       auto [it, fresh] = instances.try_emplace({group, e.step, k}, std::pair{e.start_us, e.end_us});
       if (!fresh) {
@@ -174,6 +174,48 @@ std::vector<double> recorded_step_times(const Trace& trace) {
   for (int r = 0; r < trace.world_size; ++r)
     if (steps > 0 && last[r] >= first[r]) out[r] = (last[r] - first[r]) * 1e-6 / static_cast<double>(steps);
   return out;
+}
+
+}  // namespace hzp
+
+namespace hzp {
+
+Result<TraceRates> TraceRates::make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback) {
+  // The same consistency checks as a replay on the trace's own configuration.
+  HZP_ASSIGN_OR_RETURN(TraceDurations check, TraceDurations::make(trace, recorded, fallback));
+  (void)check;
+  TraceRates r(fallback);
+  for (const TraceEvent& e : trace.events) {
+    const Op& op = recorded.program_of(e.rank).ops[e.op];
+    const double seconds = (e.end_us - e.start_us) * 1e-6;
+    if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
+      Rate& rate = r.rates_[{static_cast<int>(c->module), static_cast<int>(c->phase)}];
+      rate.seconds += seconds;
+      rate.flops += c->flops;
+      rate.bytes += c->mem_bytes;
+    } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
+      r.optimizer_seconds_ += seconds;
+      r.optimizer_params_ += static_cast<double>(o->shard_params);
+    }
+  }
+  return r;
+}
+
+double TraceRates::compute_s(int rank, const ComputeOp& op) const {
+  auto it = rates_.find({static_cast<int>(op.module), static_cast<int>(op.phase)});
+  if (it != rates_.end()) {
+    const Rate& rate = it->second;
+    if (rate.flops > 0 && op.flops > 0) return rate.seconds / rate.flops * op.flops;
+    if (rate.bytes > 0 && op.mem_bytes > 0) return rate.seconds / rate.bytes * op.mem_bytes;
+  }
+  ++fallbacks_;
+  return fallback_->compute_s(rank, op);
+}
+
+double TraceRates::optimizer_s(int rank, const OptimizerStepOp& op) const {
+  if (optimizer_params_ > 0) return optimizer_seconds_ / optimizer_params_ * static_cast<double>(op.shard_params);
+  ++fallbacks_;
+  return fallback_->optimizer_s(rank, op);
 }
 
 }  // namespace hzp

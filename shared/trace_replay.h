@@ -39,7 +39,7 @@ class TraceDurations : public DurationModel, public CollectiveDurations {
   explicit TraceDurations(const DurationModel& fallback) : fallback_(&fallback) {}
   using ComputeKey = std::tuple<int, int, int, int, int>;  // rank, unit, module, phase, micro-batch
   std::map<ComputeKey, double> compute_;
-  std::map<std::pair<int, int>, double> optimizer_;      // rank, bucket
+  std::map<std::pair<int, int>, double> optimizer_;  // rank, bucket
   // Per recorded step; the simulator asks for an op once per step in step order, so the n-th call of a
   // key is step n (a replay longer than the trace takes the mean).
   std::map<ComputeKey, std::map<std::int64_t, double>> compute_steps_;
@@ -47,7 +47,7 @@ class TraceDurations : public DurationModel, public CollectiveDurations {
   mutable std::map<ComputeKey, std::int64_t> compute_calls_;
   mutable std::map<std::pair<int, int>, std::int64_t> optimizer_calls_;
   std::map<std::pair<int, long long>, double> collective_;  // group, seq (step x per step + k)
-  std::map<int, long long> per_step_;  // group -> collectives per step
+  std::map<int, long long> per_step_;                       // group -> collectives per step
   const DurationModel* fallback_;
   int steps_ = 0;
   mutable long long fallbacks_ = 0;
@@ -55,5 +55,39 @@ class TraceDurations : public DurationModel, public CollectiveDurations {
 
 // Per rank, the recorded time per step: (last event end - first event start) / steps, in seconds.
 std::vector<double> recorded_step_times(const Trace& trace);
+
+}  // namespace hzp
+
+namespace hzp {
+
+// What-ifs: a trace's compute speed carried to another configuration (cluster, scale, policy, micro-batch,
+// sequence, layers). Each (module, phase) gets the rate it ran at in the trace — recorded seconds per FLOP
+// summed over every rank, step, layer and micro-batch of the schedule the trace's own scenario builds
+// (per byte for an op without FLOPs) — and an op of the new schedule takes its FLOPs (bytes) at that rate;
+// an optimizer step takes the recorded seconds per parameter times its shard. So a larger micro-batch or
+// sequence scales each op by its FLOPs, attention's quadratic part included. Ops of a (module, phase) the
+// trace never ran fall back to `fallback` (counted). Collectives are not here: the new cluster's network
+// is simulated.
+class TraceRates : public DurationModel {
+ public:
+  static Result<TraceRates> make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback);
+  double compute_s(int rank, const ComputeOp& op) const override;
+  double optimizer_s(int rank, const OptimizerStepOp& op) const override;
+  const char* name() const override { return "rates of a recorded trace"; }
+  long long fallbacks() const { return fallbacks_; }
+
+ private:
+  explicit TraceRates(const DurationModel& fallback) : fallback_(&fallback) {}
+  struct Rate {
+    double seconds = 0;
+    double flops = 0;
+    double bytes = 0;
+  };
+  std::map<std::pair<int, int>, Rate> rates_;  // module, phase
+  double optimizer_seconds_ = 0;
+  double optimizer_params_ = 0;
+  const DurationModel* fallback_;
+  mutable long long fallbacks_ = 0;
+};
 
 }  // namespace hzp

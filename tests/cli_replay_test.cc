@@ -32,8 +32,8 @@ std::filesystem::path scratch() {
 
 RunResult replay(const std::string& trace, const std::filesystem::path& out) {
   const std::string log = (scratch() / "log").string();
-  const std::string cmd = std::string("'") + HZP_BINARY + "' replay '" + trace + "' --out '" + out.string() + "' >'" +
-                          log + "' 2>&1";
+  const std::string cmd =
+      std::string("'") + HZP_BINARY + "' replay '" + trace + "' --out '" + out.string() + "' >'" + log + "' 2>&1";
   const int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
 }
@@ -94,8 +94,7 @@ TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, 
          d["scenario_config"]["training"]["global_batch_sequences"] = 32;
        },
        "world_size 4 differs"},
-      {"group.json",
-       [](nlohmann::json& d) { std::swap(d["groups"][0]["ranks"][0], d["groups"][0]["ranks"][1]); },
+      {"group.json", [](nlohmann::json& d) { std::swap(d["groups"][0]["ranks"][0], d["groups"][0]["ranks"][1]); },
        "other ranks than the rebuilt schedule's"},
       {"scenario.json", [](nlohmann::json& d) { d["scenario_config"]["model"]["layers"] = "two"; },
        "scenario_config: model.layers"},
@@ -110,4 +109,52 @@ TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, 
   }
   const RunResult missing = replay(kTraces + "/no_such_trace.json", scratch() / "missing");
   CHECK(missing.code == 2);
+}
+
+namespace {
+
+RunResult what_if(const std::string& trace, const nlohmann::json& overrides, const std::filesystem::path& out) {
+  const std::string file = (out.string() + ".overrides.json");
+  std::ofstream(file) << overrides.dump();
+  const std::string log = (scratch() / "log").string();
+  const std::string cmd = std::string("'") + HZP_BINARY + "' replay '" + trace + "' --scenario '" + file + "' --out '" +
+                          out.string() + "' >'" + log + "' 2>&1";
+  const int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+}
+
+}  // namespace
+
+TEST_CASE("replay what-if: the trace's compute scaled by FLOPs on another cluster and policy", "[cli][replay]") {
+  const std::string trace = kTraces + "/tiny_dense_4ranks.json";
+  // 8 nodes of 8 under HSDP, at the recorded micro-batch of 4 and at 8.
+  nlohmann::json overrides = {{"cluster", {{"nodes", 8}, {"gpus_per_node", 8}, {"nic", {{"per_node", 8}}}}},
+                              {"training", {{"global_batch_sequences", 512}}},
+                              {"policy", {{"preset", "hsdp"}, {"sharding", nullptr}}}};
+  const auto out4 = scratch() / "what_if_mb4";
+  const RunResult r4 = what_if(trace, overrides, out4);
+  INFO(r4.text);
+  REQUIRE(r4.code == 0);
+  overrides["training"]["micro_batch"] = 8;  // as many micro-batches per step, each twice the tokens
+  overrides["training"]["global_batch_sequences"] = 1024;
+  const auto out8 = scratch() / "what_if_mb8";
+  const RunResult r8 = what_if(trace, overrides, out8);
+  INFO(r8.text);
+  REQUIRE(r8.code == 0);
+  const auto s4 = nlohmann::json::parse(slurp(out4 / "summary.json"));
+  const auto s8 = nlohmann::json::parse(slurp(out8 / "summary.json"));
+  CHECK(s4["gpus"] == 64);
+  CHECK(s4["what_if"]["ops_not_in_trace"] == 0);
+  CHECK(s4["what_if"]["recorded_step_s"].get<double>() > 0);
+  // Twice the tokens per micro-batch: every compute op twice the FLOPs (attention's quadratic part grows
+  // with the sequence, not the micro-batch), so twice the compute time, minus the unchanged optimizer.
+  const double ratio = s8["compute_s"].get<double>() / s4["compute_s"].get<double>();
+  CHECK(ratio > 1.8);
+  CHECK(ratio <= 2.0 + 1e-9);
+  // A what-if that breaks the scenario rules is refused with the JSON path, nothing written.
+  const auto bad = scratch() / "what_if_bad";
+  const RunResult r = what_if(trace, {{"training", {{"micro_batch", 0}}}}, bad);
+  CHECK(r.code == 2);
+  CHECK(r.text.find("training.micro_batch") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(bad / "summary.json"));
 }

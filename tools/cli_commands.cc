@@ -14,6 +14,7 @@
 #include "shared/compute_fit.h"
 #include "shared/estimator.h"
 #include "shared/files.h"
+#include "shared/json_io.h"
 #include "shared/model_math.h"
 #include "shared/plan.h"
 #include "shared/planner.h"
@@ -21,6 +22,7 @@
 #include "shared/scenario_parser.h"
 #include "shared/schedule_validator.h"
 #include "shared/sharding.h"
+#include "shared/text.h"
 #include "shared/trace_format.h"
 #include "shared/trace_replay.h"
 #include "sim/executor.h"
@@ -289,29 +291,99 @@ int run_simulate(const std::vector<std::string>& argv) {
 
 // `hzp replay TRACE`: the trace's scenario rebuilt, its schedule run by the simulator with the recorded
 // compute, optimizer and collective times (shared/trace_replay.h); recorded vs replayed step time per rank.
+// With --scenario OVERRIDES.json: a what-if — the overrides merged into the recorded scenario, the schedule
+// rebuilt for it, compute at the trace's rates per FLOP (TraceRates), the network simulated.
 int run_replay(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--out"});
+  auto args = parse_args(argv, {"--out", "--scenario", "--steps"});
   if (!args.ok()) return usage_error("replay", args.status().message());
   auto trace = load_trace_file(*args->scenario);
   if (!trace.ok()) return fail(trace.status());
   if (trace->events.empty()) return fail(Status::InvalidInput("trace " + *args->scenario + " has no events"));
-  auto scenario = parse_scenario(trace->scenario_config, trace->scenario);
-  if (!scenario.ok()) return fail(Status::InvalidInput("trace scenario_config: " + scenario.status().message()));
-  const std::string out_dir = args->get("--out").value_or("out/replay-" + safe_file_name(scenario->name));
+  auto recorded_scenario = parse_scenario(trace->scenario_config, trace->scenario);
+  if (!recorded_scenario.ok())
+    return fail(Status::InvalidInput("trace scenario_config: " + recorded_scenario.status().message()));
+  const ModelCost recorded_cost = model_cost(recorded_scenario->model, recorded_scenario->training);
+  auto recorded_schedule = build_schedule(*recorded_scenario, recorded_cost);
+  if (!recorded_schedule.ok()) return fail(recorded_schedule.status());
+  if (Status s = validate_schedule(*recorded_schedule); !s.ok()) return fail(s);
+  const std::vector<double> before = recorded_step_times(*trace);
+  double recorded_mean = 0;
+  for (double t : before) recorded_mean += t / static_cast<double>(before.size());
+
+  if (auto overrides_path = args->get("--scenario")) {
+    auto overrides = load_json_file(*overrides_path, kMaxScenarioBytes);
+    if (!overrides.ok()) return fail(Status::InvalidInput("--scenario: " + overrides.status().message()));
+    if (!overrides->is_object())
+      return fail(Status::InvalidInput("--scenario: " + printable(*overrides_path, 200) + " is not a JSON object"));
+    nlohmann::json merged = trace->scenario_config;
+    merged.merge_patch(*overrides);
+    auto scenario = parse_scenario(merged, trace->scenario + "-what-if");
+    if (!scenario.ok())
+      return fail(
+          Status::InvalidInput("--scenario (merged into the trace's scenario): " + scenario.status().message()));
+    sim::SimOptions options;
+    if (auto v = args->get("--steps")) {
+      auto n = parse_int_flag("--steps", *v, 1, kMaxSimSteps);
+      if (!n.ok()) return usage_error("replay", n.status().message());
+      options.steps = static_cast<int>(*n);
+    }
+    const std::string out_dir = args->get("--out").value_or("out/what-if-" + safe_file_name(scenario->name));
+    if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
+    const ModelCost cost = model_cost(scenario->model, scenario->training);
+    auto schedule = build_schedule(*scenario, cost);
+    if (!schedule.ok()) return fail(schedule.status());
+    if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
+    const RooflineDurations recorded_roofline(recorded_scenario->cluster);
+    auto rates = TraceRates::make(*trace, *recorded_schedule, recorded_roofline);
+    if (!rates.ok()) return fail(rates.status());
+    options.durations = &*rates;
+    options.progress = true;
+    auto result = sim::simulate(*scenario, cost, *schedule, options);
+    if (!result.ok()) return fail(result.status());
+    const sim::SimResult& r = *result;
+    std::printf("what-if from %s (recorded: %s, %d ranks, %.6f s per step)\n", args->scenario->c_str(),
+                trace->policy.c_str(), trace->world_size, recorded_mean);
+    std::printf("  now           %s, %s on %d GPUs (%d x %d %s), micro-batch %lld x %lld tokens\n",
+                scenario->model.name.c_str(), scenario->policy.preset.c_str(), r.gpus, scenario->cluster.nodes,
+                scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(),
+                static_cast<long long>(scenario->training.micro_batch),
+                static_cast<long long>(scenario->training.seq_len));
+    std::printf(
+        "  compute       at the trace's seconds per FLOP of each module and phase (scaled by each op's "
+        "FLOPs); %lld op%s not in the trace timed by the roofline\n",
+        rates->fallbacks(), rates->fallbacks() == 1 ? "" : "s");
+    std::printf("  network       simulated on the scenario's cluster\n");
+    std::printf("  step time     %.6f s  (compute %.6f s, exposed communication %.6f s)\n", r.step_time_s, r.compute_s,
+                r.exposed_comm_s);
+    std::printf("  throughput    %.0f tokens/s/GPU%s\n", r.tokens_per_gpu_per_s,
+                r.fits_memory ? "" : "  -- NOT RUNNABLE: does not fit in GPU memory");
+    nlohmann::json summary = sim::summary_json(*scenario, r);
+    summary["what_if"] = {{"trace", *args->scenario},
+                          {"recorded_step_s", recorded_mean},
+                          {"overrides", *overrides},
+                          {"ops_not_in_trace", rates->fallbacks()}};
+    if (Status s = write_output(out_dir, "summary.json", summary.dump(2) + "\n"); !s.ok()) return fail(s);
+    if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(*scenario, *schedule, r).dump() + "\n");
+        !s.ok())
+      return fail(s);
+    std::printf("wrote %s/summary.json and %s/timeline.json\n", out_dir.c_str(), out_dir.c_str());
+    return 0;
+  }
+
+  if (args->get("--steps")) return usage_error("replay", "--steps applies to a what-if (--scenario) only");
+  const Scenario& scenario = *recorded_scenario;
+  const Schedule& schedule = *recorded_schedule;
+  const std::string out_dir = args->get("--out").value_or("out/replay-" + safe_file_name(scenario.name));
   if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
-  const ModelCost cost = model_cost(scenario->model, scenario->training);
-  auto schedule = build_schedule(*scenario, cost);
-  if (!schedule.ok()) return fail(schedule.status());
-  if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
-  const RooflineDurations roofline(scenario->cluster);
-  auto recorded = TraceDurations::make(*trace, *schedule, roofline);
+  const RooflineDurations roofline(scenario.cluster);
+  auto recorded = TraceDurations::make(*trace, schedule, roofline);
   if (!recorded.ok()) return fail(recorded.status());
   sim::SimOptions options;
   options.steps = recorded->steps();
   options.timeline_max_ranks = static_cast<int>(std::min<long long>(trace->world_size, kMaxTimelineRanks));
   options.durations = &*recorded;
   options.collectives = &*recorded;
-  auto result = sim::simulate(*scenario, cost, *schedule, options);
+  auto result = sim::simulate(scenario, recorded_cost, schedule, options);
   if (!result.ok()) return fail(result.status());
   const sim::SimResult& r = *result;
 
@@ -321,7 +393,6 @@ int run_replay(const std::vector<std::string>& argv) {
     first[span.rank] = std::min(first[span.rank], span.start);
     last[span.rank] = std::max(last[span.rank], span.end);
   }
-  const std::vector<double> before = recorded_step_times(*trace);
   nlohmann::json per_rank = nlohmann::json::array();
   double worst = 0;
   std::printf("replayed %s (%s, %d ranks, %d step%s) with its recorded durations\n", args->scenario->c_str(),
@@ -337,14 +408,14 @@ int run_replay(const std::vector<std::string>& argv) {
   }
   std::printf("  worst |error| %.2f %%; %lld op%s not in the trace timed by the roofline\n", 100 * worst,
               recorded->fallbacks(), recorded->fallbacks() == 1 ? "" : "s");
-  nlohmann::json summary = sim::summary_json(*scenario, r);
+  nlohmann::json summary = sim::summary_json(scenario, r);
   summary["replay"] = {{"trace", *args->scenario},
                        {"steps", r.steps},
                        {"ops_not_in_trace", recorded->fallbacks()},
                        {"worst_abs_error", worst},
                        {"ranks", per_rank}};
   if (Status s = write_output(out_dir, "summary.json", summary.dump(2) + "\n"); !s.ok()) return fail(s);
-  if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(*scenario, *schedule, r).dump() + "\n");
+  if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(scenario, schedule, r).dump() + "\n");
       !s.ok())
     return fail(s);
   std::printf("wrote %s/summary.json and %s/timeline.json\n", out_dir.c_str(), out_dir.c_str());
@@ -401,15 +472,23 @@ const std::vector<Command>& commands() {
        "network model alone. --out FILE writes the resolved scenario with the fitted efficiencies.\n"
        "Exit 2 for a multi-node scenario or a measurement faster than the GPU's peak allows.\n",
        run_calibrate},
-      {"replay", "re-run a recorded trace (hzp train --trace) in the simulator with its recorded durations",
-       "usage: hzp replay TRACE [--out DIR]\n\n"
-       "Reads TRACE (traces/README.md, format v1), rebuilds the schedule from the scenario it recorded, and\n"
-       "runs it in the SimGrid executor with the recorded durations: compute and optimizer ops take their\n"
-       "mean over the recorded steps, each collective its recorded transfer time (last member's arrival to\n"
-       "end). Prints recorded vs replayed step time per rank and writes DIR/summary.json (hzp simulate's, plus\n"
-       "a \"replay\" object) and DIR/timeline.json. DIR defaults to out/replay-<scenario name>. A trace that\n"
-       "does not match the schedule its scenario rebuilds is an error naming the event. Not yet: what-ifs on\n"
-       "another cluster or policy, PyTorch profiler traces.\n",
+      {"replay", "re-run a recorded trace (hzp train --trace) in the simulator, as recorded or as a what-if",
+       "usage: hzp replay TRACE [--out DIR]\n"
+       "       hzp replay TRACE --scenario OVERRIDES.json [--steps N] [--out DIR]\n\n"
+       "Reads TRACE (traces/README.md, format v1) and rebuilds the schedule from the scenario it recorded.\n"
+       "Without --scenario it runs that schedule in the SimGrid executor with the recorded durations: compute\n"
+       "and optimizer ops take what the same op took in the same step, each collective its recorded transfer\n"
+       "time (last member's arrival to end). Prints recorded vs replayed step time per rank and writes\n"
+       "DIR/summary.json (hzp simulate's plus a \"replay\" object) and DIR/timeline.json (default DIR:\n"
+       "out/replay-<scenario name>). A trace that does not match the schedule its scenario rebuilds is an\n"
+       "error naming the event.\n\n"
+       "With --scenario, a what-if: OVERRIDES.json is merged key by key into the recorded scenario (another\n"
+       "cluster, scale, policy, micro-batch or sequence; the strict scenario rules apply to the result), the\n"
+       "schedule is rebuilt for it, every compute op runs at the seconds per FLOP its module and phase ran at\n"
+       "in the trace (so it scales with the op's FLOPs), the optimizer at the recorded seconds per parameter,\n"
+       "and the collectives are simulated on the new cluster. --steps N simulates N steps (default 1). Writes\n"
+       "DIR/summary.json (plus a \"what_if\" object) and DIR/timeline.json (default DIR:\n"
+       "out/what-if-<scenario name>).\n",
        run_replay},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
        run_collective_command},
