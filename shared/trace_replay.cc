@@ -47,8 +47,7 @@ std::map<Key, double> means(const std::map<Key, std::pair<double, int>>& sums) {
 
 }  // namespace
 
-Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& schedule,
-                                            const DurationModel& fallback) {
+Status check_trace_against(const Trace& trace, const Schedule& schedule) {
   const int world = schedule.world_size;
   if (trace.world_size != world)
     return Status::InvalidInput("trace: world_size " + std::to_string(trace.world_size) +
@@ -61,17 +60,6 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
     if (trace.groups[g].ranks != schedule.groups[g].ranks)
       return Status::InvalidInput("trace: group " + std::to_string(g) + " (" + trace.groups[g].role +
                                   ") has other ranks than the rebuilt schedule's");
-
-  TraceDurations d(fallback);
-  std::map<ComputeKey, std::pair<double, int>> compute;
-  std::map<std::pair<int, int>, std::pair<double, int>> optimizer;
-  // Collective instances: (group, step, k-th collective of the group in the step) -> latest start, end.
-  std::map<std::tuple<int, std::int64_t, long long>, std::pair<double, double>> instances;
-  std::map<std::tuple<int, int, std::int64_t>, long long> seen;  // (rank, group, step) -> collectives so far
-  std::int64_t max_step = -1;
-
-  // Events are sorted by start; a rank meets a group's collectives in program order, so counting them per
-  // (rank, group, step) in start order numbers each instance the same on every member.
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     const TraceEvent& e = trace.events[i];
     const auto& ops = schedule.program_of(e.rank).ops;
@@ -83,6 +71,32 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
     if (!kind_matches(e, op))
       return Status::InvalidInput(at_event(i, "kind") + to_string(e.kind) + " but op " + std::to_string(e.op) +
                                   " of rank " + std::to_string(e.rank) + " in the rebuilt schedule is another kind");
+    if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
+      const int group = schedule.rank_groups[e.rank][c->role];
+      if (e.group != group)
+        return Status::InvalidInput(at_event(i, "group") + std::to_string(e.group) + ", but op " +
+                                    std::to_string(e.op) + " of rank " + std::to_string(e.rank) + " runs on group " +
+                                    std::to_string(group) + " in the rebuilt schedule");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& schedule,
+                                            const DurationModel& fallback) {
+  HZP_RETURN_IF_ERROR(check_trace_against(trace, schedule));
+  TraceDurations d(fallback);
+  std::map<ComputeKey, std::pair<double, int>> compute;
+  std::map<std::pair<int, int>, std::pair<double, int>> optimizer;
+  // Collective instances: (group, step, k-th collective of the group in the step) -> latest start, end.
+  std::map<std::tuple<int, std::int64_t, long long>, std::pair<double, double>> instances;
+  std::map<std::tuple<int, int, std::int64_t>, long long> seen;  // (rank, group, step) -> collectives so far
+  std::int64_t max_step = -1;
+
+  // Events are sorted by start; a rank meets a group's collectives in program order, so counting them per
+  // (rank, group, step) in start order numbers each instance the same on every member.
+  for (const TraceEvent& e : trace.events) {
+    const Op& op = schedule.program_of(e.rank).ops[e.op];  // checked above
     max_step = std::max(max_step, e.step);
     const double seconds = (e.end_us - e.start_us) * 1e-6;
     if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
@@ -94,10 +108,6 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
       d.optimizer_steps_[{e.rank, o->bucket}][e.step] = seconds;
     } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
       const int group = schedule.rank_groups[e.rank][c->role];
-      if (e.group != group)
-        return Status::InvalidInput(at_event(i, "group") + std::to_string(e.group) + ", but op " +
-                                    std::to_string(e.op) + " of rank " + std::to_string(e.rank) + " runs on group " +
-                                    std::to_string(group) + " in the rebuilt schedule");
       const long long k = seen[{e.rank, group, e.step}]++;
       auto [it, fresh] = instances.try_emplace({group, e.step, k}, std::pair{e.start_us, e.end_us});
       if (!fresh) {
@@ -181,9 +191,7 @@ std::vector<double> recorded_step_times(const Trace& trace) {
 namespace hzp {
 
 Result<TraceRates> TraceRates::make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback) {
-  // The same consistency checks as a replay on the trace's own configuration.
-  HZP_ASSIGN_OR_RETURN(TraceDurations check, TraceDurations::make(trace, recorded, fallback));
-  (void)check;
+  HZP_RETURN_IF_ERROR(check_trace_against(trace, recorded));
   TraceRates r(fallback);
   for (const TraceEvent& e : trace.events) {
     const Op& op = recorded.program_of(e.rank).ops[e.op];

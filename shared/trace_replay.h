@@ -21,6 +21,10 @@
 
 namespace hzp {
 
+// The trace against the schedule its scenario_config rebuilds: world size, groups, and each event's op
+// (in range, of the event's kind, on the event's group). The first mismatch, naming the event and field.
+Status check_trace_against(const Trace& trace, const Schedule& schedule);
+
 class TraceDurations : public DurationModel, public CollectiveDurations {
  public:
   // Checks the trace against the schedule; `fallback` times ops the trace never recorded.

@@ -218,17 +218,17 @@ class Executor {
       // Last to arrive: every member is at the head of its stream, so the collective runs now.
       inst.start = sg4::Engine::get_clock();
       const GroupShape& shape = shapes_[group_index];
-      const double bytes = static_cast<double>(op.bytes);
-      const CollectiveAlgorithm algorithm = choose_algorithm(scenario_.cluster, op.kind, bytes, shape);
-      const CollectiveCall call{op.kind, bytes, &group, algorithm,
-                                choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape)};
       const std::optional<double> recorded =
           options_.collectives ? options_.collectives->transfer_s(group_index, seq) : std::nullopt;
       CollectiveTraffic t;
-      if (recorded)
+      if (recorded) {
         sg4::this_actor::sleep_for(*recorded);
-      else
-        t = run_collective(platform_, call);
+      } else {
+        const double bytes = static_cast<double>(op.bytes);
+        const CollectiveAlgorithm algorithm = choose_algorithm(scenario_.cluster, op.kind, bytes, shape);
+        t = run_collective(platform_, {op.kind, bytes, &group, algorithm,
+                                       choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape)});
+      }
       traffic_.intra_node_bytes += t.intra_node_bytes;
       traffic_.inter_node_bytes += t.inter_node_bytes;
       ++result_.collectives;

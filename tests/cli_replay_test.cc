@@ -4,18 +4,16 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include <sys/wait.h>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 
+#include "tests/run_util.h"
+
 namespace {
 
-struct RunResult {
-  int code = -1;
-  std::string text;  // stdout and stderr
-};
+using hzp::test::RunResult;
 
 std::string slurp(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -24,18 +22,15 @@ std::string slurp(const std::filesystem::path& path) {
   return ss.str();
 }
 
-std::filesystem::path scratch() {
-  auto dir = std::filesystem::temp_directory_path() / ("hzp_replay_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+const std::filesystem::path& scratch() {
+  static const std::filesystem::path dir = hzp::test::fresh_dir("replay");
   return dir;
 }
 
-RunResult replay(const std::string& trace, const std::filesystem::path& out) {
-  const std::string log = (scratch() / "log").string();
-  const std::string cmd =
-      std::string("'") + HZP_BINARY + "' replay '" + trace + "' --out '" + out.string() + "' >'" + log + "' 2>&1";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+// `hzp replay TRACE [--scenario OVERRIDES] --out OUT`.
+RunResult replay(const std::string& trace, const std::filesystem::path& out, const std::string& overrides = "") {
+  return hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + trace + "'" +
+                        (overrides.empty() ? "" : " --scenario '" + overrides + "'") + " --out '" + out.string() + "'");
 }
 
 const std::string kTraces = std::string(HZP_SOURCE_DIR) + "/traces";
@@ -55,7 +50,7 @@ TEST_CASE("replay: the shipped traces come back within 3 % of their recorded ste
   for (const char* name : {"tiny_dense_4ranks.json", "tiny_moe_4ranks.json"}) {
     const auto out = scratch() / (std::string("out_") + name);
     const RunResult r = replay(kTraces + "/" + name, out);
-    INFO(name << "\n" << r.text);
+    INFO(name << "\n" << r.output);
     REQUIRE(r.code == 0);
     const auto summary = nlohmann::json::parse(slurp(out / "summary.json"));
     const auto& rep = summary["replay"];
@@ -102,9 +97,9 @@ TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, 
   for (const Case& c : cases) {
     const auto out = scratch() / (std::string("bad_") + c.name);
     const RunResult r = replay(edited_trace(c.name, c.edit), out);
-    INFO(c.name << "\n" << r.text);
+    INFO(c.name << "\n" << r.output);
     CHECK(r.code == 2);
-    CHECK(r.text.find(c.needle) != std::string::npos);
+    CHECK(r.output.find(c.needle) != std::string::npos);
     CHECK_FALSE(std::filesystem::exists(out / "summary.json"));
   }
   const RunResult missing = replay(kTraces + "/no_such_trace.json", scratch() / "missing");
@@ -114,13 +109,9 @@ TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, 
 namespace {
 
 RunResult what_if(const std::string& trace, const nlohmann::json& overrides, const std::filesystem::path& out) {
-  const std::string file = (out.string() + ".overrides.json");
+  const std::string file = out.string() + ".overrides.json";
   std::ofstream(file) << overrides.dump();
-  const std::string log = (scratch() / "log").string();
-  const std::string cmd = std::string("'") + HZP_BINARY + "' replay '" + trace + "' --scenario '" + file + "' --out '" +
-                          out.string() + "' >'" + log + "' 2>&1";
-  const int status = std::system(cmd.c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(log)};
+  return replay(trace, out, file);
 }
 
 }  // namespace
@@ -133,13 +124,13 @@ TEST_CASE("replay what-if: the trace's compute scaled by FLOPs on another cluste
                               {"policy", {{"preset", "hsdp"}, {"sharding", nullptr}}}};
   const auto out4 = scratch() / "what_if_mb4";
   const RunResult r4 = what_if(trace, overrides, out4);
-  INFO(r4.text);
+  INFO(r4.output);
   REQUIRE(r4.code == 0);
   overrides["training"]["micro_batch"] = 8;  // as many micro-batches per step, each twice the tokens
   overrides["training"]["global_batch_sequences"] = 1024;
   const auto out8 = scratch() / "what_if_mb8";
   const RunResult r8 = what_if(trace, overrides, out8);
-  INFO(r8.text);
+  INFO(r8.output);
   REQUIRE(r8.code == 0);
   const auto s4 = nlohmann::json::parse(slurp(out4 / "summary.json"));
   const auto s8 = nlohmann::json::parse(slurp(out8 / "summary.json"));
@@ -155,6 +146,13 @@ TEST_CASE("replay what-if: the trace's compute scaled by FLOPs on another cluste
   const auto bad = scratch() / "what_if_bad";
   const RunResult r = what_if(trace, {{"training", {{"micro_batch", 0}}}}, bad);
   CHECK(r.code == 2);
-  CHECK(r.text.find("training.micro_batch") != std::string::npos);
+  CHECK(r.output.find("training.micro_batch") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(bad / "summary.json"));
+  // An overrides file that is not a JSON object, and --steps without a what-if: exit 2.
+  const RunResult array = what_if(trace, nlohmann::json::array({1, 2}), scratch() / "what_if_array");
+  CHECK(array.code == 2);
+  CHECK(array.output.find("is not a JSON object") != std::string::npos);
+  const RunResult steps = hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + trace + "' --steps 2");
+  CHECK(steps.code == 2);
+  CHECK(steps.output.find("--steps applies to a what-if") != std::string::npos);
 }

@@ -77,6 +77,18 @@ Status write_output(const std::string& dir, const std::string& name, const std::
   return write_file_atomic((std::filesystem::path(dir) / name).string(), text);
 }
 
+// A simulation's outputs, as `hzp simulate` writes them: DIR/summary.json (the given summary) and
+// DIR/timeline.json; then says so. 0, or the exit code of the failure.
+int write_sim_outputs(const std::string& dir, const nlohmann::json& summary, const Scenario& scenario,
+                      const Schedule& schedule, const sim::SimResult& r) {
+  if (Status s = write_output(dir, "summary.json", summary.dump(2) + "\n"); !s.ok()) return fail(s);
+  if (Status s = write_output(dir, "timeline.json", sim::timeline_json(scenario, schedule, r).dump() + "\n"); !s.ok())
+    return fail(s);
+  std::printf("wrote %s/summary.json and %s/timeline.json (open in ui.perfetto.dev; %zu GPUs recorded)\n", dir.c_str(),
+              dir.c_str(), r.timeline_ranks.size());
+  return 0;
+}
+
 // Every command reads scenarios through here: parse, then let the planner fill in "sharding": "auto".
 Result<Scenario> load(const std::string& path) {
   HZP_ASSIGN_OR_RETURN(Scenario scenario, load_scenario_file(path));
@@ -279,14 +291,7 @@ int run_simulate(const std::vector<std::string>& argv) {
               r.comm_bytes_inter_node / 1e9);
   std::printf("  simulation    %lld ops, %lld collectives in %.2f s wall (%.0f ops/s)\n", r.ops_executed, r.collectives,
               r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0);
-  if (Status s = write_output(out_dir, "summary.json", sim::summary_json(*scenario, r).dump(2) + "\n"); !s.ok())
-    return fail(s);
-  if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(*scenario, *schedule, r).dump() + "\n");
-      !s.ok())
-    return fail(s);
-  std::printf("wrote %s/summary.json and %s/timeline.json (open in ui.perfetto.dev; %zu GPUs recorded)\n",
-              out_dir.c_str(), out_dir.c_str(), r.timeline_ranks.size());
-  return 0;
+  return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r);
 }
 
 // `hzp replay TRACE`: the trace's scenario rebuilt, its schedule run by the simulator with the recorded
@@ -362,12 +367,7 @@ int run_replay(const std::vector<std::string>& argv) {
                           {"recorded_step_s", recorded_mean},
                           {"overrides", *overrides},
                           {"ops_not_in_trace", rates->fallbacks()}};
-    if (Status s = write_output(out_dir, "summary.json", summary.dump(2) + "\n"); !s.ok()) return fail(s);
-    if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(*scenario, *schedule, r).dump() + "\n");
-        !s.ok())
-      return fail(s);
-    std::printf("wrote %s/summary.json and %s/timeline.json\n", out_dir.c_str(), out_dir.c_str());
-    return 0;
+    return write_sim_outputs(out_dir, summary, *scenario, *schedule, r);
   }
 
   if (args->get("--steps")) return usage_error("replay", "--steps applies to a what-if (--scenario) only");
@@ -417,12 +417,7 @@ int run_replay(const std::vector<std::string>& argv) {
                        {"ops_not_in_trace", recorded->fallbacks()},
                        {"worst_abs_error", worst},
                        {"ranks", per_rank}};
-  if (Status s = write_output(out_dir, "summary.json", summary.dump(2) + "\n"); !s.ok()) return fail(s);
-  if (Status s = write_output(out_dir, "timeline.json", sim::timeline_json(scenario, schedule, r).dump() + "\n");
-      !s.ok())
-    return fail(s);
-  std::printf("wrote %s/summary.json and %s/timeline.json\n", out_dir.c_str(), out_dir.c_str());
-  return 0;
+  return write_sim_outputs(out_dir, summary, scenario, schedule, r);
 }
 
 }  // namespace
