@@ -31,20 +31,6 @@ bool kind_matches(const TraceEvent& e, const Op& op) {
   }
 }
 
-template <class Key>
-void add_mean(std::map<Key, std::pair<double, int>>& sums, const Key& key, double seconds) {
-  auto& [sum, n] = sums[key];
-  sum += seconds;
-  ++n;
-}
-
-template <class Key>
-std::map<Key, double> means(const std::map<Key, std::pair<double, int>>& sums) {
-  std::map<Key, double> out;
-  for (const auto& [key, v] : sums) out[key] = v.first / v.second;
-  return out;
-}
-
 }  // namespace
 
 Status check_trace_against(const Trace& trace, const Schedule& schedule) {
@@ -86,8 +72,6 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
                                             const DurationModel& fallback) {
   HZP_RETURN_IF_ERROR(check_trace_against(trace, schedule));
   TraceDurations d(fallback);
-  std::map<ComputeKey, std::pair<double, int>> compute;
-  std::map<std::pair<int, int>, std::pair<double, int>> optimizer;
   // Collective instances: (group, step, k-th collective of the group in the step) -> latest start, end.
   std::map<std::tuple<int, std::int64_t, long long>, std::pair<double, double>> instances;
   std::map<std::tuple<int, int, std::int64_t>, long long> seen;  // (rank, group, step) -> collectives so far
@@ -101,10 +85,8 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
     const double seconds = (e.end_us - e.start_us) * 1e-6;
     if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
       const ComputeKey key{e.rank, c->unit, static_cast<int>(c->module), static_cast<int>(c->phase), c->micro_batch};
-      add_mean(compute, key, seconds);
       d.compute_steps_[key][e.step] = seconds;
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
-      add_mean(optimizer, std::pair{e.rank, o->bucket}, seconds);
       d.optimizer_steps_[{e.rank, o->bucket}][e.step] = seconds;
     } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
       const int group = schedule.rank_groups[e.rank][c->role];
@@ -117,8 +99,6 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
     }
   }
   d.steps_ = static_cast<int>(max_step + 1);
-  d.compute_ = means(compute);
-  d.optimizer_ = means(optimizer);
   for (const auto& [key, span] : instances) {
     const auto& [group, step, k] = key;
     d.per_step_[group] = std::max(d.per_step_[group], k + 1);
@@ -133,32 +113,30 @@ Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& 
 
 namespace {
 
-// The recorded time of the call-th execution of an op (the steps in order), else its mean.
+// The recorded time of the call-th execution of an op (the steps in order), else its mean over the steps.
 template <class Key>
 std::optional<double> recorded(const Key& key, const std::map<Key, std::map<std::int64_t, double>>& per_step,
-                               const std::map<Key, double>& mean, std::map<Key, std::int64_t>& calls) {
-  auto m = mean.find(key);
-  if (m == mean.end()) return std::nullopt;
-  const std::int64_t call = calls[key]++;
+                               std::map<Key, std::int64_t>& calls) {
   auto steps = per_step.find(key);
-  if (steps != per_step.end()) {
-    auto s = steps->second.find(call);
-    if (s != steps->second.end()) return s->second;
-  }
-  return m->second;
+  if (steps == per_step.end()) return std::nullopt;
+  auto s = steps->second.find(calls[key]++);
+  if (s != steps->second.end()) return s->second;
+  double sum = 0;
+  for (const auto& [step, seconds] : steps->second) sum += seconds;
+  return sum / static_cast<double>(steps->second.size());
 }
 
 }  // namespace
 
 double TraceDurations::compute_s(int rank, const ComputeOp& op) const {
   const ComputeKey key{rank, op.unit, static_cast<int>(op.module), static_cast<int>(op.phase), op.micro_batch};
-  if (auto t = recorded(key, compute_steps_, compute_, compute_calls_)) return *t;
+  if (auto t = recorded(key, compute_steps_, compute_calls_)) return *t;
   ++fallbacks_;
   return fallback_->compute_s(rank, op);
 }
 
 double TraceDurations::optimizer_s(int rank, const OptimizerStepOp& op) const {
-  if (auto t = recorded(std::pair{rank, op.bucket}, optimizer_steps_, optimizer_, optimizer_calls_)) return *t;
+  if (auto t = recorded(std::pair{rank, op.bucket}, optimizer_steps_, optimizer_calls_)) return *t;
   ++fallbacks_;
   return fallback_->optimizer_s(rank, op);
 }
@@ -185,10 +163,6 @@ std::vector<double> recorded_step_times(const Trace& trace) {
     if (steps > 0 && last[r] >= first[r]) out[r] = (last[r] - first[r]) * 1e-6 / static_cast<double>(steps);
   return out;
 }
-
-}  // namespace hzp
-
-namespace hzp {
 
 Result<TraceRates> TraceRates::make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback) {
   HZP_RETURN_IF_ERROR(check_trace_against(trace, recorded));

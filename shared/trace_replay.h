@@ -1,9 +1,9 @@
 // Replaying a recorded trace (traces/README.md, format v1) on its own configuration: the durations it
 // recorded become the simulator's. Compute and optimizer ops take the time the same op (rank, unit,
 // module, phase, micro-batch; optimizer: rank, bucket) took in the same step (the mean over the recorded
-// steps beyond them); each collective instance takes
-// its recorded transfer time — from the last member's arrival (the latest start among the members) to the
-// latest end — so the replay reproduces what the recorded run's network and library did.
+// steps beyond them); each collective instance takes its recorded transfer time — from the last member's
+// arrival (the latest start among the members) to the latest end — so the replay reproduces what the
+// recorded run's network and library did.
 //
 // The trace must match the schedule its scenario_config rebuilds: same ranks, streams and groups, and every
 // event names an op of its rank's program of the event's kind. Anything else is an error naming the event.
@@ -42,12 +42,10 @@ class TraceDurations : public DurationModel, public CollectiveDurations {
  private:
   explicit TraceDurations(const DurationModel& fallback) : fallback_(&fallback) {}
   using ComputeKey = std::tuple<int, int, int, int, int>;  // rank, unit, module, phase, micro-batch
-  std::map<ComputeKey, double> compute_;
-  std::map<std::pair<int, int>, double> optimizer_;  // rank, bucket
-  // Per recorded step; the simulator asks for an op once per step in step order, so the n-th call of a
-  // key is step n (a replay longer than the trace takes the mean).
+  // Recorded seconds per step; the simulator asks for an op once per step in step order, so the n-th call
+  // of a key is step n (a replay longer than the trace takes the mean).
   std::map<ComputeKey, std::map<std::int64_t, double>> compute_steps_;
-  std::map<std::pair<int, int>, std::map<std::int64_t, double>> optimizer_steps_;
+  std::map<std::pair<int, int>, std::map<std::int64_t, double>> optimizer_steps_;  // rank, bucket
   mutable std::map<ComputeKey, std::int64_t> compute_calls_;
   mutable std::map<std::pair<int, int>, std::int64_t> optimizer_calls_;
   std::map<std::pair<int, long long>, double> collective_;  // group, seq (step x per step + k)
@@ -59,10 +57,6 @@ class TraceDurations : public DurationModel, public CollectiveDurations {
 
 // Per rank, the recorded time per step: (last event end - first event start) / steps, in seconds.
 std::vector<double> recorded_step_times(const Trace& trace);
-
-}  // namespace hzp
-
-namespace hzp {
 
 // What-ifs: a trace's compute speed carried to another configuration (cluster, scale, policy, micro-batch,
 // sequence, layers). Each (module, phase) gets the rate it ran at in the trace — recorded seconds per FLOP
