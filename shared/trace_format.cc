@@ -5,9 +5,11 @@
 #include <cmath>
 #include <initializer_list>
 #include <map>
+#include <variant>
 
 #include "shared/files.h"
 #include "shared/json_io.h"
+#include "shared/scenario_parser.h"
 #include "shared/text.h"
 
 namespace hzp {
@@ -115,6 +117,58 @@ TraceKind trace_kind(CollectiveKind kind) {
       return TraceKind::kAllToAll;
   }
   return TraceKind::kAllReduce;
+}
+
+Trace trace_header(const Scenario& scenario, const Schedule& schedule) {
+  Trace t;
+  t.scenario = scenario.name;
+  t.scenario_config = scenario_to_json(scenario);
+  t.policy = schedule.policy;
+  t.world_size = schedule.world_size;
+  t.gpus_per_node = schedule.gpus_per_node;
+  t.streams = schedule.streams;
+  for (const ProcessGroup& g : schedule.groups) t.groups.push_back({to_string(g.role), g.ranks});
+  for (const BufferPool& p : schedule.pools) t.pools.push_back(p.name);
+  return t;
+}
+
+TraceEvent trace_event(const Schedule& schedule, int rank, int op, std::int64_t step, int stream, double start_us,
+                       double end_us, std::int64_t bytes) {
+  const Op& body = schedule.program_of(rank).ops[op];
+  TraceEvent e;
+  e.rank = rank;
+  e.step = step;
+  e.op = op;
+  e.stream = stream;
+  e.start_us = start_us;
+  e.end_us = end_us;
+  if (const auto* c = std::get_if<ComputeOp>(&body.body)) {
+    e.kind = TraceKind::kCompute;
+    e.module = c->module;
+    e.phase = c->phase;
+    e.layer = c->layer;
+    e.micro_batch = c->micro_batch;
+  } else if (const auto* c = std::get_if<CollectiveOp>(&body.body)) {
+    e.kind = trace_kind(c->kind);
+    e.payload = c->payload;
+    e.layer = c->layer;
+    e.micro_batch = c->micro_batch;
+    e.bytes = bytes;
+    e.group = schedule.rank_groups[rank][c->role];
+  } else if (const auto* o = std::get_if<OptimizerStepOp>(&body.body)) {
+    e.kind = TraceKind::kOptimizerStep;
+    e.layer = o->layer;
+    e.bucket = o->bucket;
+  } else if (const auto* a = std::get_if<BufferAcquireOp>(&body.body)) {
+    e.kind = TraceKind::kAcquire;
+    e.pool = a->pool;
+    e.layer = a->layer;
+  } else if (const auto* r = std::get_if<BufferReleaseOp>(&body.body)) {
+    e.kind = TraceKind::kRelease;
+    e.pool = r->pool;
+    e.layer = r->layer;
+  }
+  return e;
 }
 
 json trace_to_json(const Trace& t) {

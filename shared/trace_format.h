@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/model_math.h"
+#include "shared/scenario.h"
 #include "shared/schedule.h"
 #include "shared/status.h"
 
@@ -76,6 +77,16 @@ struct Trace {
   std::vector<std::string> pools;
   std::vector<TraceEvent> events;  // sorted by start time
 };
+
+// A trace's header for a run of `schedule`, built from `scenario`: its name and resolved configuration,
+// policy, world, streams, groups and pools; no events.
+Trace trace_header(const Scenario& scenario, const Schedule& schedule);
+
+// The event of op `op` of `rank`'s program run in `step` on `stream` from `start_us` to `end_us`, its
+// fields (kind, unit, micro-batch, module, phase, group, bucket, pool) taken from the op; `bytes` is what a
+// collective moved as executed (ignored for other kinds).
+TraceEvent trace_event(const Schedule& schedule, int rank, int op, std::int64_t step, int stream, double start_us,
+                       double end_us, std::int64_t bytes);
 
 // The document of traces/README.md. `model` and `training` summaries are taken from scenario_config.
 nlohmann::json trace_to_json(const Trace& trace);

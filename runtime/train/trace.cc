@@ -6,59 +6,14 @@
 
 #include "shared/files.h"
 #include "shared/perfetto.h"
-#include "shared/scenario_parser.h"
 
 namespace hzp::runtime {
 
 Trace rank_trace(const Scenario& scenario, const Schedule& schedule, int rank,
                  const std::vector<ExecutedOp>& executed) {
-  Trace t;
-  t.scenario = scenario.name;
-  t.scenario_config = scenario_to_json(scenario);
-  t.policy = schedule.policy;
-  t.world_size = schedule.world_size;
-  t.gpus_per_node = schedule.gpus_per_node;
-  t.streams = schedule.streams;
-  for (const ProcessGroup& g : schedule.groups) t.groups.push_back({to_string(g.role), g.ranks});
-  for (const BufferPool& p : schedule.pools) t.pools.push_back(p.name);
-  const Program& program = schedule.program_of(rank);
-  for (const ExecutedOp& x : executed) {
-    const Op& op = program.ops[x.op];
-    TraceEvent e;
-    e.rank = rank;
-    e.step = x.step;
-    e.op = x.op;
-    e.stream = x.stream;
-    e.start_us = x.start_us;
-    e.end_us = x.end_us;
-    if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
-      e.kind = TraceKind::kCompute;
-      e.module = c->module;
-      e.phase = c->phase;
-      e.layer = c->layer;
-      e.micro_batch = c->micro_batch;
-    } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-      e.kind = trace_kind(c->kind);
-      e.payload = c->payload;
-      e.layer = c->layer;
-      e.micro_batch = c->micro_batch;
-      e.bytes = x.bytes;
-      e.group = schedule.rank_groups[rank][c->role];
-    } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
-      e.kind = TraceKind::kOptimizerStep;
-      e.layer = o->layer;
-      e.bucket = o->bucket;
-    } else if (const auto* a = std::get_if<BufferAcquireOp>(&op.body)) {
-      e.kind = TraceKind::kAcquire;
-      e.pool = a->pool;
-      e.layer = a->layer;
-    } else if (const auto* r = std::get_if<BufferReleaseOp>(&op.body)) {
-      e.kind = TraceKind::kRelease;
-      e.pool = r->pool;
-      e.layer = r->layer;
-    }
-    t.events.push_back(e);
-  }
+  Trace t = trace_header(scenario, schedule);
+  for (const ExecutedOp& x : executed)
+    t.events.push_back(trace_event(schedule, rank, x.op, x.step, x.stream, x.start_us, x.end_us, x.bytes));
   return t;
 }
 
