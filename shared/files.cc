@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <zlib.h>
+
 #include "shared/text.h"
 
 namespace hzp {
@@ -73,6 +75,39 @@ Result<std::string> read_text_file(const std::string& path, std::int64_t max_byt
     }
   }
   ::close(fd);
+  return text;
+}
+
+Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t max_bytes) {
+  Result<std::string> read = read_text_file(path, max_bytes);
+  if (!read.ok() || read->size() < 2 || (*read)[0] != '\x1f' || (*read)[1] != '\x8b') return read;  // not gzip
+  std::string& raw = *read;
+  const std::string shown = printable(path, 200);
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return Status::Internal("zlib: inflateInit2 failed");
+  z.next_in = reinterpret_cast<Bytef*>(raw.data());
+  z.avail_in = static_cast<uInt>(raw.size());
+  std::string text;
+  char buf[1 << 16];
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof buf;
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      const std::string why = rc == Z_BUF_ERROR ? "truncated" : (z.msg != nullptr ? z.msg : "corrupt");
+      inflateEnd(&z);
+      return Status::InvalidInput(shown + ": gzip stream " + why + " after " + std::to_string(text.size()) +
+                                  " bytes of output");
+    }
+    text.append(buf, sizeof buf - z.avail_out);
+    if (static_cast<std::int64_t>(text.size()) > max_bytes) {
+      inflateEnd(&z);
+      return Status::InvalidInput(shown + ": inflates to more than the " + std::to_string(max_bytes) +
+                                  " bytes accepted");
+    }
+  }
+  inflateEnd(&z);
   return text;
 }
 

@@ -14,6 +14,11 @@ namespace hzp {
 // and say what is wrong: missing, a directory, unreadable, too large.
 Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes = 64ll << 20);
 
+// The file's text, gunzipped when it starts with the gzip magic (1f 8b): a compressed file of at most
+// `max_bytes` that inflates to at most `max_bytes` (a larger result is refused as it grows, so a gzip bomb
+// costs no more memory than the limit). A corrupt or truncated stream is an error naming the path.
+Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t max_bytes);
+
 // Writes `text` to `path` so that a reader sees the old file or the complete new one, and a power loss
 // after the call returns loses neither: write PATH.tmp, fsync it, rename over PATH, fsync the directory.
 Status write_file_atomic(const std::string& path, const std::string& text);

@@ -15,6 +15,7 @@
 #include "shared/estimator.h"
 #include "shared/files.h"
 #include "shared/json_io.h"
+#include "shared/kineto.h"
 #include "shared/model_math.h"
 #include "shared/plan.h"
 #include "shared/planner.h"
@@ -294,6 +295,73 @@ int run_simulate(const std::vector<std::string>& argv) {
   return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r);
 }
 
+// `hzp import KINETO... --scenario S`: PyTorch profiler traces (one per rank) as an hzp trace of S's
+// schedule (shared/kineto.h), for `hzp replay` and its what-ifs.
+int run_import(const std::vector<std::string>& argv) {
+  auto parsed = parse_flags(argv, {{"--scenario", true}, {"--out", true}, {"--include-idle", false}}, 1 << 16);
+  if (!parsed.ok()) return usage_error("import", parsed.status().message());
+  if (parsed->positional.empty()) return usage_error("import", "missing the profiler trace file(s)");
+  auto scenario_path = parsed->get("--scenario");
+  if (!scenario_path) return usage_error("import", "missing --scenario (the model, cluster and policy the traces ran)");
+  auto scenario = load_scenario_file(*scenario_path);
+  if (!scenario.ok()) return fail(scenario.status());
+  const ModelCost cost = model_cost(scenario->model, scenario->training);
+  auto schedule = build_schedule(*scenario, cost);
+  if (!schedule.ok()) return fail(schedule.status());
+  if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
+  if (static_cast<int>(parsed->positional.size()) != schedule->world_size)
+    return fail(Status::InvalidInput("the scenario has " + std::to_string(schedule->world_size) + " ranks; " +
+                                     std::to_string(parsed->positional.size()) +
+                                     " profiler files were given (one per rank)"));
+  const std::string out = parsed->get("--out").value_or("out/import-" + safe_file_name(scenario->name) + ".json");
+  const std::string out_dir = std::filesystem::path(out).parent_path().string();
+  if (Status s = ensure_writable_dir(out_dir.empty() ? "." : out_dir, "--out"); !s.ok()) return fail(s);
+
+  std::vector<KinetoProfile> profiles;
+  for (const std::string& path : parsed->positional) {
+    auto p = load_kineto_file(path);
+    if (!p.ok()) return fail(p.status());
+    std::printf("%s: %s, %zu step%s, %lld GPU events%s\n", printable(path, 120).c_str(),
+                p->device.empty() ? "device not named" : p->device.c_str(), p->steps.size(),
+                p->steps.size() == 1 ? "" : "s", p->gpu_events,
+                p->rank >= 0 ? (", rank " + std::to_string(p->rank)).c_str() : "");
+    std::printf("  %4s %11s %11s %11s %11s %11s %6s\n", "step", "kernels_ms", "forward_ms", "backward_ms",
+                "optimizer_ms", "gpu_idle_ms", "comms");
+    for (std::size_t k = 0; k < p->steps.size(); ++k) {
+      const KinetoStep& st = p->steps[k];
+      double first = 1e300, last = 0, busy = 0;
+      for (int ph = 0; ph < kKinetoPhases; ++ph)
+        if (st.busy_us[ph] > 0) {
+          first = std::min(first, st.first_us[ph]);
+          last = std::max(last, st.last_us[ph]);
+          busy += st.busy_us[ph];
+        }
+      std::printf("  %4zu %11.3f %11.3f %11.3f %11.3f %11.3f %6zu\n", k, st.kernel_us / 1e3, st.busy_us[0] / 1e3,
+                  st.busy_us[1] / 1e3, st.busy_us[2] / 1e3, std::max(0.0, last - first - busy) / 1e3,
+                  st.collectives.size());
+    }
+    if (p->unattributed > 0)
+      std::printf("  %lld GPU op%s (%.3f ms) launched outside every step's forward/backward/optimizer: ignored\n",
+                  p->unattributed, p->unattributed == 1 ? "" : "s", p->unattributed_us / 1e3);
+    profiles.push_back(std::move(*p));
+  }
+  const RooflineDurations roofline(scenario->cluster);
+  auto imported = kineto_to_trace(std::move(profiles), *scenario, *schedule, roofline, parsed->has("--include-idle"));
+  if (!imported.ok()) return fail(imported.status());
+  for (const std::string& note : imported->notes) std::printf("note: %s\n", note.c_str());
+  std::vector<double> compute(schedule->world_size, 0);
+  for (const TraceEvent& e : imported->trace.events)
+    if (e.kind == TraceKind::kCompute || e.kind == TraceKind::kOptimizerStep)
+      compute[e.rank] += (e.end_us - e.start_us) / 1e3 / imported->steps;
+  std::printf("trace of %s (%s, %d rank%s, %d step%s): compute + optimizer per step, rank 0: %.3f ms%s\n",
+              scenario->name.c_str(), schedule->policy.c_str(), schedule->world_size,
+              schedule->world_size == 1 ? "" : "s", imported->steps, imported->steps == 1 ? "" : "s", compute[0],
+              parsed->has("--include-idle") ? " (GPU idle gaps inside each phase included)" : "");
+  if (Status s = write_file_atomic(out, trace_to_json(imported->trace).dump()); !s.ok()) return fail(s);
+  std::printf("wrote %s (hzp replay %s [--scenario OVERRIDES.json])\n", out.c_str(), out.c_str());
+  return 0;
+}
+
 // `hzp replay TRACE`: the trace's scenario rebuilt, its schedule run by the simulator with the recorded
 // compute, optimizer and collective times (shared/trace_replay.h); recorded vs replayed step time per rank.
 // With --scenario OVERRIDES.json: a what-if — the overrides merged into the recorded scenario, the schedule
@@ -488,6 +556,22 @@ const std::vector<Command>& commands() {
        "DIR/summary.json (plus a \"what_if\" object) and DIR/timeline.json (default DIR:\n"
        "out/what-if-<scenario name>).\n",
        run_replay},
+      {"import", "PyTorch profiler (Kineto) traces in: an hzp trace that hzp replay runs",
+       "usage: hzp import KINETO.json[.gz] [KINETO...] --scenario SCENARIO.json [--out TRACE.json]\n"
+       "                  [--include-idle]\n\n"
+       "Reads PyTorch profiler Chrome traces (plain or gzipped; one file per rank, ordered by their\n"
+       "distributedInfo.rank when recorded, else as given) of the run SCENARIO describes (its model,\n"
+       "micro-batch, cluster and policy; as many ranks as files). Steps come from ProfilerStep# ranges, else\n"
+       "from forward annotations (record_function(\"forward\"), DistributedDataParallel.forward, ...); GPU\n"
+       "kernels, memsets and device copies take the phase (forward, backward, optimizer) of the CPU call that\n"
+       "launched them; NCCL kernels and gloo ranges are the collectives, with their sizes. The traces name no\n"
+       "modules, so each phase's GPU time is spread over the schedule's ops of that phase in proportion to\n"
+       "their roofline times. Collectives match the schedule's one to one when the counts per kind agree, else\n"
+       "their recorded time is spread by bytes (a note says so). --include-idle also spreads each phase's GPU\n"
+       "idle gaps (a launch-bound run). Prints each file's steps (kernel time, compute per phase, idle,\n"
+       "collectives) and writes TRACE.json (traces/README.md, format v1; default out/import-<scenario>.json)\n"
+       "for hzp replay, as recorded or as a what-if (--scenario OVERRIDES.json).\n",
+       run_import},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
        run_collective_command},
       {"train", "train the scenario's model on local CPU ranks (Gloo) with its policy's schedule", kTrainHelp,

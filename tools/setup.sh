@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 packages=(
   cmake g++ make pkg-config          # toolchain
   nlohmann-json3-dev catch2          # scenario JSON, tests
+  zlib1g-dev                         # gzipped PyTorch profiler traces (hzp import)
   libsimgrid-dev                     # sim/ executor
   libgloo-dev libboost-dev           # runtime/: Gloo collectives, Boost.Asio store
   libopenblas-dev                    # runtime/: host matmuls

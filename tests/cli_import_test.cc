@@ -1,0 +1,233 @@
+// `hzp import` on small hand-made PyTorch profiler documents: phases from the annotations (backward by
+// elimination), GPU work by its launch, host copies and work outside the steps left out, NCCL kernels
+// with their record_param_comms size, rank files ordered by distributedInfo; each phase's time in the
+// written trace equals the sum of its kernels (closed form), and the replay of a one-rank import is that
+// sum. Bad documents exit 2 with a message naming the file, event and field, and write nothing.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/run_util.h"
+
+namespace {
+
+using hzp::test::RunResult;
+using nlohmann::json;
+
+const std::filesystem::path& scratch() {
+  static const std::filesystem::path dir = hzp::test::fresh_dir("import");
+  return dir;
+}
+
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string write(const std::string& name, const std::string& text) {
+  const auto path = scratch() / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// A tiny dense model on `gpus` GPUs of one node under DDP.
+std::string scenario(int gpus) {
+  json s = {{"name", "tiny-import-" + std::to_string(gpus)},
+            {"model",
+             {{"name", "tiny"},
+              {"family", "llama"},
+              {"layers", 2},
+              {"hidden", 64},
+              {"heads", 4},
+              {"kv_heads", 4},
+              {"ffn_hidden", 176},
+              {"vocab", 256},
+              {"tied_embeddings", false},
+              {"position", "rope"},
+              {"max_positions", 64}}},
+            {"cluster", {{"preset", "dgx-h100"}, {"nodes", 1}, {"gpus_per_node", gpus}}},
+            {"training", {{"seq_len", 64}, {"micro_batch", 4}, {"global_batch_sequences", 4 * gpus}}},
+            {"policy", {{"preset", "ddp"}}}};
+  return write("scenario-" + std::to_string(gpus) + ".json", s.dump());
+}
+
+// Builds a profiler document: CPU annotations, launches and the GPU work they launch.
+struct Doc {
+  json events = json::array();
+  int correlation = 0;
+  void annotation(const std::string& name, double ts, double dur) {
+    events.push_back({{"ph", "X"}, {"cat", "user_annotation"}, {"name", name}, {"ts", ts}, {"dur", dur}});
+  }
+  // GPU work of `cat` launched at CPU time `launch`, running [start, start + dur).
+  void gpu(const std::string& cat, const std::string& name, double launch, double start, double dur,
+           json args = json::object()) {
+    ++correlation;
+    events.push_back({{"ph", "X"},
+                      {"cat", "cuda_runtime"},
+                      {"name", "cudaLaunchKernel"},
+                      {"ts", launch},
+                      {"dur", 2},
+                      {"args", {{"correlation", correlation}}}});
+    args["correlation"] = correlation;
+    events.push_back({{"ph", "X"}, {"cat", cat}, {"name", name}, {"ts", start}, {"dur", dur}, {"args", args}});
+  }
+  json done(int rank = -1, int world = -1) const {
+    json d = {{"schemaVersion", 1}, {"traceEvents", events}};
+    if (rank >= 0) d["distributedInfo"] = {{"backend", "nccl"}, {"rank", rank}, {"world_size", world}};
+    return d;
+  }
+};
+
+// One training step at `t`: forward [t, t+100) with kernels of 30 and 20 us, backward (no range: autograd)
+// with one of 100 us, optimizer [t+300, t+320) with a 5 us kernel and a 1 us memset; plus a host copy in
+// the forward and a kernel launched after the optimizer (both left out).
+void step(Doc& d, double t) {
+  d.annotation("forward", t, 100);
+  d.annotation("optimizer", t + 300, 20);
+  d.gpu("kernel", "ampere_bf16_gemm", t + 10, t + 15, 30);
+  d.gpu("kernel", "flash_fwd_kernel", t + 20, t + 45, 20);
+  d.gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", t + 50, t + 66, 7, {{"bytes", 4096}});
+  d.gpu("kernel", "flash_bwd_kernel", t + 150, t + 155, 100);
+  d.gpu("kernel", "multi_tensor_apply_kernel", t + 305, t + 306, 5);
+  d.gpu("gpu_memset", "Memset (Device)", t + 310, t + 312, 1);
+  d.gpu("kernel", "after_the_step", t + 400, t + 401, 9);
+}
+
+RunResult hzp_import(const std::vector<std::string>& files, const std::string& scenario_path, const std::string& out,
+                     const std::string& extra = "") {
+  std::string cmd = std::string("'") + HZP_BINARY + "' import";
+  for (const std::string& f : files) cmd += " '" + f + "'";
+  return hzp::test::run(cmd + " --scenario '" + scenario_path + "' --out '" + out + "'" + extra);
+}
+
+// Per (rank, step, kind[, phase]) the summed event time of an hzp trace, in us.
+double summed(const json& trace, int rank, int step, const std::string& kind, const std::string& phase = "") {
+  double total = 0;
+  for (const json& e : trace["events"])
+    if (e["rank"] == rank && e["step"] == step && e["kind"] == kind && (phase.empty() || e.value("phase", "") == phase))
+      total += e["end_us"].get<double>() - e["start_us"].get<double>();
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as the sum", "[cli][import]") {
+  Doc d;
+  step(d, 0);
+  step(d, 1000);
+  const std::string file = write("one_rank.json", d.done().dump());
+  const std::string out = (scratch() / "one_rank_trace.json").string();
+  const RunResult r = hzp_import({file}, scenario(1), out);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.output.find("2 steps") != std::string::npos);
+  CHECK(r.output.find("2 GPU ops (0.018 ms) launched outside") != std::string::npos);
+  const json trace = json::parse(slurp(out));
+  for (int s = 0; s < 2; ++s) {
+    CHECK(summed(trace, 0, s, "compute", "fwd") == Approx(50));
+    CHECK(summed(trace, 0, s, "compute", "bwd") == Approx(100));
+    CHECK(summed(trace, 0, s, "optimizer_step") == Approx(6));
+  }
+  const auto replayed = scratch() / "one_rank_replay";
+  const RunResult rep = hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + out + "' --out '" +
+                                       replayed.string() + "'");
+  INFO(rep.output);
+  REQUIRE(rep.code == 0);
+  const json summary = json::parse(slurp(replayed / "summary.json"));
+  CHECK(summary["replay"]["ops_not_in_trace"] == 0);
+  CHECK(summary["replay"]["ranks"][0]["replayed_step_s"].get<double>() == Approx(156e-6).epsilon(1e-6));
+
+  // --include-idle: the optimizer's kernel (306..311) and memset (312..313) leave 1 us of idle GPU
+  // between them, which now goes to the optimizer step; the forward's kernels run back to back.
+  const RunResult idle = hzp_import({file}, scenario(1), out, " --include-idle");
+  REQUIRE(idle.code == 0);
+  const json with_idle = json::parse(slurp(out));
+  CHECK(summed(with_idle, 0, 1, "compute", "fwd") == Approx(50));
+  CHECK(summed(with_idle, 0, 1, "optimizer_step") == Approx(7));
+}
+
+TEST_CASE("import: NCCL kernels with their record_param_comms size, rank files ordered by rank", "[cli][import]") {
+  std::vector<std::string> files;
+  for (int rank : {1, 0}) {  // given in the wrong order on purpose
+    Doc d;
+    step(d, 0);
+    d.events.push_back({{"ph", "X"},
+                        {"cat", "cpu_op"},
+                        {"name", "record_param_comms"},
+                        {"ts", 195},
+                        {"dur", 15},
+                        {"args", {{"In msg nelems", 1000}, {"Out msg nelems", 1000}, {"dtype", "BFloat16"}}}});
+    d.gpu("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 200,
+          rank == 0 ? 260 : 270, rank == 0 ? 40 : 42);
+    files.push_back(write("nccl_rank" + std::to_string(rank) + ".json", d.done(rank, 2).dump()));
+  }
+  const std::string out = (scratch() / "nccl_trace.json").string();
+  const RunResult r = hzp_import(files, scenario(2), out);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.output.find("rank 1") != std::string::npos);
+  const json trace = json::parse(slurp(out));
+  REQUIRE(trace["world_size"] == 2);
+  // Clocks aligned on the first collective's end (300 vs 312): the instance runs from the latest start
+  // (rank 1: 270 - 12 = 258; rank 0: 260) to the latest end, 300 us: 40 us on both ranks.
+  for (int rank : {0, 1}) CHECK(summed(trace, rank, 0, "all_reduce") == Approx(40));
+  bool sized = false;
+  for (const json& e : trace["events"])
+    if (e["kind"] == "all_reduce" && e["bytes"] == 2000) sized = true;
+  if (r.output.find("spread over the schedule") == std::string::npos) CHECK(sized);
+}
+
+TEST_CASE("import: bad profiler documents are refused naming the file, event and field", "[cli][import]") {
+  Doc good;
+  step(good, 0);
+  const std::string good_file = write("good.json", good.done().dump());
+  const std::string gz = (scratch() / "good.json.gz").string();
+  REQUIRE(std::system(("gzip -c '" + good_file + "' > '" + gz + "'").c_str()) == 0);
+  const std::string gz_text = slurp(gz);
+  const std::string truncated = write("truncated.json.gz", gz_text.substr(0, gz_text.size() / 2));
+
+  Doc no_correlation;
+  step(no_correlation, 0);
+  no_correlation.events[3]["args"].erase("correlation");
+  Doc negative;
+  step(negative, 0);
+  negative.events[1]["ts"] = -5;
+  Doc no_steps;
+  no_steps.gpu("kernel", "k", 1, 2, 3);
+
+  struct Case {
+    std::vector<std::string> files;
+    int gpus;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {{truncated}, 1, "gzip stream truncated"},
+      {{write("not_profile.json", R"({"a": 1})")}, 1, "no traceEvents array"},
+      {{write("not_json.json", "{\"traceEvents\": [")}, 1, "not_json.json"},
+      {{write("no_correlation.json", no_correlation.done().dump())}, 1, "traceEvents[3].args.correlation"},
+      {{write("negative.json", negative.done().dump())}, 1, "traceEvents[1].ts"},
+      {{write("no_steps.json", no_steps.done().dump())}, 1, "no training step found"},
+      {{good_file, good_file}, 1, "profiler files were given"},
+      {{write("r0a.json", good.done(0, 2).dump()), write("r0b.json", good.done(0, 2).dump())}, 2,
+       "distributedInfo.rank 0 where rank 1 was expected"},
+      {{write("bad_rank.json", good.done(3, 2).dump())}, 1, "distributedInfo"},
+  };
+  for (const Case& c : cases) {
+    const std::string out = (scratch() / "never.json").string();
+    const RunResult r = hzp_import(c.files, scenario(c.gpus), out);
+    INFO(c.expect << "\n" << r.output);
+    CHECK(r.code == 2);
+    CHECK(r.output.find(c.expect) != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(out));
+  }
+  // The gzipped good file reads as the plain one.
+  REQUIRE(hzp_import({gz}, scenario(1), (scratch() / "from_gz.json").string()).code == 0);
+}
