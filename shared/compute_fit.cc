@@ -5,11 +5,14 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "shared/duration_model.h"
 #include "shared/estimator.h"
 #include "shared/model_math.h"
 #include "shared/policy_registry.h"
+#include "shared/trace_replay.h"
 
 namespace hzp {
 namespace {
@@ -100,6 +103,84 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   fit.efficiency = c.efficiency;
   fit.efficiency.gemm *= fit.scale;
   fit.efficiency.memory_bound *= fit.scale;
+  return fit;
+}
+
+Result<TraceFit> fit_compute_to_trace(const Scenario& recorded, const Schedule& schedule, const Trace& trace) {
+  HZP_RETURN_IF_ERROR(check_trace_against(trace, schedule));
+  const ClusterSpec& c = recorded.cluster;
+  // Per point: x = seconds at 100 % of peak FLOP/s, y = seconds at 100 % of HBM bandwidth, t = recorded.
+  struct Point {
+    double x, y, t;
+  };
+  std::vector<Point> points;
+  std::int64_t steps = 0;
+  for (const TraceEvent& e : trace.events) {
+    const Op& op = schedule.program_of(e.rank).ops[e.op];
+    const double t = (e.end_us - e.start_us) * 1e-6;
+    if (const auto* k = std::get_if<ComputeOp>(&op.body))
+      points.push_back({k->flops / c.gpu.peak_flops, k->mem_bytes / c.gpu.hbm_bytes_per_s, t});
+    else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body))
+      points.push_back({0, o->mem_bytes / c.gpu.hbm_bytes_per_s, t});
+    else
+      continue;
+    steps = std::max(steps, e.step + 1);
+  }
+  double total_t = 0, total_table = 0;
+  for (const Point& p : points) {
+    total_t += p.t;
+    total_table += p.x / c.efficiency.gemm + p.y / c.efficiency.memory_bound;
+  }
+  if (points.empty() || !(total_t > 0) || !(total_table > 0))
+    return Status::InvalidInput("calibrate --trace: the trace times no compute or optimizer op");
+  TraceFit fit;
+  fit.points = static_cast<long long>(points.size());
+  const double per_step = static_cast<double>(trace.world_size) * static_cast<double>(steps);
+  fit.recorded_s = total_t / per_step;
+  fit.table_s = total_table / per_step;
+
+  // t ~ a x + b y, a = 1/gemm, b = 1/memory_bound; weights 1/t^2 (relative error).
+  double sxx = 0, sxy = 0, syy = 0, sxt = 0, syt = 0;
+  for (const Point& p : points) {
+    if (!(p.t > 0)) continue;
+    const double w = 1 / (p.t * p.t);
+    sxx += w * p.x * p.x;
+    sxy += w * p.x * p.y;
+    syy += w * p.y * p.y;
+    sxt += w * p.x * p.t;
+    syt += w * p.y * p.t;
+  }
+  const double det = sxx * syy - sxy * sxy;
+  double a = 0, b = 0;
+  if (det > 1e-12 * sxx * syy) {
+    a = (sxt * syy - syt * sxy) / det;
+    b = (syt * sxx - sxt * sxy) / det;
+  }
+  auto in_range = [](double e) { return e >= 0.01 && e <= 1; };
+  auto finish = [&](double ga, double gb) {  // scaled so that the total matches exactly
+    double total = 0;
+    for (const Point& p : points) total += ga * p.x + gb * p.y;
+    const double s = total_t / total;
+    fit.efficiency = c.efficiency;
+    fit.efficiency.gemm = 1 / (ga * s);
+    fit.efficiency.memory_bound = 1 / (gb * s);
+  };
+  if (a > 0 && b > 0) finish(a, b);
+  if (!(a > 0 && b > 0) || !in_range(fit.efficiency.gemm) || !in_range(fit.efficiency.memory_bound)) {
+    fit.both = false;
+    finish(1 / c.efficiency.gemm, 1 / c.efficiency.memory_bound);
+  }
+  for (const double e : {fit.efficiency.gemm, fit.efficiency.memory_bound})
+    if (!in_range(e))
+      return Status::InvalidInput(
+          "calibrate --trace: the trace's compute runs at " + number(total_table / total_t) +
+          " x the speed the scenario's table gives cluster.gpu (" + recorded.cluster.gpu.type +
+          "), which needs an efficiency of " + number(e) +
+          ", outside the [0.01, 1] a scenario accepts: set cluster.gpu (peak_tflops, hbm_GBps) to the device "
+          "that recorded the trace");
+  double fitted = 0;
+  for (const Point& p : points) fitted += p.x / fit.efficiency.gemm + p.y / fit.efficiency.memory_bound;
+  fit.fitted_s = fitted / per_step;
   return fit;
 }
 

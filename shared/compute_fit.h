@@ -9,7 +9,9 @@
 #pragma once
 
 #include "shared/scenario.h"
+#include "shared/schedule.h"
 #include "shared/status.h"
+#include "shared/trace_format.h"
 
 namespace hzp {
 
@@ -31,5 +33,26 @@ struct ComputeFit {
 
 // `one_node` must have cluster.nodes == 1 (the error says why otherwise).
 Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNodeMeasurement& measured);
+
+// Calibrating compute from a recorded trace (`hzp calibrate --trace`): every compute and optimizer op the
+// trace timed is one data point of the roofline the simulator uses, t = FLOPs / (peak x gemm) + bytes /
+// (HBM x memory_bound). The two efficiencies are fitted by least squares on the relative error over all
+// points (so small ops count as much as large ones), then scaled together so that the fitted compute per
+// step equals the recorded one exactly. When the points do not separate the two (all ops alike, or a
+// result outside (0, 1]) both are scaled by one common factor from the scenario's table instead (`both`
+// false). Communication is not in the points: the fit holds on any number of nodes.
+struct TraceFit {
+  Efficiency efficiency;  // the scenario's, with gemm and memory_bound fitted
+  bool both = true;       // false: one common factor on the table's two efficiencies
+  long long points = 0;   // ops of the trace used
+  double recorded_s = 0;  // compute + optimizer time per rank and step in the trace (mean over ranks)
+  double table_s = 0;     // the same ops with the table's efficiencies
+  double fitted_s = 0;    // ... with the fitted ones (equals recorded_s)
+};
+
+// `recorded` and `schedule` are the trace's own (its scenario_config, rebuilt); the trace is checked
+// against the schedule first. Errors: no compute op in the trace; efficiencies outside the [0.01, 1] a
+// scenario accepts (the trace ran faster than cluster.gpu's peak, or at under 1 % of it).
+Result<TraceFit> fit_compute_to_trace(const Scenario& recorded, const Schedule& schedule, const Trace& trace);
 
 }  // namespace hzp

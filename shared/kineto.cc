@@ -55,8 +55,12 @@ std::optional<std::int64_t> int_arg(const json* args, const char* key) {
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
-bool starts_with(const std::string& s, const std::string& head) { return s.rfind(head, 0) == 0; }
-bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+bool starts_with(const std::string& s, const std::string& head) {
+  return s.rfind(head, 0) == 0;
+}
+bool contains(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
 
 std::optional<KinetoPhase> phase_of_annotation(const std::string& name) {
   if (name == "forward" || ends_with(name, ".forward") || name == "## forward ##") return KinetoPhase::kForward;
@@ -149,7 +153,8 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
                                   std::to_string(p.world_size) + " is not a rank of that world");
   }
   if (auto d = doc.find("deviceProperties"); d != doc.end() && d->is_array() && !d->empty() && (*d)[0].is_object())
-    if (auto n = (*d)[0].find("name"); n != (*d)[0].end() && n->is_string()) p.device = printable(n->get<std::string>(), 80);
+    if (auto n = (*d)[0].find("name"); n != (*d)[0].end() && n->is_string())
+      p.device = printable(n->get<std::string>(), 80);
 
   std::vector<Span> gpu, gpu_annotations, comms, gloo;
   std::vector<Range> steps, phase_ranges[kKinetoPhases];
@@ -194,15 +199,16 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
   const std::vector<Range>& optimizer = phase_ranges[2];
   if (steps.empty()) {
     for (std::size_t k = 0; k < forward.size(); ++k)
-      steps.push_back({forward[k].start,
-                       k + 1 < forward.size() ? forward[k + 1].start : std::numeric_limits<double>::infinity()});
+      steps.push_back(
+          {forward[k].start, k + 1 < forward.size() ? forward[k + 1].start : std::numeric_limits<double>::infinity()});
   } else {
     steps = merged(std::move(steps));
   }
   if (steps.empty() || forward.empty())
-    return Status::InvalidInput(shown +
-                                ": no training step found: the trace needs forward ranges (record_function(\"forward\") "
-                                "or DistributedDataParallel.forward / FullyShardedDataParallel.forward)");
+    return Status::InvalidInput(
+        shown +
+        ": no training step found: the trace needs forward ranges (record_function(\"forward\") "
+        "or DistributedDataParallel.forward / FullyShardedDataParallel.forward)");
   p.steps.resize(steps.size());
 
   // The step and phase of a CPU time, if any: forward / optimizer / backward ranges; between a step's
@@ -273,7 +279,8 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
   // gloo: the k-th CPU range of a name pairs with the k-th GPU range of that name, whose host-to-device
   // copies are the collective's result.
   std::map<std::string, std::vector<const Span*>> gpu_by_name;
-  std::sort(gpu_annotations.begin(), gpu_annotations.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  std::sort(gpu_annotations.begin(), gpu_annotations.end(),
+            [](const Span& a, const Span& b) { return a.start < b.start; });
   for (const Span& a : gpu_annotations) gpu_by_name[a.name].push_back(&a);
   std::sort(gloo.begin(), gloo.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
   std::map<std::string, std::size_t> seen;
@@ -327,7 +334,9 @@ Result<KinetoProfile> load_kineto_file(const std::string& path) {
 
 namespace {
 
-KinetoPhase kineto_phase(Phase phase) { return phase == Phase::kForward ? KinetoPhase::kForward : KinetoPhase::kBackward; }
+KinetoPhase kineto_phase(Phase phase) {
+  return phase == Phase::kForward ? KinetoPhase::kForward : KinetoPhase::kBackward;
+}
 
 // The i-th recorded instance of a kind in a step: the members' latest start and latest end.
 struct Instance {
@@ -347,7 +356,8 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
                                 (profiles.size() == 1 ? " was" : "s were") + " given (one per rank)");
   const bool ranked = std::all_of(profiles.begin(), profiles.end(), [](const KinetoProfile& p) { return p.rank >= 0; });
   if (ranked) {
-    std::sort(profiles.begin(), profiles.end(), [](const KinetoProfile& a, const KinetoProfile& b) { return a.rank < b.rank; });
+    std::sort(profiles.begin(), profiles.end(),
+              [](const KinetoProfile& a, const KinetoProfile& b) { return a.rank < b.rank; });
     for (int r = 0; r < world; ++r)
       if (profiles[r].rank != r)
         return Status::InvalidInput(printable(profiles[r].source, 200) + ": distributedInfo.rank " +
@@ -389,8 +399,9 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
       k = std::numeric_limits<std::size_t>::max();
       for (int r = 0; r < world; ++r) {
         const auto& list = profiles[r].steps[step].collectives;
-        k = std::min<std::size_t>(k, std::count_if(list.begin(), list.end(),
-                                                   [kind = kind](const KinetoCollective& c) { return c.kind == kind; }));
+        k = std::min<std::size_t>(k, std::count_if(list.begin(), list.end(), [kind = kind](const KinetoCollective& c) {
+                                    return c.kind == kind;
+                                  }));
       }
     }
     for (const auto& [kind, k] : count) {
@@ -467,8 +478,7 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
           for (std::size_t k = 0; k < indices.size(); ++k) {
             const Op& op = ops[indices[k]];
             const double start = list[k].start - t0, end = list[k].end - t0;
-            const std::int64_t bytes =
-                list[k].bytes > 0 ? list[k].bytes : std::get<CollectiveOp>(op.body).bytes;
+            const std::int64_t bytes = list[k].bytes > 0 ? list[k].bytes : std::get<CollectiveOp>(op.body).bytes;
             trace.events.push_back(trace_event(schedule, r, indices[k], step, op.stream, start, end, bytes));
           }
           continue;

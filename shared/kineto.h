@@ -56,7 +56,7 @@ struct KinetoStep {
   std::array<double, kKinetoPhases> busy_us{};   // GPU compute time (kernels, memsets, device copies)
   std::array<double, kKinetoPhases> first_us{};  // first start / last end of that work (0 when none)
   std::array<double, kKinetoPhases> last_us{};
-  double kernel_us = 0;  // kernels alone, NCCL's excluded: the profiler's "GPU kernel time"
+  double kernel_us = 0;                       // kernels alone, NCCL's excluded: the profiler's "GPU kernel time"
   std::vector<KinetoCollective> collectives;  // by start
 };
 

@@ -137,13 +137,24 @@ TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as
     CHECK(summed(trace, 0, s, "optimizer_step") == Approx(6));
   }
   const auto replayed = scratch() / "one_rank_replay";
-  const RunResult rep = hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + out + "' --out '" +
-                                       replayed.string() + "'");
+  const RunResult rep =
+      hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + out + "' --out '" + replayed.string() + "'");
   INFO(rep.output);
   REQUIRE(rep.code == 0);
   const json summary = json::parse(slurp(replayed / "summary.json"));
   CHECK(summary["replay"]["ops_not_in_trace"] == 0);
   CHECK(summary["replay"]["ranks"][0]["replayed_step_s"].get<double>() == Approx(156e-6).epsilon(1e-6));
+
+  // calibrate --trace: the imported trace's scenario with efficiencies that give its compute per step.
+  const std::string calibrated = (scratch() / "calibrated.json").string();
+  const std::string bin = std::string("'") + HZP_BINARY + "'";
+  const RunResult cal = hzp::test::run(bin + " calibrate --trace '" + out + "' --out '" + calibrated + "'");
+  INFO(cal.output);
+  REQUIRE(cal.code == 0);
+  const auto simulated = scratch() / "calibrated_sim";
+  REQUIRE(hzp::test::run(bin + " simulate '" + calibrated + "' --out '" + simulated.string() + "'").code == 0);
+  CHECK(json::parse(slurp(simulated / "summary.json"))["step_time_s"].get<double>() == Approx(156e-6).epsilon(1e-6));
+  CHECK(hzp::test::run(bin + " calibrate --trace '" + out + "' --mfu 0.5").code == 2);
 
   // --include-idle: the optimizer's kernel (306..311) and memset (312..313) leave 1 us of idle GPU
   // between them, which now goes to the optimizer step; the forward's kernels run back to back.
@@ -216,7 +227,8 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
       {{write("negative.json", negative.done().dump())}, 1, "traceEvents[1].ts"},
       {{write("no_steps.json", no_steps.done().dump())}, 1, "no training step found"},
       {{good_file, good_file}, 1, "profiler files were given"},
-      {{write("r0a.json", good.done(0, 2).dump()), write("r0b.json", good.done(0, 2).dump())}, 2,
+      {{write("r0a.json", good.done(0, 2).dump()), write("r0b.json", good.done(0, 2).dump())},
+       2,
        "distributedInfo.rank 0 where rank 1 was expected"},
       {{write("bad_rank.json", good.done(3, 2).dump())}, 1, "distributedInfo"},
   };

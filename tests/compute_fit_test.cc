@@ -4,6 +4,8 @@
 #include "shared/compute_fit.h"
 
 #include "shared/collective_cost.h"
+#include "shared/duration_model.h"
+#include "shared/trace_format.h"
 #include "tests/test_util.h"
 
 using namespace hzp;
@@ -67,4 +69,73 @@ TEST_CASE("calibrate: refuses several nodes, impossible speeds and nonsense", "[
   for (double bad : {0.0, -1.0, std::nan("")})
     CHECK_FALSE(fit_compute_efficiency(s, {MeasureKind::kStepTimeS, bad}).ok());
   CHECK_FALSE(fit_compute_efficiency(s, {MeasureKind::kMfu, 1.5}).ok());
+}
+
+namespace {
+
+// A trace of `s`'s schedule (2 steps) whose ops took the roofline times of `truth`'s efficiencies,
+// each op's time times `noise(i)`.
+Trace roofline_trace(const Scenario& s, const Schedule& schedule, Efficiency truth, double (*noise)(int) = nullptr) {
+  ClusterSpec c = s.cluster;
+  c.efficiency = truth;
+  const RooflineDurations roofline(c);
+  Trace t = trace_header(s, schedule);
+  double at = 0;
+  int i = 0;
+  for (int step = 0; step < 2; ++step)
+    for (int rank = 0; rank < schedule.world_size; ++rank) {
+      const auto& ops = schedule.program_of(rank).ops;
+      for (int k = 0; k < static_cast<int>(ops.size()); ++k) {
+        double d = -1;
+        if (const auto* op = std::get_if<ComputeOp>(&ops[k].body)) d = roofline.compute_s(rank, *op);
+        if (const auto* op = std::get_if<OptimizerStepOp>(&ops[k].body)) d = roofline.optimizer_s(rank, *op);
+        if (d < 0) continue;
+        if (noise != nullptr) d *= noise(i++);
+        t.events.push_back(trace_event(schedule, rank, k, step, ops[k].stream, at * 1e6, (at + d) * 1e6, -1));
+        at += d;
+      }
+    }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("calibrate --trace: recovers the efficiencies that timed the ops, and the step", "[calibrate]") {
+  const Scenario s = one_gpu();
+  const Schedule schedule = build(s).schedule;
+  Efficiency truth = s.cluster.efficiency;
+  truth.gemm = 0.31;
+  truth.memory_bound = 0.57;
+  auto fit = fit_compute_to_trace(s, schedule, roofline_trace(s, schedule, truth));
+  REQUIRE(fit.ok());
+  CHECK(fit->both);
+  CHECK(fit->efficiency.gemm == Approx(0.31).epsilon(1e-9));
+  CHECK(fit->efficiency.memory_bound == Approx(0.57).epsilon(1e-9));
+  CHECK(fit->efficiency.inter_node == s.cluster.efficiency.inter_node);
+  CHECK(fit->fitted_s == Approx(fit->recorded_s).epsilon(1e-12));
+  // The fitted scenario's estimated step (pure compute on one GPU) is the recorded compute per step.
+  Scenario fitted = s;
+  fitted.cluster.efficiency = fit->efficiency;
+  CHECK(estimate_of(build(fitted)).compute_s == Approx(fit->recorded_s).epsilon(1e-9));
+
+  // Noisy times: the total per step still matches exactly, the efficiencies come out near the truth.
+  auto noisy = fit_compute_to_trace(s, schedule,
+                                    roofline_trace(s, schedule, truth, [](int i) { return i % 2 == 0 ? 1.05 : 0.97; }));
+  REQUIRE(noisy.ok());
+  CHECK(noisy->fitted_s == Approx(noisy->recorded_s).epsilon(1e-12));
+  CHECK(noisy->efficiency.gemm == Approx(0.31).epsilon(0.06));
+  CHECK(noisy->efficiency.memory_bound == Approx(0.57).epsilon(0.06));
+}
+
+TEST_CASE("calibrate --trace: a trace the GPU's peak cannot explain is refused", "[calibrate]") {
+  const Scenario s = one_gpu();
+  const Schedule schedule = build(s).schedule;
+  Efficiency impossible = s.cluster.efficiency;
+  impossible.gemm = 3;  // three times the peak
+  impossible.memory_bound = 3;
+  auto fit = fit_compute_to_trace(s, schedule, roofline_trace(s, schedule, impossible));
+  REQUIRE_FALSE(fit.ok());
+  CHECK(fit.status().message().find("set cluster.gpu") != std::string::npos);
+  CHECK(fit_compute_to_trace(s, schedule, trace_header(s, schedule)).status().message().find("no compute") !=
+        std::string::npos);
 }

@@ -127,9 +127,48 @@ int run_validate(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// `hzp calibrate --trace TRACE`: the efficiencies of the trace's scenario fitted to its recorded op times.
+int calibrate_from_trace(const std::string& path, const std::optional<std::string>& out) {
+  auto trace = load_trace_file(path);
+  if (!trace.ok()) return fail(trace.status());
+  auto recorded = parse_scenario(trace->scenario_config, trace->scenario);
+  if (!recorded.ok()) return fail(Status::InvalidInput("trace scenario_config: " + recorded.status().message()));
+  auto schedule = build_schedule(*recorded, model_cost(recorded->model, recorded->training));
+  if (!schedule.ok()) return fail(schedule.status());
+  auto fit = fit_compute_to_trace(*recorded, *schedule, *trace);
+  if (!fit.ok()) return fail(fit.status());
+  const Efficiency& table = recorded->cluster.efficiency;
+  std::printf("calibrated %s from %s (%d rank%s, %lld timed ops): compute + optimizer per rank and step\n",
+              recorded->name.c_str(), printable(path, 120).c_str(), trace->world_size,
+              trace->world_size == 1 ? "" : "s", fit->points);
+  std::printf("  recorded      %.6f s\n  table         %.6f s (%s, the scenario's efficiencies)\n", fit->recorded_s,
+              fit->table_s, recorded->cluster.gpu.type.c_str());
+  std::printf("  gemm          %.4f -> %.4f (fraction of peak FLOP/s)\n", table.gemm, fit->efficiency.gemm);
+  std::printf("  memory_bound  %.4f -> %.4f (fraction of HBM bandwidth)%s\n", table.memory_bound,
+              fit->efficiency.memory_bound,
+              fit->both ? "" : "\n  (the ops did not separate the two: both scaled by one factor)");
+  std::printf("  fitted        %.6f s\n", fit->fitted_s);
+  const nlohmann::json snippet = {
+      {"efficiency", {{"gemm", fit->efficiency.gemm}, {"memory_bound", fit->efficiency.memory_bound}}}};
+  std::printf("put this in the \"cluster\" of scenarios on the same GPU:\n  %s\n", snippet.dump().c_str());
+  if (out) {
+    Scenario calibrated = *recorded;
+    calibrated.cluster.efficiency = fit->efficiency;
+    if (Status st = write_file_atomic(*out, scenario_to_json(calibrated).dump(2) + "\n"); !st.ok()) return fail(st);
+    std::printf("wrote %s (the trace's scenario, resolved, with the fitted efficiencies)\n", out->c_str());
+  }
+  return 0;
+}
+
 int run_calibrate(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--tokens-per-gpu-s", "--step-time-s", "--mfu", "--out"});
+  auto args = parse_args(argv, {"--tokens-per-gpu-s", "--step-time-s", "--mfu", "--out", "--trace"}, false);
   if (!args.ok()) return usage_error("calibrate", args.status().message());
+  if (auto trace = args->get("--trace")) {
+    if (args->scenario || args->has("--tokens-per-gpu-s") || args->has("--step-time-s") || args->has("--mfu"))
+      return usage_error("calibrate", "--trace takes the scenario and the measurement from the trace: give neither");
+    return calibrate_from_trace(*trace, args->get("--out"));
+  }
+  if (!args->scenario) return usage_error("calibrate", "missing SCENARIO argument");
   std::optional<OneNodeMeasurement> measured;
   const std::pair<const char*, MeasureKind> kinds[] = {{"--tokens-per-gpu-s", MeasureKind::kTokensPerGpuPerS},
                                                        {"--step-time-s", MeasureKind::kStepTimeS},
@@ -527,8 +566,9 @@ const std::vector<Command>& commands() {
        "node 0 and evenly spaced nodes). DIR defaults to out/<scenario name>. --steps N runs N steps back to\n"
        "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory false).\n",
        run_simulate},
-      {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU)",
-       "usage: hzp calibrate SCENARIO (--tokens-per-gpu-s X | --step-time-s X | --mfu X) [--out FILE]\n\n"
+      {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU) or a trace",
+       "usage: hzp calibrate SCENARIO (--tokens-per-gpu-s X | --step-time-s X | --mfu X) [--out FILE]\n"
+       "       hzp calibrate --trace TRACE [--out FILE]\n\n"
        "SCENARIO describes a run measured on ONE node (cluster.nodes 1, that run's model, micro-batch, global\n"
        "batch and policy); the flag gives its measurement: tokens per GPU per second, seconds per optimizer\n"
        "step, or MFU as a fraction (model FLOPs / (step time x the GPU's peak)). The GEMM and memory-bound\n"
@@ -536,7 +576,13 @@ const std::vector<Command>& commands() {
        "scenario equals the measurement; the network efficiencies are left alone. Prints the fitted values and\n"
        "the JSON to put in the multi-node scenarios, whose prediction then comes from the schedule and the\n"
        "network model alone. --out FILE writes the resolved scenario with the fitted efficiencies.\n"
-       "Exit 2 for a multi-node scenario or a measurement faster than the GPU's peak allows.\n",
+       "Exit 2 for a multi-node scenario or a measurement faster than the GPU's peak allows.\n\n"
+       "hzp calibrate --trace TRACE [--out FILE] fits the two efficiencies of the trace's own scenario to the\n"
+       "times of every compute and optimizer op it recorded (hzp train --trace, hzp import): each op is a point\n"
+       "of the roofline t = FLOPs / (peak x gemm) + bytes / (HBM x memory_bound), fitted by least squares on\n"
+       "the relative error, then scaled so that the compute per step equals the recorded one (one common\n"
+       "factor when the ops do not separate the two). Communication is not used, so a trace of any size will\n"
+       "do. --out FILE writes the trace's scenario with the fitted efficiencies.\n",
        run_calibrate},
       {"replay", "re-run a recorded trace (hzp train --trace) in the simulator, as recorded or as a what-if",
        "usage: hzp replay TRACE [--out DIR]\n"
