@@ -37,7 +37,7 @@
 
 namespace hzp {
 
-inline constexpr std::int64_t kMaxKinetoBytes = 512ll << 20;  // inflated JSON
+inline constexpr std::int64_t kMaxKinetoBytes = 256ll << 20;  // inflated JSON (parsed, about ten times that in memory)
 inline constexpr std::int64_t kMaxKinetoEvents = 4'000'000;
 
 enum class KinetoPhase { kForward, kBackward, kOptimizer };
