@@ -2,6 +2,8 @@
 #include "shared/estimator.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "shared/collective_cost.h"
 
@@ -17,6 +19,24 @@ double op_duration(const Scenario& scenario, const Schedule& schedule, int rank,
                            group_shape(c, schedule.group_of(rank, coll->role)));
   }
   return 0;  // buffer acquire / release: bookkeeping only
+}
+
+double slowed_compute_end(double start, double work, std::vector<std::pair<double, double>> comm, double slowdown) {
+  std::sort(comm.begin(), comm.end());
+  double t = start;
+  for (const auto& [s, e] : comm) {
+    if (e <= t) continue;
+    if (s > t) {  // alone until this collective starts
+      if (t + work <= s) return t + work;
+      work -= s - t;
+      t = s;
+    }
+    const double slowed = (e - t) / (1 + slowdown);  // work done while it runs
+    if (work <= slowed) return t + work * (1 + slowdown);
+    work -= slowed;
+    t = e;
+  }
+  return t + work;
 }
 
 double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op) {
@@ -37,16 +57,29 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
     std::vector<OpTiming> t(ops.size());
     std::vector<double> stream_free(schedule.streams.size(), 0.0);
     double end = 0, compute = 0, comm = 0, bytes = 0, intra = 0, inter = 0;
+    // Collectives scheduled so far (program order), for cluster.overlap_slowdown: compute overlapping one
+    // issued earlier in program order is slowed; one issued later is not seen (a list schedule's limit).
+    std::vector<std::pair<double, double>> in_flight;
+    const double slowdown = scenario.cluster.overlap_slowdown;
     for (size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
       double start = stream_free[op.stream];
       for (int d : op.deps) start = std::max(start, t[d].end);
-      const double dur = op_duration(scenario, schedule, rank, op, source);
+      double dur = op_duration(scenario, schedule, rank, op, source);
+      const bool is_compute =
+          std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body);
+      if (slowdown > 0 && is_compute) {
+        std::vector<std::pair<double, double>> overlapping;
+        for (const auto& iv : in_flight)
+          if (iv.second > start) overlapping.push_back(iv);
+        dur = slowed_compute_end(start, dur, std::move(overlapping), slowdown) - start;
+      }
       t[i] = {start, start + dur};
+      if (slowdown > 0 && std::holds_alternative<CollectiveOp>(op.body) && dur > 0)
+        in_flight.emplace_back(t[i].start, t[i].end);
       stream_free[op.stream] = t[i].end;
       end = std::max(end, t[i].end);
-      if (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body))
-        compute += dur;
+      if (is_compute) compute += dur;
       if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
         const ProcessGroup& g = schedule.group_of(rank, c->role);
         const double sent =

@@ -8,6 +8,7 @@
 // slowest counts.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "shared/duration_model.h"
@@ -37,6 +38,11 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
                           const DurationModel* durations = nullptr);
 
 // Duration of one op on `rank` under the analytic model.
+// When compute needing `work` seconds alone, started at `start`, ends if it runs at 1 / (1 + slowdown) of
+// its speed wherever one of the collectives `comm` ([start, end) intervals on the same GPU, any order,
+// possibly overlapping) is in flight (cluster.overlap_slowdown; both executors use this rule).
+double slowed_compute_end(double start, double work, std::vector<std::pair<double, double>> comm, double slowdown);
+
 double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op,
                    const DurationModel& durations);
 // ... with the roofline.

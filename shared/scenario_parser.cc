@@ -386,10 +386,11 @@ Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& g
 }
 
 Result<ClusterSpec> parse_cluster(const json& value) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "cluster",
-                                                          {"name", "preset", "nodes", "gpus_per_node", "gpu",
-                                                           "intra_node", "nic", "inter_node", "efficiency",
-                                                           "collective_algorithm", "protocol", "compute_spread"}));
+  HZP_ASSIGN_OR_RETURN(
+      ObjectReader r,
+      ObjectReader::open(value, "cluster",
+                         {"name", "preset", "nodes", "gpus_per_node", "gpu", "intra_node", "nic", "inter_node",
+                          "efficiency", "collective_algorithm", "protocol", "compute_spread", "overlap_slowdown"}));
   ClusterSpec c;
   const bool from_preset = r.has("preset");
   if (from_preset) {
@@ -487,6 +488,7 @@ Result<ClusterSpec> parse_cluster(const json& value) {
       r.read_enum("protocol", c.protocol,
                   {ProtocolChoice::kAuto, ProtocolChoice::kLL, ProtocolChoice::kLL128, ProtocolChoice::kSimple}));
   HZP_RETURN_IF_ERROR(r.read_number("compute_spread", c.compute_spread, kOne, {0, 0.2}));
+  HZP_RETURN_IF_ERROR(r.read_number("overlap_slowdown", c.overlap_slowdown, kOne, {0, 1}));
 
   if (c.intra.topology == IntraNodeTopology::kFullMesh && c.gpus_per_node > range::kFullMeshGpus)
     return invalid("cluster.gpus_per_node",
@@ -820,6 +822,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"collective_algorithm", to_string(c.collective_algorithm)},
       {"protocol", to_string(c.protocol)},
       {"compute_spread", c.compute_spread},
+      {"overlap_slowdown", c.overlap_slowdown},
   };
 
   const TrainingSpec& t = s.training;

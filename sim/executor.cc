@@ -45,6 +45,11 @@ struct RankState {
   double comm_busy = 0;
   int waiting = 0;  // streams blocked on cv: notify only when someone listens (each notify is a simcall)
   bool recorded = false;
+  // cluster.overlap_slowdown: collectives of this GPU in flight, and compute ops waiting on `rate_cv` for
+  // that count to change between none and some (their speed changes then).
+  int comm_in_flight = 0;
+  int computing = 0;
+  sg4::ConditionVariablePtr rate_cv = sg4::ConditionVariable::create();
 };
 
 class Executor {
@@ -178,9 +183,7 @@ class Executor {
   double execute(int rank, const Op& op, double start) {
     RankState& st = ranks_[rank];
     if (const auto* comp = std::get_if<ComputeOp>(&op.body)) {
-      const double d = durations_.compute_s(rank, *comp);
-      sg4::this_actor::sleep_for(d);
-      st.compute_busy += d;
+      st.compute_busy += run_compute(st, durations_.compute_s(rank, *comp));
       const double act = activation(comp->unit, comp->module);
       if (comp->phase == Phase::kForward) st.live_activations += act;
       if (comp->phase == Phase::kBackward) st.live_activations -= act;
@@ -188,16 +191,52 @@ class Executor {
       return start;
     }
     if (const auto* opt = std::get_if<OptimizerStepOp>(&op.body)) {
-      const double d = durations_.optimizer_s(rank, *opt);
-      sg4::this_actor::sleep_for(d);
-      st.compute_busy += d;
+      st.compute_busy += run_compute(st, durations_.optimizer_s(rank, *opt));
       return start;
     }
     if (const auto* coll = std::get_if<CollectiveOp>(&op.body)) return collective(rank, *coll);
     return start;  // buffer acquire / release: the pool is allocated once; nothing to wait for
   }
 
+  // Runs `work` seconds of compute (its time alone) and returns the time it took: slowed to 1 / (1 +
+  // cluster.overlap_slowdown) of its speed while a collective of this GPU is in flight.
+  double run_compute(RankState& st, double work) {
+    const double slowdown = scenario_.cluster.overlap_slowdown;
+    if (slowdown <= 0) {
+      sg4::this_actor::sleep_for(work);
+      return work;
+    }
+    const double begin = sg4::Engine::get_clock();
+    while (work > 0) {
+      const double rate = st.comm_in_flight > 0 ? 1 / (1 + slowdown) : 1;
+      const double from = sg4::Engine::get_clock();
+      std::unique_lock<sg4::Mutex> lock(*st.mutex);
+      ++st.computing;
+      const std::cv_status status = st.rate_cv->wait_for(lock, work / rate);
+      --st.computing;
+      if (status == std::cv_status::timeout) break;
+      work -= (sg4::Engine::get_clock() - from) * rate;
+    }
+    return sg4::Engine::get_clock() - begin;
+  }
+
+  // A collective of this GPU starts (+1) or ends (-1): compute running meanwhile changes speed.
+  void comm_in_flight(RankState& st, int delta) {
+    if (scenario_.cluster.overlap_slowdown <= 0) return;
+    const bool was = st.comm_in_flight > 0;
+    st.comm_in_flight += delta;
+    if (was != (st.comm_in_flight > 0) && st.computing > 0) st.rate_cv->notify_all();
+  }
+
   double collective(int rank, const CollectiveOp& op) {
+    RankState& st = ranks_[rank];
+    comm_in_flight(st, +1);
+    const double transfer_start = collective_body(rank, op);
+    comm_in_flight(st, -1);
+    return transfer_start;
+  }
+
+  double collective_body(int rank, const CollectiveOp& op) {
     RankState& st = ranks_[rank];
     const int group_index = schedule_.rank_groups[rank][op.role];
     const ProcessGroup& group = schedule_.groups[group_index];

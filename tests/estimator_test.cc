@@ -229,3 +229,29 @@ TEST_CASE("cluster.protocol: known names parse, others are refused with the path
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("cluster.protocol"));
 }
+
+TEST_CASE("overlap slowdown: compute beside a collective runs 1 / (1 + s) as fast, closed forms", "[estimator]") {
+  CHECK(slowed_compute_end(3, 2, {}, 0.5) == Approx(5));
+  CHECK(slowed_compute_end(0, 2, {{0, 10}}, 1.0) == Approx(4));  // wholly inside: twice as long
+  CHECK(slowed_compute_end(0, 3, {{1, 3}}, 1.0) == Approx(4));   // 1 alone, 1 in 2 s, 1 alone
+  CHECK(slowed_compute_end(0, 10, {{2, 5}, {1, 3}}, 0.5) == Approx(5 + (10 - 1 - 4 / 1.5)));  // union [1, 5)
+  CHECK(slowed_compute_end(6, 1, {{1, 5}}, 0.5) == Approx(7));  // the collective ended before
+  CHECK(slowed_compute_end(0, 1, {{4, 9}}, 0.5) == Approx(1));  // ... or starts after
+}
+
+TEST_CASE("overlap slowdown: no effect on one GPU; on two nodes slower, compute within (1, 1 + s]", "[estimator]") {
+  nlohmann::json one = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
+  one["cluster"]["gpus_per_node"] = 1;
+  one["cluster"]["nic"] = {{"per_node", 1}};
+  const double alone = estimate_of(build(scenario_from(one))).step_time_s;
+  one["cluster"]["overlap_slowdown"] = 0.5;
+  CHECK(estimate_of(build(scenario_from(one))).step_time_s == Approx(alone).epsilon(1e-12));
+
+  nlohmann::json two = scenario_json("llama2-7b", "dgx-a100", 2, "zero3", 4096, 16 * 2);
+  const Estimate base = estimate_of(build(scenario_from(two)));
+  two["cluster"]["overlap_slowdown"] = 0.3;
+  const Estimate slowed = estimate_of(build(scenario_from(two)));
+  CHECK(slowed.step_time_s > base.step_time_s * 1.01);
+  CHECK(slowed.compute_s > base.compute_s * 1.01);
+  CHECK(slowed.compute_s <= base.compute_s * 1.3 * (1 + 1e-12));
+}

@@ -196,3 +196,24 @@ TEST_CASE("sim: with compute_spread each GPU computes at its own fixed speed", "
   // One GPU, no communication: the step is its compute at rank 0's speed factor.
   CHECK(run_sim(b).step_time_s == Approx(plain * spread.speed_factor(0)).epsilon(1e-9));
 }
+
+TEST_CASE("sim: with overlap_slowdown a 1-GPU step is still exactly its compute", "[sim]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  doc["cluster"]["overlap_slowdown"] = 0.5;
+  const Built b = build(scenario_from(doc));
+  double compute = 0;
+  for (const Op& op : b.schedule.programs[0].ops) compute += op_duration(b.scenario, b.schedule, 0, op);
+  CHECK(run_sim(b).step_time_s == Approx(compute).epsilon(1e-9));
+}
+
+TEST_CASE("sim: ZeRO-3 on 2 nodes with overlap_slowdown agrees with the analytic estimator", "[sim][estimator]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero3", 4096, 16 * 2);
+  doc["cluster"]["overlap_slowdown"] = 0.3;
+  const Built b = build(scenario_from(doc));
+  const sim::SimResult r = run_sim(b);
+  const Estimate e = estimate_of(b);
+  CHECK(r.step_time_s == Approx(e.step_time_s).epsilon(0.03));
+  CHECK(r.compute_s == Approx(e.compute_s).epsilon(0.03));
+}

@@ -85,8 +85,9 @@ def nic_of(row):
     return nic
 
 
-def scenario_of(row, spread):
-    """The scenario of a row on its own GPUs, without calibration; `spread`: cluster.compute_spread."""
+def scenario_of(row, cluster_extra):
+    """The scenario of a row on its own GPUs, without calibration; `cluster_extra`: more cluster fields
+    (compute_spread, overlap_slowdown)."""
     for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu_count", "gpus_per_node"):
         if row.get(key) is None:
             raise Skip(f"{key} not published")
@@ -111,7 +112,7 @@ def scenario_of(row, spread):
             "vocab": row["vocab"], "tied_embeddings": False,
         },
         "cluster": {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, "nic": nic_of(row),
-                    "compute_spread": spread},
+                    **cluster_extra},
         "training": {
             "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": gpus * micro * accum,
             "precision": "bf16", "recompute": "none" if recompute.startswith("none") else "full",
@@ -132,8 +133,8 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def calibrate(hzp, row, workdir, spread):
-    doc, _ = scenario_of(row, spread)
+def calibrate(hzp, row, workdir, cluster_extra):
+    doc, _ = scenario_of(row, cluster_extra)
     path = os.path.join(workdir, f"cal-{row['id']}.json")
     with open(path, "w") as f:
         json.dump(doc, f)
@@ -184,6 +185,9 @@ def main():
     ap.add_argument("--json", help="write the report as JSON")
     ap.add_argument("--compute-spread", type=float, default=0.0,
                     help="cluster.compute_spread of every scenario (per-GPU speed variability; 0: identical GPUs)")
+    ap.add_argument("--overlap-slowdown", type=float, default=0.0,
+                    help="cluster.overlap_slowdown of every scenario (compute slowed while a collective of the "
+                         "same GPU runs; 0: no interference)")
     ap.add_argument("--max-error", type=float)
     ap.add_argument("--min-ratio", type=float)
     ap.add_argument("--max-ratio", type=float)
@@ -192,6 +196,8 @@ def main():
         ap.error("--jobs must be in [1, 64]")
     if not 0 <= args.compute_spread <= 0.2:
         ap.error("--compute-spread must be in [0, 0.2]")
+    if not 0 <= args.overlap_slowdown <= 1:
+        ap.error("--overlap-slowdown must be in [0, 1]")
     try:
         rows = load_rows(args.rows)
         cal_rows = load_rows(args.calibration) if args.calibration else rows
@@ -216,12 +222,13 @@ def report_rows(args, rows, cal_rows, workdir):
     jobs, skipped = [], []
     for row in rows:
         try:
-            doc, family = scenario_of(row, args.compute_spread)
+            extra = {"compute_spread": args.compute_spread, "overlap_slowdown": args.overlap_slowdown}
+            doc, family = scenario_of(row, extra)
             cal = one_node.get(config_key(row))
             if cal is None:
                 raise Skip("no one-node row of the same model, GPU, sequence and micro-batch to calibrate from")
             if cal["id"] not in efficiencies:
-                efficiencies[cal["id"]] = calibrate(args.hzp, cal, workdir, args.compute_spread)
+                efficiencies[cal["id"]] = calibrate(args.hzp, cal, workdir, extra)
             doc["cluster"]["efficiency"] = efficiencies[cal["id"]]
             jobs.append((row, doc, family, cal["id"]))
         except Skip as e:
