@@ -23,6 +23,14 @@ sim::SimResult run_sim(const Built& b, int steps = 1) {
   return *r;
 }
 
+// LLaMA-2 7B under DDP on a single A100: a step is its compute alone.
+nlohmann::json one_gpu_ddp() {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  return doc;
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -33,9 +41,7 @@ std::string read_file(const std::string& path) {
 }  // namespace
 
 TEST_CASE("sim: a 1-GPU DDP step takes exactly its compute time", "[sim]") {
-  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
-  doc["cluster"]["gpus_per_node"] = 1;
-  doc["cluster"]["nic"] = {{"per_node", 1}};
+  nlohmann::json doc = one_gpu_ddp();
   const Built b = build(scenario_from(doc));
   const sim::SimResult r = run_sim(b);
   double compute = 0;
@@ -184,9 +190,7 @@ TEST_CASE("sim: the executor takes compute times from the DurationModel it is gi
 }
 
 TEST_CASE("sim: with compute_spread each GPU computes at its own fixed speed", "[sim][durations]") {
-  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
-  doc["cluster"]["gpus_per_node"] = 1;
-  doc["cluster"]["nic"] = {{"per_node", 1}};
+  nlohmann::json doc = one_gpu_ddp();
   doc["cluster"]["compute_spread"] = 0.05;
   const Built b = build(scenario_from(doc));
   const RooflineDurations roofline(b.scenario.cluster);
@@ -198,9 +202,7 @@ TEST_CASE("sim: with compute_spread each GPU computes at its own fixed speed", "
 }
 
 TEST_CASE("sim: with overlap_slowdown a 1-GPU step is still exactly its compute", "[sim]") {
-  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
-  doc["cluster"]["gpus_per_node"] = 1;
-  doc["cluster"]["nic"] = {{"per_node", 1}};
+  nlohmann::json doc = one_gpu_ddp();
   doc["cluster"]["overlap_slowdown"] = 0.5;
   const Built b = build(scenario_from(doc));
   double compute = 0;
