@@ -38,12 +38,20 @@ struct RankState {
   std::vector<int> completed_step;  // per op: the last step in which it completed (-1: never)
   std::vector<int> collective_seq;  // per role: collectives this rank has issued on it
   sg4::MutexPtr mutex = sg4::Mutex::create();
-  sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
+  // Per stream: the op (and step) it is blocked on, if any, and the condition variable it waits on; an op
+  // completing wakes only a stream blocked on that op (a broadcast to every stream of the rank cost one
+  // wake-up per op per waiting stream).
+  struct Waiter {
+    bool blocked = false;
+    int op = -1;
+    int step = 0;
+    sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
+  };
+  std::vector<Waiter> waiters;
   double live_activations = 0;
   double peak_activations = 0;
   double compute_busy = 0;
   double comm_busy = 0;
-  int waiting = 0;  // streams blocked on cv: notify only when someone listens (each notify is a simcall)
   bool recorded = false;
   // cluster.overlap_slowdown: collectives of this GPU in flight, and compute ops waiting on `rate_cv` for
   // that count to change between none and some (their speed changes then).
@@ -72,6 +80,7 @@ class Executor {
     for (int r = 0; r < schedule.world_size; ++r) {
       ranks_[r].completed_step.assign(schedule.program_of(r).ops.size(), -1);
       ranks_[r].collective_seq.assign(schedule.roles.size(), 0);
+      ranks_[r].waiters.resize(schedule.streams.size());
     }
     result_.timeline_ranks = timeline_sample(schedule.world_size, schedule.gpus_per_node, options.timeline_max_ranks);
     for (int r : result_.timeline_ranks) ranks_[r].recorded = true;
@@ -135,12 +144,13 @@ class Executor {
   }
 
  private:
-  bool deps_done(const RankState& st, const Op& op, int step) const {
+  // The first dependency of `op` (in `step`) not yet complete, as (op index, the step it must reach).
+  std::optional<std::pair<int, int>> unmet_dep(const RankState& st, const Op& op, int step) const {
     for (int d : op.deps)
-      if (st.completed_step[d] < step) return false;
+      if (st.completed_step[d] < step) return std::pair{d, step};
     for (int d : op.prev_step_deps)
-      if (st.completed_step[d] < step - 1) return false;
-    return true;
+      if (st.completed_step[d] < step - 1) return std::pair{d, step - 1};
+    return std::nullopt;
   }
 
   void run_stream(int rank, int stream) {
@@ -152,20 +162,27 @@ class Executor {
       for (size_t k = 0; k < ops.size(); ++k) {
         const int index = ops[k];
         const Op& op = program.ops[index];
-        // Wait for dependencies on other streams of this rank; their completion notifies st.cv. Actors run
-        // one at a time and only yield inside simcalls, so the unlocked check cannot race.
-        if (!deps_done(st, op, step)) {
+        // Wait for dependencies on other streams of this rank, one at a time: the op blocked on notifies this
+        // stream when it completes. Actors run one at a time and only yield inside simcalls, so the
+        // unlocked check cannot race.
+        if (auto blocker = unmet_dep(st, op, step)) {
+          RankState::Waiter& w = st.waiters[stream];
           std::unique_lock<sg4::Mutex> lock(*st.mutex);
-          ++st.waiting;
-          while (!deps_done(st, op, step)) st.cv->wait(lock);
-          --st.waiting;
+          for (; blocker; blocker = unmet_dep(st, op, step)) {
+            w.blocked = true;
+            w.op = blocker->first;
+            w.step = blocker->second;
+            while (st.completed_step[w.op] < w.step) w.cv->wait(lock);
+          }
+          w.blocked = false;
         }
         const double start = sg4::Engine::get_clock();
         const double transfer_start = execute(rank, op, start);
         ++ops_executed_;
         if (st.recorded) result_.spans.push_back({rank, index, step, start, sg4::Engine::get_clock(), transfer_start});
         st.completed_step[index] = step;
-        if (st.waiting > 0) st.cv->notify_all();
+        for (RankState::Waiter& w : st.waiters)
+          if (w.blocked && w.op == index && step >= w.step) w.cv->notify_one();
         if (options_.progress && rank == 0 && stream == 0 && k % 256 == 0) {
           const auto now = std::chrono::steady_clock::now();
           if (now - last_progress > std::chrono::seconds(2)) {

@@ -354,7 +354,7 @@ TEST_CASE("sim collective: broadcast on a full-mesh node is bounded by each memb
   CHECK(m.traffic.intra_node_bytes == Approx(15 * S));
 }
 
-TEST_CASE("sim collective: an 8192-GPU platform builds fast and runs a cluster-wide ring", "[sim][platform]") {
+TEST_CASE("sim collective: an 8192-GPU platform builds and runs a cluster-wide ring", "[sim][platform]") {
   const auto t0 = std::chrono::steady_clock::now();
   Sim sim(cluster("dgx-a100", 1024));
   const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -363,7 +363,9 @@ TEST_CASE("sim collective: an 8192-GPU platform builds fast and runs a cluster-w
   REQUIRE(sim.platform.nics.size() == 1024);
   CHECK(sim.platform.nics[1023].size() == 8);
   CHECK(sim.platform.nic_of(8191) == sim.platform.nics[1023][7]);
-  CHECK(build_s < 1.0);  // ~0.15 s here; one zone per node (SimGrid checks names zone by zone) took 1.9 s
+  // ~0.15 s here; one zone per node (SimGrid checks names zone by zone) took 1.9 s. Reported, not asserted:
+  // the machines are shared (bench/sim_scaling.sh measures the simulator's speed).
+  if (build_s > 1.0) WARN("building the 8192-GPU platform took " << build_s << " s");
   const ProcessGroup world = group_of(c, range(0, 8192));
   const double S = 1 * GiB;
   Measured m;
