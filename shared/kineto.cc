@@ -325,6 +325,11 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
 
 Result<KinetoProfile> load_kineto_file(const std::string& path) {
   HZP_ASSIGN_OR_RETURN(std::string text, read_maybe_gzip_file(path, kMaxKinetoBytes));
+  const auto objects = std::count(text.begin(), text.end(), '{');
+  if (objects > 3 * kMaxKinetoEvents)
+    return Status::InvalidInput(printable(path, 200) + ": " + std::to_string(objects) +
+                                " JSON objects, more than a trace of at most " + std::to_string(kMaxKinetoEvents) +
+                                " events holds (refused before parsing)");
   Result<json> doc = parse_json_strict(text, static_cast<std::size_t>(kMaxKinetoBytes));
   if (!doc.ok()) return Status::InvalidInput(printable(path, 200) + ": " + doc.status().message());
   text.clear();

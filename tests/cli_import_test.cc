@@ -117,6 +117,14 @@ double summed(const json& trace, int rank, int step, const std::string& kind, co
   return total;
 }
 
+// `n` empty events, comma-separated.
+std::string many_events(std::size_t n) {
+  std::string text;
+  text.reserve(3 * n);
+  for (std::size_t i = 0; i < n; ++i) text += i == 0 ? "{}" : ",{}";
+  return text;
+}
+
 }  // namespace
 
 TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as the sum", "[cli][import]") {
@@ -231,6 +239,9 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
        2,
        "distributedInfo.rank 0 where rank 1 was expected"},
       {{write("bad_rank.json", good.done(3, 2).dump())}, 1, "distributedInfo"},
+      {{write("ten_million.json", "{\"traceEvents\": [" + many_events(10'000'000) + "]}")},
+       1,
+       "refused before parsing"},
   };
   for (const Case& c : cases) {
     const std::string out = (scratch() / "never.json").string();
