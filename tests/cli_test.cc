@@ -147,7 +147,7 @@ TEST_CASE("schedule dumps one rank, or all", "[cli]") {
   CHECK(all.out.find("rank 3 program 0") != std::string::npos);
 }
 
-TEST_CASE("simulate writes summary.json and a Perfetto timeline; bad flags exit 2", "[cli][sim]") {
+TEST_CASE("simulate writes summary.json and a Perfetto timeline, bad flags exit 2", "[cli][sim]") {
   const auto out_dir = scratch_dir() / "sim_out";
   const RunResult r = run("simulate '" + kData + "/golden/zero3.json' --out '" + out_dir.string() + "' --steps 2");
   INFO(r.err);

@@ -239,7 +239,8 @@ TEST_CASE("overlap slowdown: compute beside a collective runs 1 / (1 + s) as fas
   CHECK(slowed_compute_end(0, 1, {{4, 9}}, 0.5) == Approx(1));  // ... or starts after
 }
 
-TEST_CASE("overlap slowdown: no effect on one GPU; on two nodes slower, compute within (1, 1 + s]", "[estimator]") {
+TEST_CASE("overlap slowdown: no effect on one GPU, on two nodes slower with compute at most 1 + s times",
+          "[estimator]") {
   nlohmann::json one = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 4096);
   one["cluster"]["gpus_per_node"] = 1;
   one["cluster"]["nic"] = {{"per_node", 1}};

@@ -505,7 +505,7 @@ TEST_CASE("backend: a rank that never joins a collective is an error naming the 
   CHECK_THAT(peer_error, Catch::StartsWith("all_reduce on fault_pair (global ranks [0,1]) failed: "));
 }
 
-TEST_CASE("backend: a rendezvous with a missing member fails naming the group; bad groups are refused",
+TEST_CASE("backend: a rendezvous with a missing member fails naming the group, bad groups are refused",
           "[backend][gloo]") {
   World w = make_world();
   const auto t0 = std::chrono::steady_clock::now();

@@ -189,7 +189,7 @@ TEST_CASE("runtime: damaged, foreign, inconsistent and non-finite checkpoints ar
   fs::remove_all(dir);
 }
 
-TEST_CASE("runtime: one job per checkpoint directory; stale temporary files are cleaned", "[train][checkpoint]") {
+TEST_CASE("runtime: one job per checkpoint directory, stale temporary files are cleaned", "[train][checkpoint]") {
   const fs::path dir = fresh_dir("lock");
   const std::string scen = tiny_scenario(dir, 2000);
   const fs::path ckpt = dir / "ckpt";
@@ -233,7 +233,7 @@ TEST_CASE("runtime: ranks die with a launcher killed by SIGKILL", "[train]") {
   fs::remove_all(dir);
 }
 
-TEST_CASE("runtime: a rank that never joins is named as such; MASTER_ADDR may be a host name", "[train]") {
+TEST_CASE("runtime: a rank that never joins is named as such, MASTER_ADDR may be a host name", "[train]") {
   const fs::path dir = fresh_dir("join");
   const std::string scen = tiny_scenario(dir, 3, "ddp");
   const int port = hzp::test::free_port();
@@ -322,7 +322,7 @@ TEST_CASE("runtime: flags out of range, unwritable outputs and bad scenarios fai
   fs::remove_all(dir);
 }
 
-TEST_CASE("runtime: the default training text is found from any working directory; a diverged loss stops the run",
+TEST_CASE("runtime: the default training text is found from any working directory, a diverged loss stops the run",
           "[train]") {
   const fs::path dir = fresh_dir("cwd");
   const std::string scen = tiny_scenario(dir, 2);

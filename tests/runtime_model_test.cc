@@ -341,7 +341,7 @@ TEST_CASE("init_parameters is deterministic and independent of expert placement"
   CHECK(stddev(a.data() + attn[4].offset, attn[4].size()) == Approx(0.02 / std::sqrt(2.0 * c.layers)).epsilon(0.15));
 }
 
-TEST_CASE("kernels: top-k breaks ties to the lower index; rotary backward inverts forward", "[model]") {
+TEST_CASE("kernels: top-k breaks ties to the lower index, rotary backward inverts forward", "[model]") {
   const float p[] = {0.1f, 0.3f, 0.3f, 0.2f, 0.3f, 0.05f};
   std::int32_t idx[4];
   kernels::top_k(p, 6, 3, idx);

@@ -221,7 +221,7 @@ TEST_CASE("store: malformed and oversized requests are refused, the server keeps
   CHECK(client(*server)->set("k", std::string(16, 'x')).ok());
 }
 
-TEST_CASE("store: bad addresses are errors; stopping the server releases a waiting client", "[store]") {
+TEST_CASE("store: bad addresses are errors, stopping the server releases a waiting client", "[store]") {
   CHECK_FALSE(StoreServer::start("not-an-ip", 0, "t").ok());
   CHECK_FALSE(StoreClient::connect("127.0.0.1", 1, "t", 500ms).ok());  // nothing listens on port 1
   auto server = serve();
@@ -284,7 +284,7 @@ TEST_CASE("store: finished connection threads are reaped, not kept", "[store]") 
   CHECK(server->stats().keys == 4);
 }
 
-TEST_CASE("store: a stalled handshake and a trickling request are dropped; others keep being served", "[store]") {
+TEST_CASE("store: a stalled handshake and a trickling request are dropped, others keep being served", "[store]") {
   StoreLimits limits;
   limits.handshake_timeout = 200ms;
   limits.request_timeout = 300ms;
