@@ -177,7 +177,7 @@ TEST_CASE("simulate reports an out-of-memory scenario as a verdict", "[cli][sim]
   CHECK(summary["fits_memory"] == false);
 }
 
-TEST_CASE("\"sharding\": \"auto\" resolves to the planner's pick, printed explicitly", "[cli][planner]") {
+TEST_CASE("sharding auto resolves to the planner's pick, printed explicitly", "[cli][planner]") {
   const RunResult r = run("validate '" + kData + "/auto_amsp.json'");
   INFO(r.err);
   REQUIRE(r.code == 0);
