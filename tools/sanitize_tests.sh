@@ -10,5 +10,6 @@ cd "$(dirname "$0")/.."
 cmake -S . -B build-asan -DHZP_SANITIZE=ON -DHZP_CUDA=OFF >/dev/null
 cmake --build build-asan -j2
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS="suppressions=$PWD/tools/lsan.supp"  # third-party leaks only, each with its reason
 ctest --test-dir build-asan --output-on-failure -j2 \
   -E 'learns|equivalence|fuzz|fidelity|torch_compare|sweep_smoke|torchrun|planner pick|8192|hzp collective prints'
