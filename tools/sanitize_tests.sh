@@ -3,6 +3,7 @@
 # the fast tests under them: any report fails the test that triggered it. Left out: the slow end-to-end runs
 # (learning curves, equivalence, the planner's 64-GPU sweep, fuzzing, the fidelity rows, PyTorch comparisons), and the one test
 # that parses hzp collective's combined output, which ASan's warning about SimGrid's actor stacks disturbs.
+# Leaks inside third-party libraries are suppressed by tools/lsan.supp, each with its reason.
 # Usage: bash tools/sanitize_tests.sh   (after tools/setup.sh has installed the packages; ~12 min on 2 cores)
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
