@@ -211,12 +211,16 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
         "or DistributedDataParallel.forward / FullyShardedDataParallel.forward)");
   p.steps.resize(steps.size());
 
-  // The step and phase of a CPU time, if any: forward / optimizer / backward ranges; between a step's
-  // forward end and its optimizer start, backward.
-  auto locate = [&](double t) -> std::optional<std::pair<int, KinetoPhase>> {
+  // The step of a CPU time (-1: none), then its phase, if any: forward / optimizer / backward ranges;
+  // between a step's forward end and its optimizer start, backward.
+  auto step_of = [&](double t) -> int {
     auto it = std::upper_bound(steps.begin(), steps.end(), t, [](double v, const Range& r) { return v < r.start; });
-    if (it == steps.begin() || t > std::prev(it)->end) return std::nullopt;
-    const int step = static_cast<int>(std::prev(it) - steps.begin());
+    if (it == steps.begin() || t > std::prev(it)->end) return -1;
+    return static_cast<int>(std::prev(it) - steps.begin());
+  };
+  auto locate = [&](double t) -> std::optional<std::pair<int, KinetoPhase>> {
+    const int step = step_of(t);
+    if (step < 0) return std::nullopt;
     if (inside(forward, t)) return std::pair{step, KinetoPhase::kForward};
     if (inside(optimizer, t)) return std::pair{step, KinetoPhase::kOptimizer};
     if (inside(backward, t)) return std::pair{step, KinetoPhase::kBackward};
@@ -226,11 +230,6 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
     const Range* opt = first_from(optimizer, fwd->end);
     if (opt != nullptr && opt->start <= st.end && t > opt->start) return std::nullopt;  // after the optimizer
     return std::pair{step, KinetoPhase::kBackward};
-  };
-  auto step_of = [&](double t) -> int {
-    auto it = std::upper_bound(steps.begin(), steps.end(), t, [](double v, const Range& r) { return v < r.start; });
-    if (it == steps.begin() || t > std::prev(it)->end) return -1;
-    return static_cast<int>(std::prev(it) - steps.begin());
   };
 
   std::sort(comms.begin(), comms.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
@@ -379,10 +378,9 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
       if (!s.collectives.empty()) return s.collectives.front().end_us;
     return std::nullopt;
   };
-  if (world > 1 && first_end(profiles[0])) {
+  if (const auto reference = first_end(profiles[0]); reference && world > 1)
     for (int r = 1; r < world; ++r)
-      if (auto e = first_end(profiles[r])) shift[r] = *first_end(profiles[0]) - *e;
-  }
+      if (auto e = first_end(profiles[r])) shift[r] = *reference - *e;
   double t0 = std::numeric_limits<double>::infinity();
   for (int r = 0; r < world; ++r)
     for (const KinetoStep& s : profiles[r].steps)
