@@ -44,7 +44,7 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   if (measured.kind == MeasureKind::kMfu && measured.value >= 1)
     return Status::InvalidInput("calibrate: --mfu is a fraction below 1, got " + number(measured.value));
 
-  const ModelCost cost = model_cost(one_node.model, one_node.training);
+  const ModelCost cost = scenario_cost(one_node);
   HZP_ASSIGN_OR_RETURN(const Schedule schedule, build_schedule(one_node, cost));
   ComputeFit fit;
   const double gpus = c.world_size();

@@ -3,9 +3,10 @@
 // fast path and the simulator's sanity check.
 //
 // Every op starts when its stream's previous op and all its dependencies have finished (list scheduling in
-// program order, exact for the IR's semantics). Collectives are assumed to find all members ready, which
-// holds for the symmetric programs of data parallelism; with several programs each is timed alone and the
-// slowest counts.
+// program order, exact for the IR's semantics). With one program, collectives are assumed to find all
+// members ready, which holds for the symmetric programs of data parallelism. With several (pipeline
+// stages), one rank per program runs and a collective spanning programs starts when all of them reach it,
+// so the pipeline's bubble is in the estimate; the slowest program's times are reported.
 #pragma once
 
 #include <utility>

@@ -102,7 +102,7 @@ std::int64_t head_params(const ModelSpec& m) {
 
 // The scenario's sizes as doubles: FLOPs and bytes overflow int64 for long sequences and big batches.
 struct Dims {
-  Dims(const ModelSpec& m, const TrainingSpec& t)
+  Dims(const ModelSpec& m, const TrainingSpec& t, const ParallelSpec& par)
       : model(m),
         b(static_cast<double>(t.micro_batch)),
         s(static_cast<double>(t.seq_len)),
@@ -114,13 +114,26 @@ struct Dims {
         vocab(static_cast<double>(m.vocab)),
         e(t.precision == Precision::kFp32 ? 4.0 : 2.0),
         flash(t.flash_attention),
-        recompute(t.recompute) {}
+        recompute(t.recompute),
+        tensor(par.tensor),
+        split(1.0 / par.tensor),
+        outside(par.sequence_parallel ? 1.0 / par.tensor : 1.0) {}
 
   const ModelSpec& model;
   double b, s, tokens, h, heads, q_width, kv_width, vocab;
   double e;  // bytes per activation element
   bool flash;
   Recompute recompute;
+  // Tensor parallelism (docs/model_math.md "Tensor and sequence parallelism"): the share of one GPU in the
+  // work inside the tensor-parallel region (matmuls, attention core, activation functions), and in the work
+  // outside it (norms, residual adds, router, the tensors they save) — replicated unless sequence parallel.
+  int tensor;
+  double split;
+  double outside;
+  // Parameters per GPU: `replicated` (norms, router, learned positions) on every tensor rank, the rest split.
+  std::int64_t per_gpu(std::int64_t total, std::int64_t replicated) const {
+    return replicated + (total - replicated + tensor - 1) / tensor;
+  }
 };
 
 // Forward and backward HBM bytes of one memory-bound kernel (read + write).
@@ -148,15 +161,16 @@ Traffic activation_fn_traffic(const Dims& d, double elements) {
   return {2 * elements * d.e, 3 * elements * d.e};
 }
 
-void add_traffic(ModuleCost& cost, Traffic t) {
-  cost.fwd_mem_bytes += t.fwd;
-  cost.bwd_mem_bytes += t.bwd;
+// `share`: this GPU's share of the kernel's work (Dims::split or Dims::outside).
+void add_traffic(ModuleCost& cost, Traffic t, double share) {
+  cost.fwd_mem_bytes += t.fwd * share;
+  cost.bwd_mem_bytes += t.bwd * share;
 }
 
 // `rows` rows through a (k x n) matrix: 2·rows·k·n forward; backward computes both the input gradient and
 // the weight gradient, 2x forward. `in_model_flops` is false for matmuls the MFU count (docs/model_math.md) leaves out.
-void add_matmul(ModuleCost& cost, double rows, double k, double n, bool in_model_flops = true) {
-  const double fwd = 2 * rows * k * n;
+void add_matmul(ModuleCost& cost, double share, double rows, double k, double n, bool in_model_flops = true) {
+  const double fwd = 2 * rows * k * n * share;
   cost.fwd_flops += fwd;
   cost.bwd_flops += 2 * fwd;
   if (in_model_flops) cost.model_flops += 3 * fwd;
@@ -172,14 +186,15 @@ double mlp_saved_bytes(const Dims& d, double rows, double width) {
 ModuleCost embedding_cost(const Dims& d) {
   ModuleCost cost;
   cost.kind = ModuleKind::kEmbedding;
-  cost.params = embedding_params(d.model);
+  // Vocabulary-parallel: each tensor rank holds V / T rows; learned positions are replicated.
+  cost.params = d.per_gpu(embedding_params(d.model), embedding_params(d.model) - d.model.vocab * d.model.hidden);
   cost.tensors = d.model.position == PositionEmbedding::kLearned ? 2 : 1;
   cost.large_tensors =
       large(d.model.vocab * d.model.hidden) +
       (d.model.position == PositionEmbedding::kLearned ? large(d.model.max_positions * d.model.hidden) : 0);
   // Gather of token rows; backward scatter-adds dy into the gradient rows (read dy, read + write rows).
-  add_traffic(cost, {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e});
-  if (d.model.position == PositionEmbedding::kLearned) add_traffic(cost, residual_traffic(d));
+  add_traffic(cost, {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e}, d.outside);
+  if (d.model.position == PositionEmbedding::kLearned) add_traffic(cost, residual_traffic(d), d.outside);
   // Backward needs only the token ids: a few bytes per token, ignored.
   cost.activation_bytes = 0;
   return cost;
@@ -189,7 +204,7 @@ ModuleCost attention_cost(const Dims& d, int layer) {
   ModuleCost cost;
   cost.kind = ModuleKind::kAttention;
   cost.layer = layer;
-  cost.params = attention_params(d.model);
+  cost.params = d.per_gpu(attention_params(d.model), norm_params(d.model));
   cost.tensors = norm_tensors(d.model) + 4 * linear_tensors(d.model);
   {
     const std::int64_t q = d.model.heads * d.model.head_dim(), kv = d.model.kv_heads * d.model.head_dim();
@@ -197,21 +212,21 @@ ModuleCost attention_cost(const Dims& d, int layer) {
   }
   const double t = d.tokens;
 
-  add_traffic(cost, norm_traffic(d));
-  add_matmul(cost, t, d.h, d.q_width + 2 * d.kv_width);  // Q, K, V (bias fused into the GEMM epilogue)
+  add_traffic(cost, norm_traffic(d), d.outside);
+  add_matmul(cost, d.split, t, d.h, d.q_width + 2 * d.kv_width);  // Q, K, V (bias fused into the GEMM epilogue)
   if (d.model.position == PositionEmbedding::kRope) {
     // Rotates Q and K in place; backward rotates their gradients back.
     const double qk = t * (d.q_width + d.kv_width) * d.e;
-    add_traffic(cost, {2 * qk, 2 * qk});
+    add_traffic(cost, {2 * qk, 2 * qk}, d.split);
   }
 
   // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
   // Counted in full although causal: the Megatron convention of the MFU numerator.
   const double head_rows = d.b * d.heads * d.s;
   const double head_dim = d.q_width / d.heads;
-  add_matmul(cost, head_rows, head_dim, d.s);
-  add_matmul(cost, head_rows, d.s, head_dim);
-  const double qk_flops = 2 * head_rows * head_dim * d.s;  // == P·V's
+  add_matmul(cost, d.split, head_rows, head_dim, d.s);
+  add_matmul(cost, d.split, head_rows, d.s, head_dim);
+  const double qk_flops = 2 * head_rows * head_dim * d.s * d.split;  // == P·V's
   const double scores = d.b * d.heads * d.s * d.s;
   Traffic softmax;
   if (d.flash) {
@@ -220,21 +235,22 @@ ModuleCost attention_cost(const Dims& d, int layer) {
     cost.bwd_flops += qk_flops;
   } else {
     // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
-    softmax = {2 * scores * d.e, 3 * scores * d.e};
-    add_traffic(cost, softmax);
+    softmax = {2 * scores * d.e * d.split, 3 * scores * d.e * d.split};
+    add_traffic(cost, softmax, 1);
   }
 
-  add_matmul(cost, t, d.q_width, d.h);  // output projection
-  add_traffic(cost, residual_traffic(d));
+  add_matmul(cost, d.split, t, d.q_width, d.h);  // output projection
+  add_traffic(cost, residual_traffic(d), d.outside);
 
   // Saved for backward with nothing recomputed (Korthikanti et al. §4.1 without dropout): the norm input
   // (= the layer input), the QKV input, Q and K after rotation, V, the attention output (the projection
   // input; flash also reads it back), and for the core either P or flash's logsumexp.
-  const double layer_input = t * d.h * d.e;
-  const double probs = d.flash ? 0 : scores * d.e;
-  const double logsumexp = d.flash ? d.b * d.heads * d.s * 4 : 0;  // fp32, one per query row per head
-  const double qkv_input = t * d.h * d.e;
-  const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e;
+  // Tensor parallelism splits all but the first two (Korthikanti et al. §4.2.2); sequence parallelism those too.
+  const double layer_input = t * d.h * d.e * d.outside;
+  const double probs = d.flash ? 0 : scores * d.e * d.split;
+  const double logsumexp = d.flash ? d.b * d.heads * d.s * 4 * d.split : 0;  // fp32, one per query row per head
+  const double qkv_input = t * d.h * d.e * d.outside;
+  const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e * d.split;
   const double saved_all = layer_input + qkv_input + q_k_v_o + probs + logsumexp;
   switch (d.recompute) {
     case Recompute::kNone:
@@ -264,21 +280,21 @@ ModuleCost dense_mlp_cost(const Dims& d, int layer) {
   ModuleCost cost;
   cost.kind = ModuleKind::kMlp;
   cost.layer = layer;
-  cost.params = dense_mlp_params(d.model);
+  cost.params = d.per_gpu(dense_mlp_params(d.model), norm_params(d.model));
   cost.tensors = norm_tensors(d.model) + mlp_tensors(d.model);
   cost.large_tensors = mlp_large_tensors(d.model, d.model.ffn_hidden);
   const double t = d.tokens;
   const double f = static_cast<double>(d.model.ffn_hidden);
   const bool swiglu = d.model.family == ModelFamily::kLlama;
 
-  add_traffic(cost, norm_traffic(d));
-  add_matmul(cost, t, d.h, swiglu ? 2 * f : f);  // gate + up, or fc1
-  add_traffic(cost, activation_fn_traffic(d, t * f));
-  add_matmul(cost, t, f, d.h);  // down, or fc2
-  add_traffic(cost, residual_traffic(d));
+  add_traffic(cost, norm_traffic(d), d.outside);
+  add_matmul(cost, d.split, t, d.h, swiglu ? 2 * f : f);  // gate + up, or fc1
+  add_traffic(cost, activation_fn_traffic(d, t * f), d.split);
+  add_matmul(cost, d.split, t, f, d.h);  // down, or fc2
+  add_traffic(cost, residual_traffic(d), d.outside);
 
   // Norm input, norm output (the first matmul's input), then the MLP's intermediates.
-  const double saved_all = 2 * t * d.h * d.e + mlp_saved_bytes(d, t, f);
+  const double saved_all = 2 * t * d.h * d.e * d.outside + mlp_saved_bytes(d, t, f) * d.split;
   if (d.recompute == Recompute::kFull) {
     // The layer input saved by the attention block is all this layer keeps.
     cost.activation_bytes = 0;
@@ -294,11 +310,11 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   ModuleCost cost;
   cost.kind = ModuleKind::kMoe;
   cost.layer = layer;
-  cost.params = moe_params(d.model);
+  cost.params = d.per_gpu(moe_params(d.model), norm_params(d.model) + d.model.hidden * d.model.moe.experts);
   cost.tensors = norm_tensors(d.model) + 1 + d.model.moe.experts * mlp_tensors(d.model);
   cost.large_tensors = large(d.model.hidden * d.model.moe.experts) +
                        d.model.moe.experts * mlp_large_tensors(d.model, d.model.moe.expert_ffn_hidden);
-  cost.expert_params = d.model.moe.experts * mlp_params(d.model, d.model.moe.expert_ffn_hidden);
+  cost.expert_params = d.per_gpu(d.model.moe.experts * mlp_params(d.model, d.model.moe.expert_ffn_hidden), 0);
   const double t = d.tokens;
   const double experts = d.model.moe.experts;
   const double k = d.model.moe.top_k;
@@ -306,30 +322,30 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   const bool swiglu = d.model.family == ModelFamily::kLlama;
   const double routed = t * k;  // token copies processed by experts
 
-  add_traffic(cost, norm_traffic(d));
+  add_traffic(cost, norm_traffic(d), d.outside);
   // Router: logits, then softmax + top-k in fp32 (read logits, write probabilities). Real work but outside
   // the MFU numerator of docs/model_math.md, so fwd/bwd FLOPs only.
-  add_matmul(cost, t, d.h, experts, /*in_model_flops=*/false);
-  add_traffic(cost, {2 * t * experts * 4, 3 * t * experts * 4});
+  add_matmul(cost, d.outside, t, d.h, experts, /*in_model_flops=*/false);
+  add_traffic(cost, {2 * t * experts * 4, 3 * t * experts * 4}, d.outside);
   // Permute: each token is copied to its k experts' contiguous input buffers; backward moves the gradients
   // back the same way. (The all-to-all between GPUs is communication, scheduled elsewhere.)
-  add_traffic(cost, {2 * routed * d.h * d.e, 2 * routed * d.h * d.e});
+  add_traffic(cost, {2 * routed * d.h * d.e, 2 * routed * d.h * d.e}, d.outside);
 
   // Each expert is the family's MLP; together they see t·k rows.
-  add_matmul(cost, routed, d.h, swiglu ? 2 * f : f);
-  add_traffic(cost, activation_fn_traffic(d, routed * f));
-  add_matmul(cost, routed, f, d.h);
+  add_matmul(cost, d.split, routed, d.h, swiglu ? 2 * f : f);
+  add_traffic(cost, activation_fn_traffic(d, routed * f), d.split);
+  add_matmul(cost, d.split, routed, f, d.h);
 
   // Combine: gate-weighted sum of each token's k expert outputs. Backward reads dy and the expert outputs
   // (for the gate gradient) and writes the k output gradients.
-  add_traffic(cost, {routed * d.h * d.e + t * d.h * d.e, t * d.h * d.e + 2 * routed * d.h * d.e});
-  add_traffic(cost, residual_traffic(d));
+  add_traffic(cost, {routed * d.h * d.e + t * d.h * d.e, t * d.h * d.e + 2 * routed * d.h * d.e}, d.outside);
+  add_traffic(cost, residual_traffic(d), d.outside);
 
   // Norm input, norm output (router input), fp32 router probabilities, the permuted expert inputs, the
   // experts' intermediates, and their outputs (the combine's gate gradient needs them). Routing indices
   // are a few bytes per token and ignored.
-  const double saved_all =
-      2 * t * d.h * d.e + t * experts * 4 + routed * d.h * d.e + mlp_saved_bytes(d, routed, f) + routed * d.h * d.e;
+  const double saved_all = (2 * t * d.h * d.e + t * experts * 4 + 2 * routed * d.h * d.e) * d.outside +
+                           mlp_saved_bytes(d, routed, f) * d.split;
   if (d.recompute == Recompute::kFull) {
     cost.activation_bytes = 0;
     cost.recompute_flops = cost.fwd_flops;
@@ -343,21 +359,21 @@ ModuleCost moe_cost(const Dims& d, int layer) {
 ModuleCost head_cost(const Dims& d) {
   ModuleCost cost;
   cost.kind = ModuleKind::kHead;
-  cost.params = head_params(d.model);
+  cost.params = d.per_gpu(head_params(d.model), norm_params(d.model));  // vocabulary-parallel
   cost.tensors = norm_tensors(d.model) + (d.model.tied_embeddings ? 0 : 1);
   cost.large_tensors = d.model.tied_embeddings ? 0 : large(d.model.vocab * d.model.hidden);
   const double t = d.tokens;
 
-  add_traffic(cost, norm_traffic(d));
-  add_matmul(cost, t, d.h, d.vocab);
+  add_traffic(cost, norm_traffic(d), d.outside);
+  add_matmul(cost, d.split, t, d.h, d.vocab);
   // Cross-entropy in fp32 over t x V logits: forward reads them and writes log-probabilities; backward reads
   // those and writes the logit gradients.
   const double logits_fp32 = t * d.vocab * 4;
-  add_traffic(cost, {2 * logits_fp32, 2 * logits_fp32});
+  add_traffic(cost, {2 * logits_fp32, 2 * logits_fp32}, d.split);
 
   // Final-norm input and the logits matmul input. The head is never checkpointed; its fp32 logits live only
   // from the loss to the head's backward and are counted in ModelCost::transient_bytes.
-  cost.activation_bytes = 2 * t * d.h * d.e;
+  cost.activation_bytes = 2 * t * d.h * d.e * d.outside;
   return cost;
 }
 
@@ -375,8 +391,8 @@ std::int64_t parameter_count(const ModelSpec& model) {
   return params;
 }
 
-ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training) {
-  const Dims d(model, training);
+ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const ParallelSpec& parallel) {
+  const Dims d(model, training, parallel);
   ModelCost out;
   out.modules.push_back(embedding_cost(d));
   for (int layer = 0; layer < model.layers; ++layer) {
@@ -394,11 +410,11 @@ ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training) {
   // Scratch that exists only while one module runs backward: the fp32 logits between loss and head
   // backward; under full recompute, one layer's rebuilt activations (all but the checkpointed input);
   // under selective recompute without flash, one layer's rebuilt probabilities.
-  double transient = d.tokens * d.vocab * 4;
+  double transient = d.tokens * d.vocab * 4 * d.split;
   if (training.recompute != Recompute::kNone) {
     TrainingSpec no_recompute = training;
     no_recompute.recompute = Recompute::kNone;
-    const Dims full_set(model, no_recompute);
+    const Dims full_set(model, no_recompute, parallel);
     for (int layer = 0; layer < model.layers; ++layer) {
       const double attention_all = attention_cost(full_set, layer).activation_bytes;
       const double rebuilt =
@@ -410,6 +426,10 @@ ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training) {
   }
   out.transient_bytes = transient;
   return out;
+}
+
+ModelCost scenario_cost(const Scenario& scenario) {
+  return model_cost(scenario.model, scenario.training, scenario.policy.parallel);
 }
 
 double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::int64_t seq_len) {

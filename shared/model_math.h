@@ -55,8 +55,11 @@ struct ModelCost {
                                     // one layer's full activations while it is recomputed)
 };
 
-// Per-module costs for one micro-batch of `training` on one GPU.
-ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training);
+// Per-module costs for one micro-batch of `training` on one GPU. With tensor parallelism (parallel.tensor >
+// 1) each module's parameters, FLOPs, bytes and activations are one tensor rank's share (docs/model_math.md).
+ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const ParallelSpec& parallel = {});
+// ... of a scenario (its model, training and policy.parallel): what every executor and report uses.
+ModelCost scenario_cost(const Scenario& scenario);
 
 // Parameter count of the whole model (== model_cost(...).params).
 std::int64_t parameter_count(const ModelSpec& model);

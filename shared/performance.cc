@@ -9,7 +9,10 @@ void derive_performance(const Scenario& scenario, const ModelCost& cost, StepPer
   perf.gpus = scenario.cluster.world_size();
   perf.exposed_comm_s = std::max(0.0, perf.step_time_s - perf.compute_s);
   perf.overlap_fraction = perf.comm_s > 0 ? std::clamp(1 - perf.exposed_comm_s / perf.comm_s, 0.0, 1.0) : 1.0;
-  perf.model_flops_per_gpu = cost.model_flops * static_cast<double>(scenario.grad_accum_steps());
+  // cost.model_flops is a tensor rank's share of one micro-batch through the whole model; a pipeline stage
+  // runs 1 / pipeline of the model.
+  perf.model_flops_per_gpu =
+      cost.model_flops * static_cast<double>(scenario.grad_accum_steps()) / scenario.policy.parallel.pipeline;
   if (perf.step_time_s > 0) {
     perf.tflops_per_gpu = perf.model_flops_per_gpu / perf.step_time_s / 1e12;
     perf.mfu = perf.model_flops_per_gpu / (perf.step_time_s * scenario.cluster.gpu.peak_flops);

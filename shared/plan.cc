@@ -22,7 +22,7 @@ Result<Scenario> with_policy(const Scenario& scenario, const std::string& policy
 }
 
 Result<Estimate> evaluate(const Scenario& scenario) {
-  const ModelCost cost = model_cost(scenario.model, scenario.training);
+  const ModelCost cost = scenario_cost(scenario);
   HZP_ASSIGN_OR_RETURN(Schedule schedule, build_schedule(scenario, cost));
   HZP_RETURN_IF_ERROR(validate_schedule(schedule));
   return estimate(scenario, cost, schedule);

@@ -35,7 +35,7 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
                                      const std::function<void(long long, long long)>& progress) {
   const ClusterSpec& c = scenario.cluster;
   const std::vector<ShardingSpec> shardings = valid_shardings(c.gpus_per_node, c.nodes);
-  const ModelCost cost = model_cost(scenario.model, scenario.training);
+  const ModelCost cost = scenario_cost(scenario);
   const StateBytes bytes = state_bytes_per_param(scenario.training.precision);
   const long long total =
       static_cast<long long>(shardings.size() * options.prefetch_depths.size() * options.separate_streams.size());

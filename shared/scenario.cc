@@ -1,13 +1,17 @@
 // Names of the scenario enums, as they are spelled in scenario JSON (the parser matches against these).
 #include "shared/scenario.h"
 
+#include <algorithm>
 #include <string>
 
 namespace hzp {
 
 ParallelMesh Scenario::mesh() const {
   ParallelMesh m;
-  m.data = cluster.world_size();
+  m.tensor = policy.parallel.tensor;
+  m.pipeline = policy.parallel.pipeline;
+  const long long model_parallel = static_cast<long long>(m.tensor) * m.pipeline;
+  m.data = static_cast<int>(cluster.world_size() / std::max(1LL, model_parallel));
   m.expert = policy.expert_parallel;
   return m;
 }

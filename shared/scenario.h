@@ -210,6 +210,29 @@ struct CommSpec {
   bool operator==(const CommSpec&) const = default;
 };
 
+// ND parallelism beside the data axis (Megatron-LM's layout). Tensor parallelism splits every layer's
+// matrices over `tensor` GPUs of a node (Shoeybi et al. 2019); sequence parallelism also splits the norms,
+// residuals and their activations along the sequence, turning each tensor all-reduce into an all-gather and
+// a reduce-scatter (Korthikanti et al. 2022); pipeline parallelism splits the layers into `pipeline` stages
+// run as 1F1B, interleaved over `virtual_stages` model chunks per stage when > 1 (Narayanan et al. 2021).
+// Every ZeRO-family sharding applies to the data axis: D = GPUs / (tensor * pipeline).
+struct ParallelSpec {
+  int tensor = 1;
+  int pipeline = 1;
+  int virtual_stages = 1;
+  bool sequence_parallel = false;
+  bool operator==(const ParallelSpec&) const = default;
+};
+
+// The data-parallel axis seen as a cluster: with tensor parallelism t inside a node, each node holds
+// gpus_per_node / t data-parallel ranks; a pipeline stage spans nodes / pipeline nodes (or a part of one
+// node when it is smaller). Sharding groups (AMSP's s0 x s1) are counted in these units.
+struct DataAxis {
+  int ranks_per_node = 1;  // data-parallel ranks of one (tensor, pipeline) coordinate per node
+  int nodes = 1;           // nodes one such coordinate's data-parallel ranks span
+  int size() const { return ranks_per_node * nodes; }
+};
+
 struct PolicySpec {
   std::string preset;     // "ddp", "zero1", ..., or "custom" when only explicit sharding given
   ShardingSpec sharding;  // always resolved (presets are expanded by the parser)
@@ -219,15 +242,16 @@ struct PolicySpec {
   // (1 = every rank holds every expert). Expert states are then sharded like the dense ones but only over
   // the ranks that hold the same experts (the expert-data-parallel group, D / expert_parallel ranks).
   int expert_parallel = 1;
+  ParallelSpec parallel;
   // "sharding": "auto" (amsp): the groups are the planner's analytic pick, filled in by
   // resolve_auto_sharding (planner.h) before anything else uses the scenario.
   bool auto_sharding = false;
 };
 
-// The parallel mesh: named axes whose degrees multiply to the world. hzp runs data parallelism (with the
-// ZeRO family sharding states inside it) and expert parallelism inside the data axis; tensor, pipeline and
-// context are the axes ND parallelism adds (all 1 today). Rank order, innermost first: tensor, context,
-// data, pipeline (Megatron's). Derived from the scenario, never stored, so it cannot go stale.
+// The parallel mesh: named axes whose degrees multiply to the world. The data axis holds the ZeRO family's
+// sharding and expert parallelism; tensor and pipeline come from policy.parallel; context is not modelled
+// (always 1). Rank order, innermost first: tensor, context, data, pipeline (Megatron's), so global rank
+// g = tensor + T·(data + D·stage). Derived from the scenario, never stored, so it cannot go stale.
 struct ParallelMesh {
   int data = 1;
   int tensor = 1;
@@ -235,6 +259,13 @@ struct ParallelMesh {
   int context = 1;
   int expert = 1;  // divides `data`: experts spread over this many consecutive data-parallel ranks
   long long world() const { return static_cast<long long>(data) * tensor * pipeline * context; }
+  // Coordinates of a global rank, and back.
+  int tensor_rank(int rank) const { return rank % tensor; }
+  int data_rank(int rank) const { return rank / (tensor * context) % data; }
+  int stage(int rank) const { return rank / (tensor * context * data); }
+  int global_rank(int tensor_index, int data_index, int stage_index) const {
+    return tensor_index + tensor * context * (data_index + data * stage_index);
+  }
   // "data 64 x tensor 1 x pipeline 1 x context 1 = 64 GPUs, expert 8 (inside data)"
   std::string describe() const;
 };

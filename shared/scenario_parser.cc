@@ -69,7 +69,7 @@ constexpr std::int64_t kMicroBatch = 1 << 16;
 constexpr std::int64_t kMicroBatchTokens = 1 << 26;  // micro_batch x seq_len
 constexpr std::int64_t kGlobalSequences = 1ll << 40;
 constexpr std::int64_t kMicroBatchesPerStep = 1 << 16;
-constexpr std::int64_t kUnitPasses = 1 << 16;  // micro-batches per step x (layers + 2)
+constexpr std::int64_t kUnitPasses = 1 << 16;  // micro-batches per step x (layers per stage + 2)
 constexpr std::int64_t kPrefetch = 64;
 constexpr std::int64_t kSteps = 1'000'000'000;
 constexpr std::int64_t kEvalBatches = 100'000;
@@ -505,7 +505,7 @@ Result<ClusterSpec> parse_cluster(const json& value) {
   return c;
 }
 
-Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, const ClusterSpec& cluster) {
+Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, int data_parallel, int pipeline) {
   HZP_ASSIGN_OR_RETURN(ObjectReader r,
                        ObjectReader::open(value, "training",
                                           {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
@@ -536,7 +536,7 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
                        std::to_string(range::kMicroBatchTokens) + " tokens a micro-batch may hold",
                    t.micro_batch);
   // Sequences one step takes without accumulation: micro_batch x D (< 2^36 with the ranges above).
-  const std::int64_t per_step = t.micro_batch * static_cast<std::int64_t>(cluster.world_size());
+  const std::int64_t per_step = t.micro_batch * static_cast<std::int64_t>(data_parallel);
 
   const bool by_tokens = r.has("global_batch_tokens");
   if (by_tokens && r.has("global_batch_sequences"))
@@ -565,12 +565,13 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, c
   }
   if (t.global_batch % per_step != 0)
     return invalid(batch_path, shown + " is not a multiple of micro_batch (" + std::to_string(t.micro_batch) +
-                                   ") x data-parallel size (" + std::to_string(cluster.world_size()) + ")");
+                                   ") x data-parallel size (" + std::to_string(data_parallel) + ")");
   // The schedule holds every (unit, micro-batch) pass of a step: bound it.
   const std::int64_t micro_batches = t.global_batch / per_step;
-  if (micro_batches > range::kMicroBatchesPerStep || micro_batches * (model.layers + 2) > range::kUnitPasses)
+  const int stage_units = model.layers / pipeline + 2;
+  if (micro_batches > range::kMicroBatchesPerStep || micro_batches * stage_units > range::kUnitPasses)
     return invalid(batch_path, shown + " makes " + std::to_string(micro_batches) + " micro-batches per step of " +
-                                   std::to_string(model.layers + 2) + " units each, more than the " +
+                                   std::to_string(stage_units) + " units each, more than the " +
                                    std::to_string(range::kUnitPasses) +
                                    " unit passes a step's schedule holds; raise micro_batch or lower the batch");
   return t;
@@ -599,15 +600,60 @@ Result<RunSpec> parse_run(const json& value) {
   return run;
 }
 
+// policy.parallel: tensor / pipeline / virtual_stages / sequence_parallel, checked against the model and the
+// node (Megatron-LM's own requirements: heads, KV heads and MLP widths split evenly over tensor, the layers
+// evenly over pipeline x virtual_stages).
+Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec& model, const ClusterSpec& cluster) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       policy.child("parallel", {"tensor", "pipeline", "virtual_stages", "sequence_parallel"}));
+  ParallelSpec p;
+  HZP_RETURN_IF_ERROR(r.read_int("tensor", p.tensor, 1, range::kGpusPerNode));
+  HZP_RETURN_IF_ERROR(r.read_int("pipeline", p.pipeline, 1, range::kLayers));
+  HZP_RETURN_IF_ERROR(r.read_int("virtual_stages", p.virtual_stages, 1, range::kLayers));
+  HZP_RETURN_IF_ERROR(r.read_bool("sequence_parallel", p.sequence_parallel));
+  const int t = p.tensor;
+  if (cluster.gpus_per_node % t != 0)
+    return invalid(r.path_of("tensor"),
+                   "must divide the " + std::to_string(cluster.gpus_per_node) +
+                       " GPUs per node (tensor parallelism stays inside a node)",
+                   t);
+  const std::pair<const char*, std::int64_t> split[] = {{"model.heads", model.heads},
+                                                        {"model.kv_heads", model.kv_heads},
+                                                        {"model.ffn_hidden", model.ffn_hidden},
+                                                        {"model.moe.expert_ffn_hidden", model.moe.expert_ffn_hidden}};
+  for (const auto& [what, n] : split)
+    if (n % t != 0)
+      return invalid(r.path_of("tensor"), "does not divide " + std::string(what) + " (" + std::to_string(n) + ")", t);
+  if (p.sequence_parallel && t == 1)
+    return invalid(r.path_of("sequence_parallel"), "needs tensor > 1 (it splits what tensor parallelism replicates)",
+                   r.at("sequence_parallel"));
+  const long long chunks = static_cast<long long>(p.pipeline) * p.virtual_stages;
+  if (p.virtual_stages > 1 && p.pipeline == 1)
+    return invalid(r.path_of("virtual_stages"), "needs pipeline > 1 (it interleaves pipeline stages)",
+                   p.virtual_stages);
+  if (model.layers % chunks != 0)
+    return invalid(r.path_of(p.virtual_stages > 1 ? "virtual_stages" : "pipeline"),
+                   "pipeline x virtual_stages (" + std::to_string(chunks) + ") must divide the " +
+                       std::to_string(model.layers) + " layers",
+                   p.virtual_stages > 1 ? p.virtual_stages : p.pipeline);
+  return p;
+}
+
 Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster) {
   HZP_ASSIGN_OR_RETURN(
       ObjectReader r,
-      ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "comm", "expert_parallel"}));
+      ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "comm", "expert_parallel", "parallel"}));
   PolicySpec p;
   p.preset = "custom";
   p.overlap.bucket_bytes = 25 * 1024 * 1024;
-  const int gpus_per_node = cluster.gpus_per_node;
-  const int nodes = cluster.nodes;
+  if (r.has("parallel")) {
+    HZP_ASSIGN_OR_RETURN(p.parallel, parse_parallel(r, model, cluster));
+  }
+  // Shardings are laid out on the data axis: its ranks per node and nodes stand in for the cluster's.
+  const Result<DataAxis> axis = data_axis(cluster, p.parallel);
+  if (!axis.ok()) return axis.status();
+  const int gpus_per_node = axis->ranks_per_node;
+  const int nodes = axis->nodes;
 
   // Without a default sharding (no preset, or amsp) every state's group must be explicit.
   bool need_all_groups = true;
@@ -722,8 +768,17 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   HZP_RETURN_IF_ERROR(r.read_label("name", s.name));
   HZP_ASSIGN_OR_RETURN(s.model, parse_model(r.at("model")));
   HZP_ASSIGN_OR_RETURN(s.cluster, parse_cluster(r.at("cluster")));
-  HZP_ASSIGN_OR_RETURN(s.training, parse_training(r.at("training"), s.model, s.cluster));
   HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster));
+  HZP_ASSIGN_OR_RETURN(s.training,
+                       parse_training(r.at("training"), s.model, s.data_parallel(), s.policy.parallel.pipeline));
+  // Megatron's interleaved schedule runs micro-batches in groups of `pipeline`.
+  const ParallelSpec& par = s.policy.parallel;
+  if (par.virtual_stages > 1 && s.grad_accum_steps() % par.pipeline != 0)
+    return invalid("policy.parallel.virtual_stages",
+                   "the interleaved schedule needs the micro-batches per step (" +
+                       std::to_string(s.grad_accum_steps()) + ") to be a multiple of pipeline (" +
+                       std::to_string(par.pipeline) + ")",
+                   par.virtual_stages);
   if (r.has("run")) {
     HZP_ASSIGN_OR_RETURN(s.run, parse_run(r.at("run")));
   }
@@ -870,6 +925,11 @@ nlohmann::json scenario_to_json(const Scenario& s) {
         {"grad_reduce_overlap", p.comm.grad_reduce_overlap},
         {"param_gather", to_string(p.comm.param_gather)}}},
       {"expert_parallel", p.expert_parallel},
+      {"parallel",
+       {{"tensor", p.parallel.tensor},
+        {"pipeline", p.parallel.pipeline},
+        {"virtual_stages", p.parallel.virtual_stages},
+        {"sequence_parallel", p.parallel.sequence_parallel}}},
   };
   if (p.preset != "custom") policy["preset"] = p.preset;
 

@@ -90,6 +90,20 @@ const char* to_string(GroupRole role) {
       return "param_secondary";
     case GroupRole::kWorld:
       return "world";
+    case GroupRole::kTensor:
+      return "tensor";
+    case GroupRole::kPipeActEven:
+      return "pipe_act_even";
+    case GroupRole::kPipeActOdd:
+      return "pipe_act_odd";
+    case GroupRole::kPipeActWrap:
+      return "pipe_act_wrap";
+    case GroupRole::kPipeGradEven:
+      return "pipe_grad_even";
+    case GroupRole::kPipeGradOdd:
+      return "pipe_grad_odd";
+    case GroupRole::kPipeGradWrap:
+      return "pipe_grad_wrap";
   }
   return "?";
 }
@@ -126,6 +140,14 @@ const char* to_string(CollectivePurpose v) {
       return "moe_combine_grad";
     case CollectivePurpose::kMoeDispatchGrad:
       return "moe_dispatch_grad";
+    case CollectivePurpose::kTensorForward:
+      return "tensor_forward";
+    case CollectivePurpose::kTensorBackward:
+      return "tensor_backward";
+    case CollectivePurpose::kPipeActivations:
+      return "pipe_activations";
+    case CollectivePurpose::kPipeGrads:
+      return "pipe_grads";
   }
   return "?";
 }

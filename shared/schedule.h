@@ -48,8 +48,21 @@ enum class GroupRole {
   // among themselves and all-gather it in backward.
   kParamSecondary,
   kWorld,  // every rank: the gradient-norm all-reduce of training.grad_clip
+  // Only with ND parallelism (policy.parallel):
+  kTensor,  // the `tensor` consecutive ranks of a node that split each layer: per-layer all-reduces
+  // Pipeline links: the two ranks (same tensor and data coordinates) of consecutive stages, members in
+  // sending order. Activations flow stage s -> s+1, gradients s+1 -> s; each direction is its own group so
+  // that its transfers match in issue order. A rank binds one group per role, so links are coloured by the
+  // parity of their lower stage, and the interleaved schedule's link from the last stage back to the first
+  // (its next model chunk) gets a role of its own.
+  kPipeActEven,
+  kPipeActOdd,
+  kPipeActWrap,
+  kPipeGradEven,
+  kPipeGradOdd,
+  kPipeGradWrap,
 };
-inline constexpr int kNumGroupRoles = 11;
+inline constexpr int kNumGroupRoles = 18;
 // Model states are sharded per kind: the dense parameters, and (with expert parallelism) the experts'.
 enum class StateKind { kDense, kExpert };
 // What a fixed buffer pool holds.
@@ -67,6 +80,12 @@ enum class CollectivePurpose {
   kMoeCombine,         // forward: expert outputs back to their tokens' ranks
   kMoeCombineGrad,     // backward: gradients of the expert outputs to the experts' ranks
   kMoeDispatchGrad,    // backward: gradients of the dispatched tokens back to their ranks
+  kTensorForward,      // forward: all-reduce (sequence parallel: all-gather / reduce-scatter) of a layer
+                       // block's activations over the tensor group, on the compute path
+  kTensorBackward,     // backward: the same for the activation gradients
+  kPipeActivations,    // pipeline: a stage's output activations to the next stage (a two-rank broadcast
+                       // rooted at the sender: the wire cost of a send / receive pair)
+  kPipeGrads,          // pipeline: the gradients of a stage's input back to the previous stage
 };
 enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 enum class DType { kBf16, kFp16, kFp32 };
@@ -219,7 +238,7 @@ struct StateBytesPerRank {
 
 struct Schedule {
   std::string policy;
-  StateBytesPerRank state_bytes;
+  std::vector<StateBytesPerRank> state_bytes;  // per program (pipeline stages hold different layers)
   int world_size = 0;
   int gpus_per_node = 0;
   std::vector<std::string> streams;  // e.g. {"compute", "allgather", "reduce_scatter", "allreduce"}

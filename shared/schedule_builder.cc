@@ -93,8 +93,8 @@ class SlotPool {
 
 class DataParallelBuilder {
  public:
-  DataParallelBuilder(const Scenario& scenario, const ModelCost& cost, const std::string& policy,
-                      const SchedulerOptions& options)
+  DataParallelBuilder(const Scenario& scenario, const ModelCost& cost, const SchedulerOptions& options,
+                      Schedule& schedule, int stage)
       : scenario_(scenario),
         cost_(cost),
         options_(options),
@@ -108,12 +108,17 @@ class DataParallelBuilder {
         micro_batches_(scenario.grad_accum_steps()),
         // The secondary copy only helps when parameters are sharded beyond the node.
         secondary_(options.secondary_param_copy && scenario.policy.sharding.params.s1 > 1),
-        refresh_stream_(options.dedicated_refresh_stream ? "param_refresh" : "replica_sync") {
-    schedule_.policy = policy;
-  }
+        refresh_stream_(options.dedicated_refresh_stream ? "param_refresh" : "replica_sync"),
+        par_(scenario.policy.parallel),
+        stage_(stage),
+        chunks_(par_.pipeline * par_.virtual_stages),
+        act_bytes_(static_cast<std::int64_t>(scenario.training.micro_batch * scenario.training.seq_len *
+                                             scenario.model.hidden * dtype_bytes(dtype_))),
+        schedule_(schedule),
+        bucket_base_(static_cast<int>(schedule.buckets.size())) {}
 
-  Result<Schedule> build() {
-    HZP_RETURN_IF_ERROR(lay_out_groups());
+  // Appends this stage's program to the schedule (whose groups lay_out_groups has set).
+  void build() {
     lay_out_units_and_buckets();
     lay_out_pools();
     ProgramBuilder prog(schedule_, overlap_.separate_streams);
@@ -124,7 +129,6 @@ class DataParallelBuilder {
     gradient_norm();
     optimizer_steps();
     schedule_.programs.push_back(prog.take());
-    return std::move(schedule_);
   }
 
  private:
@@ -134,38 +138,20 @@ class DataParallelBuilder {
   int refresh_of(int unit, int k) const { return bucket_of_[unit][k] < 0 ? -1 : refresh_op_[bucket_of_[unit][k]]; }
 
   // --- Layout ------------------------------------------------------------------------------------------
-  Status lay_out_groups() {
-    HZP_ASSIGN_OR_RETURN(ShardingLayout layout, build_sharding_layout(scenario_.cluster, scenario_.policy.sharding,
-                                                                      LayoutOptions{ep_, secondary_}));
-    const int world = scenario_.data_parallel();
-    schedule_.world_size = world;
-    schedule_.gpus_per_node = scenario_.cluster.gpus_per_node;
-    schedule_.roles = layout.roles;
-    schedule_.groups = layout.groups;
-    schedule_.rank_groups = layout.rank_groups;
-    schedule_.rank_program.assign(world, 0);
-    auto state_of = [&](GroupRole param, GroupRole grad, GroupRole refresh, GroupRole replica) {
-      StateSharding s;
-      s.present = true;
-      s.role_param = layout.role(param);
-      s.role_grad = layout.role(grad);
-      s.role_refresh = layout.role(refresh);
-      s.role_replica = layout.role(replica);
-      auto size = [&](int role) { return static_cast<int>(schedule_.group_of(0, role).ranks.size()); };
-      s.s_p = size(s.role_param);
-      s.s_g = size(s.role_grad);
-      s.s_os = s.s_p * size(s.role_refresh);
-      s.replicas = size(s.role_replica);
-      return s;
-    };
-    schedule_.states[kDense] =
-        state_of(GroupRole::kParamShard, GroupRole::kGradShard, GroupRole::kParamRefresh, GroupRole::kOsReplica);
-    if (ep_ > 1)
-      schedule_.states[kExpert] = state_of(GroupRole::kExpertParamShard, GroupRole::kExpertGradShard,
-                                           GroupRole::kExpertParamRefresh, GroupRole::kExpertOsReplica);
-    schedule_.role_secondary = secondary_ ? layout.role(GroupRole::kParamSecondary) : -1;
-    schedule_.role_expert_parallel = ep_ > 1 ? layout.role(GroupRole::kExpertParallel) : -1;
-    return Status::Ok();
+  // The model chunk (0 .. pipeline x virtual_stages - 1, in model order) holding a unit: chunk k runs on
+  // stage k % pipeline as its virtual stage k / pipeline (Megatron's interleaved assignment); the embedding
+  // is in the first chunk, the head in the last.
+  int chunk_of(int unit) const {
+    const int layers = scenario_.model.layers;
+    if (unit == 0) return 0;
+    if (unit == layers + 1) return chunks_ - 1;
+    return (unit - 1) / (layers / chunks_);
+  }
+  bool on_stage(int unit) const { return chunk_of(unit) % par_.pipeline == stage_; }
+  int first_unit(int chunk) const { return chunk == 0 ? 0 : unit_of_layer(chunk * (scenario_.model.layers / chunks_)); }
+  int last_unit(int chunk) const {
+    return chunk == chunks_ - 1 ? scenario_.model.layers + 1
+                                : unit_of_layer((chunk + 1) * (scenario_.model.layers / chunks_) - 1);
   }
 
   void lay_out_units_and_buckets() {
@@ -173,16 +159,24 @@ class DataParallelBuilder {
     for (std::size_t i = 0; i < units_.size(); ++i) units_[i].layer = static_cast<int>(i) - 1;
     for (const ModuleCost& m : cost_.modules) {
       const std::size_t u = static_cast<std::size_t>(unit_of_module(m, scenario_.model.layers));
+      if (!on_stage(static_cast<int>(u))) continue;
       units_[u].modules.push_back(&m);
       // With expert parallelism each rank holds 1/EP of the experts; without, experts are ordinary params.
       const std::int64_t experts = ep_ > 1 ? m.expert_params : 0;
       units_[u].params[kDense] += m.params - experts;
       units_[u].params[kExpert] += experts / ep_;
     }
-    for (const Unit& u : units_) {
-      UnitInfo info{u.layer, {}};
-      for (const ModuleCost* m : u.modules) info.modules.push_back(m->kind);
-      schedule_.units.push_back(std::move(info));
+    // Pipelined with tied embeddings, the last stage keeps its own copy of the word embeddings for the
+    // logits (Megatron); the all-reduce of the two copies' gradients is not modelled.
+    const int head = scenario_.model.layers + 1;
+    if (par_.pipeline > 1 && scenario_.model.tied_embeddings && on_stage(head))
+      units_[head].params[kDense] += (scenario_.model.vocab * scenario_.model.hidden + par_.tensor - 1) / par_.tensor;
+    if (schedule_.units.empty()) {  // every unit, whichever stage runs it
+      std::vector<UnitInfo> all(units_.size());
+      for (std::size_t u = 0; u < all.size(); ++u) all[u].layer = units_[u].layer;
+      for (const ModuleCost& m : cost_.modules)
+        all[static_cast<std::size_t>(unit_of_module(m, scenario_.model.layers))].modules.push_back(m.kind);
+      schedule_.units = std::move(all);
     }
     // Buckets: with sharded parameters every unit is its own bucket (FSDP's wrapping unit); with replicated
     // parameters, consecutive units in backward order are packed until bucket_bytes (DDP / DeepSpeed).
@@ -203,16 +197,19 @@ class DataParallelBuilder {
       schedule_.buckets.push_back(GradBucket{static_cast<StateKind>(buckets_[b].kind), buckets_[b].units});
     }
     // Resident model states: each kind's parameters over its groups.
+    StateBytesPerRank states;
     for (int k = 0; k < num_kinds_; ++k) {
       double psi = 0;
       for (const Unit& u : units_) psi += static_cast<double>(u.params[k]);
-      schedule_.state_bytes.params += state_.param * psi / kind(k).s_p;
-      schedule_.state_bytes.grads += state_.grad * psi / kind(k).s_g;
-      schedule_.state_bytes.optimizer += state_.optimizer * psi / kind(k).s_os;
-      // hpZ's secondary copy: the dense parameters again, sharded over the node.
+      states.params += state_.param * psi / kind(k).s_p;
+      states.grads += state_.grad * psi / kind(k).s_g;
+      states.optimizer += state_.optimizer * psi / kind(k).s_os;
+      // hpZ's secondary copy: the dense parameters again, sharded over the node's data-parallel ranks.
       if (secondary_ && k == kDense)
-        schedule_.state_bytes.params += state_.param * psi / scenario_.cluster.gpus_per_node;
+        states.params +=
+            state_.param * psi / static_cast<double>(schedule_.group_of(0, schedule_.role_secondary).ranks.size());
     }
+    schedule_.state_bytes.push_back(states);
   }
 
   // Fixed pools, sized once from the largest unit / bucket.
@@ -226,16 +223,22 @@ class DataParallelBuilder {
     for (const Bucket& b : buckets_) max_bucket = std::max(max_bucket, kind(b.kind).s_p > 1 ? 0 : b.params);
     const int gather_slots = overlap_.prefetch_depth + 1;
     const int reduce_slots = 2 * num_kinds_;  // double-buffered per kind of state
-    if (any_gather_) {
-      gather_pool_ = SlotPool(static_cast<int>(schedule_.pools.size()), gather_slots);
-      schedule_.pools.push_back(
-          {PoolKind::kParamGather, to_string(PoolKind::kParamGather), gather_slots, param_bytes(max_unit)});
-    }
-    if (any_reduce_) {
-      grad_pool_ = SlotPool(static_cast<int>(schedule_.pools.size()), reduce_slots, num_kinds_);
-      schedule_.pools.push_back({PoolKind::kGradReduce, to_string(PoolKind::kGradReduce), reduce_slots,
-                                 grad_bytes(std::max(max_unit, max_bucket))});
-    }
+    if (any_gather_)
+      gather_pool_ = SlotPool(pool_of(PoolKind::kParamGather, gather_slots, param_bytes(max_unit)), gather_slots);
+    if (any_reduce_)
+      grad_pool_ = SlotPool(pool_of(PoolKind::kGradReduce, reduce_slots, grad_bytes(std::max(max_unit, max_bucket))),
+                            reduce_slots, num_kinds_);
+  }
+
+  // The schedule's pool of a kind (pipeline stages share it, sized for the largest stage's need).
+  int pool_of(PoolKind kind, int slots, std::int64_t slot_bytes) {
+    for (std::size_t i = 0; i < schedule_.pools.size(); ++i)
+      if (schedule_.pools[i].kind == kind) {
+        schedule_.pools[i].slot_bytes = std::max(schedule_.pools[i].slot_bytes, slot_bytes);
+        return static_cast<int>(i);
+      }
+    schedule_.pools.push_back({kind, to_string(kind), slots, slot_bytes});
+    return static_cast<int>(schedule_.pools.size()) - 1;
   }
 
   // --- Step start: refresh each bucket's parameters from last step's optimizer slices ---------------------
@@ -281,11 +284,13 @@ class DataParallelBuilder {
     for (const Unit& unit : units_)
       for (const ModuleCost* m : unit.modules) tensors += m->tensors;
     const int owners = std::max(1, std::min(g.q(), tensors));
-    const int last_unit = static_cast<int>(units_.size()) - 1;
+    int final_unit = 0;  // this stage's last unit
+    for (int u = 0; u < static_cast<int>(units_.size()); ++u)
+      if (!units_[u].modules.empty()) final_unit = u;
     int first = -1, last = -1;
     for (int i = 0; i < owners; ++i) {
       CollectiveOp c = collective(CollectiveKind::kBroadcast, CollectivePurpose::kRefreshParams, k, g.role_refresh,
-                                  bytes / owners + (i < bytes % owners ? 1 : 0), Payload::kParams, last_unit, 0, -1);
+                                  bytes / owners + (i < bytes % owners ? 1 : 0), Payload::kParams, final_unit, 0, -1);
       c.root = static_cast<int>(static_cast<long long>(i) * g.q() / owners);
       last = prog_->add(refresh_stream_, {}, c);
       if (first < 0) first = last;
@@ -298,13 +303,57 @@ class DataParallelBuilder {
   }
 
   // --- The compute visits of the whole step, in order (prefetching runs across micro-batches) -----------
+  // The order in which this stage runs (phase, model chunk, micro-batch) passes. Without pipelining: each
+  // micro-batch's forward then its backward. Pipelined, Megatron-LM's schedules (Narayanan et al. 2021,
+  // §2.2): 1F1B runs pipeline - stage - 1 warm-up forwards, then alternates one forward and one backward,
+  // then drains the backwards; interleaved 1F1B does the same over virtual_stages chunks per stage, with
+  // 2·(pipeline - stage - 1) + (virtual_stages - 1)·pipeline warm-up passes, and its k-th forward (or
+  // backward) pass takes micro-batch (k / (p·v))·p + k % p of chunk (k % (p·v)) / p (reversed for backward).
+  struct Pass {
+    Phase phase;
+    int chunk;  // global model chunk
+    int mb;
+  };
+  std::vector<Pass> pipeline_order() const {
+    const int p = par_.pipeline, v = par_.virtual_stages, m = static_cast<int>(micro_batches_);
+    std::vector<Pass> order;
+    if (p == 1) {
+      for (int mb = 0; mb < m; ++mb) {
+        order.push_back({Phase::kForward, 0, mb});
+        order.push_back({Phase::kBackward, 0, mb});
+      }
+      return order;
+    }
+    const int total = m * v;
+    auto pass = [&](int k, bool forward) {
+      const int group = k / (p * v), in_group = k % (p * v);
+      const int local = forward ? in_group / p : v - 1 - in_group / p;
+      return Pass{forward ? Phase::kForward : Phase::kBackward, local * p + stage_, group * p + in_group % p};
+    };
+    const int warmup = std::min(total, v == 1 ? p - stage_ - 1 : 2 * (p - stage_ - 1) + (v - 1) * p);
+    int forwards = 0, backwards = 0;
+    for (; forwards < warmup; ++forwards) order.push_back(pass(forwards, true));
+    for (; forwards < total; ++forwards, ++backwards) {
+      order.push_back(pass(forwards, true));
+      order.push_back(pass(backwards, false));
+    }
+    for (; backwards < total; ++backwards) order.push_back(pass(backwards, false));
+    return order;
+  }
+
   void plan_visits() {
     const bool module_visits = options_.backward_module_gather && overlap_.prefetch_depth > 0 &&
                                scenario_.training.recompute == Recompute::kNone;
-    for (int mb = 0; mb < micro_batches_; ++mb) {
-      for (int u = 0; u < static_cast<int>(units_.size()); ++u)
-        visits_.push_back({u, Phase::kForward, mb, units_[u].modules, units_[u].params, true, true});
-      for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
+    for (const Pass& pass : pipeline_order()) {
+      const int mb = pass.mb;
+      const int begin = par_.pipeline == 1 ? 0 : first_unit(pass.chunk);
+      const int end = par_.pipeline == 1 ? static_cast<int>(units_.size()) - 1 : last_unit(pass.chunk);
+      if (pass.phase == Phase::kForward) {
+        for (int u = begin; u <= end; ++u)
+          visits_.push_back({u, Phase::kForward, mb, units_[u].modules, units_[u].params, true, true});
+        continue;
+      }
+      for (int u = end; u >= begin; --u) {
         const std::vector<const ModuleCost*>& modules = units_[u].modules;
         if (!module_visits || modules.size() < 2) {
           visits_.push_back({u, Phase::kBackward, mb, modules, units_[u].params, true, true});
@@ -378,16 +427,60 @@ class DataParallelBuilder {
                                  Payload::kActivations, unit, mb, -1));
   }
 
+  // Tensor parallelism's collectives around one module's pass, on the compute path (Megatron-LM: Shoeybi et
+  // al. 2019, §3; Korthikanti et al. 2022, §4.2.2), each over the block's activations (b·s·h elements):
+  //   without sequence parallelism: an all-reduce after each layer block, both ways; after the embedding
+  //     in forward; after the head in backward (its input gradient);
+  //   with it: an all-gather before and a reduce-scatter after each layer block, both ways; the embedding
+  //     reduce-scatters its output (forward) and gathers its gradient (backward); the head gathers its input
+  //     (forward) and reduce-scatters its input gradient (backward).
+  // The vocabulary-parallel loss adds three all-reduces of one fp32 per token (one op here). Full
+  // recomputation repeats the forward's collectives; selective recomputation (the attention core) needs none.
+  int tensor_collective(CollectiveKind kind, const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps,
+                        std::int64_t bytes, DType dtype) {
+    const bool bwd = phase == Phase::kBackward;
+    CollectiveOp c = collective(kind, bwd ? CollectivePurpose::kTensorBackward : CollectivePurpose::kTensorForward,
+                                kDense, schedule_.role_index(GroupRole::kTensor), bytes,
+                                bwd ? Payload::kGrads : Payload::kActivations, unit, mb, -1);
+    c.module = module_slot(m->kind);
+    c.dtype = dtype;
+    return prog_->add("compute", std::move(deps), c);
+  }
+  struct TensorComm {
+    bool gather_before = false;
+    CollectiveKind after = CollectiveKind::kAllReduce;
+    bool reduce_after = false;
+    bool loss = false;
+  };
+  TensorComm tensor_comm(ModuleKind kind, Phase phase) const {
+    TensorComm t;
+    if (par_.tensor == 1 || (phase == Phase::kRecompute && scenario_.training.recompute != Recompute::kFull)) return t;
+    const bool bwd = phase == Phase::kBackward, sp = par_.sequence_parallel;
+    const bool embedding = kind == ModuleKind::kEmbedding, head = kind == ModuleKind::kHead;
+    t.after = sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
+    t.gather_before = sp && !(embedding && !bwd) && !(head && bwd);
+    t.reduce_after = !(embedding && bwd) && !(head && !bwd);
+    t.loss = head && !bwd;
+    return t;
+  }
+
   int compute(const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps, double flops, double bytes) {
     const bool a2a = ep_ > 1 && m->kind == ModuleKind::kMoe && phase != Phase::kRecompute;
     const bool fwd = phase == Phase::kForward;
     // forward: dispatch, experts, combine; backward: combine's gradient, experts, dispatch's gradient.
+    const TensorComm tp = tensor_comm(m->kind, phase);
+    if (tp.gather_before)
+      deps = {tensor_collective(CollectiveKind::kAllGather, m, unit, phase, mb, std::move(deps), act_bytes_, dtype_)};
     if (a2a)
       deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
     int op =
         prog_->add("compute", std::move(deps), ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes});
     if (a2a)
       op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
+    if (tp.reduce_after) op = tensor_collective(tp.after, m, unit, phase, mb, {op}, act_bytes_, dtype_);
+    if (tp.loss)
+      op = tensor_collective(CollectiveKind::kAllReduce, m, unit, phase, mb, {op},
+                             3 * scenario_.training.micro_batch * scenario_.training.seq_len * 4, DType::kFp32);
     return op;
   }
 
@@ -400,13 +493,22 @@ class DataParallelBuilder {
     // policy.comm.grad_reduce_overlap off: the backward goes on once the reduction before the last is done.
     if (blocking_reduce_ >= 0) deps.push_back(std::exchange(blocking_reduce_, -1));
 
+    // Pipelined: the chunk's input activations (forward) or its output's gradients (backward) come from the
+    // neighbouring stage first.
+    const int chunk = chunk_of(v.unit);
+    if (v.phase == Phase::kForward && chunk > 0 && v.unit == first_unit(chunk))
+      deps.push_back(pipe_transfer(CollectivePurpose::kPipeActivations, chunk - 1, v.micro_batch, false, {}));
+    if (v.phase == Phase::kBackward && chunk + 1 < chunks_ && v.unit == last_unit(chunk) && v.first_of_unit)
+      deps.push_back(pipe_transfer(CollectivePurpose::kPipeGrads, chunk + 1, v.micro_batch, false, {}));
+
     // Backward writes each sharded kind's gradients into a reduce slot taken when its bucket starts.
     for (int k = 0; k < num_kinds_ && v.phase == Phase::kBackward; ++k) {
       const int b = bucket_of_[v.unit][k];
       if (b < 0 || kind(k).s_g <= 1 || v.unit != buckets_[b].units.front() || !v.first_of_unit) continue;
       grad_slot_[b] = grad_pool_.next_slot(k);
-      deps.push_back(prog_->add("compute", {grad_pool_.last_release(grad_slot_[b])},
-                                BufferAcquireOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b}));
+      deps.push_back(prog_->add(
+          "compute", {grad_pool_.last_release(grad_slot_[b])},
+          BufferAcquireOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b + bucket_base_}));
     }
 
     int last_compute = -1;
@@ -434,7 +536,35 @@ class DataParallelBuilder {
                      BufferReleaseOp{gather_pool_.pool(), gather_slot_[i], v.unit, units_[v.unit].layer});
       gather_pool_.set_release(gather_slot_[i], release);
     }
+    // Pipelined: the chunk's output goes on to the next stage, its input's gradient back to the previous.
+    if (v.phase == Phase::kForward && chunk + 1 < chunks_ && v.unit == last_unit(chunk))
+      pipe_transfer(CollectivePurpose::kPipeActivations, chunk, v.micro_batch, true, {last_compute});
+    if (v.phase == Phase::kBackward && chunk > 0 && v.unit == first_unit(chunk) && v.last_of_unit)
+      pipe_transfer(CollectivePurpose::kPipeGrads, chunk, v.micro_batch, true, {last_compute});
     if (v.phase == Phase::kBackward) reduce_gradients(v, last_compute);
+  }
+
+  // One pipeline transfer from model chunk `from` (activations to chunk from + 1, gradients to from - 1),
+  // seen from this stage: sending (on the compute stream, which waits until it is delivered, as Megatron's
+  // blocking send / receive does) or receiving (posted on a stream of its own, so it never blocks the
+  // sender behind this stage's compute). Megatron's scatter / gather optimization sends 1 / tensor of the
+  // activations per tensor rank (Narayanan et al. 2021, §4.1); the all-gather inside the node after it is
+  // not modelled.
+  int pipe_transfer(CollectivePurpose purpose, int from, int mb, bool send, std::vector<int> deps) {
+    const bool act = purpose == CollectivePurpose::kPipeActivations;
+    const int p = par_.pipeline;
+    const int from_stage = from % p;
+    // The link's lower end (activations flow from it, gradients to it).
+    const int link = act ? from_stage : (from_stage + p - 1) % p;
+    static constexpr GroupRole kAct[3] = {GroupRole::kPipeActEven, GroupRole::kPipeActOdd, GroupRole::kPipeActWrap};
+    static constexpr GroupRole kGrad[3] = {GroupRole::kPipeGradEven, GroupRole::kPipeGradOdd, GroupRole::kPipeGradWrap};
+    const int colour = pipe_link_colour(link, p);
+    const int role = schedule_.role_index(act ? kAct[colour] : kGrad[colour]);
+    const int unit = act ? last_unit(from) : first_unit(from);
+    CollectiveOp c = collective(CollectiveKind::kBroadcast, purpose, kDense, role, act_bytes_ / par_.tensor,
+                                act ? Payload::kActivations : Payload::kGrads, unit, mb, -1);
+    c.root = 0;  // the group lists the sender first
+    return prog_->add(send ? "compute" : (act ? "pipe_recv_act" : "pipe_recv_grad"), std::move(deps), c);
   }
 
   // --- Gradient reductions of each bucket whose last unit has just finished its backward -----------------
@@ -451,7 +581,8 @@ class DataParallelBuilder {
                           collective(CollectiveKind::kReduceScatter, CollectivePurpose::kReduceGrads, k, g.role_grad,
                                      bytes, Payload::kGrads, v.unit, v.micro_batch, b));
         const int release = prog_->add(
-            "grad_reduce", {prev}, BufferReleaseOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b});
+            "grad_reduce", {prev},
+            BufferReleaseOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b + bucket_base_});
         grad_pool_.set_release(grad_slot_[b], release);
         bytes /= g.s_g;
       }
@@ -482,6 +613,14 @@ class DataParallelBuilder {
   // rank's partial squared norm once all gradients are final (as FSDP's clip_grad_norm_ / DeepSpeed do).
   void gradient_norm() {
     if (scenario_.training.grad_clip <= 0) return;
+    if (schedule_.role_world < 0) add_world_group();
+    CollectiveOp c =
+        collective(CollectiveKind::kAllReduce, CollectivePurpose::kGradNorm, kDense, schedule_.role_world, 4,
+                   Payload::kGradNorm, static_cast<int>(units_.size()) - 1, static_cast<int>(micro_batches_) - 1, -1);
+    c.dtype = DType::kFp32;
+    norm_op_ = prog_->add("compute", final_grad_op_, c);
+  }
+  void add_world_group() {
     const int world = schedule_.world_size;
     ProcessGroup world_group{GroupRole::kWorld,
                              {},
@@ -493,11 +632,6 @@ class DataParallelBuilder {
     schedule_.roles.push_back(GroupRole::kWorld);
     schedule_.groups.push_back(std::move(world_group));
     for (std::vector<int>& g : schedule_.rank_groups) g.push_back(static_cast<int>(schedule_.groups.size()) - 1);
-    CollectiveOp c =
-        collective(CollectiveKind::kAllReduce, CollectivePurpose::kGradNorm, kDense, schedule_.role_world, 4,
-                   Payload::kGradNorm, static_cast<int>(units_.size()) - 1, static_cast<int>(micro_batches_) - 1, -1);
-    c.dtype = DType::kFp32;
-    norm_op_ = prog_->add("compute", final_grad_op_, c);
   }
 
   // --- Step end: AdamW on each bucket's optimizer slice as soon as its gradients are final ---------------
@@ -505,9 +639,9 @@ class DataParallelBuilder {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       const std::int64_t shard = buckets_[b].params / kind(buckets_[b].kind).s_os;
       const int u = buckets_[b].units.back();
-      const int update =
-          prog_->add("compute", {norm_op_ >= 0 ? norm_op_ : final_grad_op_[b]},
-                     OptimizerStepOp{static_cast<int>(b), u, units_[u].layer, shard, shard * kAdamBytesPerParam});
+      const int update = prog_->add(
+          "compute", {norm_op_ >= 0 ? norm_op_ : final_grad_op_[b]},
+          OptimizerStepOp{static_cast<int>(b) + bucket_base_, u, units_[u].layer, shard, shard * kAdamBytesPerParam});
       // The refresh of this bucket (or, broadcasting, the first broadcast of its kind) waits for the update.
       if (refresh_start_[b] >= 0) prog_->op(refresh_start_[b]).prev_step_deps.push_back(update);
       for (int unit : buckets_[b].units) {
@@ -530,7 +664,7 @@ class DataParallelBuilder {
     c.unit = unit;
     c.layer = units_[unit].layer;
     c.micro_batch = mb;
-    c.bucket = bucket;
+    c.bucket = bucket < 0 ? -1 : bucket + bucket_base_;
     return c;
   }
 
@@ -545,8 +679,13 @@ class DataParallelBuilder {
   const long long micro_batches_;
   const bool secondary_;
   const std::string refresh_stream_;
+  const ParallelSpec par_;
+  const int stage_;               // the pipeline stage this program runs
+  const int chunks_;              // model chunks: pipeline x virtual_stages
+  const std::int64_t act_bytes_;  // one micro-batch's activations between blocks (b·s·h elements)
 
-  Schedule schedule_;
+  Schedule& schedule_;
+  const int bucket_base_;  // this stage's first bucket in Schedule::buckets
   ProgramBuilder* prog_ = nullptr;
   std::vector<Unit> units_;
   std::vector<Bucket> buckets_;
@@ -567,11 +706,58 @@ class DataParallelBuilder {
   int last_reduce_ = -1;      // the last once-a-step reduction issued
 };
 
+// The process groups of every role (sharding.h), each rank's program (its pipeline stage), and each kind of
+// state's group sizes.
+Status lay_out_groups(const Scenario& scenario, const SchedulerOptions& options, Schedule& schedule) {
+  const int ep = scenario.policy.expert_parallel;
+  // The secondary copy only helps when parameters are sharded beyond the node.
+  const bool secondary = options.secondary_param_copy && scenario.policy.sharding.params.s1 > 1;
+  HZP_ASSIGN_OR_RETURN(ShardingLayout layout,
+                       build_sharding_layout(scenario.cluster, scenario.policy.sharding,
+                                             LayoutOptions{ep, secondary, scenario.policy.parallel}));
+  const ParallelMesh mesh = scenario.mesh();
+  const int world = scenario.cluster.world_size();
+  schedule.world_size = world;
+  schedule.gpus_per_node = scenario.cluster.gpus_per_node;
+  schedule.roles = layout.roles;
+  schedule.groups = std::move(layout.groups);
+  schedule.rank_groups = std::move(layout.rank_groups);
+  schedule.rank_program.resize(world);
+  for (int r = 0; r < world; ++r) schedule.rank_program[r] = mesh.stage(r);
+  auto state_of = [&](GroupRole param, GroupRole grad, GroupRole refresh, GroupRole replica) {
+    StateSharding s;
+    s.present = true;
+    s.role_param = layout.role(param);
+    s.role_grad = layout.role(grad);
+    s.role_refresh = layout.role(refresh);
+    s.role_replica = layout.role(replica);
+    auto size = [&](int role) { return static_cast<int>(schedule.group_of(0, role).ranks.size()); };
+    s.s_p = size(s.role_param);
+    s.s_g = size(s.role_grad);
+    s.s_os = s.s_p * size(s.role_refresh);
+    s.replicas = size(s.role_replica);
+    return s;
+  };
+  schedule.states[kDense] =
+      state_of(GroupRole::kParamShard, GroupRole::kGradShard, GroupRole::kParamRefresh, GroupRole::kOsReplica);
+  if (ep > 1)
+    schedule.states[kExpert] = state_of(GroupRole::kExpertParamShard, GroupRole::kExpertGradShard,
+                                        GroupRole::kExpertParamRefresh, GroupRole::kExpertOsReplica);
+  schedule.role_secondary = secondary ? layout.role(GroupRole::kParamSecondary) : -1;
+  schedule.role_expert_parallel = ep > 1 ? layout.role(GroupRole::kExpertParallel) : -1;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const ModelCost& cost,
                                               const std::string& policy_name, const SchedulerOptions& options) {
-  return DataParallelBuilder(scenario, cost, policy_name, options).build();
+  Schedule schedule;
+  schedule.policy = policy_name;
+  HZP_RETURN_IF_ERROR(lay_out_groups(scenario, options, schedule));
+  for (int stage = 0; stage < scenario.policy.parallel.pipeline; ++stage)
+    DataParallelBuilder(scenario, cost, options, schedule, stage).build();
+  return schedule;
 }
 
 }  // namespace hzp

@@ -5,6 +5,8 @@
 #include <functional>
 #include <unordered_map>
 
+#include "shared/presets.h"
+
 namespace hzp {
 
 std::string sharding_notation(const ShardingSpec& s) {
@@ -32,6 +34,23 @@ bool divides(ShardGroup small, ShardGroup big) {
   return big.s0 % small.s0 == 0 && big.s1 % small.s1 == 0;
 }
 
+// Where a group's members sit: nodes spanned, members on the first member's node, whether all on one.
+void place_group(ProcessGroup& group, int gpus_per_node) {
+  const int first_node = group.ranks.front() / gpus_per_node;
+  int nodes = 0, last_node = -1, on_first = 0;
+  std::vector<int> sorted_nodes;
+  for (int r : group.ranks) sorted_nodes.push_back(r / gpus_per_node);
+  std::sort(sorted_nodes.begin(), sorted_nodes.end());
+  for (int n : sorted_nodes) {
+    if (n != last_node) ++nodes;
+    last_node = n;
+    if (n == first_node) ++on_first;
+  }
+  group.nodes = nodes;
+  group.intra_node = nodes == 1;
+  group.ranks_per_node = on_first;
+}
+
 // Group ranks by key (first appearance order); members in rank order, then optionally re-sorted.
 void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_node,
               const std::function<long long(int)>& key_of, const std::function<long long(int)>& order_of) {
@@ -51,26 +70,85 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
   for (int g = first_group; g < static_cast<int>(layout.groups.size()); ++g) {
     ProcessGroup& group = layout.groups[g];
     std::stable_sort(group.ranks.begin(), group.ranks.end(), [&](int a, int b) { return order_of(a) < order_of(b); });
-    const int first_node = group.ranks.front() / gpus_per_node;
-    int nodes = 0, last_node = -1, on_first = 0;
-    std::vector<int> sorted_nodes;
-    for (int r : group.ranks) sorted_nodes.push_back(r / gpus_per_node);
-    std::sort(sorted_nodes.begin(), sorted_nodes.end());
-    for (int n : sorted_nodes) {
-      if (n != last_node) ++nodes;
-      last_node = n;
-      if (n == first_node) ++on_first;
-    }
-    group.nodes = nodes;
-    group.intra_node = nodes == 1;
-    group.ranks_per_node = on_first;
+    place_group(group, gpus_per_node);
   }
 }
 
-}  // namespace
+// The data-parallel layout of `data` (one tensor x pipeline coordinate's ranks, numbered 0..D-1) copied to
+// every coordinate, and the tensor and pipeline roles added (sharding.h: ND parallelism).
+ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster, const ParallelMesh& mesh, bool wrap) {
+  const int world = static_cast<int>(mesh.world()), t = mesh.tensor, p = mesh.pipeline;
+  ShardingLayout out;
+  out.index.fill(-1);
+  out.rank_groups.assign(world, {});
+  for (std::size_t role = 0; role < data.roles.size(); ++role) {
+    out.index[static_cast<int>(data.roles[role])] = static_cast<int>(out.roles.size());
+    out.roles.push_back(data.roles[role]);
+    for (std::vector<int>& g : out.rank_groups) g.push_back(-1);
+    for (int stage = 0; stage < p; ++stage)
+      for (int tensor = 0; tensor < t; ++tensor)
+        for (std::size_t g = 0; g < data.groups.size(); ++g) {
+          if (data.groups[g].role != data.roles[role]) continue;
+          ProcessGroup group{data.roles[role], {}, false, 0, 0};
+          for (int d : data.groups[g].ranks) group.ranks.push_back(mesh.global_rank(tensor, d, stage));
+          place_group(group, cluster.gpus_per_node);
+          for (int r : group.ranks) out.rank_groups[r][role] = static_cast<int>(out.groups.size());
+          out.groups.push_back(std::move(group));
+        }
+  }
+  // A role whose groups are given as member lists; ranks in none of them get a group of their own.
+  auto add_groups = [&](GroupRole role, const std::vector<std::vector<int>>& groups) {
+    const int index = static_cast<int>(out.roles.size());
+    out.index[static_cast<int>(role)] = index;
+    out.roles.push_back(role);
+    for (std::vector<int>& g : out.rank_groups) g.push_back(-1);
+    for (const std::vector<int>& members : groups) {
+      ProcessGroup group{role, members, false, 0, 0};
+      place_group(group, cluster.gpus_per_node);
+      for (int r : members) out.rank_groups[r][index] = static_cast<int>(out.groups.size());
+      out.groups.push_back(std::move(group));
+    }
+    for (int r = 0; r < world; ++r)
+      if (out.rank_groups[r][index] < 0) {
+        ProcessGroup alone{role, {r}, true, 1, 1};
+        out.rank_groups[r][index] = static_cast<int>(out.groups.size());
+        out.groups.push_back(std::move(alone));
+      }
+  };
+  if (t > 1) {
+    std::vector<std::vector<int>> tensor_groups;
+    for (int first = 0; first < world; first += t) {
+      tensor_groups.emplace_back();
+      for (int i = 0; i < t; ++i) tensor_groups.back().push_back(first + i);
+    }
+    add_groups(GroupRole::kTensor, tensor_groups);
+  }
+  if (p > 1) {
+    // Link s -> s+1 (and, interleaved, p-1 -> 0) of every (tensor, data) coordinate, per direction and colour.
+    const GroupRole act[3] = {GroupRole::kPipeActEven, GroupRole::kPipeActOdd, GroupRole::kPipeActWrap};
+    const GroupRole grad[3] = {GroupRole::kPipeGradEven, GroupRole::kPipeGradOdd, GroupRole::kPipeGradWrap};
+    const int colours = wrap ? 3 : std::min(2, p - 1);
+    for (int colour = 0; colour < colours; ++colour)
+      for (int direction = 0; direction < 2; ++direction) {
+        std::vector<std::vector<int>> links;
+        for (int stage = 0; stage < p; ++stage) {
+          const bool last = stage == p - 1;
+          if ((last && !wrap) || pipe_link_colour(stage, p) != colour) continue;
+          for (int d = 0; d < mesh.data; ++d)
+            for (int tensor = 0; tensor < t; ++tensor) {
+              const int from = mesh.global_rank(tensor, d, stage);
+              const int to = mesh.global_rank(tensor, d, last ? 0 : stage + 1);
+              links.push_back(direction == 0 ? std::vector<int>{from, to} : std::vector<int>{to, from});
+            }
+        }
+        add_groups(direction == 0 ? act[colour] : grad[colour], links);
+      }
+  }
+  return out;
+}
 
-Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& s,
-                                             const LayoutOptions& options) {
+// The layout of data parallelism alone (every rank a data-parallel rank).
+Result<ShardingLayout> data_layout(const ClusterSpec& cluster, const ShardingSpec& s, const LayoutOptions& options) {
   const int R = cluster.gpus_per_node, N = cluster.nodes, world = cluster.world_size();
   for (ShardGroup g : {s.params, s.grads, s.optimizer}) {
     if (g.s0 < 1 || g.s1 < 1 || R % g.s0 != 0 || N % g.s1 != 0)
@@ -143,6 +221,24 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
   return layout;
 }
 
+}  // namespace
+
+Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
+                                             const LayoutOptions& options) {
+  const ParallelSpec& parallel = options.parallel;
+  if (parallel.tensor == 1 && parallel.pipeline == 1) return data_layout(cluster, sharding, options);
+  HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(cluster, parallel));
+  ClusterSpec data_cluster = cluster;
+  data_cluster.gpus_per_node = axis.ranks_per_node;
+  data_cluster.nodes = axis.nodes;
+  HZP_ASSIGN_OR_RETURN(const ShardingLayout data, data_layout(data_cluster, sharding, options));
+  ParallelMesh mesh;
+  mesh.data = axis.size();
+  mesh.tensor = parallel.tensor;
+  mesh.pipeline = parallel.pipeline;
+  return nd_layout(data, cluster, mesh, parallel.virtual_stages > 1);
+}
+
 StateBytes state_bytes_per_param(Precision precision) {
   switch (precision) {
     case Precision::kBf16:
@@ -154,15 +250,39 @@ StateBytes state_bytes_per_param(Precision precision) {
   return {};
 }
 
-MemoryBreakdown memory_per_gpu(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule) {
-  (void)scenario;
+MemoryBreakdown memory_of_program(const ModelCost& cost, const Schedule& schedule, int program) {
   MemoryBreakdown m;
-  m.params = schedule.state_bytes.params;
-  m.grads = schedule.state_bytes.grads;
-  m.optimizer = schedule.state_bytes.optimizer;
-  m.activations = cost.activation_bytes + cost.transient_bytes;
+  const StateBytesPerRank& states = schedule.state_bytes[program];
+  m.params = states.params;
+  m.grads = states.grads;
+  m.optimizer = states.optimizer;
+  // Saved activations live from a module's forward to its backward: their peak over the program's order
+  // (one micro-batch without pipelining; the pipeline schedule's micro-batches in flight with it).
+  std::vector<double> saved(static_cast<std::size_t>(schedule.units.size()) * 2, 0.0);
+  const int layers = static_cast<int>(schedule.units.size()) - 2;
+  for (const ModuleCost& mc : cost.modules)
+    saved[static_cast<std::size_t>(unit_of_module(mc, layers)) * 2 + module_slot(mc.kind)] += mc.activation_bytes;
+  double live = 0, peak = 0;
+  for (const Op& op : schedule.programs[program].ops)
+    if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
+      const double a = saved[static_cast<std::size_t>(c->unit) * 2 + module_slot(c->module)];
+      if (c->phase == Phase::kForward) live += a;
+      if (c->phase == Phase::kBackward) live -= a;
+      peak = std::max(peak, live);
+    }
+  m.activations = peak + cost.transient_bytes;
   for (const BufferPool& pool : schedule.pools) m.buffers += static_cast<double>(pool.slots) * pool.slot_bytes;
   return m;
+}
+
+MemoryBreakdown memory_per_gpu(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule) {
+  (void)scenario;
+  MemoryBreakdown worst;
+  for (std::size_t p = 0; p < schedule.programs.size(); ++p) {
+    const MemoryBreakdown m = memory_of_program(cost, schedule, static_cast<int>(p));
+    if (p == 0 || m.total() > worst.total()) worst = m;
+  }
+  return worst;
 }
 
 }  // namespace hzp

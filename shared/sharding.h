@@ -21,6 +21,11 @@
 // dense ones but over the ranks that hold the same experts: each expert_* group is the matching dense
 // group intersected with {r' : r' % EP == r % EP}. Every group of a role must come out the same size
 // (EP and each s0 divide one another), else the layout is refused.
+//
+// ND parallelism (policy.parallel, Megatron's rank order: global rank = tensor + T·(data + D·stage)): the
+// layout above is built for the data axis alone (D ranks, DataAxis::ranks_per_node per node, in
+// presets.h's data_axis) and copied to every (tensor, stage) coordinate, data rank d becoming global rank
+// tensor + T·(d + D·stage). Added roles: kTensor (T consecutive ranks) and the pipeline links (schedule.h).
 #pragma once
 
 #include <array>
@@ -50,6 +55,7 @@ struct ShardingLayout {
 struct LayoutOptions {
   int expert_parallel = 1;            // > 1 adds the expert roles
   bool secondary_param_copy = false;  // adds kParamSecondary
+  ParallelSpec parallel;              // tensor / pipeline > 1: the ND layout below
 };
 
 // The one notation for a sharding in every output: "P[8,1] G[8,4] OS[8,4]", and the legend that explains it.
@@ -60,6 +66,12 @@ inline constexpr const char* kShardingLegend =
 
 Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
                                              const LayoutOptions& options = {});
+
+// The colour of pipeline link stage -> stage + 1 (2: the last stage's link back to the first): which of
+// the kPipe*Even / *Odd / *Wrap roles carries it.
+inline int pipe_link_colour(int stage, int stages) {
+  return stage == stages - 1 ? 2 : stage % 2;
+}
 
 // Bytes per parameter of each model state for a precision (mixed precision keeps fp32 master + m + v).
 struct StateBytes {
@@ -79,9 +91,12 @@ struct MemoryBreakdown {
 };
 
 // Model states per GPU = param·Ψ/s_p + grad·Ψ/s_g + optimizer·Ψ/s_os (bf16: 2Ψ/s_p + 2Ψ/s_g + 12Ψ/s_os),
-// activations for one micro-batch in flight plus the transient peak, and the schedule's buffer pools.
-// Model states come from the schedule (Schedule::state_bytes, set by its builder: with expert parallelism
-// the expert part is sharded by its own groups).
+// activations at their peak over the program (saved at a module's forward, freed at its backward: one
+// micro-batch without pipelining, the micro-batches in flight of the pipeline schedule with it) plus the
+// transient peak, and the schedule's buffer pools. Model states come from the schedule
+// (Schedule::state_bytes, set by its builder: with expert parallelism the expert part is sharded by its own
+// groups; pipeline stages hold different layers). memory_per_gpu is the worst program's.
+MemoryBreakdown memory_of_program(const ModelCost& cost, const Schedule& schedule, int program);
 MemoryBreakdown memory_per_gpu(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule);
 
 }  // namespace hzp

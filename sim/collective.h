@@ -19,6 +19,7 @@ struct CollectiveCall {
   const ProcessGroup* group = nullptr;  // members in ring order
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::kRing;
   NcclProtocol protocol = NcclProtocol::kSimple;  // choose_protocol's pick for the algorithm
+  int root = -1;  // broadcast: the sending member's index in group->ranks (-1: the first in physical order)
 };
 
 // Bytes put on the wire, by link class.

@@ -120,11 +120,14 @@ class Executor {
     out.comm_s = comm_sum / world;
     out.comm_bytes_intra_node = traffic_.intra_node_bytes / world / steps;
     out.comm_bytes_inter_node = traffic_.inter_node_bytes / world / steps;
-    // Memory: states and pools are allocated once (core memory model); activations as measured.
-    const MemoryBreakdown fixed = memory_per_gpu(scenario_, cost_, schedule_);
+    // Memory: states and pools are allocated once (core memory model, per pipeline stage); activations as
+    // measured.
+    std::vector<MemoryBreakdown> fixed;
+    for (std::size_t p = 0; p < schedule_.programs.size(); ++p)
+      fixed.push_back(memory_of_program(cost_, schedule_, static_cast<int>(p)));
     double worst = -1;
     for (int r = 0; r < world; ++r) {
-      MemoryBreakdown m = fixed;
+      MemoryBreakdown m = fixed[schedule_.rank_program[r]];
       m.activations = ranks_[r].peak_activations + cost_.transient_bytes;
       if (m.total() > worst) {
         worst = m.total();
@@ -283,7 +286,7 @@ class Executor {
         const double bytes = static_cast<double>(op.bytes);
         const CollectiveAlgorithm algorithm = choose_algorithm(scenario_.cluster, op.kind, bytes, shape);
         t = run_collective(platform_, {op.kind, bytes, &group, algorithm,
-                                       choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape)});
+                                       choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape), op.root});
       }
       traffic_.intra_node_bytes += t.intra_node_bytes;
       traffic_.inter_node_bytes += t.inter_node_bytes;

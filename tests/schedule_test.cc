@@ -178,7 +178,7 @@ TEST_CASE("validation is linear in GPUs: ZeRO-3 on 1 048 576 ranks (beyond the p
   s.policy.sharding = ShardingSpec{{8, 131072}, {8, 131072}, {8, 131072}};
   s.training.global_batch = s.cluster.world_size();
   const auto t0 = std::chrono::steady_clock::now();
-  auto schedule = build_schedule(s, model_cost(s.model, s.training));
+  auto schedule = build_schedule(s, scenario_cost(s));
   REQUIRE(schedule.ok());
   CHECK(schedule->world_size == 1048576);
   CHECK(validate_schedule(*schedule).ok());

@@ -110,7 +110,7 @@ int run_validate(const std::vector<std::string>& argv) {
   auto scenario = load(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
   std::printf("%s\n", scenario_to_json(*scenario).dump(2).c_str());
-  const ModelCost cost = model_cost(scenario->model, scenario->training);
+  const ModelCost cost = scenario_cost(*scenario);
   auto schedule = build_schedule(*scenario, cost);
   if (!schedule.ok()) {
     if (schedule.status().code() != StatusCode::kUnimplemented) return fail(schedule.status());
@@ -120,10 +120,10 @@ int run_validate(const std::vector<std::string>& argv) {
   if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
   std::fprintf(stderr,
                "hzp validate: ok — %s, %lld parameters, mesh %s, %lld micro-batches/step, schedule of %zu "
-               "ops per rank on %zu streams, %zu process groups, no deadlock\n",
-               scenario->name.c_str(), static_cast<long long>(cost.params), scenario->mesh().describe().c_str(),
-               static_cast<long long>(scenario->grad_accum_steps()), schedule->programs[0].ops.size(),
-               schedule->streams.size(), schedule->groups.size());
+               "ops per rank (stage 0) on %zu streams, %zu process groups, no deadlock\n",
+               scenario->name.c_str(), static_cast<long long>(parameter_count(scenario->model)),
+               scenario->mesh().describe().c_str(), static_cast<long long>(scenario->grad_accum_steps()),
+               schedule->programs[0].ops.size(), schedule->streams.size(), schedule->groups.size());
   return 0;
 }
 
@@ -133,7 +133,7 @@ int calibrate_from_trace(const std::string& path, const std::optional<std::strin
   if (!trace.ok()) return fail(trace.status());
   auto recorded = parse_scenario(trace->scenario_config, trace->scenario);
   if (!recorded.ok()) return fail(Status::InvalidInput("trace scenario_config: " + recorded.status().message()));
-  auto schedule = build_schedule(*recorded, model_cost(recorded->model, recorded->training));
+  auto schedule = build_schedule(*recorded, scenario_cost(*recorded));
   if (!schedule.ok()) return fail(schedule.status());
   auto fit = fit_compute_to_trace(*recorded, *schedule, *trace);
   if (!fit.ok()) return fail(fit.status());
@@ -265,7 +265,7 @@ int run_schedule(const std::vector<std::string>& argv) {
       rank = static_cast<int>(*n);
     }
   }
-  const ModelCost cost = model_cost(scenario->model, scenario->training);
+  const ModelCost cost = scenario_cost(*scenario);
   auto schedule = build_schedule(*scenario, cost);
   if (!schedule.ok()) return fail(schedule.status());
   if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
@@ -299,14 +299,14 @@ int run_simulate(const std::vector<std::string>& argv) {
   if (!scenario.ok()) return fail(scenario.status());
   const std::string out_dir = args->get("--out").value_or("out/" + safe_file_name(scenario->name));
   if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
-  const ModelCost cost = model_cost(scenario->model, scenario->training);
+  const ModelCost cost = scenario_cost(*scenario);
   auto schedule = build_schedule(*scenario, cost);
   if (!schedule.ok()) return fail(schedule.status());
   if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
   auto analytic = estimate(*scenario, cost, *schedule);
   if (!analytic.ok()) return fail(analytic.status());
   std::fprintf(stderr, "sim: %s — %s, %s on %d GPUs, %zu ops per rank per step\n", scenario->name.c_str(),
-               scenario->model.name.c_str(), scenario->policy.preset.c_str(), scenario->data_parallel(),
+               scenario->model.name.c_str(), scenario->policy.preset.c_str(), scenario->cluster.world_size(),
                schedule->programs[0].ops.size());
   auto result = sim::simulate(*scenario, cost, *schedule, options);
   if (!result.ok()) return fail(result.status());
@@ -344,7 +344,7 @@ int run_import(const std::vector<std::string>& argv) {
   if (!scenario_path) return usage_error("import", "missing --scenario (the model, cluster and policy the traces ran)");
   auto scenario = load_scenario_file(*scenario_path);
   if (!scenario.ok()) return fail(scenario.status());
-  const ModelCost cost = model_cost(scenario->model, scenario->training);
+  const ModelCost cost = scenario_cost(*scenario);
   auto schedule = build_schedule(*scenario, cost);
   if (!schedule.ok()) return fail(schedule.status());
   if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
@@ -414,7 +414,7 @@ int run_replay(const std::vector<std::string>& argv) {
   auto recorded_scenario = parse_scenario(trace->scenario_config, trace->scenario);
   if (!recorded_scenario.ok())
     return fail(Status::InvalidInput("trace scenario_config: " + recorded_scenario.status().message()));
-  const ModelCost recorded_cost = model_cost(recorded_scenario->model, recorded_scenario->training);
+  const ModelCost recorded_cost = scenario_cost(*recorded_scenario);
   auto recorded_schedule = build_schedule(*recorded_scenario, recorded_cost);
   if (!recorded_schedule.ok()) return fail(recorded_schedule.status());
   if (Status s = validate_schedule(*recorded_schedule); !s.ok()) return fail(s);
@@ -441,7 +441,7 @@ int run_replay(const std::vector<std::string>& argv) {
     }
     const std::string out_dir = args->get("--out").value_or("out/what-if-" + safe_file_name(scenario->name));
     if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
-    const ModelCost cost = model_cost(scenario->model, scenario->training);
+    const ModelCost cost = scenario_cost(*scenario);
     auto schedule = build_schedule(*scenario, cost);
     if (!schedule.ok()) return fail(schedule.status());
     if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);

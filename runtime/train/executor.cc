@@ -46,6 +46,10 @@ Status runtime_supports(const Scenario& scenario) {
         "policy.comm: the runtime runs the reduce_scatter / all_gather / unit forms only (framework \"" +
         comm.framework + "\" asks for " + to_string(comm.grad_reduce) + " / " + to_string(comm.param_refresh) + " / " +
         to_string(comm.param_gather) + "); the simulator and the planner model them");
+  if (scenario.policy.parallel.tensor > 1 || scenario.policy.parallel.pipeline > 1)
+    return Status::InvalidInput(
+        "policy.parallel: the runtime trains with data parallelism (and expert parallelism) only; tensor and "
+        "pipeline parallelism run in the simulator, the estimator and the planner");
   if (scenario.training.recompute != Recompute::kNone)
     return Status::InvalidInput("training.recompute: the runtime does not recompute activations; use \"none\"");
   if (scenario.training.precision != Precision::kFp32)
@@ -494,6 +498,11 @@ Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gath
       for (const auto& [s, off] : layout.bucket_segments(c.bucket))
         HZP_RETURN_IF_ERROR(cm->all_reduce(bufs[s].grad + layout.optimizer_in_grad(s), layout.optimizer_floats(s)));
       return Status::Ok();
+    case CollectivePurpose::kTensorForward:  // ND parallelism: refused by runtime_supports
+    case CollectivePurpose::kTensorBackward:
+    case CollectivePurpose::kPipeActivations:
+    case CollectivePurpose::kPipeGrads:
+      break;
   }
   (void)k;
   return Status::Unimplemented(std::string("runtime: ") + to_string(c.purpose));

@@ -193,7 +193,7 @@ Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size
 Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
   PreparedRun run;
   HZP_ASSIGN_OR_RETURN(run.scenario, load_train_scenario(options, world_size));
-  run.cost = model_cost(run.scenario.model, run.scenario.training);
+  run.cost = scenario_cost(run.scenario);
   HZP_ASSIGN_OR_RETURN(run.schedule, build_schedule(run.scenario, run.cost));
   HZP_RETURN_IF_ERROR(validate_schedule(run.schedule));
   HZP_RETURN_IF_ERROR(runtime_supports(run.scenario));
@@ -527,9 +527,9 @@ int RankRun::write_outputs() {
     nlohmann::json mem = {{"rank", env_.rank},
                           {"measured", executor_->memory()},
                           {"model",
-                           {{"params", schedule_.state_bytes.params},
-                            {"grads", schedule_.state_bytes.grads},
-                            {"optimizer", schedule_.state_bytes.optimizer},
+                           {{"params", schedule_.state_bytes[0].params},
+                            {"grads", schedule_.state_bytes[0].grads},
+                            {"optimizer", schedule_.state_bytes[0].optimizer},
                             {"pools", pools}}}};
     Status st = write_file_atomic((fs::path(out_dir) / ("memory_rank" + std::to_string(env_.rank) + ".json")).string(),
                                   mem.dump(2) + "\n");

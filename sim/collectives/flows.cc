@@ -15,6 +15,18 @@ Context make_context(const Platform& platform, const CollectiveCall& call) {
   // which chunk each rank ends up with): walk the members node by node. Ranks are numbered node-major.
   Context ctx{platform, call, call.group->ranks, {}, {}, {}, false};
   std::sort(ctx.ranks.begin(), ctx.ranks.end());
+  // A broadcast's chain starts at its root (a pipeline transfer's direction is its root's): nodes in order
+  // from the root's, each node's members together, the root's own from the root on.
+  if (call.kind == CollectiveKind::kBroadcast && call.root >= 0 &&
+      call.root < static_cast<int>(call.group->ranks.size())) {
+    const long long root = call.group->ranks[call.root], nodes = platform.cluster->nodes;
+    const long long world = nodes * platform.cluster->gpus_per_node;
+    auto key = [&](int r) {
+      return std::pair{(platform.node_of(r) - platform.node_of(static_cast<int>(root)) + nodes) % nodes,
+                       (r - root + world) % world};
+    };
+    std::sort(ctx.ranks.begin(), ctx.ranks.end(), [&](int a, int b) { return key(a) < key(b); });
+  }
   const ClusterSpec& c = *platform.cluster;
   for (int i = 0; i < ctx.size(); ++i) {
     const int node = platform.node_of(ctx.ranks[i]);

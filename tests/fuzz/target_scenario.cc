@@ -75,7 +75,7 @@ class ScenarioTarget : public FuzzTarget {
       return Verdict::fail("the resolved form does not parse back | " + printable(again.status().message(), 300));
     if (!from_text_) return Verdict::pass();
 
-    const ModelCost cost = model_cost(scenario.model, scenario.training);
+    const ModelCost cost = scenario_cost(scenario);
     auto schedule = build_schedule(scenario, cost);
     if (auto stop = stop_on_error("build_schedule", schedule.status(), /*unimplemented_ok=*/true)) return *stop;
     if (auto stop = stop_on_error("validate_schedule", validate_schedule(*schedule))) return *stop;

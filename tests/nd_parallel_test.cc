@@ -1,0 +1,197 @@
+// ND parallelism (policy.parallel): the scenario's rules, Megatron's rank placement, the per-GPU math
+// against the closed forms of Shoeybi et al. 2019 and Korthikanti et al. 2022, and the pipeline schedules
+// against Narayanan et al. 2021 (warm-up, micro-batches in flight, bubble fraction).
+#include <algorithm>
+
+#include "shared/sharding.h"
+#include "tests/test_util.h"
+
+using namespace hzp;
+using namespace hzp::test;
+
+namespace {
+
+nlohmann::json nd_json(const std::string& model, int nodes, const std::string& policy, nlohmann::json parallel,
+                       long long global_sequences) {
+  nlohmann::json doc = scenario_json(model, "dgx-a100", nodes, policy, 2048, global_sequences);
+  doc["policy"]["parallel"] = std::move(parallel);
+  return doc;
+}
+
+std::string parse_error(const nlohmann::json& doc) {
+  auto s = parse_scenario(doc, "test");
+  return s.ok() ? "" : s.status().message();
+}
+
+// Peak of (forward passes - backward passes) of model chunks in a stage's program: micro-batches in flight.
+int chunks_in_flight(const Schedule& s, int program, int layers_per_chunk) {
+  int live = 0, peak = 0;
+  for (const Op& op : s.programs[program].ops)
+    if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
+      if (c->layer < 0 || c->layer % layers_per_chunk != 0 || c->module != ModuleKind::kAttention) continue;
+      if (c->phase == Phase::kForward) ++live;
+      if (c->phase == Phase::kBackward) --live;
+      peak = std::max(peak, live);
+    }
+  return peak;
+}
+
+}  // namespace
+
+TEST_CASE("policy.parallel resolves the mesh and lays the ZeRO presets over the data axis", "[nd]") {
+  // 4 nodes x 8 GPUs, tensor 4 x pipeline 2: data = 32 / 8 = 4, two data ranks per node, a stage per 2 nodes.
+  const Scenario s = scenario_from(nd_json("llama2-7b", 4, "zero3", {{"tensor", 4}, {"pipeline", 2}}, 64));
+  const ParallelMesh m = s.mesh();
+  CHECK(m.data == 4);
+  CHECK(m.tensor == 4);
+  CHECK(m.pipeline == 2);
+  CHECK(s.grad_accum_steps() == 16);
+  CHECK(s.policy.sharding.params == ShardGroup{2, 2});  // every data rank: 2 per node x 2 nodes
+  // The resolved form parses back to the same scenario.
+  const Scenario again = scenario_from(scenario_to_json(s));
+  CHECK(again.policy.parallel == s.policy.parallel);
+  CHECK(again.policy.sharding == s.policy.sharding);
+}
+
+TEST_CASE("policy.parallel errors name the field and the rule", "[nd]") {
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"tensor", 3}}, 64)).find("policy.parallel.tensor") == 0);
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"tensor", 16}}, 64)).find("policy.parallel.tensor") == 0);
+  CHECK(parse_error(nd_json("llama-30b", 1, "zero1", {{"tensor", 8}}, 64)).find("model.heads") !=
+        std::string::npos);  // 52 heads
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"pipeline", 3}}, 64)).find("policy.parallel.pipeline") == 0);
+  CHECK(parse_error(nd_json("llama2-7b", 4, "zero1", {{"pipeline", 4}, {"virtual_stages", 3}}, 64))
+            .find("policy.parallel.virtual_stages") == 0);  // 32 layers
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"virtual_stages", 2}}, 64))
+            .find("policy.parallel.virtual_stages: needs pipeline > 1") == 0);
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"sequence_parallel", true}}, 64))
+            .find("policy.parallel.sequence_parallel") == 0);
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"context", 2}}, 64)).find("policy.parallel") == 0);
+  // Interleaving runs micro-batches in groups of `pipeline`: 2 nodes, pipeline 2 -> data 8, 24 / 8 = 3.
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"pipeline", 2}, {"virtual_stages", 2}}, 24))
+            .find("multiple of pipeline") != std::string::npos);
+  // The global batch is counted against the data axis: 2 nodes, tensor 8 -> data 2.
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"tensor", 8}}, 3)).find("data-parallel size (2)") !=
+        std::string::npos);
+}
+
+TEST_CASE("ranks follow Megatron's order: tensor inside the node, then data, then pipeline", "[nd]") {
+  const Built b = build(scenario_from(nd_json("llama2-7b", 4, "zero3", {{"tensor", 4}, {"pipeline", 2}}, 64)));
+  const Schedule& s = b.schedule;
+  const int tensor = s.role_index(GroupRole::kTensor);
+  const int shard = s.role_index(GroupRole::kParamShard);
+  REQUIRE(tensor >= 0);
+  for (int r = 0; r < 32; ++r) {
+    const ProcessGroup& t = s.group_of(r, tensor);
+    CHECK(t.intra_node);
+    CHECK(t.ranks.front() == r / 4 * 4);
+    CHECK(s.rank_program[r] == r / 16);  // stage = rank / (tensor x data)
+    // The data-parallel group: same tensor index and stage, data ranks 0..3.
+    std::vector<int> data = s.group_of(r, shard).ranks;
+    std::sort(data.begin(), data.end());
+    const int base = r % 4 + r / 16 * 16;
+    CHECK(data == std::vector<int>{base, base + 4, base + 8, base + 12});
+  }
+  // Pipeline links pair the same (tensor, data) coordinate of consecutive stages, sender first.
+  const ProcessGroup& act = s.group_of(5, s.role_index(GroupRole::kPipeActEven));
+  CHECK(act.ranks == std::vector<int>{5, 21});
+  const ProcessGroup& grad = s.group_of(21, s.role_index(GroupRole::kPipeGradEven));
+  CHECK(grad.ranks == std::vector<int>{21, 5});
+}
+
+TEST_CASE("tensor-parallel parameters and FLOPs per GPU follow Megatron's split", "[nd]") {
+  const double h = 4096, f = 11008, V = 32000;
+  for (int t : {1, 2, 4, 8}) {
+    INFO("tensor " << t);
+    const Scenario s = scenario_from(nd_json("llama2-7b", 1, "ddp", {{"tensor", t}}, 8 / t));
+    const ModelCost c = scenario_cost(s);
+    const ModelCost whole = model_cost(s.model, s.training);
+    // Norms stay replicated; every matrix (vocabulary-parallel embedding and head included) is split.
+    CHECK(c.modules[0].params == static_cast<std::int64_t>(V * h / t));
+    CHECK(c.modules[1].params == static_cast<std::int64_t>(h + 4 * h * h / t));
+    CHECK(c.modules[2].params == static_cast<std::int64_t>(h + 3 * h * f / t));
+    CHECK(c.modules.back().params == static_cast<std::int64_t>(h + V * h / t));
+    CHECK(c.model_flops == Approx(whole.model_flops / t).epsilon(1e-12));
+    CHECK(c.model_flops == Approx(model_flops_formula(s.model, 1, 2048) / t).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("activations per layer follow Korthikanti et al. Table 2 without dropout", "[nd]") {
+  // GPT layer, no flash attention, bf16: sbh(34 + 5as/h) in the paper; without its dropout masks (sbh for
+  // each block's output, as²b + 2as²b for the attention's) sbh(32 + 2as/h). Tensor parallelism splits all
+  // but the 8sbh of the norms' inputs and the first matmuls' inputs; sequence parallelism splits those too.
+  const double s = 2048, b = 1, h = 12288, a = 96;
+  auto per_layer = [&](int t, bool sp, const char* recompute) {
+    nlohmann::json doc = nd_json("gpt3-175b", 1, "ddp", {{"tensor", t}, {"sequence_parallel", sp}}, 8 / t);
+    doc["training"]["flash_attention"] = false;
+    doc["training"]["recompute"] = recompute;
+    const ModelCost c = scenario_cost(scenario_from(doc));
+    return c.modules[1].activation_bytes + c.modules[2].activation_bytes;  // layer 0: attention + MLP
+  };
+  const double sbh = s * b * h, quadratic = 2 * a * s / h;
+  for (int t : {2, 4, 8}) {
+    INFO("tensor " << t);
+    CHECK(per_layer(t, false, "none") == Approx(sbh * (8 + 24.0 / t + quadratic / t)).epsilon(1e-12));
+    CHECK(per_layer(t, true, "none") == Approx(sbh * (32 + quadratic) / t).epsilon(1e-12));
+    CHECK(per_layer(t, false, "selective") == Approx(sbh * (8 + 24.0 / t)).epsilon(1e-12));
+    CHECK(per_layer(t, true, "selective") == Approx(sbh * 32 / t).epsilon(1e-12));
+    CHECK(per_layer(t, false, "full") == Approx(2 * sbh).epsilon(1e-12));
+  }
+  CHECK(per_layer(1, false, "none") == Approx(sbh * (32 + quadratic)).epsilon(1e-12));
+}
+
+TEST_CASE("1F1B keeps pipeline - stage micro-batches in flight, interleaving 2(p-s-1) + (v-1)p + 1 chunks", "[nd]") {
+  const int p = 4;
+  for (int v : {1, 2}) {
+    INFO("virtual stages " << v);
+    // 4 nodes x 8 GPUs, tensor 8, pipeline 4 -> data 1; 8 micro-batches.
+    const Built b =
+        build(scenario_from(nd_json("llama2-7b", 4, "ddp", {{"tensor", 8}, {"pipeline", p}, {"virtual_stages", v}}, 8)));
+    REQUIRE(b.schedule.programs.size() == p);
+    const int m = 8, layers_per_chunk = 32 / (p * v);
+    for (int stage = 0; stage < p; ++stage) {
+      INFO("stage " << stage);
+      const int expected = v == 1 ? std::min(p - stage, m) : std::min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
+      CHECK(chunks_in_flight(b.schedule, stage, layers_per_chunk) == expected);
+    }
+    // Memory: stage 0 peaks with its in-flight chunks' activations (Korthikanti §4.2.3: L layers' worth
+    // for 1F1B, times 1 + (p - 1) / (p·v) interleaved).
+    const double layer = b.cost.modules[1].activation_bytes + b.cost.modules[2].activation_bytes;
+    const double expected_layers = v == 1 ? 32 : 32 * (1 + (p - 1.0) / (p * v));
+    const MemoryBreakdown stage0 = memory_of_program(b.cost, b.schedule, 0);
+    CHECK(stage0.activations - b.cost.transient_bytes ==
+          Approx(expected_layers * layer + b.cost.modules[0].activation_bytes).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("the pipeline bubble is (p-1)/(m+p-1), and (p-1)/(v·m+p-1) interleaved, on an idle network", "[nd]") {
+  const int p = 4, m = 8;
+  for (int v : {1, 2}) {
+    INFO("virtual stages " << v);
+    const Built b = build(scenario_from(idle_pipeline_json(p, v, m)));
+    const Estimate e = estimate_of(b);
+    // Stage 0 runs the first forward and the last backward: its span is the pipeline's.
+    double busy = 0, last_backward = 0;
+    const std::vector<Op>& ops = b.schedule.programs[0].ops;
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      if (const auto* c = std::get_if<ComputeOp>(&ops[i].body)) {
+        busy += e.timings[i].end - e.timings[i].start;
+        if (c->phase == Phase::kBackward) last_backward = std::max(last_backward, e.timings[i].end);
+      }
+    const double bubble = 1 - busy / last_backward;
+    CHECK(bubble == Approx((p - 1.0) / (v * m + p - 1.0)).epsilon(0.01));
+  }
+}
+
+TEST_CASE("the validator catches pipeline transfers issued out of order", "[nd]") {
+  Built b = build(scenario_from(idle_pipeline_json(2, 1, 4)));
+  // Stage 0 sends micro-batch 1's activations where stage 1 expects micro-batch 0's.
+  for (Op& op : b.schedule.programs[0].ops)
+    if (auto* c = std::get_if<CollectiveOp>(&op.body); c && c->purpose == CollectivePurpose::kPipeActivations) {
+      c->micro_batch = 1;
+      break;
+    }
+  const Status st = validate_schedule(b.schedule);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.message().find("deadlock") != std::string::npos);
+  CHECK(st.message().find("pipe_act_even") != std::string::npos);
+}
