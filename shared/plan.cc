@@ -13,8 +13,8 @@
 namespace hzp {
 
 Result<Scenario> with_policy(const Scenario& scenario, const std::string& policy) {
-  HZP_ASSIGN_OR_RETURN(ShardingSpec sharding,
-                       sharding_preset(policy, scenario.cluster.gpus_per_node, scenario.cluster.nodes));
+  HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(scenario.cluster, scenario.policy.parallel));
+  HZP_ASSIGN_OR_RETURN(ShardingSpec sharding, sharding_preset(policy, axis.ranks_per_node, axis.nodes));
   Scenario out = scenario;
   out.policy.preset = policy;
   out.policy.sharding = sharding;
@@ -102,10 +102,11 @@ std::string plan_table(const Scenario& scenario, const Plan& plan) {
   std::string out;
   char line[512];
   std::snprintf(
-      line, sizeof line, "scenario %s: %s on %d x %d %s, seq %lld, micro-batch %lld, %lld micro-batches/step\n",
+      line, sizeof line, "scenario %s: %s on %d x %d %s (%s), seq %lld, micro-batch %lld, %lld micro-batches/step\n",
       scenario.name.c_str(), scenario.model.name.c_str(), scenario.cluster.nodes, scenario.cluster.gpus_per_node,
-      scenario.cluster.gpu.type.c_str(), static_cast<long long>(scenario.training.seq_len),
-      static_cast<long long>(scenario.training.micro_batch), static_cast<long long>(scenario.grad_accum_steps()));
+      scenario.cluster.gpu.type.c_str(), scenario.mesh().describe().c_str(),
+      static_cast<long long>(scenario.training.seq_len), static_cast<long long>(scenario.training.micro_batch),
+      static_cast<long long>(scenario.grad_accum_steps()));
   out += line;
   out += std::string(kShardingLegend) + "; memory in GiB (2^30 bytes) per GPU of " +
          std::to_string(static_cast<int>(scenario.cluster.gpu.memory_bytes / GiB)) +

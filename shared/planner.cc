@@ -34,13 +34,15 @@ std::vector<ShardingSpec> valid_shardings(int gpus_per_node, int nodes) {
 Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptions& options,
                                      const std::function<void(long long, long long)>& progress) {
   const ClusterSpec& c = scenario.cluster;
-  const std::vector<ShardingSpec> shardings = valid_shardings(c.gpus_per_node, c.nodes);
+  HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(c, scenario.policy.parallel));
+  const std::vector<ShardingSpec> shardings = valid_shardings(axis.ranks_per_node, axis.nodes);
   const ModelCost cost = scenario_cost(scenario);
   const StateBytes bytes = state_bytes_per_param(scenario.training.precision);
   const long long total =
       static_cast<long long>(shardings.size() * options.prefetch_depths.size() * options.separate_streams.size());
   SearchResult result;
   result.candidates = total;
+  result.shardings = shardings.size();
   long long done = 0;
   for (const ShardingSpec& sharding : shardings) {
     // Model states plus activations must fit before anything else is worth building (buffers come later,
@@ -49,7 +51,8 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
     const double psi = static_cast<double>(cost.params);
     const double states = bytes.param * psi / sharding.params.size() + bytes.grad * psi / sharding.grads.size() +
                           bytes.optimizer * psi / sharding.optimizer.size();
-    if (scenario.policy.expert_parallel == 1 &&
+    // Pipeline stages hold different layers and micro-batches in flight: the schedule decides (below).
+    if (scenario.policy.expert_parallel == 1 && scenario.policy.parallel.pipeline == 1 &&
         states + cost.activation_bytes + cost.transient_bytes > c.gpu.memory_bytes) {
       result.rejected_memory +=
           static_cast<long long>(options.prefetch_depths.size() * options.separate_streams.size());

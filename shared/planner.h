@@ -34,6 +34,7 @@ struct SearchResult {
   // Every enumerated candidate lands in exactly one of the last four counts:
   //   candidates == rejected_memory + rejected_invalid + redundant + ranked.size()
   long long candidates = 0;        // shardings x prefetch depths x stream settings
+  std::size_t shardings = 0;       // valid shardings of the data axis
   long long estimated = 0;         // built and estimated (the rest failed on model states alone)
   long long rejected_memory = 0;   // do not fit: model states alone, or the estimate's peak
   long long rejected_invalid = 0;  // refused by the scheduler (e.g. uneven expert groups)

@@ -259,9 +259,16 @@ Status validate_schedule(const Schedule& s) {
   HZP_RETURN_IF_ERROR(check_pools(s));
   HZP_RETURN_IF_ERROR(check_collective_order(s));
   if (s.programs.size() == 1) return check_progress(s, {0}, /*lockstep=*/true);
-  std::vector<int> all(s.world_size);
-  for (int r = 0; r < s.world_size; ++r) all[r] = r;
-  return check_progress(s, all, /*lockstep=*/false);
+  // One rank per program: ranks that share a program are interchangeable (every layout is a product of
+  // identical blocks, e.g. pipeline stages of tensor x data ranks), so the others move as their program's
+  // representative does, and their collectives with it are matched.
+  std::vector<int> first(s.programs.size(), -1);
+  for (int r = 0; r < s.world_size; ++r)
+    if (first[s.rank_program[r]] < 0) first[s.rank_program[r]] = r;
+  std::vector<int> ranks;
+  for (int r : first)
+    if (r >= 0) ranks.push_back(r);
+  return check_progress(s, ranks, /*lockstep=*/false);
 }
 
 }  // namespace hzp

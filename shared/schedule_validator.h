@@ -17,8 +17,9 @@ namespace hzp {
 //     (kind, bytes, dtype, payload, layer, micro-batch) — a mismatch is a deadlock (NCCL matches collectives by issue
 //     order);
 //  4. progress: an abstract execution (zero durations; a collective completes when every member has
-//     reached it at the head of its stream) runs every op. Distinct programs are executed rank by rank;
-//     a single shared program is executed once, since identical ranks move in lock-step.
+//     reached it at the head of its stream) runs every op. One rank per distinct program is executed (ranks
+//     sharing a program are interchangeable, so they move as its representative does); a single shared
+//     program is executed once, since identical ranks move in lock-step.
 Status validate_schedule(const Schedule& schedule);
 
 }  // namespace hzp

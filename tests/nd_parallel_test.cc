@@ -144,8 +144,8 @@ TEST_CASE("1F1B keeps pipeline - stage micro-batches in flight, interleaving 2(p
   for (int v : {1, 2}) {
     INFO("virtual stages " << v);
     // 4 nodes x 8 GPUs, tensor 8, pipeline 4 -> data 1; 8 micro-batches.
-    const Built b =
-        build(scenario_from(nd_json("llama2-7b", 4, "ddp", {{"tensor", 8}, {"pipeline", p}, {"virtual_stages", v}}, 8)));
+    const Built b = build(
+        scenario_from(nd_json("llama2-7b", 4, "ddp", {{"tensor", 8}, {"pipeline", p}, {"virtual_stages", v}}, 8)));
     REQUIRE(b.schedule.programs.size() == p);
     const int m = 8, layers_per_chunk = 32 / (p * v);
     for (int stage = 0; stage < p; ++stage) {
@@ -194,4 +194,17 @@ TEST_CASE("the validator catches pipeline transfers issued out of order", "[nd]"
   REQUIRE_FALSE(st.ok());
   CHECK(st.message().find("deadlock") != std::string::npos);
   CHECK(st.message().find("pipe_act_even") != std::string::npos);
+}
+
+TEST_CASE("the Megatron scenarios have Megatron-LM Table 1's parameter counts", "[nd]") {
+  // Narayanan et al. 2021, Table 1 (billions, one decimal), from its Eq. 2 with V = 51 200, s = 2048.
+  const std::pair<const char*, double> rows[] = {
+      {"1.7b", 1.7},   {"3.6b", 3.6},     {"7.5b", 7.5},     {"18.4b", 18.4},   {"39.1b", 39.1},
+      {"76.1b", 76.1}, {"145.6b", 145.6}, {"310.1b", 310.1}, {"529.6b", 529.6}, {"1008b", 1008.0}};
+  for (const auto& [name, billions] : rows) {
+    INFO(name);
+    auto s = load_scenario_file(std::string(HZP_SOURCE_DIR) + "/scenarios/papers/megatron-gpt-" + name + ".json");
+    REQUIRE(s.ok());
+    CHECK(static_cast<double>(parameter_count(s->model)) / 1e9 == Approx(billions).margin(0.051));
+  }
 }

@@ -159,9 +159,8 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
       "search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings): %lld do not fit in "
       "memory, %lld are invalid, %lld equal a shallower prefetch of the same policy, %zu ranked by the analytic "
       "estimator in %.3f s\n",
-      r.candidates, valid_shardings(scenario.cluster.gpus_per_node, scenario.cluster.nodes).size(),
-      options.prefetch_depths.size(), options.separate_streams.size(), r.rejected_memory, r.rejected_invalid,
-      r.redundant, r.ranked.size(), search_s);
+      r.candidates, r.shardings, options.prefetch_depths.size(), options.separate_streams.size(), r.rejected_memory,
+      r.rejected_invalid, r.redundant, r.ranked.size(), search_s);
   std::printf("%s\n", kShardingLegend);
   if (r.ranked.empty()) {
     std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
