@@ -90,7 +90,7 @@ nlohmann::json plan_to_json(const Scenario& scenario, const Plan& plan) {
     });
   }
   nlohmann::json out = {{"scenario", scenario.name},
-                        {"gpus", scenario.data_parallel()},
+                        {"gpus", scenario.cluster.world_size()},
                         {"gpu_memory_bytes", scenario.cluster.gpu.memory_bytes},
                         {"candidates", candidates}};
   out["best"] = plan.best >= 0 ? nlohmann::json(plan.candidates[plan.best].policy) : nlohmann::json(nullptr);

@@ -6,6 +6,7 @@
 #include "shared/model_math.h"
 #include "shared/plan.h"
 #include "shared/presets.h"
+#include "shared/scenario_parser.h"
 #include "shared/sharding.h"
 
 namespace hzp {
@@ -101,6 +102,118 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
   }
   result.redundant = static_cast<long long>(result.ranked.size() - distinct.size());
   result.ranked = std::move(distinct);
+  return result;
+}
+
+Result<SearchResult> search_policies_and_training(const Scenario& scenario, const SearchOptions& options,
+                                                  const std::vector<long long>& micro_batches,
+                                                  const std::function<void(long long, long long)>& progress) {
+  std::vector<Scenario> variants = {scenario};
+  const nlohmann::json base = scenario_to_json(scenario);
+  for (long long mb : micro_batches)
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      if (mb == scenario.training.micro_batch && r == scenario.training.recompute) continue;
+      nlohmann::json doc = base;
+      doc["training"]["micro_batch"] = mb;
+      doc["training"]["recompute"] = to_string(r);
+      if (Result<Scenario> v = parse_scenario(doc, scenario.name); v.ok()) variants.push_back(std::move(v).value());
+    }
+  SearchResult all;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    HZP_ASSIGN_OR_RETURN(SearchResult r, search_policies(variants[i], options));
+    if (progress) progress(static_cast<long long>(i + 1), static_cast<long long>(variants.size()));
+    all.candidates += r.candidates;
+    all.shardings = r.shardings;
+    all.estimated += r.estimated;
+    all.rejected_memory += r.rejected_memory;
+    all.rejected_invalid += r.rejected_invalid;
+    all.redundant += r.redundant;
+    for (SearchCandidate& c : r.ranked) all.ranked.push_back(std::move(c));
+  }
+  std::stable_sort(all.ranked.begin(), all.ranked.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
+    if (a.estimate.step_time_s != b.estimate.step_time_s) return a.estimate.step_time_s < b.estimate.step_time_s;
+    return a.estimate.comm_bytes_per_gpu < b.estimate.comm_bytes_per_gpu;
+  });
+  return all;
+}
+
+std::string describe_nd(const Scenario& s) {
+  const ParallelSpec& p = s.policy.parallel;
+  std::string out = "tensor " + std::to_string(p.tensor) + " x pipeline " + std::to_string(p.pipeline);
+  if (p.virtual_stages > 1 || p.sequence_parallel) {
+    out += " (";
+    if (p.virtual_stages > 1) out += "interleaved " + std::to_string(p.virtual_stages);
+    if (p.virtual_stages > 1 && p.sequence_parallel) out += ", ";
+    if (p.sequence_parallel) out += "sequence parallel";
+    out += ")";
+  }
+  return out + ", micro-batch " + std::to_string(s.training.micro_batch) + ", recompute " +
+         to_string(s.training.recompute);
+}
+
+Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& options,
+                               const std::function<void(long long, long long)>& progress) {
+  const ClusterSpec& c = scenario.cluster;
+  const ModelSpec& m = scenario.model;
+  std::vector<ParallelSpec> meshes;
+  for (int t = 1; t <= c.gpus_per_node; ++t) {
+    if (c.gpus_per_node % t != 0 || m.heads % t != 0 || m.kv_heads % t != 0 || m.ffn_hidden % t != 0 ||
+        m.moe.expert_ffn_hidden % t != 0)
+      continue;
+    for (int p = 1; p <= std::min(options.max_pipeline, m.layers); ++p) {
+      if (!data_axis(c, ParallelSpec{t, p, 1, false}).ok()) continue;
+      for (int v = 1; v <= (p > 1 ? options.max_virtual_stages : 1); ++v) {
+        if (m.layers % (p * v) != 0) continue;
+        for (bool sp : {false, true})
+          if (!sp || t > 1) meshes.push_back({t, p, v, sp});
+      }
+    }
+  }
+  const Recompute recomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  SearchResult result;
+  result.candidates = static_cast<long long>(meshes.size() * options.micro_batches.size());
+  long long done = 0;
+  const nlohmann::json base = scenario_to_json(scenario);
+  for (const ParallelSpec& par : meshes)
+    for (long long mb : options.micro_batches) {
+      if (progress && ++done % 16 == 0) progress(done, result.candidates);
+      bool fitted = false, parsed = false;
+      for (Recompute r : recomputes) {
+        nlohmann::json doc = base;
+        doc["training"]["micro_batch"] = mb;
+        doc["training"]["recompute"] = to_string(r);
+        doc["policy"]["preset"] = "zero1";
+        doc["policy"].erase("sharding");
+        doc["policy"]["parallel"] = {{"tensor", par.tensor},
+                                     {"pipeline", par.pipeline},
+                                     {"virtual_stages", par.virtual_stages},
+                                     {"sequence_parallel", par.sequence_parallel}};
+        Result<Scenario> candidate = parse_scenario(doc, scenario.name);
+        if (!candidate.ok()) break;  // the batch does not split this way, or the mesh is refused
+        parsed = true;
+        auto est = evaluate(*candidate);
+        if (!est.ok()) {
+          if (est.status().code() == StatusCode::kInternal) return est.status();
+          parsed = false;
+          break;
+        }
+        ++result.estimated;
+        if (!est->fits_memory) continue;
+        est->timings.clear();
+        result.ranked.push_back({std::move(candidate).value(), std::move(est).value()});
+        fitted = true;
+        break;
+      }
+      if (!parsed)
+        ++result.rejected_invalid;
+      else if (!fitted)
+        ++result.rejected_memory;
+    }
+  if (progress) progress(result.candidates, result.candidates);
+  std::stable_sort(result.ranked.begin(), result.ranked.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
+    if (a.estimate.step_time_s != b.estimate.step_time_s) return a.estimate.step_time_s < b.estimate.step_time_s;
+    return a.estimate.comm_bytes_per_gpu < b.estimate.comm_bytes_per_gpu;
+  });
   return result;
 }
 

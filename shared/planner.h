@@ -41,6 +41,32 @@ struct SearchResult {
   long long redundant = 0;         // fit, but estimate the same as a shallower prefetch of the same policy
 };
 
+// search_policies over the scenario under every micro-batch in `micro_batches` that splits its global batch
+// and every recomputation setting (the scenario's own first), merged and ranked as one list: what
+// `hzp plan --search` ranks, so that the ZeRO family and the ND search choose micro-batch and
+// recomputation alike. The counts add up over the settings; `shardings` is per setting.
+Result<SearchResult> search_policies_and_training(const Scenario& scenario, const SearchOptions& options,
+                                                  const std::vector<long long>& micro_batches,
+                                                  const std::function<void(long long, long long)>& progress = {});
+
+// ND plans (Megatron-style): every (tensor, pipeline, virtual_stages, sequence_parallel, micro_batch) the
+// model and cluster allow (the parser's rules: tensor inside a node dividing heads and widths, stages whole
+// nodes or equal parts of one, layers dividing into pipeline x virtual_stages chunks, the global batch into
+// micro-batches of the data axis), each with the least recomputation that fits (none, then selective, then
+// full), the data axis sharded as ZeRO-1 (Megatron's distributed optimizer), everything else as the
+// scenario says. Ranked like search_policies; `candidates` counts the combinations, rejected_memory those
+// that fit under no recomputation, rejected_invalid those the parser refuses.
+struct NdSearchOptions {
+  std::vector<long long> micro_batches = {1, 2, 4};
+  int max_virtual_stages = 2;
+  int max_pipeline = 64;
+};
+Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& options,
+                               const std::function<void(long long, long long)>& progress = {});
+// "tensor 8 x pipeline 4 (interleaved 2, sequence parallel), micro-batch 2, recompute full": what an ND
+// candidate chose.
+std::string describe_nd(const Scenario& scenario);
+
 // For "sharding": "auto": replaces the scenario's policy by the search's analytic best (groups, prefetch,
 // streams; preset stays "amsp"). A no-op without auto_sharding; kInvalidInput when nothing fits.
 Status resolve_auto_sharding(Scenario& scenario);

@@ -69,3 +69,31 @@ TEST_CASE("search: every fitting preset is a candidate, ranking is by estimated 
   }
   for (const SearchCandidate& c : ranked) CHECK(c.estimate.fits_memory);
 }
+
+TEST_CASE("the ND search takes the least recomputation that fits and accounts for every combination", "[planner][nd]") {
+  // LLaMA-2 70B on 2 nodes of 8 A100-80GB: data parallelism alone (ZeRO-1) cannot hold its 70 B parameters'
+  // replicated bf16 weights and gradients (280 GB); tensor and pipeline parallelism can.
+  const Scenario s = scenario_from(scenario_json("llama2-70b", "dgx-a100", 2, "zero1", 4096, 32));
+  NdSearchOptions options;
+  options.micro_batches = {1, 2};
+  auto found = search_nd(s, options);
+  REQUIRE(found.ok());
+  const SearchResult& r = *found;
+  CHECK(r.candidates == r.rejected_memory + r.rejected_invalid + static_cast<long long>(r.ranked.size()));
+  REQUIRE_FALSE(r.ranked.empty());
+  for (std::size_t i = 0; i < r.ranked.size(); ++i) {
+    const SearchCandidate& c = r.ranked[i];
+    INFO(describe_nd(c.scenario));
+    CHECK(c.estimate.fits_memory);
+    CHECK(c.scenario.policy.preset == "zero1");
+    if (i > 0) CHECK(c.estimate.step_time_s >= r.ranked[i - 1].estimate.step_time_s);
+    // Less recomputation would not have fitted.
+    if (c.scenario.training.recompute != Recompute::kNone) {
+      Scenario less = c.scenario;
+      less.training.recompute = Recompute::kNone;
+      CHECK_FALSE(estimate_of(build(less)).fits_memory);
+    }
+  }
+  const ParallelSpec& best = r.ranked.front().scenario.policy.parallel;
+  CHECK(best.tensor * best.pipeline > 1);
+}

@@ -42,8 +42,11 @@ struct Simulation {
 };
 
 std::string describe(const Scenario& s) {
+  // An ND candidate: its mesh, micro-batch and recomputation say more than its data-axis sharding.
+  if (s.policy.parallel.tensor > 1 || s.policy.parallel.pipeline > 1) return describe_nd(s);
   return sharding_notation(s.policy.sharding) + " prefetch " + std::to_string(s.policy.overlap.prefetch_depth) +
-         (s.policy.overlap.separate_streams ? "" : " one-stream");
+         (s.policy.overlap.separate_streams ? "" : " one-stream") + " mb " + std::to_string(s.training.micro_batch) +
+         " rc " + to_string(s.training.recompute);
 }
 
 // The candidate's folder: what it holds, e.g. "03-P8x1-G8x4-OS8x4-pf1" (searched, analytic rank 3) or
@@ -51,9 +54,12 @@ std::string describe(const Scenario& s) {
 std::string folder_name(const Simulation& sim) {
   const ShardingSpec& g = sim.scenario.policy.sharding;
   char buf[160];
-  std::snprintf(buf, sizeof buf, "P%dx%d-G%dx%d-OS%dx%d-pf%d%s", g.params.s0, g.params.s1, g.grads.s0, g.grads.s1,
-                g.optimizer.s0, g.optimizer.s1, sim.scenario.policy.overlap.prefetch_depth,
-                sim.scenario.policy.overlap.separate_streams ? "" : "-onestream");
+  const ParallelSpec& par = sim.scenario.policy.parallel;
+  std::snprintf(buf, sizeof buf, "P%dx%d-G%dx%d-OS%dx%d-pf%d%s-t%dp%dv%d%s-mb%lld", g.params.s0, g.params.s1,
+                g.grads.s0, g.grads.s1, g.optimizer.s0, g.optimizer.s1, sim.scenario.policy.overlap.prefetch_depth,
+                sim.scenario.policy.overlap.separate_streams ? "" : "-onestream", par.tensor, par.pipeline,
+                par.virtual_stages, par.sequence_parallel ? "sp" : "",
+                static_cast<long long>(sim.scenario.training.micro_batch));
   std::string label = sim.label;
   if (label.rfind('#', 0) == 0) {
     char rank[16];
@@ -145,9 +151,11 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   const bool interactive = ::isatty(STDERR_FILENO) == 1;
   const auto t0 = std::chrono::steady_clock::now();
   SearchOptions options;
-  auto found = search_policies(scenario, options, [interactive](long long done, long long total) {
-    if (interactive) std::fprintf(stderr, "plan: estimated %lld/%lld candidates\r", done, total);
-  });
+  const NdSearchOptions nd_options;
+  auto found = search_policies_and_training(
+      scenario, options, nd_options.micro_batches, [interactive](long long done, long long total) {
+        if (interactive) std::fprintf(stderr, "plan: searched %lld/%lld training settings\r", done, total);
+      });
   if (interactive) std::fprintf(stderr, "\n");
   if (!found.ok()) {
     std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
@@ -156,21 +164,53 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const SearchResult& r = *found;
   std::printf(
-      "search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings): %lld do not fit in "
+      "search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings, under every micro-batch "
+      "of %s and recomputation that the batch allows): %lld do not fit in "
       "memory, %lld are invalid, %lld equal a shallower prefetch of the same policy, %zu ranked by the analytic "
       "estimator in %.3f s\n",
-      r.candidates, r.shardings, options.prefetch_depths.size(), options.separate_streams.size(), r.rejected_memory,
-      r.rejected_invalid, r.redundant, r.ranked.size(), search_s);
+      r.candidates, r.shardings, options.prefetch_depths.size(), options.separate_streams.size(),
+      [&] {
+        std::string list;
+        for (long long mb : nd_options.micro_batches) list += (list.empty() ? "" : "/") + std::to_string(mb);
+        return list;
+      }()
+          .c_str(),
+      r.rejected_memory, r.rejected_invalid, r.redundant, r.ranked.size(), search_s);
   std::printf("%s\n", kShardingLegend);
-  if (r.ranked.empty()) {
+
+  // ND parallelism (Megatron-style), searched with micro-batch and recomputation; the best is simulated
+  // next to the ZeRO family's candidates.
+  const auto t_nd = std::chrono::steady_clock::now();
+  auto nd_found = search_nd(scenario, nd_options, [interactive](long long done, long long total) {
+    if (interactive) std::fprintf(stderr, "plan: estimated %lld/%lld ND candidates\r", done, total);
+  });
+  if (interactive) std::fprintf(stderr, "\n");
+  if (!nd_found.ok()) {
+    std::fprintf(stderr, "hzp: error: %s\n", nd_found.status().message().c_str());
+    return 1;
+  }
+  const SearchResult& nd = *nd_found;
+  std::printf(
+      "ND search: %lld candidates (tensor x pipeline x virtual stages x sequence parallel x micro-batch, each with "
+      "the least recomputation that fits, ZeRO-1 on the data axis): %lld do not fit even with full recomputation, %lld "
+      "are "
+      "invalid, %zu ranked in %.3f s\n",
+      nd.candidates, nd.rejected_memory, nd.rejected_invalid, nd.ranked.size(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_nd).count());
+  for (size_t i = 0; i < nd.ranked.size() && static_cast<int>(i) < top_k; ++i)
+    std::printf("  nd#%-3zu %-80s est %.4f s, MFU %.1f%%, %.1f GiB\n", i + 1,
+                describe_nd(nd.ranked[i].scenario).c_str(), nd.ranked[i].estimate.step_time_s,
+                100 * nd.ranked[i].estimate.mfu, nd.ranked[i].estimate.memory.total() / (1024.0 * 1024 * 1024));
+  if (r.ranked.empty() && nd.ranked.empty()) {
     std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
     return 0;
   }
 
-  // The top K searched candidates, then every preset for comparison.
+  // The top K searched candidates, the best ND plan, then every preset for comparison.
   std::vector<Simulation> sims;
   for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top_k; ++i)
     sims.push_back({"#" + std::to_string(i + 1), r.ranked[i].scenario, r.ranked[i].estimate, -1, 0, false, ""});
+  if (!nd.ranked.empty()) sims.push_back({"nd#1", nd.ranked[0].scenario, nd.ranked[0].estimate, -1, 0, false, ""});
   for (const PolicyEntry& entry : policy_registry()) {
     if (!entry.in_plan) continue;
     auto variant = with_policy(scenario, entry.name);
@@ -194,7 +234,8 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     return sims[a].simulated_step_s < sims[b].simulated_step_s;
   });
   const int best = !order.empty() && tier(sims[order.front()]) == 0 ? static_cast<int>(order.front()) : -1;
-  std::printf("\n%-8s %-44s %10s %10s %8s %s\n", "analytic", "policy", "est s", "sim s", "MFU", "");
+  std::printf("\n%-8s %-60s %10s %10s %8s %s\n", "analytic", "policy (mb: micro-batch, rc: recompute)", "est s",
+              "sim s", "MFU", "");
   for (size_t i : order) {
     const Simulation& s = sims[i];
     char simulated[32] = "failed", mfu[32] = "";
@@ -206,9 +247,22 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
                              : !s.error.empty()          ? s.error
                              : !s.simulated_fits         ? "NOT RUNNABLE: does not fit in memory when simulated"
                                                          : "";
-    std::printf("%-8s %-44s %10.4f %10s %8s %s\n", s.label.c_str(), describe(s.scenario).c_str(),
+    std::printf("%-8s %-60s %10.4f %10s %8s %s\n", s.label.c_str(), describe(s.scenario).c_str(),
                 s.estimate.step_time_s, simulated, mfu, note.c_str());
   }
+  // The comparison AsyncHZP's claim is about: the best ND plan against the best ZeRO-family plan, simulated.
+  int best_nd = -1, best_zero = -1;
+  for (size_t i : order) {
+    if (tier(sims[i]) != 0) continue;
+    int& slot = sims[i].label.rfind("nd#", 0) == 0 ? best_nd : best_zero;
+    if (slot < 0) slot = static_cast<int>(i);
+  }
+  if (best_nd >= 0 && best_zero >= 0)
+    std::printf(
+        "best ND plan %s (%s): %.4f s; best ZeRO-family plan %s (%s): %.4f s; ND / ZeRO-family step time %.2fx\n",
+        sims[best_nd].label.c_str(), describe(sims[best_nd].scenario).c_str(), sims[best_nd].simulated_step_s,
+        sims[best_zero].label.c_str(), describe(sims[best_zero].scenario).c_str(), sims[best_zero].simulated_step_s,
+        sims[best_nd].simulated_step_s / sims[best_zero].simulated_step_s);
   std::printf("simulated %zu scenarios with %d parallel processes in %.1f s; each in %s/<candidate>/\n", sims.size(),
               jobs, sim_s, dir.c_str());
 
@@ -217,10 +271,19 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     const Simulation& s = sims[i];
     const MemoryBreakdown& m = s.estimate.memory;
     candidates.push_back(
-        {{"policy", s.label.rfind('#', 0) == 0 ? "amsp" : s.label},
+        {{"policy", s.label.rfind('#', 0) == 0     ? "amsp"
+                    : s.label.rfind("nd#", 0) == 0 ? "zero1"
+                                                   : s.label},
          {"rank", s.label},
          {"folder", (fs::path("candidates") / folder_name(s)).string()},
          {"sharding", sharding_json(s.scenario.policy.sharding)},
+         {"parallel",
+          {{"tensor", s.scenario.policy.parallel.tensor},
+           {"pipeline", s.scenario.policy.parallel.pipeline},
+           {"virtual_stages", s.scenario.policy.parallel.virtual_stages},
+           {"sequence_parallel", s.scenario.policy.parallel.sequence_parallel}}},
+         {"micro_batch", s.scenario.training.micro_batch},
+         {"recompute", to_string(s.scenario.training.recompute)},
          {"overlap",
           {{"prefetch_depth", s.scenario.policy.overlap.prefetch_depth},
            {"separate_streams", s.scenario.policy.overlap.separate_streams}}},
@@ -240,21 +303,31 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
          {"simulated_fits_memory", s.error.empty() ? nlohmann::json(s.simulated_fits) : nlohmann::json()},
          {"error", s.error}});
   }
-  nlohmann::json plan = {{"scenario", scenario.name},
-                         {"gpus", scenario.data_parallel()},
-                         {"search",
-                          {{"candidates", r.candidates},
-                           {"estimated", r.estimated},
-                           {"rejected_memory", r.rejected_memory},
-                           {"rejected_invalid", r.rejected_invalid},
-                           {"redundant", r.redundant},
-                           {"ranked", r.ranked.size()},
-                           {"analytic_ranking_s", search_s},
-                           {"simulated", sims.size()},
-                           {"simulation_wall_s", sim_s},
-                           {"jobs", jobs}}},
-                         {"candidates", candidates},
-                         {"best", best >= 0 ? nlohmann::json(sims[best].label) : nlohmann::json()}};
+  nlohmann::json plan = {
+      {"scenario", scenario.name},
+      {"gpus", scenario.cluster.world_size()},
+      {"search",
+       {{"candidates", r.candidates},
+        {"estimated", r.estimated},
+        {"rejected_memory", r.rejected_memory},
+        {"rejected_invalid", r.rejected_invalid},
+        {"redundant", r.redundant},
+        {"ranked", r.ranked.size()},
+        {"analytic_ranking_s", search_s},
+        {"simulated", sims.size()},
+        {"simulation_wall_s", sim_s},
+        {"jobs", jobs}}},
+      {"nd_search",
+       {{"candidates", nd.candidates},
+        {"estimated", nd.estimated},
+        {"rejected_memory", nd.rejected_memory},
+        {"rejected_invalid", nd.rejected_invalid},
+        {"ranked", nd.ranked.size()},
+        {"best", nd.ranked.empty() ? nlohmann::json() : nlohmann::json(describe_nd(nd.ranked[0].scenario))},
+        {"best_estimated_step_time_s",
+         nd.ranked.empty() ? nlohmann::json() : nlohmann::json(nd.ranked[0].estimate.step_time_s)}}},
+      {"candidates", candidates},
+      {"best", best >= 0 ? nlohmann::json(sims[best].label) : nlohmann::json()}};
   if (Status st = write_file_atomic((fs::path(out_dir) / "plan.json").string(), plan.dump(2) + "\n"); !st.ok()) {
     std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
     return 2;
