@@ -53,7 +53,10 @@ class ProgramBuilder {
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-    program_.ops.push_back(Op{stream_index(separate_ ? stream : "compute"), std::move(deps), std::move(body), {}});
+    // Pipeline receives keep their streams even without separate streams: on the compute stream, two
+    // neighbouring stages could each block in a send that waits for the other's receive.
+    const bool own = separate_ || stream.rfind("pipe_recv", 0) == 0;
+    program_.ops.push_back(Op{stream_index(own ? stream : "compute"), std::move(deps), std::move(body), {}});
     return static_cast<int>(program_.ops.size()) - 1;
   }
   Program take() { return std::move(program_); }

@@ -208,3 +208,11 @@ TEST_CASE("the Megatron scenarios have Megatron-LM Table 1's parameter counts", 
     CHECK(static_cast<double>(parameter_count(s->model)) / 1e9 == Approx(billions).margin(0.051));
   }
 }
+
+TEST_CASE("pipelines validate on one stream too: receives keep their own streams", "[nd]") {
+  nlohmann::json doc = idle_pipeline_json(4, 2, 8);
+  doc["policy"]["overlap"] = {{"separate_streams", false}};
+  const Built b = build(scenario_from(doc));  // fails on a deadlock
+  CHECK(b.schedule.role_index(GroupRole::kPipeActWrap) >= 0);
+  CHECK(estimate_of(b).step_time_s > 0);
+}
