@@ -83,6 +83,16 @@ class Executor {
       ranks_[r].waiters.resize(schedule.streams.size());
     }
     result_.timeline_ranks = timeline_sample(schedule.world_size, schedule.gpus_per_node, options.timeline_max_ranks);
+    // Pipelined, every stage shows: its first GPU is recorded too.
+    if (schedule.programs.size() > 1) {
+      std::vector<int> first(schedule.programs.size(), -1);
+      for (int r = 0; r < schedule.world_size; ++r)
+        if (first[schedule.rank_program[r]] < 0) first[schedule.rank_program[r]] = r;
+      std::vector<int>& sample = result_.timeline_ranks;
+      for (int r : first)
+        if (r >= 0 && std::find(sample.begin(), sample.end(), r) == sample.end()) sample.push_back(r);
+      std::sort(sample.begin(), sample.end());
+    }
     for (int r : result_.timeline_ranks) ranks_[r].recorded = true;
     // Activation bytes per (unit, module kind), in the core's unit numbering (ComputeOp::unit).
     for (const ModuleCost& m : cost.modules)

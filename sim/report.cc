@@ -65,7 +65,11 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
   std::map<std::pair<int, int>, const char*> algorithm_cache;  // (group, op index) -> algorithm name
   const int R = scenario.cluster.gpus_per_node;
   for (int rank : r.timeline_ranks) {
-    timeline.process(rank, "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + ")");
+    // Pipelined, the process name says the stage too (and the timeline groups GPUs by stage).
+    const std::string stage = schedule.programs.size() > 1 && scenario.policy.parallel.pipeline > 1
+                                  ? ", stage " + std::to_string(schedule.rank_program[rank])
+                                  : "";
+    timeline.process(rank, "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + stage + ")");
     for (size_t s = 0; s < schedule.streams.size(); ++s)
       timeline.thread(rank, static_cast<int>(s), schedule.streams[s]);
   }
