@@ -70,6 +70,9 @@ constexpr std::int64_t kMicroBatchTokens = 1 << 26;  // micro_batch x seq_len
 constexpr std::int64_t kGlobalSequences = 1ll << 40;
 constexpr std::int64_t kMicroBatchesPerStep = 1 << 16;
 constexpr std::int64_t kUnitPasses = 1 << 16;  // micro-batches per step x (layers per stage + 2)
+// ... summed over pipeline stages, micro-batches x (layers + 2 x pipeline): the whole schedule (Megatron's
+// 1 T model, 512 x (128 + 128), is 2^17).
+constexpr std::int64_t kScheduleUnitPasses = 1 << 17;
 constexpr std::int64_t kPrefetch = 64;
 constexpr std::int64_t kSteps = 1'000'000'000;
 constexpr std::int64_t kEvalBatches = 100'000;
@@ -771,8 +774,16 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster));
   HZP_ASSIGN_OR_RETURN(s.training,
                        parse_training(r.at("training"), s.model, s.data_parallel(), s.policy.parallel.pipeline));
-  // Megatron's interleaved schedule runs micro-batches in groups of `pipeline`.
   const ParallelSpec& par = s.policy.parallel;
+  const std::int64_t passes = s.grad_accum_steps() * (s.model.layers + 2LL * par.pipeline);
+  if (par.pipeline > 1 && passes > range::kScheduleUnitPasses)
+    return invalid("policy.parallel.pipeline",
+                   "its " + std::to_string(par.pipeline) + " stages x " + std::to_string(s.grad_accum_steps()) +
+                       " micro-batches make " + std::to_string(passes) + " unit passes per step, more than the " +
+                       std::to_string(range::kScheduleUnitPasses) +
+                       " a schedule holds; raise micro_batch or lower the batch",
+                   par.pipeline);
+  // Megatron's interleaved schedule runs micro-batches in groups of `pipeline`.
   if (par.virtual_stages > 1 && s.grad_accum_steps() % par.pipeline != 0)
     return invalid("policy.parallel.virtual_stages",
                    "the interleaved schedule needs the micro-batches per step (" +

@@ -69,6 +69,9 @@ TEST_CASE("policy.parallel errors name the field and the rule", "[nd]") {
   // Interleaving runs micro-batches in groups of `pipeline`: 2 nodes, pipeline 2 -> data 8, 24 / 8 = 3.
   CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"pipeline", 2}, {"virtual_stages", 2}}, 24))
             .find("multiple of pipeline") != std::string::npos);
+  // The whole schedule is bounded: 8 stages x 4096 micro-batches x (32 layers + 2 x 8) unit passes.
+  CHECK(parse_error(nd_json("llama2-7b", 8, "ddp", {{"pipeline", 8}}, 8 * 4096)).find("unit passes") !=
+        std::string::npos);
   // The global batch is counted against the data axis: 2 nodes, tensor 8 -> data 2.
   CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"tensor", 8}}, 3)).find("data-parallel size (2)") !=
         std::string::npos);
