@@ -4,7 +4,9 @@
 // idle, and one blocked thread per connection keeps every wait (a GET for a key, a slow peer) simple. What a
 // peer can make the server hold is bounded by StoreLimits: at most max_connections threads, of which at most
 // max_pending_handshakes unauthenticated, each of those for at most handshake_timeout; finished threads are
-// joined by the accept thread as they end.
+// joined by the accept thread as they end. Connection threads get a small stack (ConnectionThread): with
+// glibc's default of `ulimit -s` (8 MiB) each idle peer reserved 8 MiB of address space, and 256 pending
+// handshakes alone exhausted a process capped at 2 GiB (RLIMIT_AS).
 //
 // Connections are plain descriptors driven by poll() and non-blocking recv/send. Boost.Asio's synchronous
 // operations cannot time out (after EAGAIN they poll with no timeout, so SO_RCVTIMEO does nothing) and open
@@ -17,6 +19,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,6 +31,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <list>
 #include <map>
 #include <mutex>
@@ -214,6 +218,56 @@ struct Refusal {
   std::string reason;
 };
 
+// A joinable thread with a small stack, for a connection: its deepest frame (a request with its 4 KiB sink)
+// needs a few KiB, and kStack leaves room for sanitizer builds, whose frames are a few times larger. Like
+// std::thread, it must be joined before it is destroyed; construction throws std::system_error when no thread
+// can be started.
+class ConnectionThread {
+ public:
+  static constexpr std::size_t kStack = 256 << 10;
+
+  ConnectionThread() = default;
+  explicit ConnectionThread(std::function<void()> body) {
+    auto owned = std::make_unique<std::function<void()>>(std::move(body));
+    pthread_attr_t attr;
+    int err = ::pthread_attr_init(&attr);
+    if (err == 0) err = ::pthread_attr_setstacksize(&attr, std::max<std::size_t>(kStack, PTHREAD_STACK_MIN));
+    if (err == 0) err = ::pthread_create(&handle_, &attr, &run, owned.get());
+    ::pthread_attr_destroy(&attr);
+    if (err != 0) throw std::system_error(err, std::generic_category(), "pthread_create");
+    owned.release();  // the thread owns it now
+    joinable_ = true;
+  }
+  ConnectionThread(ConnectionThread&& o) noexcept : handle_(o.handle_), joinable_(std::exchange(o.joinable_, false)) {}
+  ConnectionThread& operator=(ConnectionThread&& o) noexcept {
+    if (joinable_) std::terminate();  // as std::thread: never silently detach
+    handle_ = o.handle_;
+    joinable_ = std::exchange(o.joinable_, false);
+    return *this;
+  }
+  ConnectionThread(const ConnectionThread&) = delete;
+  ConnectionThread& operator=(const ConnectionThread&) = delete;
+  ~ConnectionThread() {
+    if (joinable_) std::terminate();
+  }
+
+  void join() {
+    if (!joinable_) return;
+    ::pthread_join(handle_, nullptr);
+    joinable_ = false;
+  }
+
+ private:
+  static void* run(void* arg) {
+    const std::unique_ptr<std::function<void()>> body(static_cast<std::function<void()>*>(arg));
+    (*body)();
+    return nullptr;
+  }
+
+  pthread_t handle_{};
+  bool joinable_ = false;
+};
+
 }  // namespace
 
 struct StoreServer::Impl {
@@ -222,7 +276,7 @@ struct StoreServer::Impl {
     Clock::time_point accepted;
     bool authenticated = false;
     bool dropped = false;  // shut down by the server (stopping, or crowded out while pending): on its way out
-    std::thread thread;
+    ConnectionThread thread;
   };
   using ConnectionIt = std::list<Connection>::iterator;
 
@@ -239,11 +293,11 @@ struct StoreServer::Impl {
   bool stopping = false;
   // Values are shared so that a GET reply copies nothing.
   std::map<std::string, std::shared_ptr<const std::string>> data;
-  std::uint64_t stored_bytes = 0;     // keys + values in `data`
-  std::uint64_t reserved_bytes = 0;   // keys + values announced by SETs still being received
-  std::list<Connection> connections;  // in accept order: the first pending one is the oldest
-  std::size_t pending = 0;            // connections neither authenticated nor dropped
-  std::vector<std::thread> finished;  // threads of connections that ended, joined by the accept thread
+  std::uint64_t stored_bytes = 0;          // keys + values in `data`
+  std::uint64_t reserved_bytes = 0;        // keys + values announced by SETs still being received
+  std::list<Connection> connections;       // in accept order: the first pending one is the oldest
+  std::size_t pending = 0;                 // connections neither authenticated nor dropped
+  std::vector<ConnectionThread> finished;  // threads of connections that ended, joined by the accept thread
   std::uint64_t accepted = 0;
   std::uint64_t refused = 0;
   std::uint64_t dropped = 0;
@@ -263,12 +317,12 @@ struct StoreServer::Impl {
   }
 
   void reap() {
-    std::vector<std::thread> done;
+    std::vector<ConnectionThread> done;
     {
       std::lock_guard<std::mutex> lock(mutex);
       done.swap(finished);
     }
-    for (std::thread& t : done) t.join();  // each has left `connections` and is returning
+    for (ConnectionThread& t : done) t.join();  // each has left `connections` and is returning
   }
 
   void accept_loop() {
@@ -323,11 +377,11 @@ struct StoreServer::Impl {
       }
     }
     const ConnectionIt self =
-        connections.insert(connections.end(), Connection{fd, Clock::now(), false, false, std::thread()});
+        connections.insert(connections.end(), Connection{fd, Clock::now(), false, false, ConnectionThread()});
     ++pending;
     try {
       // Started under the mutex: the thread's last act moves `self->thread` to `finished`, under the same mutex.
-      self->thread = std::thread([this, self] { serve(self); });
+      self->thread = ConnectionThread([this, self] { serve(self); });
     } catch (const std::system_error&) {  // no thread to be had: refuse like at the connection limit
       connections.erase(self);
       --pending;
@@ -577,7 +631,7 @@ StoreServer::~StoreServer() {
   s.changed.notify_all();  // waiting GETs answer kTimeout (or the value) now
   s.signal_wake();
   s.accept_thread.join();  // no connection is admitted after this
-  std::vector<std::thread> threads;
+  std::vector<ConnectionThread> threads;
   {
     std::unique_lock<std::mutex> lock(s.mutex);
     for (Impl::Connection& c : s.connections) s.drop(c);
@@ -585,7 +639,7 @@ StoreServer::~StoreServer() {
     s.ended.wait(lock, [&] { return s.connections.empty(); });
     threads.swap(s.finished);
   }
-  for (std::thread& t : threads) t.join();
+  for (ConnectionThread& t : threads) t.join();
   boost::system::error_code ec;
   s.acceptor.close(ec);
 }
