@@ -106,7 +106,8 @@ struct Dims {
       : model(m),
         b(static_cast<double>(t.micro_batch)),
         s(static_cast<double>(t.seq_len)),
-        tokens(b * s),
+        s_local(s / par.context),
+        tokens(b * s_local),
         h(static_cast<double>(m.hidden)),
         heads(m.heads),
         q_width(static_cast<double>(m.heads * m.head_dim())),
@@ -120,7 +121,10 @@ struct Dims {
         outside(par.sequence_parallel ? 1.0 / par.tensor : 1.0) {}
 
   const ModelSpec& model;
-  double b, s, tokens, h, heads, q_width, kv_width, vocab;
+  // Context parallelism: this GPU keeps s_local = s / context of each sequence's tokens (its queries, and
+  // everything token-wise); attention's keys span the whole sequence s. Causal work is balanced by Megatron's
+  // two-chunk split, so the attention core's share is s_local·s as well.
+  double b, s, s_local, tokens, h, heads, q_width, kv_width, vocab;
   double e;  // bytes per activation element
   bool flash;
   Recompute recompute;
@@ -222,12 +226,12 @@ ModuleCost attention_cost(const Dims& d, int layer) {
 
   // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
   // Counted in full although causal: the Megatron convention of the MFU numerator.
-  const double head_rows = d.b * d.heads * d.s;
+  const double head_rows = d.b * d.heads * d.s_local;  // this GPU's queries against all s keys
   const double head_dim = d.q_width / d.heads;
   add_matmul(cost, d.split, head_rows, head_dim, d.s);
   add_matmul(cost, d.split, head_rows, d.s, head_dim);
   const double qk_flops = 2 * head_rows * head_dim * d.s * d.split;  // == P·V's
-  const double scores = d.b * d.heads * d.s * d.s;
+  const double scores = d.b * d.heads * d.s_local * d.s;
   Traffic softmax;
   if (d.flash) {
     // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
@@ -248,7 +252,7 @@ ModuleCost attention_cost(const Dims& d, int layer) {
   // Tensor parallelism splits all but the first two (Korthikanti et al. §4.2.2); sequence parallelism those too.
   const double layer_input = t * d.h * d.e * d.outside;
   const double probs = d.flash ? 0 : scores * d.e * d.split;
-  const double logsumexp = d.flash ? d.b * d.heads * d.s * 4 * d.split : 0;  // fp32, one per query row per head
+  const double logsumexp = d.flash ? d.b * d.heads * d.s_local * 4 * d.split : 0;  // fp32, one per query row per head
   const double qkv_input = t * d.h * d.e * d.outside;
   const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e * d.split;
   const double saved_all = layer_input + qkv_input + q_k_v_o + probs + logsumexp;

@@ -140,6 +140,7 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
 std::string describe_nd(const Scenario& s) {
   const ParallelSpec& p = s.policy.parallel;
   std::string out = "tensor " + std::to_string(p.tensor) + " x pipeline " + std::to_string(p.pipeline);
+  if (p.context > 1) out += " x context " + std::to_string(p.context);
   if (p.virtual_stages > 1 || p.sequence_parallel) {
     out += " (";
     if (p.virtual_stages > 1) out += "interleaved " + std::to_string(p.virtual_stages);
@@ -164,8 +165,12 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
       if (!data_axis(c, ParallelSpec{t, p, 1, false}).ok()) continue;
       for (int v = 1; v <= (p > 1 ? options.max_virtual_stages : 1); ++v) {
         if (m.layers % (p * v) != 0) continue;
-        for (bool sp : {false, true})
-          if (!sp || t > 1) meshes.push_back({t, p, v, sp});
+        for (int cp = 1; cp <= options.max_context; cp *= 2) {
+          const std::int64_t seq = scenario.training.seq_len;
+          if (cp > 1 && (seq % (2 * cp) != 0 || seq / cp < options.min_context_tokens)) break;
+          for (bool sp : {false, true})
+            if (!sp || t > 1) meshes.push_back({t, p, v, sp, cp});
+        }
       }
     }
   }
@@ -187,7 +192,8 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
         doc["policy"]["parallel"] = {{"tensor", par.tensor},
                                      {"pipeline", par.pipeline},
                                      {"virtual_stages", par.virtual_stages},
-                                     {"sequence_parallel", par.sequence_parallel}};
+                                     {"sequence_parallel", par.sequence_parallel},
+                                     {"context", par.context}};
         Result<Scenario> candidate = parse_scenario(doc, scenario.name);
         if (!candidate.ok()) break;  // the batch does not split this way, or the mesh is refused
         parsed = true;

@@ -49,9 +49,9 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
                                                   const std::vector<long long>& micro_batches,
                                                   const std::function<void(long long, long long)>& progress = {});
 
-// ND plans (Megatron-style): every (tensor, pipeline, virtual_stages, sequence_parallel, micro_batch) the
-// model and cluster allow (the parser's rules: tensor inside a node dividing heads and widths, stages whole
-// nodes or equal parts of one, layers dividing into pipeline x virtual_stages chunks, the global batch into
+// ND plans (Megatron-style): every (tensor, pipeline, virtual_stages, sequence_parallel, context,
+// micro_batch) the model and cluster allow (the parser's rules: tensor inside a node dividing heads and widths, stages
+// whole nodes or equal parts of one, layers dividing into pipeline x virtual_stages chunks, the global batch into
 // micro-batches of the data axis), each with the least recomputation that fits (none, then selective, then
 // full), the data axis sharded as ZeRO-1 (Megatron's distributed optimizer), everything else as the
 // scenario says. Ranked like search_policies; `candidates` counts the combinations, rejected_memory those
@@ -60,10 +60,14 @@ struct NdSearchOptions {
   std::vector<long long> micro_batches = {1, 2, 4};
   int max_virtual_stages = 2;
   int max_pipeline = 64;
+  // Context parallelism: powers of two up to this, while each GPU keeps at least min_context_tokens of a
+  // sequence (below a few thousand tokens the key / value exchange outgrows the attention that hides it).
+  int max_context = 16;
+  long long min_context_tokens = 4096;
 };
 Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& options,
                                const std::function<void(long long, long long)>& progress = {});
-// "tensor 8 x pipeline 4 (interleaved 2, sequence parallel), micro-batch 2, recompute full": what an ND
+// "tensor 8 x pipeline 4 x context 2 (interleaved 2, sequence parallel), micro-batch 2, recompute full": what an ND
 // candidate chose.
 std::string describe_nd(const Scenario& scenario);
 

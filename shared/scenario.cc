@@ -10,7 +10,8 @@ ParallelMesh Scenario::mesh() const {
   ParallelMesh m;
   m.tensor = policy.parallel.tensor;
   m.pipeline = policy.parallel.pipeline;
-  const long long model_parallel = static_cast<long long>(m.tensor) * m.pipeline;
+  m.context = policy.parallel.context;
+  const long long model_parallel = static_cast<long long>(m.tensor) * m.pipeline * m.context;
   m.data = static_cast<int>(cluster.world_size() / std::max(1LL, model_parallel));
   m.expert = policy.expert_parallel;
   return m;
@@ -20,7 +21,8 @@ std::string ParallelMesh::describe() const {
   std::string s = "data " + std::to_string(data) + " x tensor " + std::to_string(tensor) + " x pipeline " +
                   std::to_string(pipeline) + " x context " + std::to_string(context) + " = " + std::to_string(world()) +
                   " GPUs";
-  if (expert > 1) s += ", expert " + std::to_string(expert) + " (inside data)";
+  if (expert > 1)
+    s += ", expert " + std::to_string(expert) + (context > 1 ? " (inside data x context)" : " (inside data)");
   return s;
 }
 

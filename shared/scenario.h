@@ -215,18 +215,25 @@ struct CommSpec {
 // residuals and their activations along the sequence, turning each tensor all-reduce into an all-gather and
 // a reduce-scatter (Korthikanti et al. 2022); pipeline parallelism splits the layers into `pipeline` stages
 // run as 1F1B, interleaved over `virtual_stages` model chunks per stage when > 1 (Narayanan et al. 2021).
-// Every ZeRO-family sharding applies to the data axis: D = GPUs / (tensor * pipeline).
+// Context parallelism splits every sequence over `context` GPUs (Megatron-LM's CP: ring attention, each rank
+// keeping s / context tokens and all-gathering the keys and values of the others per layer); its ranks hold
+// the same parameters, so gradients are reduced, and states sharded, over data x context.
+// D = GPUs / (tensor * context * pipeline) replicas see different samples; every ZeRO-family sharding
+// applies to the D x context ranks of the replica axis (DataAxis).
 struct ParallelSpec {
   int tensor = 1;
   int pipeline = 1;
   int virtual_stages = 1;
   bool sequence_parallel = false;
+  int context = 1;
   bool operator==(const ParallelSpec&) const = default;
 };
 
-// The data-parallel axis seen as a cluster: with tensor parallelism t inside a node, each node holds
-// gpus_per_node / t data-parallel ranks; a pipeline stage spans nodes / pipeline nodes (or a part of one
-// node when it is smaller). Sharding groups (AMSP's s0 x s1) are counted in these units.
+// The replica axis seen as a cluster: the ranks of one (tensor, stage) coordinate, which hold the same
+// parameters (data x context ranks). With tensor parallelism t inside a node, each node holds
+// gpus_per_node / t of them; a pipeline stage spans nodes / pipeline nodes (or a part of one node when it is
+// smaller). Sharding groups (AMSP's s0 x s1) are counted in these units; a context group is `context`
+// consecutive ones.
 struct DataAxis {
   int ranks_per_node = 1;  // data-parallel ranks of one (tensor, pipeline) coordinate per node
   int nodes = 1;           // nodes one such coordinate's data-parallel ranks span
@@ -248,25 +255,28 @@ struct PolicySpec {
   bool auto_sharding = false;
 };
 
-// The parallel mesh: named axes whose degrees multiply to the world. The data axis holds the ZeRO family's
-// sharding and expert parallelism; tensor and pipeline come from policy.parallel; context is not modelled
-// (always 1). Rank order, innermost first: tensor, context, data, pipeline (Megatron's), so global rank
-// g = tensor + T·(data + D·stage). Derived from the scenario, never stored, so it cannot go stale.
+// The parallel mesh: named axes whose degrees multiply to the world. The data x context ranks hold the ZeRO
+// family's sharding and expert parallelism; tensor, context and pipeline come from policy.parallel. Rank
+// order, innermost first: tensor, context, data, pipeline (Megatron's), so global rank
+// g = tensor + T·(context + C·(data + D·stage)). Derived from the scenario, never stored, so it cannot go stale.
 struct ParallelMesh {
   int data = 1;
   int tensor = 1;
   int pipeline = 1;
   int context = 1;
-  int expert = 1;  // divides `data`: experts spread over this many consecutive data-parallel ranks
+  int expert = 1;  // divides data x context: experts spread over this many consecutive replica-axis ranks
   long long world() const { return static_cast<long long>(data) * tensor * pipeline * context; }
   // Coordinates of a global rank, and back.
   int tensor_rank(int rank) const { return rank % tensor; }
+  int context_rank(int rank) const { return rank / tensor % context; }
   int data_rank(int rank) const { return rank / (tensor * context) % data; }
   int stage(int rank) const { return rank / (tensor * context * data); }
-  int global_rank(int tensor_index, int data_index, int stage_index) const {
-    return tensor_index + tensor * context * (data_index + data * stage_index);
+  // The position on the replica axis (DataAxis): context + C·data.
+  int replica_rank(int rank) const { return rank / tensor % (context * data); }
+  int global_rank(int tensor_index, int replica_index, int stage_index) const {
+    return tensor_index + tensor * (replica_index + context * data * stage_index);
   }
-  // "data 64 x tensor 1 x pipeline 1 x context 1 = 64 GPUs, expert 8 (inside data)"
+  // "data 64 x tensor 1 x pipeline 1 x context 1 = 64 GPUs, expert 8 (inside data x context)"
   std::string describe() const;
 };
 

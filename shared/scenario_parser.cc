@@ -603,17 +603,19 @@ Result<RunSpec> parse_run(const json& value) {
   return run;
 }
 
-// policy.parallel: tensor / pipeline / virtual_stages / sequence_parallel, checked against the model and the
-// node (Megatron-LM's own requirements: heads, KV heads and MLP widths split evenly over tensor, the layers
-// evenly over pipeline x virtual_stages).
+// policy.parallel: tensor / pipeline / virtual_stages / sequence_parallel / context, checked against the
+// model and the node (Megatron-LM's own requirements: heads, KV heads and MLP widths split evenly over tensor,
+// the layers evenly over pipeline x virtual_stages; the sequence into 2 x context chunks, checked with the
+// training block).
 Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec& model, const ClusterSpec& cluster) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r,
-                       policy.child("parallel", {"tensor", "pipeline", "virtual_stages", "sequence_parallel"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, policy.child("parallel", {"tensor", "pipeline", "virtual_stages",
+                                                                 "sequence_parallel", "context"}));
   ParallelSpec p;
   HZP_RETURN_IF_ERROR(r.read_int("tensor", p.tensor, 1, range::kGpusPerNode));
   HZP_RETURN_IF_ERROR(r.read_int("pipeline", p.pipeline, 1, range::kLayers));
   HZP_RETURN_IF_ERROR(r.read_int("virtual_stages", p.virtual_stages, 1, range::kLayers));
   HZP_RETURN_IF_ERROR(r.read_bool("sequence_parallel", p.sequence_parallel));
+  HZP_RETURN_IF_ERROR(r.read_int("context", p.context, 1, range::kWorld));
   const int t = p.tensor;
   if (cluster.gpus_per_node % t != 0)
     return invalid(r.path_of("tensor"),
@@ -639,6 +641,18 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
                    "pipeline x virtual_stages (" + std::to_string(chunks) + ") must divide the " +
                        std::to_string(model.layers) + " layers",
                    p.virtual_stages > 1 ? p.virtual_stages : p.pipeline);
+  if (p.context > 1) {
+    // A context group is `context` consecutive ranks of the replica axis; it must tile the axis and its nodes.
+    const Result<DataAxis> axis = data_axis(cluster, p);
+    if (!axis.ok()) return axis.status();
+    const int c = p.context, per_node = axis->ranks_per_node;
+    if (axis->size() % c != 0 || (per_node % c != 0 && c % per_node != 0))
+      return invalid(r.path_of("context"),
+                     "must divide the " + std::to_string(axis->size()) + " GPUs that hold the same parameters (" +
+                         std::to_string(per_node) + " per node x " + std::to_string(axis->nodes) +
+                         " nodes after tensor and pipeline), in whole nodes or equal parts of one",
+                     c);
+  }
   return p;
 }
 
@@ -783,6 +797,12 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
                        std::to_string(range::kScheduleUnitPasses) +
                        " a schedule holds; raise micro_batch or lower the batch",
                    par.pipeline);
+  // Megatron's context parallelism splits each sequence into 2 x context chunks, two per rank (one early, one
+  // late: causal attention's work then balances).
+  if (par.context > 1 && s.training.seq_len % (2 * par.context) != 0)
+    return invalid("policy.parallel.context",
+                   "2 x context must divide training.seq_len (" + std::to_string(s.training.seq_len) + ")",
+                   par.context);
   // Megatron's interleaved schedule runs micro-batches in groups of `pipeline`.
   if (par.virtual_stages > 1 && s.grad_accum_steps() % par.pipeline != 0)
     return invalid("policy.parallel.virtual_stages",
@@ -809,7 +829,8 @@ Status validate_mesh(const Scenario& scenario) {
     return bad("the degrees multiply to " + std::to_string(m.world()) + " GPUs, the cluster has " +
                std::to_string(c.nodes) + " x " + std::to_string(c.gpus_per_node) + " = " +
                std::to_string(c.world_size()));
-  if (m.data % m.expert != 0) return bad("expert must divide data");
+  if ((m.data * m.context) % m.expert != 0)
+    return bad(m.context > 1 ? "expert must divide data x context" : "expert must divide data");
   return Status::Ok();
 }
 
@@ -940,7 +961,8 @@ nlohmann::json scenario_to_json(const Scenario& s) {
        {{"tensor", p.parallel.tensor},
         {"pipeline", p.parallel.pipeline},
         {"virtual_stages", p.parallel.virtual_stages},
-        {"sequence_parallel", p.parallel.sequence_parallel}}},
+        {"sequence_parallel", p.parallel.sequence_parallel},
+        {"context", p.parallel.context}}},
   };
   if (p.preset != "custom") policy["preset"] = p.preset;
 

@@ -104,6 +104,8 @@ const char* to_string(GroupRole role) {
       return "pipe_grad_odd";
     case GroupRole::kPipeGradWrap:
       return "pipe_grad_wrap";
+    case GroupRole::kContext:
+      return "context";
   }
   return "?";
 }
@@ -148,6 +150,10 @@ const char* to_string(CollectivePurpose v) {
       return "pipe_activations";
     case CollectivePurpose::kPipeGrads:
       return "pipe_grads";
+    case CollectivePurpose::kContextForward:
+      return "context_forward";
+    case CollectivePurpose::kContextBackward:
+      return "context_backward";
   }
   return "?";
 }

@@ -61,8 +61,12 @@ enum class GroupRole {
   kPipeGradEven,
   kPipeGradOdd,
   kPipeGradWrap,
+  // Only with context parallelism: the `context` consecutive replica-axis ranks that split each sequence
+  // (same tensor and stage coordinates): per-layer all-gather of keys and values, reduce-scatter of their
+  // gradients.
+  kContext,
 };
-inline constexpr int kNumGroupRoles = 18;
+inline constexpr int kNumGroupRoles = 19;
 // Model states are sharded per kind: the dense parameters, and (with expert parallelism) the experts'.
 enum class StateKind { kDense, kExpert };
 // What a fixed buffer pool holds.
@@ -86,6 +90,9 @@ enum class CollectivePurpose {
   kPipeActivations,    // pipeline: a stage's output activations to the next stage (a two-rank broadcast
                        // rooted at the sender: the wire cost of a send / receive pair)
   kPipeGrads,          // pipeline: the gradients of a stage's input back to the previous stage
+  kContextForward,     // context parallelism: all-gather of a layer's keys and values over the context group
+                       // (ring attention's exchange), beside the attention that consumes them
+  kContextBackward,    // the same in backward, and the reduce-scatter of the key and value gradients
 };
 enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 enum class DType { kBf16, kFp16, kFp32 };

@@ -115,7 +115,7 @@ class DataParallelBuilder {
         par_(scenario.policy.parallel),
         stage_(stage),
         chunks_(par_.pipeline * par_.virtual_stages),
-        act_bytes_(static_cast<std::int64_t>(scenario.training.micro_batch * scenario.training.seq_len *
+        act_bytes_(static_cast<std::int64_t>(scenario.training.micro_batch * scenario.training.seq_len / par_.context *
                                              scenario.model.hidden * dtype_bytes(dtype_))),
         schedule_(schedule),
         bucket_base_(static_cast<int>(schedule.buckets.size())) {}
@@ -422,9 +422,9 @@ class DataParallelBuilder {
   // DeepSpeed-MoE), so they run on it.
   int all_to_all(CollectivePurpose purpose, int unit, int mb, std::vector<int> deps) {
     const double act_bytes = scenario_.training.precision == Precision::kFp32 ? 4 : 2;
-    const auto bytes =
-        static_cast<std::int64_t>(static_cast<double>(scenario_.training.micro_batch * scenario_.training.seq_len) *
-                                  scenario_.model.moe.top_k * scenario_.model.hidden * act_bytes);
+    const auto bytes = static_cast<std::int64_t>(
+        static_cast<double>(scenario_.training.micro_batch * scenario_.training.seq_len / par_.context) *
+        scenario_.model.moe.top_k * scenario_.model.hidden * act_bytes);
     return prog_->add("compute", std::move(deps),
                       collective(CollectiveKind::kAllToAll, purpose, kDense, schedule_.role_expert_parallel, bytes,
                                  Payload::kActivations, unit, mb, -1));
@@ -472,19 +472,60 @@ class DataParallelBuilder {
     const bool fwd = phase == Phase::kForward;
     // forward: dispatch, experts, combine; backward: combine's gradient, experts, dispatch's gradient.
     const TensorComm tp = tensor_comm(m->kind, phase);
+    deps.insert(deps.end(), context_tail_.begin(), context_tail_.end());  // the last attention's exchange
+    context_tail_.clear();
     if (tp.gather_before)
       deps = {tensor_collective(CollectiveKind::kAllGather, m, unit, phase, mb, std::move(deps), act_bytes_, dtype_)};
+    context_exchange(m, unit, phase, mb, deps);
     if (a2a)
       deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
     int op =
         prog_->add("compute", std::move(deps), ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes});
     if (a2a)
       op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
-    if (tp.reduce_after) op = tensor_collective(tp.after, m, unit, phase, mb, {op}, act_bytes_, dtype_);
+    if (tp.reduce_after) {
+      std::vector<int> after{op};
+      after.insert(after.end(), context_tail_.begin(), context_tail_.end());
+      context_tail_.clear();
+      op = tensor_collective(tp.after, m, unit, phase, mb, std::move(after), act_bytes_, dtype_);
+    }
     if (tp.loss)
       op = tensor_collective(CollectiveKind::kAllReduce, m, unit, phase, mb, {op},
-                             3 * scenario_.training.micro_batch * scenario_.training.seq_len * 4, DType::kFp32);
+                             3 * scenario_.training.micro_batch * scenario_.training.seq_len / par_.context * 4,
+                             DType::kFp32);
     return op;
+  }
+
+  // Context parallelism's exchange around one attention pass (Megatron-LM's CP over TransformerEngine's ring
+  // attention; Liu et al. 2023, "Ring Attention"): each rank holds the keys and values of its s / context
+  // tokens and, while computing attention on the blocks it has, passes them around the context group until
+  // every rank has seen the whole sequence's — an all-gather's traffic. Backward passes them around again
+  // and returns each block's key and value gradients to its owner: an all-gather and a reduce-scatter.
+  // Full recomputation repeats the forward's. Modelled on a stream of their own beside the attention
+  // compute, which they overlap (ring attention's point); what follows the attention waits for both
+  // (context_tail_). The ring's first block and its per-step synchronisation are not modelled.
+  void context_exchange(const ModuleCost* m, int unit, Phase phase, int mb, const std::vector<int>& deps) {
+    if (par_.context == 1 || m->kind != ModuleKind::kAttention) return;
+    if (phase == Phase::kRecompute && scenario_.training.recompute != Recompute::kFull) return;
+    const bool bwd = phase == Phase::kBackward;
+    const ModelSpec& model = scenario_.model;
+    // K and V of the whole sequence, this tensor rank's heads.
+    const auto bytes =
+        static_cast<std::int64_t>(scenario_.training.micro_batch * scenario_.training.seq_len * 2 *
+                                  (model.kv_heads / par_.tensor) * model.head_dim() * dtype_bytes(dtype_));
+    const int role = schedule_.role_index(GroupRole::kContext);
+    const CollectivePurpose purpose = bwd ? CollectivePurpose::kContextBackward : CollectivePurpose::kContextForward;
+    CollectiveOp gather =
+        collective(CollectiveKind::kAllGather, purpose, kDense, role, bytes, Payload::kActivations, unit, mb, -1);
+    gather.module = module_slot(m->kind);
+    int last = prog_->add("context", deps, gather);
+    if (bwd) {
+      CollectiveOp reduce =
+          collective(CollectiveKind::kReduceScatter, purpose, kDense, role, bytes, Payload::kGrads, unit, mb, -1);
+      reduce.module = module_slot(m->kind);
+      last = prog_->add("context", {last}, reduce);
+    }
+    context_tail_.push_back(last);
   }
 
   void run_visit(std::size_t i) {
@@ -533,6 +574,10 @@ class DataParallelBuilder {
         deps = {last_compute};
       }
     }
+    // What the visit's consumers wait for: its last compute, and an attention exchange still running beside
+    // it (which the next compute waits for as well).
+    std::vector<int> done{last_compute};
+    done.insert(done.end(), context_tail_.begin(), context_tail_.end());
     if (any_gather_) {
       const int release =
           prog_->add("compute", {last_compute},
@@ -541,10 +586,10 @@ class DataParallelBuilder {
     }
     // Pipelined: the chunk's output goes on to the next stage, its input's gradient back to the previous.
     if (v.phase == Phase::kForward && chunk + 1 < chunks_ && v.unit == last_unit(chunk))
-      pipe_transfer(CollectivePurpose::kPipeActivations, chunk, v.micro_batch, true, {last_compute});
+      pipe_transfer(CollectivePurpose::kPipeActivations, chunk, v.micro_batch, true, done);
     if (v.phase == Phase::kBackward && chunk > 0 && v.unit == first_unit(chunk) && v.last_of_unit)
-      pipe_transfer(CollectivePurpose::kPipeGrads, chunk, v.micro_batch, true, {last_compute});
-    if (v.phase == Phase::kBackward) reduce_gradients(v, last_compute);
+      pipe_transfer(CollectivePurpose::kPipeGrads, chunk, v.micro_batch, true, done);
+    if (v.phase == Phase::kBackward) reduce_gradients(v, done);
   }
 
   // One pipeline transfer from model chunk `from` (activations to chunk from + 1, gradients to from - 1),
@@ -571,16 +616,18 @@ class DataParallelBuilder {
   }
 
   // --- Gradient reductions of each bucket whose last unit has just finished its backward -----------------
-  void reduce_gradients(const Visit& v, int last_compute) {
+  void reduce_gradients(const Visit& v, const std::vector<int>& done) {
     const bool last_mb = v.micro_batch == micro_batches_ - 1;
     for (int k = 0; k < num_kinds_; ++k) {
       const int b = bucket_of_[v.unit][k];
       if (b < 0 || v.unit != buckets_[b].units.back() || !v.last_of_unit) continue;
       const StateSharding& g = kind(k);
       std::int64_t bytes = grad_bytes(buckets_[b].params);
-      int prev = last_compute;
+      int prev = done.front();
+      // The first reduction waits for everything the visit did; the next ones for the one before.
+      const auto after = [&] { return prev == done.front() ? done : std::vector<int>{prev}; };
       if (g.s_g > 1) {  // every micro-batch: a sharded gradient cannot accumulate unsharded
-        prev = prog_->add("grad_reduce", {prev},
+        prev = prog_->add("grad_reduce", after(),
                           collective(CollectiveKind::kReduceScatter, CollectivePurpose::kReduceGrads, k, g.role_grad,
                                      bytes, Payload::kGrads, v.unit, v.micro_batch, b));
         const int release = prog_->add(
@@ -596,13 +643,13 @@ class DataParallelBuilder {
         const CollectiveKind how = scenario_.policy.comm.grad_reduce == GradReduce::kAllReduce
                                        ? CollectiveKind::kAllReduce
                                        : CollectiveKind::kReduceScatter;
-        prev = prog_->add("replica_sync", {prev},
+        prev = prog_->add("replica_sync", after(),
                           collective(how, CollectivePurpose::kReduceToOptimizer, k, g.role_refresh, bytes,
                                      Payload::kGrads, v.unit, v.micro_batch, b));
         bytes /= q_grad;
       }
       if (g.replicas > 1)
-        prev = prog_->add("replica_sync", {prev},
+        prev = prog_->add("replica_sync", after(),
                           collective(CollectiveKind::kAllReduce, CollectivePurpose::kSyncReplicas, k, g.role_replica,
                                      bytes, Payload::kGrads, v.unit, v.micro_batch, b));
       final_grad_op_[b] = prev;
@@ -685,7 +732,7 @@ class DataParallelBuilder {
   const ParallelSpec par_;
   const int stage_;               // the pipeline stage this program runs
   const int chunks_;              // model chunks: pipeline x virtual_stages
-  const std::int64_t act_bytes_;  // one micro-batch's activations between blocks (b·s·h elements)
+  const std::int64_t act_bytes_;  // one micro-batch's activations between blocks (b·s·h / context elements)
 
   Schedule& schedule_;
   const int bucket_base_;  // this stage's first bucket in Schedule::buckets
@@ -698,6 +745,7 @@ class DataParallelBuilder {
   std::vector<int> refresh_op_;                 // per bucket: what its readers wait for
   std::vector<int> refresh_start_;              // per bucket: the refresh op that waits for its update
   std::vector<std::array<int, 2>> first_read_;  // [unit][kind]
+  std::vector<int> context_tail_;               // attention exchanges (context_exchange) the next compute must wait for
   std::vector<Visit> visits_;
   std::vector<std::vector<int>> gather_ops_;  // per visit
   std::vector<int> gather_slot_;              // per visit

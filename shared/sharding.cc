@@ -74,8 +74,8 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
   }
 }
 
-// The data-parallel layout of `data` (one tensor x pipeline coordinate's ranks, numbered 0..D-1) copied to
-// every coordinate, and the tensor and pipeline roles added (sharding.h: ND parallelism).
+// The replica-axis layout of `data` (one tensor x pipeline coordinate's ranks, numbered 0..C·D-1) copied to
+// every coordinate, and the tensor, context and pipeline roles added (sharding.h: ND parallelism).
 ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster, const ParallelMesh& mesh, bool wrap) {
   const int world = static_cast<int>(mesh.world()), t = mesh.tensor, p = mesh.pipeline;
   ShardingLayout out;
@@ -123,6 +123,17 @@ ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster,
     }
     add_groups(GroupRole::kTensor, tensor_groups);
   }
+  if (mesh.context > 1) {
+    std::vector<std::vector<int>> context_groups;
+    for (int stage = 0; stage < p; ++stage)
+      for (int first = 0; first < mesh.context * mesh.data; first += mesh.context)
+        for (int tensor = 0; tensor < t; ++tensor) {
+          context_groups.emplace_back();
+          for (int c = 0; c < mesh.context; ++c)
+            context_groups.back().push_back(mesh.global_rank(tensor, first + c, stage));
+        }
+    add_groups(GroupRole::kContext, context_groups);
+  }
   if (p > 1) {
     // Link s -> s+1 (and, interleaved, p-1 -> 0) of every (tensor, data) coordinate, per direction and colour.
     const GroupRole act[3] = {GroupRole::kPipeActEven, GroupRole::kPipeActOdd, GroupRole::kPipeActWrap};
@@ -134,7 +145,7 @@ ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster,
         for (int stage = 0; stage < p; ++stage) {
           const bool last = stage == p - 1;
           if ((last && !wrap) || pipe_link_colour(stage, p) != colour) continue;
-          for (int d = 0; d < mesh.data; ++d)
+          for (int d = 0; d < mesh.context * mesh.data; ++d)
             for (int tensor = 0; tensor < t; ++tensor) {
               const int from = mesh.global_rank(tensor, d, stage);
               const int to = mesh.global_rank(tensor, d, last ? 0 : stage + 1);
@@ -226,14 +237,19 @@ Result<ShardingLayout> data_layout(const ClusterSpec& cluster, const ShardingSpe
 Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
                                              const LayoutOptions& options) {
   const ParallelSpec& parallel = options.parallel;
-  if (parallel.tensor == 1 && parallel.pipeline == 1) return data_layout(cluster, sharding, options);
+  if (parallel.tensor == 1 && parallel.pipeline == 1 && parallel.context == 1)
+    return data_layout(cluster, sharding, options);
   HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(cluster, parallel));
   ClusterSpec data_cluster = cluster;
   data_cluster.gpus_per_node = axis.ranks_per_node;
   data_cluster.nodes = axis.nodes;
   HZP_ASSIGN_OR_RETURN(const ShardingLayout data, data_layout(data_cluster, sharding, options));
+  if (axis.size() % parallel.context != 0)
+    return Status::InvalidInput("policy.parallel.context: " + std::to_string(parallel.context) +
+                                " does not divide the " + std::to_string(axis.size()) + " replica-axis ranks");
   ParallelMesh mesh;
-  mesh.data = axis.size();
+  mesh.context = parallel.context;
+  mesh.data = axis.size() / parallel.context;
   mesh.tensor = parallel.tensor;
   mesh.pipeline = parallel.pipeline;
   return nd_layout(data, cluster, mesh, parallel.virtual_stages > 1);

@@ -22,10 +22,11 @@
 // group intersected with {r' : r' % EP == r % EP}. Every group of a role must come out the same size
 // (EP and each s0 divide one another), else the layout is refused.
 //
-// ND parallelism (policy.parallel, Megatron's rank order: global rank = tensor + T·(data + D·stage)): the
-// layout above is built for the data axis alone (D ranks, DataAxis::ranks_per_node per node, in
-// presets.h's data_axis) and copied to every (tensor, stage) coordinate, data rank d becoming global rank
-// tensor + T·(d + D·stage). Added roles: kTensor (T consecutive ranks) and the pipeline links (schedule.h).
+// ND parallelism (policy.parallel, Megatron's rank order: global rank = tensor + T·(context + C·(data +
+// D·stage))): the layout above is built for the replica axis alone (the C·D ranks that hold the same
+// parameters, DataAxis::ranks_per_node per node, in presets.h's data_axis) and copied to every (tensor,
+// stage) coordinate, replica rank r becoming global rank tensor + T·(r + C·D·stage). Added roles: kTensor
+// (T consecutive ranks), kContext (C consecutive replica ranks) and the pipeline links (schedule.h).
 #pragma once
 
 #include <array>

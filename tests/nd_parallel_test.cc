@@ -65,7 +65,14 @@ TEST_CASE("policy.parallel errors name the field and the rule", "[nd]") {
             .find("policy.parallel.virtual_stages: needs pipeline > 1") == 0);
   CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"sequence_parallel", true}}, 64))
             .find("policy.parallel.sequence_parallel") == 0);
-  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"context", 2}}, 64)).find("policy.parallel") == 0);
+  // Context groups tile the replica axis (16 GPUs, tensor 1 here) and 2 x context divides the sequence.
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"context", 3}}, 64)).find("policy.parallel.context") == 0);
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"context", 32}}, 64)).find("policy.parallel.context") == 0);
+  {
+    nlohmann::json doc = nd_json("llama2-7b", 2, "zero1", {{"context", 16}}, 64);
+    doc["training"]["seq_len"] = 2000;  // 2000 % 32 != 0
+    CHECK(parse_error(doc).find("policy.parallel.context: 2 x context must divide training.seq_len (2000)") == 0);
+  }
   // Interleaving runs micro-batches in groups of `pipeline`: 2 nodes, pipeline 2 -> data 8, 24 / 8 = 3.
   CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"pipeline", 2}, {"virtual_stages", 2}}, 24))
             .find("multiple of pipeline") != std::string::npos);
@@ -218,4 +225,103 @@ TEST_CASE("pipelines validate on one stream too: receives keep their own streams
   const Built b = build(scenario_from(doc));  // fails on a deadlock
   CHECK(b.schedule.role_index(GroupRole::kPipeActWrap) >= 0);
   CHECK(estimate_of(b).step_time_s > 0);
+}
+
+TEST_CASE("context parallelism: ranks tensor, context, data; states sharded over data x context", "[nd]") {
+  // 2 nodes x 8 GPUs, tensor 2, context 2: the replica axis has 8 ranks (4 per node), data = 4.
+  const Built b = build(scenario_from(nd_json("llama2-7b", 2, "zero3", {{"tensor", 2}, {"context", 2}}, 64)));
+  const Scenario& sc = b.scenario;
+  const ParallelMesh m = sc.mesh();
+  CHECK(m.data == 4);
+  CHECK(m.context == 2);
+  CHECK(sc.grad_accum_steps() == 16);                    // 64 sequences over 4 data replicas
+  CHECK(sc.policy.sharding.params == ShardGroup{4, 2});  // every replica-axis rank: 4 per node x 2 nodes
+  CHECK(scenario_from(scenario_to_json(sc)).policy.parallel == sc.policy.parallel);
+  const Schedule& s = b.schedule;
+  const int context = s.role_index(GroupRole::kContext), shard = s.role_index(GroupRole::kParamShard);
+  REQUIRE(context >= 0);
+  for (int r = 0; r < 16; ++r) {
+    INFO("rank " << r);
+    CHECK(m.tensor_rank(r) == r % 2);
+    CHECK(m.context_rank(r) == r / 2 % 2);
+    CHECK(m.data_rank(r) == r / 4);
+    const int first = r - 2 * m.context_rank(r);
+    CHECK(s.group_of(r, context).ranks == std::vector<int>{first, first + 2});
+    CHECK(s.group_of(r, context).intra_node);
+    std::vector<int> replicas = s.group_of(r, shard).ranks;  // same tensor index, every context and data rank
+    std::sort(replicas.begin(), replicas.end());
+    std::vector<int> expected;
+    for (int k = 0; k < 8; ++k) expected.push_back(r % 2 + 2 * k);
+    CHECK(replicas == expected);
+  }
+}
+
+TEST_CASE("context parallelism divides FLOPs and activations by context and all-gathers keys and values", "[nd]") {
+  // GPT-3 175B layer, no flash attention: this GPU keeps s / c tokens, so Korthikanti's sbh(32 + 2as/h)
+  // (without dropout) becomes sbh(32 + 2as/h) / c: the s x s scores shrink to its s / c query rows.
+  const double s = 2048, b = 1, h = 12288, a = 96;
+  const double sbh = s * b * h, quadratic = 2 * a * s / h;
+  nlohmann::json base = nd_json("gpt3-175b", 1, "ddp", nlohmann::json::object(), 8);
+  base["training"]["flash_attention"] = false;
+  const ModelCost whole = scenario_cost(scenario_from(base));
+  for (int c : {2, 4, 8}) {
+    INFO("context " << c);
+    nlohmann::json doc = base;
+    doc["policy"]["parallel"] = {{"context", c}};
+    const ModelCost cost = scenario_cost(scenario_from(doc));
+    CHECK(cost.modules[1].activation_bytes + cost.modules[2].activation_bytes ==
+          Approx(sbh * (32 + quadratic) / c).epsilon(1e-12));
+    CHECK(cost.model_flops == Approx(whole.model_flops / c).epsilon(1e-12));
+    CHECK(cost.modules[1].bwd_flops == Approx(whole.modules[1].bwd_flops / c).epsilon(1e-12));
+    CHECK(cost.params == whole.params);  // replicated over the context group
+  }
+  // The exchange: per layer and micro-batch, one all-gather of the sequence's K and V (2·b·s·n_kv·d_head
+  // elements of this tensor rank's heads) forward; an all-gather and a reduce-scatter of their gradients
+  // backward; full recomputation repeats the forward's.
+  for (const char* recompute : {"none", "full"}) {
+    INFO("recompute " << recompute);
+    nlohmann::json doc = nd_json("llama2-7b", 1, "zero1", {{"tensor", 2}, {"context", 4}}, 2);
+    doc["training"]["recompute"] = recompute;
+    const Built built = build(scenario_from(doc));
+    const std::int64_t kv_bytes = 1 * 2048 * 2 * (32 / 2) * 128 * 2;
+    int forward = 0, backward_gather = 0, backward_reduce = 0;
+    for (const Op& op : built.schedule.programs[0].ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
+        if (c->purpose != CollectivePurpose::kContextForward && c->purpose != CollectivePurpose::kContextBackward)
+          continue;
+        CHECK(c->bytes == kv_bytes);
+        CHECK(built.schedule.streams[op.stream] == "context");
+        const bool fwd = c->purpose == CollectivePurpose::kContextForward;
+        if (fwd) CHECK(c->kind == CollectiveKind::kAllGather);
+        forward += fwd;
+        backward_gather += !fwd && c->kind == CollectiveKind::kAllGather;
+        backward_reduce += !fwd && c->kind == CollectiveKind::kReduceScatter;
+      }
+    const int passes = 32 * 2;  // layers x micro-batches (2 sequences, data 8 / (2 x 4) = 1)
+    CHECK(forward == passes * (std::string(recompute) == "full" ? 2 : 1));
+    CHECK(backward_gather == passes);
+    CHECK(backward_reduce == passes);
+  }
+}
+
+TEST_CASE("context parallelism's exchange overlaps attention: free on an idle network, hidden where it fits", "[nd]") {
+  // One node of 8 GPUs, fast links: context 2 and 4 split each sequence but keep the per-GPU work of a
+  // step (half the tokens, twice the micro-batches), so the step takes as long as without.
+  nlohmann::json idle = nd_json("llama2-7b", 1, "ddp", nlohmann::json::object(), 16);
+  idle["cluster"]["intra_node"] = {{"bandwidth_GBps", 1e5}, {"latency_us", 0}};
+  const double alone = estimate_of(build(scenario_from(idle))).step_time_s;
+  for (int c : {2, 4}) {
+    INFO("context " << c);
+    nlohmann::json doc = idle;
+    doc["policy"]["parallel"] = {{"context", c}};
+    CHECK(estimate_of(build(scenario_from(doc))).step_time_s == Approx(alone).epsilon(0.01));
+  }
+  // Real links, long sequences: the exchange runs beside the attention, so a step is faster with the
+  // context stream than with everything on the compute stream.
+  nlohmann::json doc = nd_json("llama2-7b", 1, "ddp", {{"context", 8}}, 1);
+  doc["training"]["seq_len"] = 32768;
+  const double overlapped = estimate_of(build(scenario_from(doc))).step_time_s;
+  doc["policy"]["overlap"] = {{"separate_streams", false}};
+  const double serial = estimate_of(build(scenario_from(doc))).step_time_s;
+  CHECK(overlapped < serial);
 }

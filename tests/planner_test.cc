@@ -97,3 +97,23 @@ TEST_CASE("the ND search takes the least recomputation that fits and accounts fo
   const ParallelSpec& best = r.ranked.front().scenario.policy.parallel;
   CHECK(best.tensor * best.pipeline > 1);
 }
+
+TEST_CASE("the ND search tries context parallelism for long sequences only", "[planner][nd]") {
+  NdSearchOptions options;
+  options.micro_batches = {1};
+  options.max_pipeline = 1;
+  for (long long seq : {4096LL, 32768LL}) {
+    INFO("seq_len " << seq);
+    const Scenario s = scenario_from(scenario_json("llama2-7b", "dgx-a100", 2, "zero1", seq, 16));
+    auto found = search_nd(s, options);
+    REQUIRE(found.ok());
+    int max_context = 1;
+    for (const SearchCandidate& c : found->ranked) {
+      const int cp = c.scenario.policy.parallel.context;
+      CHECK(seq / cp >= options.min_context_tokens);
+      if (cp > 1) CHECK(describe_nd(c.scenario).find("context " + std::to_string(cp)) != std::string::npos);
+      max_context = std::max(max_context, cp);
+    }
+    CHECK(max_context == (seq == 4096 ? 1 : 8));  // 32768 / 8 = 4096 tokens per GPU
+  }
+}

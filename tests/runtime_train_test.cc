@@ -280,6 +280,10 @@ TEST_CASE("runtime: bad input is refused with the path and exit code 2", "[train
   r = run(train_cmd(write_scenario(dir, "tensor", tensor), 2, 2, dir / "o"));
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Catch::Contains("policy.parallel"));
+  json context = tiny_scenario(false, {{"preset", "ddp"}, {"parallel", {{"context", 2}}}});
+  r = run(train_cmd(write_scenario(dir, "context", context), 2, 2, dir / "o"));
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("policy.parallel: the runtime"));
   const std::string ok = write_scenario(dir, "ok", tiny_scenario(false, {{"preset", "ddp"}}));
   r = run(train_cmd(ok, 4, 3, dir / "o"));
   CHECK(r.code == 2);

@@ -771,7 +771,7 @@ TEST_CASE("cluster.overlap_slowdown: 0 by default, a fraction up to 1", "[scenar
   CHECK(parse_ok(doc).cluster.overlap_slowdown == 0);
   doc["cluster"]["overlap_slowdown"] = 0.189;
   CHECK(parse_ok(scenario_to_json(parse_ok(doc))).cluster.overlap_slowdown == 0.189);
-  for (const json bad_value : {json(-0.1), json(1.5), json("0.2")}) {
+  for (const json& bad_value : {json(-0.1), json(1.5), json("0.2")}) {
     doc["cluster"]["overlap_slowdown"] = bad_value;
     Result<Scenario> bad = parse_scenario(doc, "t");
     REQUIRE_FALSE(bad.ok());

@@ -242,3 +242,14 @@ TEST_CASE("sim: tensor x pipeline x ZeRO-1 on 4 nodes agrees with the estimator,
   CHECK(r.peak_memory_rank < 16);
   CHECK(r.memory.total() == Approx(memory_per_gpu(b.scenario, b.cost, b.schedule).total()).epsilon(1e-9));
 }
+
+TEST_CASE("sim: context parallelism across nodes agrees with the estimator", "[sim][nd]") {
+  // 2 nodes, tensor 2 x context 8: each context group spans both nodes, its exchange crosses the NICs.
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero1", 16384, 4);
+  doc["policy"]["parallel"] = {{"tensor", 2}, {"context", 8}};
+  const Built b = build(scenario_from(doc));
+  const ProcessGroup& context = b.schedule.group_of(0, b.schedule.role_index(GroupRole::kContext));
+  CHECK_FALSE(context.intra_node);
+  const sim::SimResult r = run_sim(b);
+  CHECK(r.step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.03));
+}

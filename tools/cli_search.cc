@@ -43,7 +43,8 @@ struct Simulation {
 
 std::string describe(const Scenario& s) {
   // An ND candidate: its mesh, micro-batch and recomputation say more than its data-axis sharding.
-  if (s.policy.parallel.tensor > 1 || s.policy.parallel.pipeline > 1) return describe_nd(s);
+  if (s.policy.parallel.tensor > 1 || s.policy.parallel.pipeline > 1 || s.policy.parallel.context > 1)
+    return describe_nd(s);
   return sharding_notation(s.policy.sharding) + " prefetch " + std::to_string(s.policy.overlap.prefetch_depth) +
          (s.policy.overlap.separate_streams ? "" : " one-stream") + " mb " + std::to_string(s.training.micro_batch) +
          " rc " + to_string(s.training.recompute);
@@ -191,7 +192,8 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   }
   const SearchResult& nd = *nd_found;
   std::printf(
-      "ND search: %lld candidates (tensor x pipeline x virtual stages x sequence parallel x micro-batch, each with "
+      "ND search: %lld candidates (tensor x pipeline x virtual stages x sequence parallel x context x micro-batch, "
+      "each with "
       "the least recomputation that fits, ZeRO-1 on the data axis): %lld do not fit even with full recomputation, %lld "
       "are "
       "invalid, %zu ranked in %.3f s\n",

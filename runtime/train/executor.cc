@@ -46,10 +46,10 @@ Status runtime_supports(const Scenario& scenario) {
         "policy.comm: the runtime runs the reduce_scatter / all_gather / unit forms only (framework \"" +
         comm.framework + "\" asks for " + to_string(comm.grad_reduce) + " / " + to_string(comm.param_refresh) + " / " +
         to_string(comm.param_gather) + "); the simulator and the planner model them");
-  if (scenario.policy.parallel.tensor > 1 || scenario.policy.parallel.pipeline > 1)
+  if (scenario.policy.parallel != ParallelSpec{})
     return Status::InvalidInput(
-        "policy.parallel: the runtime trains with data parallelism (and expert parallelism) only; tensor and "
-        "pipeline parallelism run in the simulator, the estimator and the planner");
+        "policy.parallel: the runtime trains with data parallelism (and expert parallelism) only; tensor, "
+        "sequence, context and pipeline parallelism run in the simulator, the estimator and the planner");
   if (scenario.training.recompute != Recompute::kNone)
     return Status::InvalidInput("training.recompute: the runtime does not recompute activations; use \"none\"");
   if (scenario.training.precision != Precision::kFp32)
@@ -502,6 +502,8 @@ Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gath
     case CollectivePurpose::kTensorBackward:
     case CollectivePurpose::kPipeActivations:
     case CollectivePurpose::kPipeGrads:
+    case CollectivePurpose::kContextForward:
+    case CollectivePurpose::kContextBackward:
       break;
   }
   (void)k;
