@@ -106,6 +106,8 @@ const char* to_string(GroupRole role) {
       return "pipe_grad_wrap";
     case GroupRole::kContext:
       return "context";
+    case GroupRole::kEmbedding:
+      return "embedding";
   }
   return "?";
 }
@@ -154,6 +156,8 @@ const char* to_string(CollectivePurpose v) {
       return "context_forward";
     case CollectivePurpose::kContextBackward:
       return "context_backward";
+    case CollectivePurpose::kEmbeddingGrads:
+      return "embedding_grads";
   }
   return "?";
 }

@@ -65,8 +65,11 @@ enum class GroupRole {
   // (same tensor and stage coordinates): per-layer all-gather of keys and values, reduce-scatter of their
   // gradients.
   kContext,
+  // Only pipelined with tied embeddings: the first and the last stage's ranks of one (tensor, replica)
+  // coordinate, which hold the word embeddings and the head's copy of them.
+  kEmbedding,
 };
-inline constexpr int kNumGroupRoles = 19;
+inline constexpr int kNumGroupRoles = 20;
 // Model states are sharded per kind: the dense parameters, and (with expert parallelism) the experts'.
 enum class StateKind { kDense, kExpert };
 // What a fixed buffer pool holds.
@@ -93,6 +96,8 @@ enum class CollectivePurpose {
   kContextForward,     // context parallelism: all-gather of a layer's keys and values over the context group
                        // (ring attention's exchange), beside the attention that consumes them
   kContextBackward,    // the same in backward, and the reduce-scatter of the key and value gradients
+  kEmbeddingGrads,     // pipelined, tied embeddings: all-reduce of the word-embedding gradient between the
+                       // first stage's embedding and the last stage's head copy, once a step
 };
 enum class CollectiveKind { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kAllToAll };
 enum class DType { kBf16, kFp16, kFp32 };

@@ -129,6 +129,7 @@ class DataParallelBuilder {
     refresh_parameters();
     plan_visits();
     for (std::size_t i = 0; i < visits_.size(); ++i) run_visit(i);
+    tied_embedding_sync();
     gradient_norm();
     optimizer_steps();
     schedule_.programs.push_back(prog.take());
@@ -170,7 +171,7 @@ class DataParallelBuilder {
       units_[u].params[kExpert] += experts / ep_;
     }
     // Pipelined with tied embeddings, the last stage keeps its own copy of the word embeddings for the
-    // logits (Megatron); the all-reduce of the two copies' gradients is not modelled.
+    // logits (Megatron); tied_embedding_sync adds the two copies' gradients.
     const int head = scenario_.model.layers + 1;
     if (par_.pipeline > 1 && scenario_.model.tied_embeddings && on_stage(head))
       units_[head].params[kDense] += (scenario_.model.vocab * scenario_.model.hidden + par_.tensor - 1) / par_.tensor;
@@ -661,6 +662,23 @@ class DataParallelBuilder {
 
   // --- Gradient clipping needs the norm over every shard before any update: a world all-reduce of each
   // rank's partial squared norm once all gradients are final (as FSDP's clip_grad_norm_ / DeepSpeed do).
+  // Pipelined with tied embeddings, the first stage's word embeddings and the last stage's copy each get the
+  // sum of both gradients: an all-reduce of the whole word-embedding gradient (V·h / tensor) between the two
+  // once a step, after the data-parallel reduction and before clipping and the optimizer, on the compute
+  // stream (Megatron-LM's _allreduce_word_embedding_grads in finalize_model_grads).
+  void tied_embedding_sync() {
+    if (par_.pipeline == 1 || !scenario_.model.tied_embeddings) return;
+    const int head = static_cast<int>(units_.size()) - 1;
+    const int unit = on_stage(0) ? 0 : on_stage(head) ? head : -1;
+    if (unit < 0) return;
+    const int b = bucket_of_[unit][kDense];
+    const std::int64_t params = (scenario_.model.vocab * scenario_.model.hidden + par_.tensor - 1) / par_.tensor;
+    CollectiveOp c = collective(CollectiveKind::kAllReduce, CollectivePurpose::kEmbeddingGrads, kDense,
+                                schedule_.role_index(GroupRole::kEmbedding), grad_bytes(params), Payload::kGrads, 0,
+                                static_cast<int>(micro_batches_) - 1, -1);  // the embedding's, on both ends
+    final_grad_op_[b] = prog_->add("compute", {final_grad_op_[b]}, c);
+  }
+
   void gradient_norm() {
     if (scenario_.training.grad_clip <= 0) return;
     if (schedule_.role_world < 0) add_world_group();
@@ -763,9 +781,10 @@ Status lay_out_groups(const Scenario& scenario, const SchedulerOptions& options,
   const int ep = scenario.policy.expert_parallel;
   // The secondary copy only helps when parameters are sharded beyond the node.
   const bool secondary = options.secondary_param_copy && scenario.policy.sharding.params.s1 > 1;
-  HZP_ASSIGN_OR_RETURN(ShardingLayout layout,
-                       build_sharding_layout(scenario.cluster, scenario.policy.sharding,
-                                             LayoutOptions{ep, secondary, scenario.policy.parallel}));
+  HZP_ASSIGN_OR_RETURN(
+      ShardingLayout layout,
+      build_sharding_layout(scenario.cluster, scenario.policy.sharding,
+                            LayoutOptions{ep, secondary, scenario.policy.parallel, scenario.model.tied_embeddings}));
   const ParallelMesh mesh = scenario.mesh();
   const int world = scenario.cluster.world_size();
   schedule.world_size = world;

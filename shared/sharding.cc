@@ -76,7 +76,8 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
 
 // The replica-axis layout of `data` (one tensor x pipeline coordinate's ranks, numbered 0..C·D-1) copied to
 // every coordinate, and the tensor, context and pipeline roles added (sharding.h: ND parallelism).
-ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster, const ParallelMesh& mesh, bool wrap) {
+ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster, const ParallelMesh& mesh, bool wrap,
+                         bool tied_embeddings) {
   const int world = static_cast<int>(mesh.world()), t = mesh.tensor, p = mesh.pipeline;
   ShardingLayout out;
   out.index.fill(-1);
@@ -154,6 +155,13 @@ ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster,
         }
         add_groups(direction == 0 ? act[colour] : grad[colour], links);
       }
+    if (tied_embeddings) {
+      std::vector<std::vector<int>> pairs;
+      for (int d = 0; d < mesh.context * mesh.data; ++d)
+        for (int tensor = 0; tensor < t; ++tensor)
+          pairs.push_back({mesh.global_rank(tensor, d, 0), mesh.global_rank(tensor, d, p - 1)});
+      add_groups(GroupRole::kEmbedding, pairs);
+    }
   }
   return out;
 }
@@ -252,7 +260,7 @@ Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const S
   mesh.data = axis.size() / parallel.context;
   mesh.tensor = parallel.tensor;
   mesh.pipeline = parallel.pipeline;
-  return nd_layout(data, cluster, mesh, parallel.virtual_stages > 1);
+  return nd_layout(data, cluster, mesh, parallel.virtual_stages > 1, options.tied_embeddings);
 }
 
 StateBytes state_bytes_per_param(Precision precision) {

@@ -26,7 +26,8 @@
 // D·stage))): the layout above is built for the replica axis alone (the C·D ranks that hold the same
 // parameters, DataAxis::ranks_per_node per node, in presets.h's data_axis) and copied to every (tensor,
 // stage) coordinate, replica rank r becoming global rank tensor + T·(r + C·D·stage). Added roles: kTensor
-// (T consecutive ranks), kContext (C consecutive replica ranks) and the pipeline links (schedule.h).
+// (T consecutive ranks), kContext (C consecutive replica ranks), the pipeline links and, with tied
+// embeddings, kEmbedding (schedule.h).
 #pragma once
 
 #include <array>
@@ -56,7 +57,8 @@ struct ShardingLayout {
 struct LayoutOptions {
   int expert_parallel = 1;            // > 1 adds the expert roles
   bool secondary_param_copy = false;  // adds kParamSecondary
-  ParallelSpec parallel;              // tensor / pipeline > 1: the ND layout below
+  ParallelSpec parallel;              // tensor / pipeline / context > 1: the ND layout below
+  bool tied_embeddings = false;       // pipelined: adds kEmbedding (first and last stage)
 };
 
 // The one notation for a sharding in every output: "P[8,1] G[8,4] OS[8,4]", and the legend that explains it.

@@ -325,3 +325,33 @@ TEST_CASE("context parallelism's exchange overlaps attention: free on an idle ne
   const double serial = estimate_of(build(scenario_from(doc))).step_time_s;
   CHECK(overlapped < serial);
 }
+
+TEST_CASE("tied embeddings: first and last stage all-reduce the word-embedding gradient once a step", "[nd]") {
+  // 4 stages x 2 GPUs, tensor 2: the embedding pairs link rank g of stage 0 with g + 3 x 2 of stage 3.
+  nlohmann::json doc = idle_pipeline_json(4, 1, 8);
+  doc["model"]["tied_embeddings"] = true;
+  doc["model"]["vocab"] = 1024;
+  doc["cluster"]["gpus_per_node"] = 2;
+  doc["policy"]["parallel"]["tensor"] = 2;
+  const Built b = build(scenario_from(doc));
+  const Schedule& s = b.schedule;
+  const int role = s.role_index(GroupRole::kEmbedding);
+  REQUIRE(role >= 0);
+  for (int r = 0; r < 2; ++r) CHECK(s.group_of(r, role).ranks == std::vector<int>{r, r + 6});
+  for (int stage = 0; stage < 4; ++stage) {
+    INFO("stage " << stage);
+    int syncs = 0;
+    for (const Op& op : s.programs[stage].ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body); c && c->purpose == CollectivePurpose::kEmbeddingGrads) {
+        ++syncs;
+        CHECK(c->kind == CollectiveKind::kAllReduce);
+        CHECK(c->bytes == 1024 * 4096 / 2 * 2);  // V·h / tensor bf16 gradients
+        CHECK(c->role == role);
+      }
+    CHECK(syncs == (stage == 0 || stage == 3 ? 1 : 0));
+  }
+  CHECK(estimate_of(b).step_time_s > 0);
+  // Untied: no such group.
+  doc["model"]["tied_embeddings"] = false;
+  CHECK(build(scenario_from(doc)).schedule.role_index(GroupRole::kEmbedding) < 0);
+}

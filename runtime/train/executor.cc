@@ -504,6 +504,7 @@ Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gath
     case CollectivePurpose::kPipeGrads:
     case CollectivePurpose::kContextForward:
     case CollectivePurpose::kContextBackward:
+    case CollectivePurpose::kEmbeddingGrads:
       break;
   }
   (void)k;
