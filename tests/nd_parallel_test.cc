@@ -227,7 +227,7 @@ TEST_CASE("pipelines validate on one stream too: receives keep their own streams
   CHECK(estimate_of(b).step_time_s > 0);
 }
 
-TEST_CASE("context parallelism: ranks tensor, context, data; states sharded over data x context", "[nd]") {
+TEST_CASE("context parallelism: ranks tensor, context, data, with states sharded over data x context", "[nd]") {
   // 2 nodes x 8 GPUs, tensor 2, context 2: the replica axis has 8 ranks (4 per node), data = 4.
   const Built b = build(scenario_from(nd_json("llama2-7b", 2, "zero3", {{"tensor", 2}, {"context", 2}}, 64)));
   const Scenario& sc = b.scenario;
