@@ -140,7 +140,9 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
 std::string describe_nd(const Scenario& s) {
   const ParallelSpec& p = s.policy.parallel;
   std::string out = "tensor " + std::to_string(p.tensor) + " x pipeline " + std::to_string(p.pipeline);
-  if (p.context > 1) out += " x context " + std::to_string(p.context);
+  if (p.context > 1)
+    out +=
+        " x context " + std::to_string(p.context) + (p.context_comm == ContextComm::kAllToAll ? " (all-to-all)" : "");
   if (p.virtual_stages > 1 || p.sequence_parallel) {
     out += " (";
     if (p.virtual_stages > 1) out += "interleaved " + std::to_string(p.virtual_stages);
@@ -168,8 +170,13 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
         for (int cp = 1; cp <= options.max_context; cp *= 2) {
           const std::int64_t seq = scenario.training.seq_len;
           if (cp > 1 && (seq % (2 * cp) != 0 || seq / cp < options.min_context_tokens)) break;
-          for (bool sp : {false, true})
-            if (!sp || t > 1) meshes.push_back({t, p, v, sp, cp});
+          for (ContextComm comm : {ContextComm::kRing, ContextComm::kAllToAll}) {
+            // Ulysses splits each tensor rank's heads over the context group.
+            if (comm == ContextComm::kAllToAll && (cp == 1 || (m.heads / t) % cp != 0 || (m.kv_heads / t) % cp != 0))
+              continue;
+            for (bool sp : {false, true})
+              if (!sp || t > 1) meshes.push_back({t, p, v, sp, cp, comm});
+          }
         }
       }
     }
@@ -189,11 +196,7 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
         doc["training"]["recompute"] = to_string(r);
         doc["policy"]["preset"] = "zero1";
         doc["policy"].erase("sharding");
-        doc["policy"]["parallel"] = {{"tensor", par.tensor},
-                                     {"pipeline", par.pipeline},
-                                     {"virtual_stages", par.virtual_stages},
-                                     {"sequence_parallel", par.sequence_parallel},
-                                     {"context", par.context}};
+        doc["policy"]["parallel"] = parallel_to_json(par);
         Result<Scenario> candidate = parse_scenario(doc, scenario.name);
         if (!candidate.ok()) break;  // the batch does not split this way, or the mesh is refused
         parsed = true;

@@ -58,6 +58,16 @@ const char* to_string(IntraNodeTopology v) {
   return "?";
 }
 
+const char* to_string(ContextComm v) {
+  switch (v) {
+    case ContextComm::kRing:
+      return "ring";
+    case ContextComm::kAllToAll:
+      return "all_to_all";
+  }
+  return "?";
+}
+
 const char* to_string(NicMapping v) {
   switch (v) {
     case NicMapping::kRail:

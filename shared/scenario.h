@@ -215,17 +215,23 @@ struct CommSpec {
 // residuals and their activations along the sequence, turning each tensor all-reduce into an all-gather and
 // a reduce-scatter (Korthikanti et al. 2022); pipeline parallelism splits the layers into `pipeline` stages
 // run as 1F1B, interleaved over `virtual_stages` model chunks per stage when > 1 (Narayanan et al. 2021).
-// Context parallelism splits every sequence over `context` GPUs (Megatron-LM's CP: ring attention, each rank
-// keeping s / context tokens and all-gathering the keys and values of the others per layer); its ranks hold
-// the same parameters, so gradients are reduced, and states sharded, over data x context.
+// Context parallelism splits every sequence over `context` GPUs, each keeping s / context tokens; its ranks
+// hold the same parameters, so gradients are reduced, and states sharded, over data x context. Attention
+// sees the whole sequence by one of Megatron-LM's two exchanges (cp_comm_type): kRing ("p2p": ring
+// attention, the keys and values of the others passed around the group beside the attention compute) or
+// kAllToAll ("a2a": DeepSpeed-Ulysses, queries, keys and values re-split from sequence to heads before the
+// attention core and the output back after it, on the compute path).
 // D = GPUs / (tensor * context * pipeline) replicas see different samples; every ZeRO-family sharding
 // applies to the D x context ranks of the replica axis (DataAxis).
+enum class ContextComm { kRing, kAllToAll };
+
 struct ParallelSpec {
   int tensor = 1;
   int pipeline = 1;
   int virtual_stages = 1;
   bool sequence_parallel = false;
   int context = 1;
+  ContextComm context_comm = ContextComm::kRing;
   bool operator==(const ParallelSpec&) const = default;
 };
 
@@ -305,5 +311,6 @@ const char* to_string(Recompute v);
 const char* to_string(GradReduce v);
 const char* to_string(ParamRefresh v);
 const char* to_string(ParamGather v);
+const char* to_string(ContextComm v);
 
 }  // namespace hzp

@@ -609,13 +609,14 @@ Result<RunSpec> parse_run(const json& value) {
 // training block).
 Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec& model, const ClusterSpec& cluster) {
   HZP_ASSIGN_OR_RETURN(ObjectReader r, policy.child("parallel", {"tensor", "pipeline", "virtual_stages",
-                                                                 "sequence_parallel", "context"}));
+                                                                 "sequence_parallel", "context", "context_comm"}));
   ParallelSpec p;
   HZP_RETURN_IF_ERROR(r.read_int("tensor", p.tensor, 1, range::kGpusPerNode));
   HZP_RETURN_IF_ERROR(r.read_int("pipeline", p.pipeline, 1, range::kLayers));
   HZP_RETURN_IF_ERROR(r.read_int("virtual_stages", p.virtual_stages, 1, range::kLayers));
   HZP_RETURN_IF_ERROR(r.read_bool("sequence_parallel", p.sequence_parallel));
   HZP_RETURN_IF_ERROR(r.read_int("context", p.context, 1, range::kWorld));
+  HZP_RETURN_IF_ERROR(r.read_enum("context_comm", p.context_comm, {ContextComm::kRing, ContextComm::kAllToAll}));
   const int t = p.tensor;
   if (cluster.gpus_per_node % t != 0)
     return invalid(r.path_of("tensor"),
@@ -629,6 +630,9 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
   for (const auto& [what, n] : split)
     if (n % t != 0)
       return invalid(r.path_of("tensor"), "does not divide " + std::string(what) + " (" + std::to_string(n) + ")", t);
+  if (p.context_comm == ContextComm::kAllToAll && p.context == 1)
+    return invalid(r.path_of("context_comm"), "needs context > 1 (it is how context ranks exchange the sequence)",
+                   r.at("context_comm"));
   if (p.sequence_parallel && t == 1)
     return invalid(r.path_of("sequence_parallel"), "needs tensor > 1 (it splits what tensor parallelism replicates)",
                    r.at("sequence_parallel"));
@@ -652,6 +656,15 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
                          std::to_string(per_node) + " per node x " + std::to_string(axis->nodes) +
                          " nodes after tensor and pipeline), in whole nodes or equal parts of one",
                      c);
+    // Ulysses re-splits the attention heads of a tensor rank over the context group.
+    if (p.context_comm == ContextComm::kAllToAll)
+      for (const auto& [what, n] : {std::pair<const char*, std::int64_t>{"model.heads", model.heads},
+                                    std::pair<const char*, std::int64_t>{"model.kv_heads", model.kv_heads}})
+        if ((n / t) % c != 0)
+          return invalid(r.path_of("context"),
+                         "must divide " + std::string(what) + " / tensor (" + std::to_string(n) + " / " +
+                             std::to_string(t) + ") with context_comm \"all_to_all\" (it splits the heads)",
+                         c);
   }
   return p;
 }
@@ -851,6 +864,15 @@ Result<Scenario> load_scenario_file(const std::string& path) {
   return s;
 }
 
+nlohmann::json parallel_to_json(const ParallelSpec& p) {
+  return {{"tensor", p.tensor},
+          {"pipeline", p.pipeline},
+          {"virtual_stages", p.virtual_stages},
+          {"sequence_parallel", p.sequence_parallel},
+          {"context", p.context},
+          {"context_comm", to_string(p.context_comm)}};
+}
+
 nlohmann::json scenario_to_json(const Scenario& s) {
   const ModelSpec& m = s.model;
   json model = {
@@ -957,12 +979,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
         {"grad_reduce_overlap", p.comm.grad_reduce_overlap},
         {"param_gather", to_string(p.comm.param_gather)}}},
       {"expert_parallel", p.expert_parallel},
-      {"parallel",
-       {{"tensor", p.parallel.tensor},
-        {"pipeline", p.parallel.pipeline},
-        {"virtual_stages", p.parallel.virtual_stages},
-        {"sequence_parallel", p.parallel.sequence_parallel},
-        {"context", p.parallel.context}}},
+      {"parallel", parallel_to_json(p.parallel)},
   };
   if (p.preset != "custom") policy["preset"] = p.preset;
 

@@ -31,4 +31,7 @@ Status validate_mesh(const Scenario& scenario);
 // parse_scenario(scenario_to_json(s)) reproduces s.
 nlohmann::json scenario_to_json(const Scenario& scenario);
 
+// policy.parallel as the scenario format spells it (every field).
+nlohmann::json parallel_to_json(const ParallelSpec& parallel);
+
 }  // namespace hzp

@@ -478,12 +478,15 @@ class DataParallelBuilder {
     if (tp.gather_before)
       deps = {tensor_collective(CollectiveKind::kAllGather, m, unit, phase, mb, std::move(deps), act_bytes_, dtype_)};
     context_exchange(m, unit, phase, mb, deps);
+    const bool ulysses = ulysses_applies(m, phase);
+    if (ulysses) deps = {ulysses_all_to_all(unit, phase, mb, /*before=*/true, std::move(deps))};
     if (a2a)
       deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
     int op =
         prog_->add("compute", std::move(deps), ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes});
     if (a2a)
       op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
+    if (ulysses) op = ulysses_all_to_all(unit, phase, mb, /*before=*/false, {op});
     if (tp.reduce_after) {
       std::vector<int> after{op};
       after.insert(after.end(), context_tail_.begin(), context_tail_.end());
@@ -506,7 +509,7 @@ class DataParallelBuilder {
   // compute, which they overlap (ring attention's point); what follows the attention waits for both
   // (context_tail_). The ring's first block and its per-step synchronisation are not modelled.
   void context_exchange(const ModuleCost* m, int unit, Phase phase, int mb, const std::vector<int>& deps) {
-    if (par_.context == 1 || m->kind != ModuleKind::kAttention) return;
+    if (par_.context == 1 || m->kind != ModuleKind::kAttention || par_.context_comm != ContextComm::kRing) return;
     if (phase == Phase::kRecompute && scenario_.training.recompute != Recompute::kFull) return;
     const bool bwd = phase == Phase::kBackward;
     const ModelSpec& model = scenario_.model;
@@ -527,6 +530,34 @@ class DataParallelBuilder {
       last = prog_->add("context", {last}, reduce);
     }
     context_tail_.push_back(last);
+  }
+
+  // Context parallelism by all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-LM's cp_comm_type
+  // "a2a"): around the attention core, each rank trades its s / context tokens of every head for the whole
+  // sequence of heads / context heads, and back after it. Forward: one all-to-all of Q, K and V before
+  // (b·(s/c)·(n_q + 2·n_kv)·d_head elements of this tensor rank's heads), one of the output after
+  // (b·(s/c)·n_q·d_head); backward the same two with gradients, in reverse order; full recomputation
+  // repeats the forward's. On the compute path: the attention core needs their result. (Modelled around the
+  // attention module, whose projections run on the compute stream with them either way.)
+  bool ulysses_applies(const ModuleCost* m, Phase phase) const {
+    if (par_.context == 1 || par_.context_comm != ContextComm::kAllToAll || m->kind != ModuleKind::kAttention)
+      return false;
+    return phase != Phase::kRecompute || scenario_.training.recompute == Recompute::kFull;
+  }
+  int ulysses_all_to_all(int unit, Phase phase, int mb, bool before, std::vector<int> deps) {
+    const ModelSpec& model = scenario_.model;
+    const bool bwd = phase == Phase::kBackward;
+    // Q, K and V cross before the core forward and after it backward; the output the other way round.
+    const bool qkv = before != bwd;
+    const std::int64_t heads = qkv ? (model.heads + 2 * model.kv_heads) / par_.tensor : model.heads / par_.tensor;
+    const std::int64_t bytes = scenario_.training.micro_batch * scenario_.training.seq_len / par_.context * heads *
+                               model.head_dim() * dtype_bytes(dtype_);
+    CollectiveOp c = collective(CollectiveKind::kAllToAll,
+                                bwd ? CollectivePurpose::kContextBackward : CollectivePurpose::kContextForward, kDense,
+                                schedule_.role_index(GroupRole::kContext), bytes,
+                                bwd ? Payload::kGrads : Payload::kActivations, unit, mb, -1);
+    c.module = module_slot(ModuleKind::kAttention);
+    return prog_->add("compute", std::move(deps), c);
   }
 
   void run_visit(std::size_t i) {

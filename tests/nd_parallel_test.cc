@@ -326,6 +326,66 @@ TEST_CASE("context parallelism's exchange overlaps attention: free on an idle ne
   CHECK(overlapped < serial);
 }
 
+TEST_CASE("context parallelism by all-to-all (Ulysses): its rules, traffic and placement on the compute path", "[nd]") {
+  // Rules: it needs context > 1, and context must divide each tensor rank's query and key/value heads.
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"context_comm", "all_to_all"}}, 64))
+            .find("policy.parallel.context_comm: needs context > 1") == 0);
+  CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"context", 2}, {"context_comm", "ulysses"}}, 64))
+            .find("policy.parallel.context_comm: must be one of \"ring\", \"all_to_all\"") == 0);
+  // LLaMA-2 70B: 8 key/value heads, 1 per rank of tensor 8; a context of 2 cannot split it.
+  const std::string gqa = parse_error(
+      nd_json("llama2-70b", 2, "zero1", {{"tensor", 8}, {"context", 2}, {"context_comm", "all_to_all"}}, 64));
+  CHECK(gqa.find("policy.parallel.context: must divide model.kv_heads / tensor (8 / 8)") == 0);
+  CHECK(parse_error(nd_json("llama2-70b", 2, "zero1", {{"tensor", 8}, {"context", 2}}, 64)).empty());  // ring can
+
+  // Traffic: per layer and micro-batch, forward an all-to-all of Q, K, V (b·(s/c)·(n_q + 2·n_kv)·d_head of
+  // this tensor rank's heads) before the core and one of its output (b·(s/c)·n_q·d_head) after; backward the
+  // same two, output gradient first; full recomputation repeats the forward's. All on the compute stream,
+  // over the context group; no ring exchange.
+  for (const char* recompute : {"none", "full"}) {
+    INFO("recompute " << recompute);
+    nlohmann::json doc =
+        nd_json("llama2-7b", 1, "zero1", {{"tensor", 2}, {"context", 4}, {"context_comm", "all_to_all"}}, 2);
+    doc["training"]["recompute"] = recompute;
+    const Built built = build(scenario_from(doc));
+    const Schedule& s = built.schedule;
+    const std::int64_t tokens = 1 * 2048 / 4, d = 128;
+    const std::int64_t qkv = tokens * (32 + 2 * 32) / 2 * d * 2, out = tokens * 32 / 2 * d * 2;
+    int fwd_qkv = 0, fwd_out = 0, bwd_qkv = 0, bwd_out = 0;
+    std::vector<std::int64_t> bwd_order;
+    for (const Op& op : s.programs[0].ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
+        if (c->purpose != CollectivePurpose::kContextForward && c->purpose != CollectivePurpose::kContextBackward)
+          continue;
+        CHECK(c->kind == CollectiveKind::kAllToAll);
+        CHECK(s.streams[op.stream] == "compute");
+        CHECK(s.group_of(0, c->role).ranks == std::vector<int>{0, 2, 4, 6});  // tensor 2: every other GPU
+        const bool fwd = c->purpose == CollectivePurpose::kContextForward;
+        CHECK((c->bytes == qkv || c->bytes == out));
+        (fwd ? (c->bytes == qkv ? fwd_qkv : fwd_out) : (c->bytes == qkv ? bwd_qkv : bwd_out)) += 1;
+        if (!fwd && bwd_order.size() < 2) bwd_order.push_back(c->bytes);
+      }
+    const int passes = 32 * 2;  // layers x micro-batches (2 sequences, data 8 / (2 x 4) = 1)
+    const int forwards = passes * (std::string(recompute) == "full" ? 2 : 1);
+    CHECK(fwd_qkv == forwards);
+    CHECK(fwd_out == forwards);
+    CHECK(bwd_qkv == passes);
+    CHECK(bwd_out == passes);
+    CHECK(bwd_order == std::vector<std::int64_t>{out, qkv});
+    CHECK(s.streams.end() == std::find(s.streams.begin(), s.streams.end(), "context"));
+  }
+
+  // On an idle network it costs nothing: the same step as without context parallelism.
+  nlohmann::json idle = nd_json("llama2-7b", 1, "ddp", nlohmann::json::object(), 16);
+  idle["cluster"]["intra_node"] = {{"bandwidth_GBps", 1e5}, {"latency_us", 0}};
+  const double alone = estimate_of(build(scenario_from(idle))).step_time_s;
+  idle["policy"]["parallel"] = {{"context", 4}, {"context_comm", "all_to_all"}};
+  CHECK(estimate_of(build(scenario_from(idle))).step_time_s == Approx(alone).epsilon(0.01));
+  // The resolved form keeps it.
+  const Scenario ulysses = scenario_from(idle);
+  CHECK(scenario_from(scenario_to_json(ulysses)).policy.parallel == ulysses.policy.parallel);
+}
+
 TEST_CASE("tied embeddings: first and last stage all-reduce the word-embedding gradient once a step", "[nd]") {
   // 4 stages x 2 GPUs, tensor 2: the embedding pairs link rank g of stage 0 with g + 3 x 2 of stage 3.
   nlohmann::json doc = idle_pipeline_json(4, 1, 8);

@@ -253,3 +253,13 @@ TEST_CASE("sim: context parallelism across nodes agrees with the estimator", "[s
   const sim::SimResult r = run_sim(b);
   CHECK(r.step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.03));
 }
+
+TEST_CASE("sim: context parallelism by all-to-all across nodes agrees with the estimator", "[sim][nd]") {
+  // 2 nodes, tensor 2 x context 8 (Ulysses): each all-to-all spans both nodes.
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero1", 16384, 4);
+  doc["policy"]["parallel"] = {{"tensor", 2}, {"context", 8}, {"context_comm", "all_to_all"}};
+  const Built b = build(scenario_from(doc));
+  CHECK_FALSE(b.schedule.group_of(0, b.schedule.role_index(GroupRole::kContext)).intra_node);
+  const sim::SimResult r = run_sim(b);
+  CHECK(r.step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.03));
+}

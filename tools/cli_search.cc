@@ -56,10 +56,11 @@ std::string folder_name(const Simulation& sim) {
   const ShardingSpec& g = sim.scenario.policy.sharding;
   char buf[160];
   const ParallelSpec& par = sim.scenario.policy.parallel;
-  std::snprintf(buf, sizeof buf, "P%dx%d-G%dx%d-OS%dx%d-pf%d%s-t%dp%dv%d%s-mb%lld", g.params.s0, g.params.s1,
+  std::snprintf(buf, sizeof buf, "P%dx%d-G%dx%d-OS%dx%d-pf%d%s-t%dp%dv%d%sc%d%s-mb%lld", g.params.s0, g.params.s1,
                 g.grads.s0, g.grads.s1, g.optimizer.s0, g.optimizer.s1, sim.scenario.policy.overlap.prefetch_depth,
                 sim.scenario.policy.overlap.separate_streams ? "" : "-onestream", par.tensor, par.pipeline,
-                par.virtual_stages, par.sequence_parallel ? "sp" : "",
+                par.virtual_stages, par.sequence_parallel ? "sp" : "", par.context,
+                par.context_comm == ContextComm::kAllToAll ? "a2a" : "",
                 static_cast<long long>(sim.scenario.training.micro_batch));
   std::string label = sim.label;
   if (label.rfind('#', 0) == 0) {
@@ -279,11 +280,7 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
          {"rank", s.label},
          {"folder", (fs::path("candidates") / folder_name(s)).string()},
          {"sharding", sharding_json(s.scenario.policy.sharding)},
-         {"parallel",
-          {{"tensor", s.scenario.policy.parallel.tensor},
-           {"pipeline", s.scenario.policy.parallel.pipeline},
-           {"virtual_stages", s.scenario.policy.parallel.virtual_stages},
-           {"sequence_parallel", s.scenario.policy.parallel.sequence_parallel}}},
+         {"parallel", parallel_to_json(s.scenario.policy.parallel)},
          {"micro_batch", s.scenario.training.micro_batch},
          {"recompute", to_string(s.scenario.training.recompute)},
          {"overlap",
