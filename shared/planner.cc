@@ -171,9 +171,7 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
           const std::int64_t seq = scenario.training.seq_len;
           if (cp > 1 && (seq % (2 * cp) != 0 || seq / cp < options.min_context_tokens)) break;
           for (ContextComm comm : {ContextComm::kRing, ContextComm::kAllToAll}) {
-            // Ulysses splits each tensor rank's heads over the context group.
-            if (comm == ContextComm::kAllToAll && (cp == 1 || (m.heads / t) % cp != 0 || (m.kv_heads / t) % cp != 0))
-              continue;
+            if (comm == ContextComm::kAllToAll && (cp == 1 || ulysses_unsplit_heads(m, t, cp) != nullptr)) continue;
             for (bool sp : {false, true})
               if (!sp || t > 1) meshes.push_back({t, p, v, sp, cp, comm});
           }

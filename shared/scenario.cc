@@ -68,6 +68,12 @@ const char* to_string(ContextComm v) {
   return "?";
 }
 
+const char* ulysses_unsplit_heads(const ModelSpec& model, int tensor, int context) {
+  if ((model.heads / tensor) % context != 0) return "model.heads";
+  if ((model.kv_heads / tensor) % context != 0) return "model.kv_heads";
+  return nullptr;
+}
+
 const char* to_string(NicMapping v) {
   switch (v) {
     case NicMapping::kRail:

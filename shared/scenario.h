@@ -313,4 +313,9 @@ const char* to_string(ParamRefresh v);
 const char* to_string(ParamGather v);
 const char* to_string(ContextComm v);
 
+// Ulysses (context_comm all_to_all) splits each tensor rank's query and key/value heads over the context
+// group: the model field whose heads / tensor `context` does not divide ("model.heads", "model.kv_heads"),
+// or nullptr when both split.
+const char* ulysses_unsplit_heads(const ModelSpec& model, int tensor, int context);
+
 }  // namespace hzp

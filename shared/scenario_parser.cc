@@ -658,13 +658,13 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
                      c);
     // Ulysses re-splits the attention heads of a tensor rank over the context group.
     if (p.context_comm == ContextComm::kAllToAll)
-      for (const auto& [what, n] : {std::pair<const char*, std::int64_t>{"model.heads", model.heads},
-                                    std::pair<const char*, std::int64_t>{"model.kv_heads", model.kv_heads}})
-        if ((n / t) % c != 0)
-          return invalid(r.path_of("context"),
-                         "must divide " + std::string(what) + " / tensor (" + std::to_string(n) + " / " +
-                             std::to_string(t) + ") with context_comm \"all_to_all\" (it splits the heads)",
-                         c);
+      if (const char* what = ulysses_unsplit_heads(model, t, c)) {
+        const std::int64_t n = std::string_view(what) == "model.heads" ? model.heads : model.kv_heads;
+        return invalid(r.path_of("context"),
+                       "must divide " + std::string(what) + " / tensor (" + std::to_string(n) + " / " +
+                           std::to_string(t) + ") with context_comm \"all_to_all\" (it splits the heads)",
+                       c);
+      }
   }
   return p;
 }
