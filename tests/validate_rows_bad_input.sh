@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/validate_rows.py on bad input: an unreadable rows file, a line that is not JSON, a row that is not an
-# object, and a bad flag each exit 2 with a message naming the file and line; a row it cannot translate is
-# listed as skipped, and asking for a fidelity bound with nothing simulated fails (exit 1).
+# object, and a bad flag each exit 2 with a message naming the file and line; a row it cannot translate, or whose
+# fields have the wrong type or value, is listed as skipped with the field named; asking for a fidelity bound
+# with nothing simulated fails (exit 1).
 # Usage: bash tests/validate_rows_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -21,6 +22,14 @@ expect() {  # code pattern args...
 printf '{"id": "A"}\nnot json\n' >"$work/broken.jsonl"
 printf '[1, 2]\n' >"$work/array.jsonl"
 printf '{"id": "R1", "model": "m"}\n' >"$work/untranslatable.jsonl"
+# Fields of the wrong type or value: listed as skipped with the field named, never a traceback.
+cat >"$work/malformed.jsonl" <<'ROWS'
+{"id": "M1", "layers": 32, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 8, "gpus_per_node": 0}
+{"id": "M2", "layers": "32", "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 8, "gpus_per_node": 8}
+{"id": "M3", "layers": 32, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "tp": {"a": 1}}
+{"id": "M4", "layers": 32, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "zero_or_sharding": "zero1=-1", "inter_node": "4x 100 Gb", "tokens_per_s_per_gpu": "fast"}
+{"id": "M5", "layers": 32, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "tp": 3, "zero_or_sharding": "zero1=-1"}
+ROWS
 expect 2 "No such file" "$work/missing.jsonl"
 expect 2 "broken.jsonl:2: not JSON" "$work/broken.jsonl"
 expect 2 "array.jsonl:1: a row must be a JSON object" "$work/array.jsonl"
@@ -29,4 +38,10 @@ expect 2 "compute-spread must be in" --compute-spread 1 "$work/untranslatable.js
 expect 2 "overlap-slowdown must be in" --overlap-slowdown 1.5 "$work/untranslatable.jsonl"
 expect 0 "skipped R1: layers not published" "$work/untranslatable.jsonl"
 expect 1 "no multi-node row was simulated" --max-error 15 "$work/untranslatable.jsonl"
+expect 0 "skipped M1: gpus_per_node 0 is not a positive whole number" "$work/malformed.jsonl"
+expect 0 "skipped M2: layers '32' is not a positive whole number" "$work/malformed.jsonl"
+expect 0 "skipped M3: tp {'a': 1} is not a number" "$work/malformed.jsonl"
+expect 0 "skipped M4: tokens_per_s_per_gpu 'fast' is not a positive number" "$work/malformed.jsonl"
+expect 0 "skipped M5: 16 GPUs are not a multiple of tp x pp x cp = 3" "$work/malformed.jsonl"
+expect 0 "skipped M1" --calibration "$work/malformed.jsonl" "$work/malformed.jsonl"
 echo "validate_rows_bad_input: ok"

@@ -5,18 +5,33 @@
                                    [--json FILE] [--max-error PCT] [--min-ratio R --max-ratio R] ROWS.jsonl
 
 Each row of ROWS.jsonl (the format of scenarios/validation/README.md: one published run per line, with its
-model dimensions, GPUs, interconnect, batch, sharding and framework) becomes a scenario. Compute is
-calibrated from ONE node only: for each row, the row of --calibration (default: the same file) that ran the
-same model, GPU, sequence and micro-batch on a single node gives its throughput to `hzp calibrate`, and the
-fitted efficiencies go into the row's scenario; everything beyond one node comes from the schedule and the
-network model. Each scenario is simulated with `hzp simulate` in its own process, N at a time.
+model dimensions, GPUs, interconnect, batch, parallelism, sharding and framework) becomes a scenario. Compute
+is calibrated from ONE node only: for each row, the one-node row of --calibration (default: the same file)
+that ran the same model, GPU, sequence, micro-batch, framework, tp / pp / cp, precision, recomputation and
+other settings -- preferably with the same sharding -- gives its throughput (or MFU) to `hzp calibrate`, and
+the fitted efficiencies go into the row's scenario; everything beyond one node comes from the schedule and
+the network model. Each scenario is simulated with `hzp simulate` in its own process, N at a time.
+
+What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
+  InternEvo zero1=-1 / zero1=N          zero1 / optimizer states over N ranks; comm framework internevo
+  DeepSpeed ZeRO-1/2/3 over N GPUs      zero1 / zero2 / zero3 (N < dp: that group); framework deepspeed
+  MiCS s_p=s_g=s_os=N, HSDP             everything over N ranks (hsdp when N is a node); deepspeed for MiCS
+  AMSP s_p=.., s_g=.., s_os=..          explicit groups; hzp's own overlapped schedule
+  FSDP2 degree N, Megatron-FSDP         zero3 over data x context ranks (N < dp: HSDP groups); framework fsdp
+  distributed optimizer (Megatron/NeMo) zero1; framework megatron, refresh overlapped if "param-gather" named
+  tp / pp / vpp / cp / sequence_parallel policy.parallel (ring context parallelism)
+  FP8 precision                         bf16 states and communication; the GPU's peak is its FP8 peak, so the
+                                        calibration fits the speed of the run's own FP8 / bf16 mix
+grad_accum comes from the global batch when not published; a row with only MFU is calibrated and compared by
+MFU (its published tokens/s/GPU shown at the simulated run's FLOPs per token).
 
 Prints per row: published and simulated tokens/s/GPU and the error; then the median and worst absolute
-error over the multi-node rows, and, at each scale, the ratio of the hierarchical policy's throughput to the
-flat one's (published vs simulated). Rows it cannot translate are listed with the reason.
+error over the multi-node rows, and, where one configuration ran one flat and one hierarchical row at the
+same scale, their throughput ratio (published vs simulated). Rows it cannot translate, or whose fields have
+the wrong type, are listed with the reason.
 
---max-error PCT, --min-ratio / --max-ratio: exit 1 when the worst multi-node error exceeds PCT, or the
-largest-scale hierarchical/flat ratio falls outside [min, max] (the fidelity test uses these). Exit 2 on a
+--max-error PCT, --min-ratio / --max-ratio: exit 1 when the worst multi-node error exceeds PCT, or a
+configuration's largest-scale hierarchical/flat ratio falls outside [min, max] (the fidelity test uses these). Exit 2 on a
 bad command line or unreadable rows.
 """
 import argparse
@@ -36,13 +51,21 @@ GPU_PRESETS = [  # (substring of the row's "gpu", cluster preset)
     ("H800", "h800"),
 ]
 
+# Dense FP8 peak of the presets' GPUs, TFLOP/s (NVIDIA H100 datasheet: 1979 for H100 SXM; the H800 is the same
+# chip). An FP8 row's scenario takes it as the GPU's peak, so that its one-node calibration can be faster than the
+# bf16 peak allows; what the calibration fits is the speed of the run's own mix of FP8 GEMMs and bf16 kernels.
+FP8_PEAK_TFLOPS = {"dgx-h100": 1979, "h800": 1979}
+
+# InfiniBand generations by name, Gb/s per port (InfiniBand Trade Association roadmap).
+INFINIBAND_GBPS = {"EDR": 100, "HDR": 200, "NDR": 400, "XDR": 800}
+
 
 class Skip(Exception):
     """A row this tool cannot turn into a scenario (the message says why)."""
 
 
 def leading_int(value, what):
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value
     m = re.match(r"\s*(\d+)", str(value or ""))
     if not m:
@@ -50,83 +73,327 @@ def leading_int(value, what):
     return int(m.group(1))
 
 
-def policy_of(row):
-    """(policy JSON, family): family 'flat' or 'hierarchical' pairs rows for the ratio."""
+def degree(row, key):
+    """A parallelism degree: 1 when not published."""
+    value = row.get(key)
+    if value is None:
+        return 1
+    n = leading_int(value, key)
+    if n < 1:
+        raise Skip(f"{key} {value!r} must be at least 1")
+    return n
+
+
+def framework_of(row):
+    """hzp's policy.comm.framework for the row's training framework, or None for hzp's own schedule."""
+    name = (row.get("framework") or "").lower()
+    if "internevo" in name or "internlm" in name:
+        # AMSP is built on InternEvo but its rows name DeepSpeed for the baselines; the sharding text decides.
+        return None if "amsp" in name else "internevo"
+    if "deepspeed" in name:
+        return "deepspeed"
+    if "torchtitan" in name or "fsdp" in name:
+        return "fsdp"
+    if "megatron" in name or "nemo" in name:
+        return "megatron"
+    return None
+
+
+class Layout:
+    """How a row's GPUs split (tp x pp x cp x dp) and its policy.parallel; sharding groups are counted in
+    data-parallel ranks, gpus_per_node / tp of them per node."""
+
+    def __init__(self, row):
+        self.gpus = row["gpu_count"]
+        self.gpn = row["gpus_per_node"]
+        self.tp, self.pp, self.cp, self.vpp = (degree(row, k) for k in ("tp", "pp", "cp", "vpp"))
+        if row.get("ep") not in (None, 1):
+            raise Skip(f"expert parallelism (ep {row.get('ep')!r}) is not translated yet")
+        model_parallel = self.tp * self.pp * self.cp
+        if self.gpus % model_parallel:
+            raise Skip(f"{self.gpus} GPUs are not a multiple of tp x pp x cp = {model_parallel}")
+        self.dp = self.gpus // model_parallel
+        if row.get("dp") is not None and leading_int(row["dp"], "dp") != self.dp:
+            raise Skip(f"dp {row['dp']!r} is not gpus / (tp x pp x cp) = {self.dp}")
+        if self.gpn % self.tp:
+            raise Skip(f"tp {self.tp} does not divide the {self.gpn} GPUs of a node")
+        self.parallel = {}
+        if self.tp > 1:
+            self.parallel["tensor"] = self.tp
+            if row.get("sequence_parallel") is True:
+                self.parallel["sequence_parallel"] = True
+        if self.pp > 1:
+            self.parallel["pipeline"] = self.pp
+            if self.vpp > 1:
+                self.parallel["virtual_stages"] = self.vpp
+        if self.cp > 1:
+            self.parallel["context"] = self.cp
+
+    def group(self, n, what):
+        """The [s0, s1] sharding group of 1 < n < dp data-parallel ranks."""
+        rpn = self.gpn // self.tp
+        if self.pp > 1 or self.cp > 1:
+            raise Skip(f"{what} over {n} of {self.dp} data-parallel ranks with pipeline or context parallelism "
+                       "is not translated yet")
+        if n <= rpn and rpn % n == 0:
+            return [n, 1]
+        if n > rpn and n % rpn == 0 and self.dp % n == 0:
+            return [rpn, n // rpn]
+        raise Skip(f"{what} over {n} ranks does not tile nodes of {rpn} data-parallel ranks")
+
+
+PRESET_OF_SHARDED = {  # which states span all data-parallel ranks -> the preset that shards exactly those
+    (False, False, False): "ddp", (False, False, True): "zero1", (False, True, True): "zero2",
+    (True, True, True): "zero3",
+}
+
+
+def sharding_policy(layout, what, p=1, g=1, os=1):
+    """(policy, family) sharding parameters, gradients and optimizer states each over p, g, os data-parallel
+    ranks: 1 replicated, None (or dp and more) all of them — with context parallelism the data x context ranks,
+    as Megatron's distributed optimizer and torchtitan's FSDP do. All-or-nothing shardings become hzp's
+    presets, the rest explicit AMSP groups."""
+    sizes = {"params": p, "grads": g, "optimizer": os}
+    sizes = {state: None if n is None or n >= layout.dp else n for state, n in sizes.items()}
+    partial = {state: n for state, n in sizes.items() if n is not None and n > 1}
+    if not partial:
+        key = tuple(n is None and layout.dp * layout.cp > 1 for n in sizes.values())
+        if key not in PRESET_OF_SHARDED:
+            raise Skip(f"sharding {what!r}: parameters sharded wider than their gradients is not translated")
+        return {"preset": PRESET_OF_SHARDED[key]}, "flat"
+    rpn = layout.gpn // layout.tp
+    everything = [rpn, layout.dp // rpn] if layout.dp >= rpn else [layout.dp, 1]
+    groups = {}
+    for state, n in sizes.items():
+        groups[state] = [1, 1] if n == 1 else everything if n is None else layout.group(n, what)
+    if all(g == [rpn, 1] for g in groups.values()):
+        return {"preset": "hsdp"}, "hierarchical"  # MiCS / HSDP: everything sharded inside the node
+    return {"preset": "amsp", "sharding": groups}, "hierarchical"
+
+
+def policy_of(row, layout):
+    """(policy JSON, family): family is 'flat' when every sharded state spans all data-parallel ranks,
+    'hierarchical' when some state is sharded over a part of them, or the row names a group by its size
+    (InternEvo's zero1=N, MiCS, HSDP) even where that group is all of its GPUs (the pair the ratio compares)."""
     text = (row.get("zero_or_sharding") or "").lower()
-    framework = (row.get("framework") or "").lower()
-    comm = {"framework": "internevo"} if "internevo" in framework or "internlm" in framework else {}
-    policy = {}
-    if "hybrid zero-1" in text:
-        m = re.search(r"within (\d+) ranks", text)
-        if not m:
-            raise Skip(f"hybrid ZeRO-1 without a group size: {row.get('zero_or_sharding')!r}")
-        size = int(m.group(1))
-        gpn = row["gpus_per_node"]
-        if size % gpn and gpn % size:
-            raise Skip(f"hybrid group of {size} does not tile nodes of {gpn}")
-        group = [min(size, gpn), max(1, size // gpn)]
-        policy = {"preset": "amsp", "sharding": {"params": [1, 1], "grads": [1, 1], "optimizer": group}}
-        family = "hierarchical"
-    elif "zero-1 over all" in text:
-        policy = {"preset": "zero1"}
-        family = "flat"
+    framework = framework_of(row)
+    dp = layout.dp
+    what = row.get("zero_or_sharding")
+
+    def over(default=None):
+        m = re.search(r"(?:over|within|degree)\s+(\d+)\s*(?:dp\s+)?(?:gpus|ranks|accelerators)?", text)
+        return int(m.group(1)) if m else default
+
+    def states(**sizes):
+        return sharding_policy(layout, what, **sizes)
+
+    policy, family = None, "flat"
+    zero1 = re.search(r"zero1\s*=\s*(-?\d+)", text)
+    if zero1 or "zero-1 over all" in text or "hybrid zero-1" in text:  # InternEvo's zero1 knob
+        n = int(zero1.group(1)) if zero1 else (-1 if "over all" in text else over())
+        if n is None:
+            raise Skip(f"hybrid ZeRO-1 without a group size: {what!r}")
+        policy, family = states(os=None if n == -1 else n)
+        family = "flat" if n == -1 else "hierarchical"  # zero1=N names a group, whatever the scale
+    elif "mics" in text or "hsdp" in text or "hybrid_shard" in text or "hybrid shard" in text:
+        m = re.search(r"s_p\s*=\s*(?:s_g\s*=\s*)?(?:s_os\s*=\s*)?(\d+)", text)
+        n = int(m.group(1)) if m else over(layout.gpn // layout.tp)
+        policy, family = states(p=n, g=n, os=n)
+        family = "hierarchical"  # a group named by its size, whatever the scale
+    elif text.startswith("amsp") or "s_os" in text:  # AMSP: s_p=..., s_g=..., s_os=...
+        sizes = {}
+        for chain, value in re.findall(r"((?:s_(?:p|g|os)\s*=\s*)+)(\d+)", text):
+            for state in re.findall(r"s_(p|g|os)", chain):
+                sizes[state] = int(value)
+        if set(sizes) != {"p", "g", "os"}:
+            raise Skip(f"AMSP sharding without s_p, s_g and s_os: {what!r}")
+        policy, family = states(**sizes)
+    elif "zero++" in text or "zeropp" in text or "hpz" in text:
+        policy = {"preset": "zeropp"}
+    elif re.search(r"zero-?3|zero stage 3|fsdp|fully_shard|full sharding", text):
+        n = over(None)
+        if n is not None and n * layout.cp >= dp * layout.cp and "fsdp" in text:
+            n = None  # torchtitan's FSDP degree counts data ranks; it shards over data x context
+        policy, family = states(p=n, g=n, os=n)
+    elif re.search(r"zero-?2", text):
+        n = over(None)
+        policy, family = states(g=n, os=n)
+    elif re.search(r"zero-?1|distributed optimizer", text):
+        n = over(None)
+        policy, family = states(os=n)
+    elif re.search(r"\bddp\b|data parallel|no sharding|none", text):
+        policy, family = states()
     else:
-        raise Skip(f"sharding {row.get('zero_or_sharding')!r} is not translated yet")
+        raise Skip(f"sharding {what!r} is not translated yet")
+    comm = {}
+    if "deepspeed" in text or "mics" in text or "zero++" in text:
+        framework = "deepspeed"
+    elif "fsdp" in text or "fully_shard" in text:
+        framework = "fsdp"
+    if framework:
+        comm["framework"] = framework
+    if framework == "megatron" and "param-gather" in text.replace("param gather", "param-gather"):
+        comm["refresh_overlap"] = True  # --overlap-param-gather
     if comm:
         policy["comm"] = comm
+    if layout.parallel:
+        policy["parallel"] = dict(layout.parallel)
     return policy, family
 
 
-def nic_of(row):
-    m = re.search(r"(\d+)\s*x\s*(\d+)\s*Gb", row.get("inter_node") or "")
-    if not m:
-        raise Skip(f"inter_node {row.get('inter_node')!r}: NIC count and rate not found")
-    nic = {"per_node": int(m.group(1)), "bandwidth_Gbps": float(m.group(2))}
-    return nic
+def nic_of(row, nodes):
+    """cluster.nic from the row's inter-node text; None on one node when the text names no NIC (unused)."""
+    text = row.get("inter_node") or ""
+    m = re.search(r"(\d+)\s*x\s*(\d+)\s*Gb", text)
+    if m:
+        return {"per_node": int(m.group(1)), "bandwidth_Gbps": float(m.group(2))}
+    m = re.search(r"(\d+)\s*x\s*(?:[\w-]+\s+)*?(EDR|HDR|NDR|XDR)\b", text)
+    if m:
+        return {"per_node": int(m.group(1)), "bandwidth_Gbps": float(INFINIBAND_GBPS[m.group(2)])}
+    m = re.search(r"(\d+)\s*Gb(?:/s|ps)?\s+per\s+GPU", text)
+    if m:
+        return {"per_node": row["gpus_per_node"], "bandwidth_Gbps": float(m.group(1))}
+    if nodes == 1:
+        return None
+    raise Skip(f"inter_node {row.get('inter_node')!r}: NIC count and rate not found")
+
+
+def precision_of(row):
+    """(training.precision, fp8, assumption or None): FP8 runs keep bf16 weights, gradients and
+    communication (Transformer Engine's default) and compute against the FP8 peak."""
+    text = (row.get("precision") or "bf16").lower()
+    if "fp8" in text or "float8" in text:
+        return "bf16", True, "FP8: bf16 states and communication, compute calibrated against the FP8 peak"
+    for name in ("bf16", "fp16", "fp32"):
+        if name in text:
+            return name, False, None
+    raise Skip(f"precision {row.get('precision')!r} is not translated")
+
+
+def recompute_of(row):
+    text = (row.get("act_recompute") or "none").lower()
+    if text.startswith("none") or text in ("false", "no"):
+        return "none", None
+    if text.startswith("selective"):
+        return "selective", None
+    if text.startswith("full") or text.startswith("true"):
+        return "full", None
+    if "not stated" in text:
+        return "none", "activation recomputation not stated: none assumed"
+    raise Skip(f"act_recompute {row.get('act_recompute')!r} is not translated")
+
+
+def global_tokens(row):
+    """Tokens per optimizer step, from global_batch_tokens (a number, or text with "= N tokens") or
+    global_batch_seqs x seq_len; None when neither is published."""
+    value = row.get("global_batch_tokens")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    m = re.search(r"=\s*(\d+)\s*tokens", str(value or ""))
+    if m:
+        return int(m.group(1))
+    if row.get("global_batch_seqs") is not None:
+        return leading_int(row["global_batch_seqs"], "global_batch_seqs") * row["seq_len"]
+    return None
+
+
+def grad_accum_of(row, layout, micro):
+    if row.get("grad_accum") is not None:
+        return leading_int(row["grad_accum"], "grad_accum")
+    tokens = global_tokens(row)
+    per_step = layout.dp * micro * row["seq_len"]
+    if tokens is None or tokens % per_step:
+        raise Skip(f"grad_accum not published and the global batch ({tokens} tokens) is not a whole number of "
+                   f"dp x micro_batch x seq_len = {per_step}")
+    return tokens // per_step
+
+
+def positive(row, key):
+    """The row's number at key, None when not published; Skip when it is not a positive number."""
+    value = row.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0 or value == float("inf"):
+        raise Skip(f"{key} {value!r} is not a positive number")
+    return float(value)
+
+
+def published_of(row):
+    """(metric, value): 'tgs' (tokens/s/GPU: as published, or from the step time) or 'mfu' (a fraction)."""
+    tgs, step, mfu = (positive(row, k) for k in ("tokens_per_s_per_gpu", "step_time_s", "mfu_pct"))
+    if tgs:
+        return "tgs", tgs
+    tokens = global_tokens(row)
+    if step and tokens:
+        return "tgs", tokens / step / row["gpu_count"]
+    if mfu:
+        if mfu > 100:
+            raise Skip(f"mfu_pct {mfu} is above 100")
+        return "mfu", mfu / 100
+    raise Skip("no throughput published (tokens/s/GPU, step time or MFU)")
 
 
 def scenario_of(row, cluster_extra):
-    """The scenario of a row on its own GPUs, without calibration; `cluster_extra`: more cluster fields
-    (compute_spread, overlap_slowdown)."""
+    """(scenario, family, assumptions) of a row on its own GPUs, without calibration; `cluster_extra`: more
+    cluster fields (compute_spread, overlap_slowdown)."""
     for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu_count", "gpus_per_node"):
         if row.get(key) is None:
             raise Skip(f"{key} not published")
-    if row.get("tp", 1) not in (1, None) or row.get("pp", 1) not in (1, None):
-        raise Skip("tensor / pipeline parallelism is not modelled yet")
+        if not isinstance(row[key], int) or isinstance(row[key], bool) or row[key] < 1:
+            raise Skip(f"{key} {row[key]!r} is not a positive whole number")
     preset = next((p for sub, p in GPU_PRESETS if sub in (row.get("gpu") or "")), None)
     if preset is None:
         raise Skip(f"GPU {row.get('gpu')!r} has no cluster preset")
     gpus = row["gpu_count"]
     gpn = row["gpus_per_node"]
+    if gpus < gpn:
+        gpn = gpus  # part of one node: a node of that many GPUs
     if gpus % gpn:
         raise Skip(f"{gpus} GPUs are not whole nodes of {gpn}")
+    if row.get("micro_batch") is None:
+        raise Skip("micro_batch not published")
+    layout = Layout({**row, "gpus_per_node": gpn})
     micro = leading_int(row.get("micro_batch"), "micro_batch")
-    accum = leading_int(row.get("grad_accum"), "grad_accum")
-    policy, family = policy_of(row)
-    recompute = (row.get("act_recompute") or "none").lower()
+    accum = grad_accum_of(row, layout, micro)
+    policy, family = policy_of(row, layout)
+    precision, fp8, precision_note = precision_of(row)
+    recompute, recompute_note = recompute_of(row)
+    model = {
+        "name": row.get("model", "model"), "family": "llama", "layers": row["layers"], "hidden": row["hidden"],
+        "heads": row["heads"], "kv_heads": row.get("kv_heads") or row["heads"], "ffn_hidden": row["ffn"],
+        "vocab": row["vocab"], "tied_embeddings": False,
+    }
+    if row.get("moe_experts"):
+        raise Skip("MoE rows are not translated yet")
+    cluster = {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, **cluster_extra}
+    if fp8:
+        if preset not in FP8_PEAK_TFLOPS:
+            raise Skip(f"FP8 on {row.get('gpu')!r}: no FP8 peak known for preset {preset}")
+        cluster["gpu"] = {"peak_tflops": FP8_PEAK_TFLOPS[preset]}
+    nic = nic_of(row, gpus // gpn)
+    if nic:
+        cluster["nic"] = nic
     doc = {
         "name": f"{row['id']}-{gpus}",
-        "model": {
-            "name": row.get("model", "model"), "family": "llama", "layers": row["layers"], "hidden": row["hidden"],
-            "heads": row["heads"], "kv_heads": row.get("kv_heads") or row["heads"], "ffn_hidden": row["ffn"],
-            "vocab": row["vocab"], "tied_embeddings": False,
-        },
-        "cluster": {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, "nic": nic_of(row),
-                    **cluster_extra},
+        "model": model,
+        "cluster": cluster,
         "training": {
-            "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": gpus * micro * accum,
-            "precision": "bf16", "recompute": "none" if recompute.startswith("none") else "full",
+            "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": layout.dp * micro * accum,
+            "precision": precision, "recompute": recompute,
             "flash_attention": bool(row.get("flash_attention", True)),
         },
         "policy": policy,
     }
-    return doc, family
+    return doc, family, [n for n in (precision_note, recompute_note) if n]
 
 
 def config_key(row):
-    """What a one-node calibration row must share with the row it calibrates."""
+    """What a one-node calibration row must share with the row it calibrates: the model, GPU, sequence,
+    micro-batch, framework, parallel layout, precision, recomputation and the row's other settings (compilation,
+    packing): not the sharding, nor the scale."""
     return tuple(str(row.get(k)) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu",
-                                           "gpus_per_node", "micro_batch", "framework"))
+                                           "gpus_per_node", "micro_batch", "framework", "tp", "pp", "vpp", "cp",
+                                           "sequence_parallel", "precision", "act_recompute", "other"))
 
 
 def run(cmd):
@@ -134,12 +401,14 @@ def run(cmd):
 
 
 def calibrate(hzp, row, workdir, cluster_extra):
-    doc, _ = scenario_of(row, cluster_extra)
+    doc, _, _ = scenario_of(row, cluster_extra)
     path = os.path.join(workdir, f"cal-{row['id']}.json")
     with open(path, "w") as f:
         json.dump(doc, f)
     out = path + ".fitted.json"
-    r = run([hzp, "calibrate", path, "--tokens-per-gpu-s", str(row["tokens_per_s_per_gpu"]), "--out", out])
+    metric, value = published_of(row)
+    flag = "--tokens-per-gpu-s" if metric == "tgs" else "--mfu"
+    r = run([hzp, "calibrate", path, flag, repr(value), "--out", out])
     if r.returncode != 0:
         raise Skip(f"calibration on {row['id']} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
     with open(out) as f:
@@ -212,50 +481,83 @@ def main():
 
 
 def report_rows(args, rows, cal_rows, workdir):
-
+    # One-node rows by configuration; a row calibrates on the one that also ran its sharding, else the first.
     one_node = {}
     for r in cal_rows:
-        if r.get("gpu_count") == r.get("gpus_per_node") and r.get("tokens_per_s_per_gpu"):
-            one_node.setdefault(config_key(r), r)
+        try:
+            if not positive(r, "gpu_count") or r["gpu_count"] > (positive(r, "gpus_per_node") or 0):
+                continue
+            published_of(r)
+        except Skip:
+            continue  # not a usable one-node row (says why when it is simulated as a row of its own)
+        one_node.setdefault(config_key(r), []).append(r)
 
     efficiencies = {}
     jobs, skipped = [], []
     for row in rows:
         try:
             extra = {"compute_spread": args.compute_spread, "overlap_slowdown": args.overlap_slowdown}
-            doc, family = scenario_of(row, extra)
-            cal = one_node.get(config_key(row))
-            if cal is None:
-                raise Skip("no one-node row of the same model, GPU, sequence and micro-batch to calibrate from")
+            doc, family, assumptions = scenario_of(row, extra)
+            metric, published = published_of(row)
+            candidates = one_node.get(config_key(row), [])
+            if not candidates:
+                raise Skip("no one-node row of the same model, GPU, sequence, micro-batch, framework, parallel "
+                           "layout, precision, recomputation and other settings to calibrate from")
+            cal = next((c for c in candidates if c.get("zero_or_sharding") == row.get("zero_or_sharding")),
+                       candidates[0])
             if cal["id"] not in efficiencies:
                 efficiencies[cal["id"]] = calibrate(args.hzp, cal, workdir, extra)
             doc["cluster"]["efficiency"] = efficiencies[cal["id"]]
-            jobs.append((row, doc, family, cal["id"]))
+            jobs.append((row, doc, family, cal["id"], metric, published, assumptions))
         except Skip as e:
             skipped.append((row.get("id"), str(e)))
+        except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of an unexpected type or value
+            skipped.append((row.get("id"), f"malformed row: {type(e).__name__}: {e}"))
 
     results = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [pool.submit(simulate, args.hzp, doc, workdir) for _, doc, _, _ in jobs]
-        for (row, doc, family, cal_id), fut in zip(jobs, futures):
+        futures = [pool.submit(simulate, args.hzp, job[1], workdir) for job in jobs]
+        for (row, doc, family, cal_id, metric, published, assumptions), fut in zip(jobs, futures):
             summary, err = fut.result()
             if summary is None:
                 skipped.append((row["id"], f"simulation failed: {err}"))
                 continue
-            published = float(row["tokens_per_s_per_gpu"])
-            simulated = summary["tokens_per_gpu_per_s"]
+            simulated_value = summary["tokens_per_gpu_per_s"] if metric == "tgs" else summary["mfu"]
+            error = 100 * (simulated_value - published) / published
+            # Tokens/s/GPU in both columns: an MFU row's published value is carried over at the simulated
+            # run's FLOPs per token (the error is the same either way).
+            published_tgs = published if metric == "tgs" else summary["tokens_per_gpu_per_s"] * published / \
+                summary["mfu"]
             results.append({
                 "id": row["id"], "gpus": row["gpu_count"], "family": family, "calibrated_on": cal_id,
-                "multi_node": row["gpu_count"] > row["gpus_per_node"], "published_tgs": published,
-                "simulated_tgs": simulated, "error_pct": 100 * (simulated - published) / published,
+                "series": "/".join(config_key(row)), "policy": doc["policy"],
+                "multi_node": row["gpu_count"] > row["gpus_per_node"], "metric": metric,
+                "published": published, "simulated": simulated_value, "published_tgs": published_tgs,
+                "simulated_tgs": summary["tokens_per_gpu_per_s"], "error_pct": error,
                 "exposed_comm_s": summary.get("exposed_comm_s"), "step_time_s": summary.get("step_time_s"),
-                "sim_wall_s": summary.get("sim_wall_s"),
+                "sim_wall_s": summary.get("sim_wall_s"), "assumptions": assumptions,
             })
 
-    print(f"{'row':6} {'GPUs':>5} {'policy':13} {'published':>9} {'hzp':>7} {'error':>7}  exposed comm")
-    for r in sorted(results, key=lambda r: (r["family"], r["gpus"])):
+    def label(r):
+        p = r["policy"]
+        text = p["preset"] if p["preset"] != "amsp" else "P{} G{} OS{}".format(
+            *(str(p["sharding"][s]).replace(" ", "") for s in ("params", "grads", "optimizer")))
+        par = p.get("parallel", {})
+        extra = "".join(f" {k[0]}{v}" for k, v in (("tensor", par.get("tensor")), ("pipeline", par.get("pipeline")),
+                                                    ("context", par.get("context"))) if v)
+        return text + extra + ("/" + p["comm"]["framework"] if "framework" in p.get("comm", {}) else "")
+
+    series_ids = {}
+    for r in results:
+        series_ids.setdefault(r["series"], len(series_ids) + 1)
+    print(f"{'row':8} {'GPUs':>5} {'policy':30} {'published':>9} {'hzp':>7} {'error':>7}  exposed comm")
+    for r in sorted(results, key=lambda r: (series_ids[r["series"]], r["family"], r["gpus"], r["id"])):
         note = "  (calibration row)" if not r["multi_node"] else ""
-        print(f"{r['id']:6} {r['gpus']:5d} {r['family']:13} {r['published_tgs']:9.0f} {r['simulated_tgs']:7.0f} "
+        if r["metric"] == "mfu":
+            note += f"  (MFU {100 * r['published']:.1f} % published, {100 * r['simulated']:.1f} % simulated)"
+        if r["assumptions"]:
+            note += "  [" + "; ".join(r["assumptions"]) + "]"
+        print(f"{r['id']:8} {r['gpus']:5d} {label(r):30} {r['published_tgs']:9.0f} {r['simulated_tgs']:7.0f} "
               f"{r['error_pct']:+6.1f}%  {r['exposed_comm_s']:.3f} s{note}")
     multi = [abs(r["error_pct"]) for r in results if r["multi_node"]]
     report = {"rows": results, "skipped": [{"id": i, "why": w} for i, w in skipped], "ratios": []}
@@ -264,17 +566,19 @@ def report_rows(args, rows, cal_rows, workdir):
         report["worst_abs_error_pct"] = max(multi)
         print(f"multi-node rows: {len(multi)}, median |error| {statistics.median(multi):.1f} %, "
               f"worst {max(multi):.1f} %")
-    by_scale = {}
+    # The hierarchical / flat ratio, where one configuration ran one of each at the same scale.
+    pairs = {}
     for r in results:
-        by_scale.setdefault(r["gpus"], {})[r["family"]] = r
-    for gpus in sorted(by_scale):
-        pair = by_scale[gpus]
-        if "flat" in pair and "hierarchical" in pair:
-            pub = pair["hierarchical"]["published_tgs"] / pair["flat"]["published_tgs"]
-            sim = pair["hierarchical"]["simulated_tgs"] / pair["flat"]["simulated_tgs"]
-            report["ratios"].append({"gpus": gpus, "published": pub, "simulated": sim})
-            print(f"hierarchical / flat at {gpus:5d} GPUs: published {pub:.2f}x, hzp {sim:.2f}x "
-                  f"({100 * (sim - pub) / pub:+.1f} %)")
+        pairs.setdefault((series_ids[r["series"]], r["gpus"]), {}).setdefault(r["family"], []).append(r)
+    for (series, gpus), pair in sorted(pairs.items()):
+        if len(pair.get("flat", [])) == 1 and len(pair.get("hierarchical", [])) == 1:
+            flat, hier = pair["flat"][0], pair["hierarchical"][0]
+            pub = hier["published_tgs"] / flat["published_tgs"]
+            sim = hier["simulated_tgs"] / flat["simulated_tgs"]
+            report["ratios"].append({"series": series, "gpus": gpus, "flat": flat["id"], "hierarchical": hier["id"],
+                                     "published": pub, "simulated": sim})
+            print(f"hierarchical / flat at {gpus:5d} GPUs ({hier['id']} / {flat['id']}): published {pub:.2f}x, "
+                  f"hzp {sim:.2f}x ({100 * (sim - pub) / pub:+.1f} %)")
     for i, why in skipped:
         print(f"skipped {i}: {why}")
     if args.json:
@@ -285,9 +589,16 @@ def report_rows(args, rows, cal_rows, workdir):
     if args.max_error is not None and multi and max(multi) > args.max_error:
         failed.append(f"worst multi-node error {max(multi):.1f} % > {args.max_error} %")
     if report["ratios"] and (args.min_ratio is not None or args.max_ratio is not None):
-        top = report["ratios"][-1]["simulated"]
-        if (args.min_ratio is not None and top < args.min_ratio) or (args.max_ratio is not None and top > args.max_ratio):
-            failed.append(f"hierarchical/flat ratio {top:.2f} outside [{args.min_ratio}, {args.max_ratio}]")
+        largest = {}  # each configuration's largest scale
+        for ratio in report["ratios"]:
+            if ratio["gpus"] >= largest.get(ratio["series"], {"gpus": 0})["gpus"]:
+                largest[ratio["series"]] = ratio
+        for ratio in largest.values():
+            top = ratio["simulated"]
+            if (args.min_ratio is not None and top < args.min_ratio) or \
+                    (args.max_ratio is not None and top > args.max_ratio):
+                failed.append(f"hierarchical/flat ratio {top:.2f} at {ratio['gpus']} GPUs outside "
+                              f"[{args.min_ratio}, {args.max_ratio}]")
     if (args.max_error is not None or args.min_ratio is not None) and not multi:
         failed.append("no multi-node row was simulated")
     for f in failed:

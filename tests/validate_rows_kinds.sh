@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# tools/validate_rows.py on every kind of published row it translates: the one-node rows of
+# scenarios/validation/one_node_rows.jsonl (InternEvo with tensor parallelism, AMSP's DeepSpeed / MiCS / AMSP
+# runs by MFU, torchtitan FSDP2 with context parallelism and FP8, NeMo / Megatron distributed optimizer,
+# Megatron-FSDP) each calibrated on itself must simulate back to their published throughput within 2 %
+# (the estimator that calibrates and the simulator agree), and only the two rows that publish no micro-batch
+# may be skipped. tests/data/validate_rows_kinds.jsonl moves eleven of them to 64 GPUs (synthetic rows: the
+# throughput is the one-node one) and names the policy each must become (expect_policy): every one is
+# translated to it and simulated.
+# Usage: bash tests/validate_rows_kinds.sh [HZP]
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
+set -uo pipefail
+cd "$(dirname "$0")/.."
+hzp="${1:-build/hzp}"
+work="$(mktemp -d "${TMPDIR:-/tmp}/hzp-validate-kinds.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "validate_rows_kinds: FAILED: $*"; exit 1; }
+
+python3 tools/validate_rows.py --hzp "$hzp" --jobs 2 --json "$work/one.json" \
+  scenarios/validation/one_node_rows.jsonl >"$work/one.txt" 2>&1 || fail "one-node rows: $(cat "$work/one.txt")"
+python3 tools/validate_rows.py --hzp "$hzp" --jobs 2 --json "$work/kinds.json" \
+  --calibration scenarios/validation/one_node_rows.jsonl tests/data/validate_rows_kinds.jsonl \
+  >"$work/kinds.txt" 2>&1 || fail "scaled rows: $(cat "$work/kinds.txt")"
+python3 - "$work/one.json" "$work/kinds.json" tests/data/validate_rows_kinds.jsonl <<'PY' || fail "see above"
+import json, sys
+one, kinds = (json.load(open(p)) for p in sys.argv[1:3])
+expect = {r["id"]: r["expect_policy"] for r in map(json.loads, open(sys.argv[3]))}
+bad = []
+skipped = {s["id"]: s["why"] for s in one["skipped"]}
+if set(skipped) != {"R340", "R341"} or any("micro_batch not published" not in w for w in skipped.values()):
+    bad.append(f"one-node rows skipped: {skipped} (only R340 and R341, which publish no micro-batch)")
+if len(one["rows"]) != 22:
+    bad.append(f"{len(one['rows'])} one-node rows simulated, not 22")
+for r in one["rows"]:
+    if abs(r["error_pct"]) > 2:
+        bad.append(f"{r['id']} calibrated on itself simulates {r['error_pct']:+.1f} % off its published value")
+if kinds["skipped"]:
+    bad.append(f"scaled rows skipped: {kinds['skipped']}")
+for r in kinds["rows"]:
+    if r["policy"] != expect[r["id"]]:
+        bad.append(f"{r['id']} became {r['policy']}, not {expect[r['id']]}")
+    if not r["multi_node"] or r["calibrated_on"] != "R" + r["id"][1:].split("-")[0]:
+        bad.append(f"{r['id']} calibrated on {r['calibrated_on']}")
+missing = set(expect) - {r["id"] for r in kinds["rows"]}
+if missing:
+    bad.append(f"not simulated: {sorted(missing)}")
+for b in bad:
+    print(b)
+sys.exit(1 if bad else 0)
+PY
+echo "validate_rows_kinds: ok"
