@@ -10,7 +10,10 @@ is calibrated from ONE node only: for each row, the one-node row of --calibratio
 that ran the same model, GPU, sequence, micro-batch, framework, tp / pp / cp, precision, recomputation and
 other settings -- preferably with the same sharding -- gives its throughput (or MFU) to `hzp calibrate`, and
 the fitted efficiencies go into the row's scenario; everything beyond one node comes from the schedule and
-the network model. Each scenario is simulated with `hzp simulate` in its own process, N at a time.
+the network model. A row with no one-node row of its own configuration (a model too large for one node)
+calibrates on the nearest one-node run of the same GPU, framework and precision, else takes the preset's
+table efficiencies (not FP8 rows: skipped), and the report says which; --exact-calibration skips it
+instead. Each scenario is simulated with `hzp simulate` in its own process, N at a time.
 
 What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
   InternEvo zero1=-1 / zero1=N          zero1 / optimizer states over N ranks; comm framework internevo
@@ -387,13 +390,32 @@ def scenario_of(row, cluster_extra):
     return doc, family, [n for n in (precision_note, recompute_note) if n]
 
 
+CONFIG_FIELDS = ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu", "gpus_per_node", "micro_batch",
+                 "framework", "tp", "pp", "vpp", "cp", "sequence_parallel", "precision", "act_recompute", "other")
+# What a one-node row must share, at the least, to stand in for another configuration's calibration.
+NEAREST_FIELDS = ("gpu", "framework", "precision")
+
+
 def config_key(row):
     """What a one-node calibration row must share with the row it calibrates: the model, GPU, sequence,
     micro-batch, framework, parallel layout, precision, recomputation and the row's other settings (compilation,
     packing): not the sharding, nor the scale."""
-    return tuple(str(row.get(k)) for k in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu",
-                                           "gpus_per_node", "micro_batch", "framework", "tp", "pp", "vpp", "cp",
-                                           "sequence_parallel", "precision", "act_recompute", "other"))
+    return tuple(str(row.get(k)) for k in CONFIG_FIELDS)
+
+
+def calibration_candidates(row, one_node_rows, exact_only):
+    """(kind, one-node rows to try in order): 'same' configuration (the same sharding first), else 'nearest' —
+    the same GPU, framework and precision, most other configuration fields in common first (the efficiencies
+    are fractions of the GPU's peak, so another model's run on the same GPU and software is the next best
+    measurement); else none."""
+    same = [c for c in one_node_rows if config_key(c) == config_key(row)]
+    if same:
+        return "same", sorted(same, key=lambda c: c.get("zero_or_sharding") != row.get("zero_or_sharding"))
+    if exact_only:
+        return "same", []
+    near = [c for c in one_node_rows if all(str(c.get(k)) == str(row.get(k)) for k in NEAREST_FIELDS)]
+    return "nearest", sorted(near, key=lambda c: (-sum(str(c.get(k)) == str(row.get(k)) for k in CONFIG_FIELDS),
+                                                 c.get("zero_or_sharding") != row.get("zero_or_sharding")))
 
 
 def run(cmd):
@@ -457,6 +479,10 @@ def main():
     ap.add_argument("--overlap-slowdown", type=float, default=0.0,
                     help="cluster.overlap_slowdown of every scenario (compute slowed while a collective of the "
                          "same GPU runs; 0: no interference)")
+    ap.add_argument("--exact-calibration", action="store_true",
+                    help="skip a row without a one-node row of its own configuration (default: calibrate on the "
+                         "nearest one-node run of the same GPU, framework and precision, else use the preset's "
+                         "table efficiencies, and say so)")
     ap.add_argument("--max-error", type=float)
     ap.add_argument("--min-ratio", type=float)
     ap.add_argument("--max-ratio", type=float)
@@ -481,8 +507,8 @@ def main():
 
 
 def report_rows(args, rows, cal_rows, workdir):
-    # One-node rows by configuration; a row calibrates on the one that also ran its sharding, else the first.
-    one_node = {}
+    # One-node rows that publish a throughput, in file order.
+    one_node = []
     for r in cal_rows:
         try:
             if not positive(r, "gpu_count") or r["gpu_count"] > (positive(r, "gpus_per_node") or 0):
@@ -490,25 +516,43 @@ def report_rows(args, rows, cal_rows, workdir):
             published_of(r)
         except Skip:
             continue  # not a usable one-node row (says why when it is simulated as a row of its own)
-        one_node.setdefault(config_key(r), []).append(r)
+        one_node.append(r)
 
-    efficiencies = {}
+    efficiencies = {}  # calibration row id -> fitted efficiencies, or the Skip that its calibration raised
     jobs, skipped = [], []
     for row in rows:
         try:
             extra = {"compute_spread": args.compute_spread, "overlap_slowdown": args.overlap_slowdown}
             doc, family, assumptions = scenario_of(row, extra)
             metric, published = published_of(row)
-            candidates = one_node.get(config_key(row), [])
-            if not candidates:
+            kind, candidates = calibration_candidates(row, one_node, args.exact_calibration)
+            cal = None
+            for c in candidates:
+                if c["id"] not in efficiencies:
+                    try:
+                        efficiencies[c["id"]] = calibrate(args.hzp, c, workdir, extra)
+                    except Skip as e:
+                        efficiencies[c["id"]] = e
+                if not isinstance(efficiencies[c["id"]], Skip):
+                    cal = c
+                    break
+            if cal is not None:
+                doc["cluster"]["efficiency"] = efficiencies[cal["id"]]
+                if kind == "nearest":
+                    differs = [k for k in CONFIG_FIELDS if str(cal.get(k)) != str(row.get(k))]
+                    assumptions.append(f"calibrated on {cal['id']}, a one-node run differing in {', '.join(differs)}")
+                cal_id = cal["id"]
+            elif candidates and kind == "same":
+                raise efficiencies[candidates[0]["id"]]
+            elif args.exact_calibration:
                 raise Skip("no one-node row of the same model, GPU, sequence, micro-batch, framework, parallel "
                            "layout, precision, recomputation and other settings to calibrate from")
-            cal = next((c for c in candidates if c.get("zero_or_sharding") == row.get("zero_or_sharding")),
-                       candidates[0])
-            if cal["id"] not in efficiencies:
-                efficiencies[cal["id"]] = calibrate(args.hzp, cal, workdir, extra)
-            doc["cluster"]["efficiency"] = efficiencies[cal["id"]]
-            jobs.append((row, doc, family, cal["id"], metric, published, assumptions))
+            elif precision_of(row)[1]:
+                raise Skip("an FP8 run without a one-node FP8 row of its GPU and framework to calibrate from")
+            else:
+                kind, cal_id = "table", "table"
+                assumptions.append("no one-node row of this GPU and framework: the preset's table efficiencies")
+            jobs.append((row, doc, family, (cal_id, kind), metric, published, assumptions))
         except Skip as e:
             skipped.append((row.get("id"), str(e)))
         except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of an unexpected type or value
@@ -529,7 +573,8 @@ def report_rows(args, rows, cal_rows, workdir):
             published_tgs = published if metric == "tgs" else summary["tokens_per_gpu_per_s"] * published / \
                 summary["mfu"]
             results.append({
-                "id": row["id"], "gpus": row["gpu_count"], "family": family, "calibrated_on": cal_id,
+                "id": row["id"], "gpus": row["gpu_count"], "family": family, "calibrated_on": cal_id[0],
+                "calibration": cal_id[1],
                 "series": "/".join(config_key(row)), "policy": doc["policy"],
                 "multi_node": row["gpu_count"] > row["gpus_per_node"], "metric": metric,
                 "published": published, "simulated": simulated_value, "published_tgs": published_tgs,
@@ -564,8 +609,10 @@ def report_rows(args, rows, cal_rows, workdir):
     if multi:
         report["median_abs_error_pct"] = statistics.median(multi)
         report["worst_abs_error_pct"] = max(multi)
+        kinds = [r["calibration"] for r in results if r["multi_node"]]
         print(f"multi-node rows: {len(multi)}, median |error| {statistics.median(multi):.1f} %, "
-              f"worst {max(multi):.1f} %")
+              f"worst {max(multi):.1f} % (calibrated on their own configuration: {kinds.count('same')}, on the "
+              f"nearest one-node run: {kinds.count('nearest')}, table efficiencies: {kinds.count('table')})")
     # The hierarchical / flat ratio, where one configuration ran one of each at the same scale.
     pairs = {}
     for r in results:
