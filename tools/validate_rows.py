@@ -23,6 +23,7 @@ What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
   FSDP2 degree N, Megatron-FSDP         zero3 over data x context ranks (N < dp: HSDP groups); framework fsdp
   distributed optimizer (Megatron/NeMo) zero1; framework megatron, refresh overlapped if "param-gather" named
   tp / pp / vpp / cp / sequence_parallel policy.parallel (ring context parallelism)
+  moe_experts / moe_topk / moe_ffn, ep   model.moe (every layer) and policy.expert_parallel
   FP8 precision                         bf16 states and communication; the GPU's peak is its FP8 peak, so the
                                         calibration fits the speed of the run's own FP8 / bf16 mix
 grad_accum comes from the global batch when not published; a row with only MFU is calibrated and compared by
@@ -110,8 +111,7 @@ class Layout:
         self.gpus = row["gpu_count"]
         self.gpn = row["gpus_per_node"]
         self.tp, self.pp, self.cp, self.vpp = (degree(row, k) for k in ("tp", "pp", "cp", "vpp"))
-        if row.get("ep") not in (None, 1):
-            raise Skip(f"expert parallelism (ep {row.get('ep')!r}) is not translated yet")
+        self.ep = degree(row, "ep")
         model_parallel = self.tp * self.pp * self.cp
         if self.gpus % model_parallel:
             raise Skip(f"{self.gpus} GPUs are not a multiple of tp x pp x cp = {model_parallel}")
@@ -120,6 +120,8 @@ class Layout:
             raise Skip(f"dp {row['dp']!r} is not gpus / (tp x pp x cp) = {self.dp}")
         if self.gpn % self.tp:
             raise Skip(f"tp {self.tp} does not divide the {self.gpn} GPUs of a node")
+        if self.ep > 1 and (self.dp * self.cp) % self.ep:
+            raise Skip(f"ep {self.ep} does not divide the {self.dp * self.cp} data x context ranks it is carved from")
         self.parallel = {}
         if self.tp > 1:
             self.parallel["tensor"] = self.tp
@@ -241,6 +243,8 @@ def policy_of(row, layout):
         policy["comm"] = comm
     if layout.parallel:
         policy["parallel"] = dict(layout.parallel)
+    if layout.ep > 1:
+        policy["expert_parallel"] = layout.ep
     return policy, family
 
 
@@ -366,8 +370,14 @@ def scenario_of(row, cluster_extra):
         "heads": row["heads"], "kv_heads": row.get("kv_heads") or row["heads"], "ffn_hidden": row["ffn"],
         "vocab": row["vocab"], "tied_embeddings": False,
     }
-    if row.get("moe_experts"):
-        raise Skip("MoE rows are not translated yet")
+    if row.get("moe_experts") is not None:
+        experts, top_k = positive(row, "moe_experts"), positive(row, "moe_topk")
+        expert_ffn = positive(row, "moe_ffn") or row["ffn"]
+        if not top_k:
+            raise Skip("a MoE row without moe_topk")
+        model["moe"] = {"experts": int(experts), "top_k": int(top_k), "expert_ffn_hidden": int(expert_ffn)}
+    elif layout.ep > 1:
+        raise Skip(f"ep {layout.ep} on a model without experts (moe_experts not published)")
     cluster = {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, **cluster_extra}
     if fp8:
         if preset not in FP8_PEAK_TFLOPS:
@@ -590,6 +600,7 @@ def report_rows(args, rows, cal_rows, workdir):
         par = p.get("parallel", {})
         extra = "".join(f" {k[0]}{v}" for k, v in (("tensor", par.get("tensor")), ("pipeline", par.get("pipeline")),
                                                     ("context", par.get("context"))) if v)
+        extra += f" e{p['expert_parallel']}" if p.get("expert_parallel") else ""
         return text + extra + ("/" + p["comm"]["framework"] if "framework" in p.get("comm", {}) else "")
 
     series_ids = {}
