@@ -97,6 +97,30 @@ std::vector<CalibrationEntry> build_table() {
            "measured on 8xH100, assumed to hold at the lower NVLink rate.") +
            kCommonSources});
 
+  t.push_back({"h200-sxm",
+               {"h200-sxm", 989 * kTflops, 141e9, 4800 * kGBps},
+               {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+               kNcclRingSimpleNvlinkLatency,
+               kNcclRingSimpleNetLatency,
+               std::string("peak 989 TFLOP/s dense bf16 (1979 with sparsity), 141 GB HBM3e, 4.8 TB/s: NVIDIA H200 "
+                           "datasheet (the H100's compute with more, faster memory). gemm 0.60: assumption, same "
+                           "reasoning as h100-sxm. intra_node 0.82: the 8xH100 ring fraction (nccl-tests#212), same "
+                           "NVLink4.") +
+                   kCommonSources});
+
+  t.push_back(
+      {"b200",
+       {"b200", 2250 * kTflops, 180e9, 8000 * kGBps},
+       {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string("peak 2250 TFLOP/s dense bf16 (4.5 PFLOP/s dense FP8): NVIDIA Blackwell B200 figures "
+                   "(DGX B200 datasheet: 72 PFLOP/s FP8 training for 8 GPUs, with sparsity). 180 GB, 8 TB/s "
+                   "HBM3e per GPU: DGX B200 datasheet (1440 GB, 64 TB/s for 8 GPUs). gemm 0.60: assumption "
+                   "(the Hopper value; no single-node B200 MFU fact to calibrate against yet). intra_node 0.82: "
+                   "the 8xH100 ring fraction (nccl-tests#212), assumed for NVLink5.") +
+           kCommonSources});
+
   t.push_back(
       {"npu-910b",
        {"npu-910b", 320 * kTflops, 64 * kGiB, 1600 * kGBps},

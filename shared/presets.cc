@@ -74,6 +74,9 @@ struct ClusterRow {
   // dgx-h100: NVIDIA DGX H100 datasheet (NVLink 900 GB/s bidirectional, 8x 400 Gb/s NDR).
   // h800:     NVIDIA H800 SXM datasheet (NVLink 400 GB/s bidirectional); 8x 400 Gb/s NICs is an
   //           assumption (the DGX H100 NIC complement, which H800 servers copy).
+  // dgx-h200: NVIDIA DGX H200 datasheet (8x H200, NVLink 900 GB/s bidirectional, 8x 400 Gb/s ConnectX-7).
+  // dgx-b200: NVIDIA DGX B200 datasheet (8x B200, NVLink5 1.8 TB/s bidirectional per GPU (14.4 TB/s
+  //           aggregate), 8x 400 Gb/s ConnectX-7 for the compute fabric).
   // npu-16:   AsyncHZP's evaluation (arXiv 2510.20111: 16 accelerators per node, full mesh at 400 GB/s bidirectional,
   // RoCE 200 Gb/s);
   //           8 NICs per node is an assumption (one NIC per two accelerators; AsyncHZP does not state it).
@@ -84,6 +87,8 @@ constexpr ClusterRow kClusters[] = {
     {"a800", "a800-80gb", 8, IntraNodeTopology::kSwitch, 200, 4, 200},
     {"dgx-h100", "h100-sxm", 8, IntraNodeTopology::kSwitch, 450, 8, 400},
     {"h800", "h800-sxm", 8, IntraNodeTopology::kSwitch, 200, 8, 400},
+    {"dgx-h200", "h200-sxm", 8, IntraNodeTopology::kSwitch, 450, 8, 400},
+    {"dgx-b200", "b200", 8, IntraNodeTopology::kSwitch, 900, 8, 400},
     {"npu-16", "npu-910b", 16, IntraNodeTopology::kFullMesh, 200, 8, 200},
 };
 

@@ -658,7 +658,8 @@ TEST_CASE("scenario_to_json round-trips", "[scenario][round-trip]") {
 }
 
 TEST_CASE("calibration table: one entry per GPU type, every number sourced", "[calibration]") {
-  const std::vector<std::string> types = {"a100-80gb", "a800-80gb", "h100-sxm", "h800-sxm", "npu-910b"};
+  const std::vector<std::string> types = {"a100-80gb", "a800-80gb", "h100-sxm", "h800-sxm",
+                                          "h200-sxm",  "b200",      "npu-910b"};
   REQUIRE(calibration_table().size() == types.size());
   for (const std::string& type : types) {
     INFO(type);
@@ -681,7 +682,7 @@ TEST_CASE("calibration table: one entry per GPU type, every number sourced", "[c
   CHECK(calibration_for("npu-910b")->source.find("assumption") != std::string::npos);
   // Same chip: the A800 calibration (tests/calibration_test.cc) carries over to the A100.
   CHECK(calibration_for("a800-80gb")->efficiency.gemm == calibration_for("a100-80gb")->efficiency.gemm);
-  Result<CalibrationEntry> unknown = calibration_for("b200");
+  Result<CalibrationEntry> unknown = calibration_for("gb300");
   REQUIRE_FALSE(unknown.ok());
   CHECK(unknown.status().message().find("h100-sxm") != std::string::npos);
 }

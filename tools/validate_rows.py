@@ -53,12 +53,14 @@ GPU_PRESETS = [  # (substring of the row's "gpu", cluster preset)
     ("A800", "a800"),
     ("H100", "dgx-h100"),
     ("H800", "h800"),
+    ("H200", "dgx-h200"),
+    ("B200", "dgx-b200"),
 ]
 
-# Dense FP8 peak of the presets' GPUs, TFLOP/s (NVIDIA H100 datasheet: 1979 for H100 SXM; the H800 is the same
-# chip). An FP8 row's scenario takes it as the GPU's peak, so that its one-node calibration can be faster than the
+# Dense FP8 peak of the presets' GPUs, TFLOP/s (NVIDIA H100 and H200 datasheets: 1979; the H800 is the H100
+# chip; B200: 4500, half the DGX B200 datasheet's 72 PFLOP/s sparse FP8 for 8 GPUs). An FP8 row's scenario takes it as the GPU's peak, so that its one-node calibration can be faster than the
 # bf16 peak allows; what the calibration fits is the speed of the run's own mix of FP8 GEMMs and bf16 kernels.
-FP8_PEAK_TFLOPS = {"dgx-h100": 1979, "h800": 1979}
+FP8_PEAK_TFLOPS = {"dgx-h100": 1979, "h800": 1979, "dgx-h200": 1979, "dgx-b200": 4500}
 
 # InfiniBand generations by name, Gb/s per port (InfiniBand Trade Association roadmap).
 INFINIBAND_GBPS = {"EDR": 100, "HDR": 200, "NDR": 400, "XDR": 800}
