@@ -35,11 +35,12 @@ same scale, their throughput ratio (published vs simulated). Rows it cannot tran
 the wrong type, are listed with the reason.
 
 --max-error PCT, --min-ratio / --max-ratio: exit 1 when the worst multi-node error exceeds PCT, or a
-configuration's largest-scale hierarchical/flat ratio falls outside [min, max] (the fidelity test uses these). Exit 2 on a
-bad command line or unreadable rows.
+configuration's largest-scale hierarchical/flat ratio falls outside [min, max] (the fidelity test uses
+these). Exit 2 on a bad command line or unreadable rows.
 """
 import argparse
 import concurrent.futures
+import functools
 import json
 import os
 import re
@@ -58,8 +59,9 @@ GPU_PRESETS = [  # (substring of the row's "gpu", cluster preset)
 ]
 
 # Dense FP8 peak of the presets' GPUs, TFLOP/s (NVIDIA H100 and H200 datasheets: 1979; the H800 is the H100
-# chip; B200: 4500, half the DGX B200 datasheet's 72 PFLOP/s sparse FP8 for 8 GPUs). An FP8 row's scenario takes it as the GPU's peak, so that its one-node calibration can be faster than the
-# bf16 peak allows; what the calibration fits is the speed of the run's own mix of FP8 GEMMs and bf16 kernels.
+# chip; B200: 4500, half the DGX B200 datasheet's 72 PFLOP/s sparse FP8 for 8 GPUs). An FP8 row's scenario
+# takes it as the GPU's peak, so that its one-node calibration can be faster than the bf16 peak allows; what
+# the calibration fits is the speed of the run's own mix of FP8 GEMMs and bf16 kernels.
 FP8_PEAK_TFLOPS = {"dgx-h100": 1979, "h800": 1979, "dgx-h200": 1979, "dgx-b200": 4500}
 
 # InfiniBand generations by name, Gb/s per port (InfiniBand Trade Association roadmap).
@@ -118,6 +120,7 @@ class Layout:
         if self.gpus % model_parallel:
             raise Skip(f"{self.gpus} GPUs are not a multiple of tp x pp x cp = {model_parallel}")
         self.dp = self.gpus // model_parallel
+        self.rpn = self.gpn // self.tp  # data-parallel ranks per node (when tp divides the node, checked below)
         if row.get("dp") is not None and leading_int(row["dp"], "dp") != self.dp:
             raise Skip(f"dp {row['dp']!r} is not gpus / (tp x pp x cp) = {self.dp}")
         if self.gpn % self.tp:
@@ -138,7 +141,7 @@ class Layout:
 
     def group(self, n, what):
         """The [s0, s1] sharding group of 1 < n < dp data-parallel ranks."""
-        rpn = self.gpn // self.tp
+        rpn = self.rpn
         if self.pp > 1 or self.cp > 1:
             raise Skip(f"{what} over {n} of {self.dp} data-parallel ranks with pipeline or context parallelism "
                        "is not translated yet")
@@ -168,7 +171,7 @@ def sharding_policy(layout, what, p=1, g=1, os=1):
         if key not in PRESET_OF_SHARDED:
             raise Skip(f"sharding {what!r}: parameters sharded wider than their gradients is not translated")
         return {"preset": PRESET_OF_SHARDED[key]}, "flat"
-    rpn = layout.gpn // layout.tp
+    rpn = layout.rpn
     everything = [rpn, layout.dp // rpn] if layout.dp >= rpn else [layout.dp, 1]
     groups = {}
     for state, n in sizes.items():
@@ -184,17 +187,14 @@ def policy_of(row, layout):
     (InternEvo's zero1=N, MiCS, HSDP) even where that group is all of its GPUs (the pair the ratio compares)."""
     text = (row.get("zero_or_sharding") or "").lower()
     framework = framework_of(row)
-    dp = layout.dp
     what = row.get("zero_or_sharding")
 
     def over(default=None):
         m = re.search(r"(?:over|within|degree)\s+(\d+)\s*(?:dp\s+)?(?:gpus|ranks|accelerators)?", text)
         return int(m.group(1)) if m else default
 
-    def states(**sizes):
-        return sharding_policy(layout, what, **sizes)
-
-    policy, family = None, "flat"
+    states = functools.partial(sharding_policy, layout, what)
+    family = "flat"
     zero1 = re.search(r"zero1\s*=\s*(-?\d+)", text)
     if zero1 or "zero-1 over all" in text or "hybrid zero-1" in text:  # InternEvo's zero1 knob
         n = int(zero1.group(1)) if zero1 else (-1 if "over all" in text else over())
@@ -204,7 +204,7 @@ def policy_of(row, layout):
         family = "flat" if n == -1 else "hierarchical"  # zero1=N names a group, whatever the scale
     elif "mics" in text or "hsdp" in text or "hybrid_shard" in text or "hybrid shard" in text:
         m = re.search(r"s_p\s*=\s*(?:s_g\s*=\s*)?(?:s_os\s*=\s*)?(\d+)", text)
-        n = int(m.group(1)) if m else over(layout.gpn // layout.tp)
+        n = int(m.group(1)) if m else over(layout.rpn)
         policy, family = states(p=n, g=n, os=n)
         family = "hierarchical"  # a group named by its size, whatever the scale
     elif text.startswith("amsp") or "s_os" in text:  # AMSP: s_p=..., s_g=..., s_os=...
@@ -218,9 +218,7 @@ def policy_of(row, layout):
     elif "zero++" in text or "zeropp" in text or "hpz" in text:
         policy = {"preset": "zeropp"}
     elif re.search(r"zero-?3|zero stage 3|fsdp|fully_shard|full sharding", text):
-        n = over(None)
-        if n is not None and n * layout.cp >= dp * layout.cp and "fsdp" in text:
-            n = None  # torchtitan's FSDP degree counts data ranks; it shards over data x context
+        n = over(None)  # FSDP's degree counts data ranks; all of them means data x context (sharding_policy)
         policy, family = states(p=n, g=n, os=n)
     elif re.search(r"zero-?2", text):
         n = over(None)
@@ -564,7 +562,7 @@ def report_rows(args, rows, cal_rows, workdir):
             else:
                 kind, cal_id = "table", "table"
                 assumptions.append("no one-node row of this GPU and framework: the preset's table efficiencies")
-            jobs.append((row, doc, family, (cal_id, kind), metric, published, assumptions))
+            jobs.append((row, doc, family, cal_id, kind, metric, published, assumptions))
         except Skip as e:
             skipped.append((row.get("id"), str(e)))
         except (TypeError, ValueError, ZeroDivisionError) as e:  # a field of an unexpected type or value
@@ -573,7 +571,7 @@ def report_rows(args, rows, cal_rows, workdir):
     results = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(simulate, args.hzp, job[1], workdir) for job in jobs]
-        for (row, doc, family, cal_id, metric, published, assumptions), fut in zip(jobs, futures):
+        for (row, doc, family, cal_id, kind, metric, published, assumptions), fut in zip(jobs, futures):
             summary, err = fut.result()
             if summary is None:
                 skipped.append((row["id"], f"simulation failed: {err}"))
@@ -585,8 +583,8 @@ def report_rows(args, rows, cal_rows, workdir):
             published_tgs = published if metric == "tgs" else summary["tokens_per_gpu_per_s"] * published / \
                 summary["mfu"]
             results.append({
-                "id": row["id"], "gpus": row["gpu_count"], "family": family, "calibrated_on": cal_id[0],
-                "calibration": cal_id[1],
+                "id": row["id"], "gpus": row["gpu_count"], "family": family, "calibrated_on": cal_id,
+                "calibration": kind,
                 "series": "/".join(config_key(row)), "policy": doc["policy"],
                 "multi_node": row["gpu_count"] > row["gpus_per_node"], "metric": metric,
                 "published": published, "simulated": simulated_value, "published_tgs": published_tgs,
