@@ -115,6 +115,8 @@ struct Dims {
         vocab(static_cast<double>(m.vocab)),
         e(t.precision == Precision::kFp32 ? 4.0 : 2.0),
         flash(t.flash_attention),
+        attention_dropout(t.attention_dropout > 0),
+        hidden_dropout(t.hidden_dropout > 0),
         recompute(t.recompute),
         tensor(par.tensor),
         split(1.0 / par.tensor),
@@ -127,6 +129,8 @@ struct Dims {
   double b, s, s_local, tokens, h, heads, q_width, kv_width, vocab;
   double e;  // bytes per activation element
   bool flash;
+  bool attention_dropout;  // only whether there is dropout changes the cost, not its probability
+  bool hidden_dropout;
   Recompute recompute;
   // Tensor parallelism (docs/model_math.md "Tensor and sequence parallelism"): the share of one GPU in the
   // work inside the tensor-parallel region (matmuls, attention core, activation functions), and in the work
@@ -156,6 +160,16 @@ Traffic norm_traffic(const Dims& d) {
 // skip path's gradient, which is the same shape of traffic.
 Traffic residual_traffic(const Dims& d) {
   return {3 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e};
+}
+
+// Hidden dropout after a block, fused into the residual add (Megatron's bias-dropout-add): forward also
+// writes a 1-byte mask, backward reads it. The mask is kept for backward.
+Traffic hidden_dropout_traffic(const Dims& d) {
+  if (!d.hidden_dropout) return {};
+  return {d.tokens * d.h, d.tokens * d.h};
+}
+double hidden_dropout_mask_bytes(const Dims& d) {
+  return d.hidden_dropout ? d.tokens * d.h * d.outside : 0;
 }
 
 // SwiGLU reads gate and up and writes their product; backward reads both and dy, writes both gradients.
@@ -233,37 +247,50 @@ ModuleCost attention_cost(const Dims& d, int layer) {
   const double qk_flops = 2 * head_rows * head_dim * d.s * d.split;  // == P·V's
   const double scores = d.b * d.heads * d.s_local * d.s;
   Traffic softmax;
+  double dropout_saved = 0;  // attention dropout's output and mask, kept for P·V's backward
   if (d.flash) {
     // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
-    // not model work: bwd_flops only.
+    // not model work: bwd_flops only. Attention dropout happens inside the kernel (its backward regenerates
+    // the mask from the RNG state): no traffic, nothing saved.
     cost.bwd_flops += qk_flops;
   } else {
     // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
     softmax = {2 * scores * d.e * d.split, 3 * scores * d.e * d.split};
+    if (d.attention_dropout) {
+      // A separate pass: reads P, writes the dropped P' and a 1-byte mask; backward reads dP' and the mask,
+      // writes dP. P·V then reads P' (and keeps it) instead of P.
+      softmax.fwd += scores * (2 * d.e + 1) * d.split;
+      softmax.bwd += scores * (2 * d.e + 1) * d.split;
+      dropout_saved = scores * (d.e + 1) * d.split;
+    }
     add_traffic(cost, softmax, 1);
   }
 
   add_matmul(cost, d.split, t, d.q_width, d.h);  // output projection
   add_traffic(cost, residual_traffic(d), d.outside);
+  add_traffic(cost, hidden_dropout_traffic(d), d.outside);
 
-  // Saved for backward with nothing recomputed (Korthikanti et al. §4.1 without dropout): the norm input
-  // (= the layer input), the QKV input, Q and K after rotation, V, the attention output (the projection
-  // input; flash also reads it back), and for the core either P or flash's logsumexp.
-  // Tensor parallelism splits all but the first two (Korthikanti et al. §4.2.2); sequence parallelism those too.
+  // Saved for backward with nothing recomputed (Korthikanti et al. §4.1): the norm input (= the layer input),
+  // the QKV input, Q and K after rotation, V, the attention output (the projection input; flash also reads
+  // it back), for the core either P (and the attention dropout's output and mask) or flash's logsumexp, and
+  // the hidden dropout's mask. Tensor parallelism splits the core's tensors and Q, K, V, O but not the layer
+  // input, the QKV input or the dropout mask (Korthikanti et al. §4.2.2); sequence parallelism those too.
   const double layer_input = t * d.h * d.e * d.outside;
   const double probs = d.flash ? 0 : scores * d.e * d.split;
   const double logsumexp = d.flash ? d.b * d.heads * d.s_local * 4 * d.split : 0;  // fp32, one per query row per head
   const double qkv_input = t * d.h * d.e * d.outside;
   const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e * d.split;
-  const double saved_all = layer_input + qkv_input + q_k_v_o + probs + logsumexp;
+  const double saved_all =
+      layer_input + qkv_input + q_k_v_o + probs + dropout_saved + logsumexp + hidden_dropout_mask_bytes(d);
   switch (d.recompute) {
     case Recompute::kNone:
       cost.activation_bytes = saved_all;
       break;
     case Recompute::kSelective:
-      // Drop the O(s²) probabilities and redo QKᵀ + softmax + PV before backward. Flash keeps nothing
-      // quadratic and already recomputes inside its backward, so selective costs it nothing.
-      cost.activation_bytes = saved_all - probs;
+      // Drop the O(s²) probabilities (and dropout's output and mask) and redo QKᵀ + softmax (+ dropout) + PV
+      // before backward. Flash keeps nothing quadratic and already recomputes inside its backward, so
+      // selective costs it nothing.
+      cost.activation_bytes = saved_all - probs - dropout_saved;
       if (!d.flash) {
         cost.recompute_flops = 2 * qk_flops;
         cost.recompute_mem_bytes = softmax.fwd;
@@ -296,9 +323,11 @@ ModuleCost dense_mlp_cost(const Dims& d, int layer) {
   add_traffic(cost, activation_fn_traffic(d, t * f), d.split);
   add_matmul(cost, d.split, t, f, d.h);  // down, or fc2
   add_traffic(cost, residual_traffic(d), d.outside);
+  add_traffic(cost, hidden_dropout_traffic(d), d.outside);
 
-  // Norm input, norm output (the first matmul's input), then the MLP's intermediates.
-  const double saved_all = 2 * t * d.h * d.e * d.outside + mlp_saved_bytes(d, t, f) * d.split;
+  // Norm input, norm output (the first matmul's input), the MLP's intermediates, the hidden dropout's mask.
+  const double saved_all =
+      2 * t * d.h * d.e * d.outside + mlp_saved_bytes(d, t, f) * d.split + hidden_dropout_mask_bytes(d);
   if (d.recompute == Recompute::kFull) {
     // The layer input saved by the attention block is all this layer keeps.
     cost.activation_bytes = 0;
@@ -344,12 +373,13 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   // (for the gate gradient) and writes the k output gradients.
   add_traffic(cost, {routed * d.h * d.e + t * d.h * d.e, t * d.h * d.e + 2 * routed * d.h * d.e}, d.outside);
   add_traffic(cost, residual_traffic(d), d.outside);
+  add_traffic(cost, hidden_dropout_traffic(d), d.outside);
 
   // Norm input, norm output (router input), fp32 router probabilities, the permuted expert inputs, the
   // experts' intermediates, and their outputs (the combine's gate gradient needs them). Routing indices
   // are a few bytes per token and ignored.
   const double saved_all = (2 * t * d.h * d.e + t * experts * 4 + 2 * routed * d.h * d.e) * d.outside +
-                           mlp_saved_bytes(d, routed, f) * d.split;
+                           mlp_saved_bytes(d, routed, f) * d.split + hidden_dropout_mask_bytes(d);
   if (d.recompute == Recompute::kFull) {
     cost.activation_bytes = 0;
     cost.recompute_flops = cost.fwd_flops;

@@ -130,6 +130,13 @@ struct TrainingSpec {
   std::string optimizer = "adamw";  // only AdamW is modelled
   Recompute recompute = Recompute::kNone;
   bool flash_attention = true;
+  // Dropout probabilities as Megatron-LM names them (its defaults are 0.1 and 0.1; LLaMA-style recipes use 0).
+  // Only whether they are non-zero matters to the cost: attention dropout on the softmax output (without
+  // flash attention an extra pass over the scores, and its output and 1-byte mask kept for backward; flash
+  // attention fuses it), hidden dropout after the attention and MLP blocks (fused into the residual add; a
+  // 1-byte mask per element kept). The simulator only; the CPU runtime trains without dropout.
+  double attention_dropout = 0;
+  double hidden_dropout = 0;
   // Clip gradients to this global L2 norm (0 = no clipping). The norm spans every shard, so the schedule
   // gains a world all-reduce of the partial squared norms before the optimizer (schedule_builder.h).
   double grad_clip = 0;

@@ -509,10 +509,11 @@ Result<ClusterSpec> parse_cluster(const json& value) {
 }
 
 Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, int data_parallel, int pipeline) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r,
-                       ObjectReader::open(value, "training",
-                                          {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
-                                           "precision", "optimizer", "recompute", "flash_attention", "grad_clip"}));
+  HZP_ASSIGN_OR_RETURN(
+      ObjectReader r, ObjectReader::open(value, "training",
+                                         {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
+                                          "precision", "optimizer", "recompute", "flash_attention", "attention_dropout",
+                                          "hidden_dropout", "grad_clip"}));
   TrainingSpec t;
   HZP_RETURN_IF_ERROR(r.require("seq_len"));
   HZP_RETURN_IF_ERROR(r.require("micro_batch"));
@@ -525,6 +526,8 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, i
   HZP_RETURN_IF_ERROR(
       r.read_enum("recompute", t.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull}));
   HZP_RETURN_IF_ERROR(r.read_bool("flash_attention", t.flash_attention));
+  HZP_RETURN_IF_ERROR(r.read_number("attention_dropout", t.attention_dropout, kOne, {0, 1, false, true}));
+  HZP_RETURN_IF_ERROR(r.read_number("hidden_dropout", t.hidden_dropout, kOne, {0, 1, false, true}));
   HZP_RETURN_IF_ERROR(r.read_number("grad_clip", t.grad_clip, kOne, {0, 1e9}));
 
   if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
@@ -943,6 +946,8 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"optimizer", t.optimizer},
       {"recompute", to_string(t.recompute)},
       {"flash_attention", t.flash_attention},
+      {"attention_dropout", t.attention_dropout},
+      {"hidden_dropout", t.hidden_dropout},
       {"grad_clip", t.grad_clip},
   };
   const RunSpec& u = s.run;

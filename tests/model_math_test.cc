@@ -197,9 +197,9 @@ TEST_CASE("backward is 2x forward, plus flash attention's recompute of QK^T", "[
   CHECK(flash.model_flops == Approx(plain.model_flops));
 }
 
-TEST_CASE("activations match Korthikanti et al. without the dropout terms", "[model_math]") {
-  // Their §4.1 count assumes ffn = 4h, n_kv = n_h, 2-byte activations, LayerNorm, GELU, and a materialised
-  // softmax, i.e. the GPT family without flash attention.
+TEST_CASE("activations match Korthikanti et al., with and without the dropout terms", "[model_math]") {
+  // Their §4.1 count assumes ffn = 4h, n_kv = n_h, 2-byte activations, LayerNorm, GELU, a materialised
+  // softmax (the GPT family without flash attention) and dropout after the softmax and after each block.
   ModelSpec m = gpt2_small();
   m.layers = 4;
   m.hidden = 1024;
@@ -207,19 +207,59 @@ TEST_CASE("activations match Korthikanti et al. without the dropout terms", "[mo
   m.kv_heads = 16;
   m.ffn_hidden = 4 * 1024;
   const double s = 2048, b = 2, h = 1024, a = 16;
-  const ModelCost cost = model_cost(m, training(2, 2048, Recompute::kNone, false));
-
   const double korthikanti = 34 * s * b * h + 5 * a * s * s * b;
-  const double dropout_terms = a * s * s * b                  // attention dropout mask (1 byte per score)
-                               + 2 * a * s * s * b            // attention dropout output kept for P·V; without
-                                                              // dropout P·V reads the softmax output, already counted
-                               + 2 * s * b * h;               // masks of the two dropouts after attention and MLP
-  const double expected_layer = korthikanti - dropout_terms;  // = 32·s·b·h + 2·a·s²·b
-  CHECK(expected_layer == 32 * s * b * h + 2 * a * s * s * b);
-  for (int layer = 0; layer < m.layers; ++layer) {
-    const double ours = module_at(cost, ModuleKind::kAttention, layer).activation_bytes +
-                        module_at(cost, ModuleKind::kMlp, layer).activation_bytes;
-    CHECK(ours == Approx(expected_layer).epsilon(1e-12));
+  const double dropout_terms = a * s * s * b        // attention dropout mask (1 byte per score)
+                               + 2 * a * s * s * b  // attention dropout output kept for P·V; without
+                                                    // dropout P·V reads the softmax output, already counted
+                               + 2 * s * b * h;     // masks of the two dropouts after attention and MLP
+  CHECK(korthikanti - dropout_terms == 32 * s * b * h + 2 * a * s * s * b);
+
+  for (const bool dropout : {false, true}) {
+    INFO("dropout " << dropout);
+    TrainingSpec t = training(2, 2048, Recompute::kNone, false);
+    t.attention_dropout = dropout ? 0.1 : 0;
+    t.hidden_dropout = dropout ? 0.1 : 0;
+    const ModelCost cost = model_cost(m, t);
+    const double expected_layer = dropout ? korthikanti : korthikanti - dropout_terms;
+    for (int layer = 0; layer < m.layers; ++layer) {
+      const double ours = module_at(cost, ModuleKind::kAttention, layer).activation_bytes +
+                          module_at(cost, ModuleKind::kMlp, layer).activation_bytes;
+      CHECK(ours == Approx(expected_layer).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("dropout costs a pass over the scores without flash attention, nothing with it", "[model_math]") {
+  // GPT-2 small shape, micro-batch 2 x 1024 tokens, bf16.
+  const ModelSpec m = gpt2_small();
+  const double b = 2, s = 1024, h = static_cast<double>(m.hidden), a = m.heads, e = 2;
+  const double scores = b * a * s * s, tokens = b * s;
+  auto layer0 = [&](bool flash, double attention, double hidden, ModuleKind kind) {
+    TrainingSpec t = training(2, 1024, Recompute::kNone, flash);
+    t.attention_dropout = attention;
+    t.hidden_dropout = hidden;
+    return module_at(model_cost(m, t), kind, 0);
+  };
+  const ModuleCost plain = layer0(false, 0, 0, ModuleKind::kAttention);
+  const ModuleCost dropped = layer0(false, 0.1, 0, ModuleKind::kAttention);
+  // Forward reads P, writes P' and a 1-byte mask; backward reads dP' and the mask, writes dP.
+  CHECK(dropped.fwd_mem_bytes - plain.fwd_mem_bytes == Approx(scores * (2 * e + 1)));
+  CHECK(dropped.bwd_mem_bytes - plain.bwd_mem_bytes == Approx(scores * (2 * e + 1)));
+  CHECK(dropped.fwd_flops == plain.fwd_flops);
+  // The probability does not matter, only whether there is dropout.
+  CHECK(layer0(false, 0.5, 0, ModuleKind::kAttention).fwd_mem_bytes == dropped.fwd_mem_bytes);
+  // Flash attention fuses it: no traffic, nothing kept.
+  const ModuleCost flash = layer0(true, 0, 0, ModuleKind::kAttention);
+  const ModuleCost flash_dropped = layer0(true, 0.1, 0, ModuleKind::kAttention);
+  CHECK(flash_dropped.fwd_mem_bytes == flash.fwd_mem_bytes);
+  CHECK(flash_dropped.activation_bytes == flash.activation_bytes);
+  // Hidden dropout, fused into the residual add: a mask written, read back and kept, in both blocks.
+  for (const ModuleKind kind : {ModuleKind::kAttention, ModuleKind::kMlp}) {
+    const ModuleCost without = layer0(true, 0, 0, kind);
+    const ModuleCost with = layer0(true, 0, 0.1, kind);
+    CHECK(with.fwd_mem_bytes - without.fwd_mem_bytes == Approx(tokens * h));
+    CHECK(with.bwd_mem_bytes - without.bwd_mem_bytes == Approx(tokens * h));
+    CHECK(with.activation_bytes - without.activation_bytes == Approx(tokens * h));
   }
 }
 

@@ -125,28 +125,36 @@ TEST_CASE("tensor-parallel parameters and FLOPs per GPU follow Megatron's split"
   }
 }
 
-TEST_CASE("activations per layer follow Korthikanti et al. Table 2 without dropout", "[nd]") {
-  // GPT layer, no flash attention, bf16: sbh(34 + 5as/h) in the paper; without its dropout masks (sbh for
-  // each block's output, as²b + 2as²b for the attention's) sbh(32 + 2as/h). Tensor parallelism splits all
-  // but the 8sbh of the norms' inputs and the first matmuls' inputs; sequence parallelism splits those too.
+TEST_CASE("activations per layer follow Korthikanti et al. Table 2, with and without dropout", "[nd]") {
+  // GPT layer, no flash attention, bf16: sbh(34 + 5as/h) in the paper, which has dropout; without its dropout
+  // masks (sbh for each block's output, as²b + 2as²b for the attention's) sbh(32 + 2as/h). Tensor parallelism
+  // splits all but the norms' inputs, the first matmuls' inputs and the blocks' dropout masks (8sbh, 10sbh
+  // with dropout); sequence parallelism splits those too.
   const double s = 2048, b = 1, h = 12288, a = 96;
-  auto per_layer = [&](int t, bool sp, const char* recompute) {
+  auto per_layer = [&](int t, bool sp, const char* recompute, double dropout) {
     nlohmann::json doc = nd_json("gpt3-175b", 1, "ddp", {{"tensor", t}, {"sequence_parallel", sp}}, 8 / t);
     doc["training"]["flash_attention"] = false;
     doc["training"]["recompute"] = recompute;
+    doc["training"]["attention_dropout"] = dropout;
+    doc["training"]["hidden_dropout"] = dropout;
     const ModelCost c = scenario_cost(scenario_from(doc));
     return c.modules[1].activation_bytes + c.modules[2].activation_bytes;  // layer 0: attention + MLP
   };
-  const double sbh = s * b * h, quadratic = 2 * a * s / h;
-  for (int t : {2, 4, 8}) {
-    INFO("tensor " << t);
-    CHECK(per_layer(t, false, "none") == Approx(sbh * (8 + 24.0 / t + quadratic / t)).epsilon(1e-12));
-    CHECK(per_layer(t, true, "none") == Approx(sbh * (32 + quadratic) / t).epsilon(1e-12));
-    CHECK(per_layer(t, false, "selective") == Approx(sbh * (8 + 24.0 / t)).epsilon(1e-12));
-    CHECK(per_layer(t, true, "selective") == Approx(sbh * 32 / t).epsilon(1e-12));
-    CHECK(per_layer(t, false, "full") == Approx(2 * sbh).epsilon(1e-12));
+  const double sbh = s * b * h;
+  for (const bool dropout : {false, true}) {
+    INFO("dropout " << dropout);
+    const double p = dropout ? 0.1 : 0;
+    const double whole = dropout ? 34 : 32, kept = dropout ? 10 : 8, quadratic = (dropout ? 5 : 2) * a * s / h;
+    for (int t : {2, 4, 8}) {
+      INFO("tensor " << t);
+      CHECK(per_layer(t, false, "none", p) == Approx(sbh * (kept + 24.0 / t + quadratic / t)).epsilon(1e-12));
+      CHECK(per_layer(t, true, "none", p) == Approx(sbh * (whole + quadratic) / t).epsilon(1e-12));
+      CHECK(per_layer(t, false, "selective", p) == Approx(sbh * (kept + 24.0 / t)).epsilon(1e-12));
+      CHECK(per_layer(t, true, "selective", p) == Approx(sbh * whole / t).epsilon(1e-12));
+      CHECK(per_layer(t, false, "full", p) == Approx(2 * sbh).epsilon(1e-12));
+    }
+    CHECK(per_layer(1, false, "none", p) == Approx(sbh * (whole + quadratic)).epsilon(1e-12));
   }
-  CHECK(per_layer(1, false, "none") == Approx(sbh * (32 + quadratic)).epsilon(1e-12));
 }
 
 TEST_CASE("1F1B keeps pipeline - stage micro-batches in flight, interleaving 2(p-s-1) + (v-1)p + 1 chunks", "[nd]") {

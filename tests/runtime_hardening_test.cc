@@ -319,6 +319,15 @@ TEST_CASE("runtime: flags out of range, unwritable outputs and bad scenarios fai
        at = bad.output.find("model.hiden", at + 1))
     ++count;
   CHECK(count == 1);
+  // A setting the simulator models but the runtime does not implement is refused, not ignored.
+  json dropout_doc = json::parse(slurp(scen));
+  dropout_doc["training"]["attention_dropout"] = 0.1;
+  std::ofstream(dir / "dropout.json") << dropout_doc.dump();
+  const RunResult dropout =
+      run(std::string(HZP_BINARY) + " train " + (dir / "dropout.json").string() + " --nproc 2 --data " + kData);
+  INFO(dropout.output);
+  CHECK(dropout.code == 2);
+  CHECK_THAT(dropout.output, Catch::Contains("training.attention_dropout"));
   fs::remove_all(dir);
 }
 

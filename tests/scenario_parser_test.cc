@@ -99,6 +99,8 @@ void check_same(const Scenario& a, const Scenario& b) {
   CHECK(t.optimizer == u.optimizer);
   CHECK(t.recompute == u.recompute);
   CHECK(t.flash_attention == u.flash_attention);
+  CHECK(t.attention_dropout == u.attention_dropout);
+  CHECK(t.hidden_dropout == u.hidden_dropout);
 
   CHECK(a.policy.preset == b.policy.preset);
   CHECK(a.policy.sharding == b.policy.sharding);

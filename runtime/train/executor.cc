@@ -52,6 +52,9 @@ Status runtime_supports(const Scenario& scenario) {
         "sequence, context and pipeline parallelism run in the simulator, the estimator and the planner");
   if (scenario.training.recompute != Recompute::kNone)
     return Status::InvalidInput("training.recompute: the runtime does not recompute activations; use \"none\"");
+  if (scenario.training.attention_dropout > 0 || scenario.training.hidden_dropout > 0)
+    return Status::InvalidInput(
+        "training.attention_dropout / training.hidden_dropout: the runtime trains without dropout; set 0");
   if (scenario.training.precision != Precision::kFp32)
     return Status::InvalidInput("training.precision: the CPU runtime trains in fp32; set \"fp32\" (got \"" +
                                 std::string(to_string(scenario.training.precision)) + "\")");
