@@ -8,6 +8,9 @@ V/(16·l·h)) FLOPs per step, which includes the recomputed forward), the error,
 |error|. The paper's rows are data for checking: nothing in hzp is fitted to them.
 
 usage: python3 tools/megatron_table.py [--hzp build/hzp] [--jobs 2] [--estimate] [--markdown FILE]
+                                      [--max-error PCT]
+
+Exit status: 1 when a scenario fails to simulate or (with --max-error) a row's |error| exceeds PCT.
 """
 import argparse
 import concurrent.futures
@@ -66,6 +69,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--estimate", action="store_true", help="use the analytic estimator (hzp plan), not SimGrid")
     ap.add_argument("--markdown", help="also write the table to FILE")
+    ap.add_argument("--max-error", type=float, metavar="PCT",
+                    help="exit 1 when any row's |error| is above PCT percent (a fidelity check)")
     args = ap.parse_args()
     paths = sorted(glob.glob("scenarios/papers/megatron-gpt-*.json"), key=lambda p: float(p.split("-")[-1][:-6]))
     if not paths:
@@ -97,7 +102,13 @@ def main():
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text)
-    return 0 if len(errors) == len(results) else 1
+    if len(errors) != len(results):
+        return 1
+    if args.max_error is not None and max(errors) > args.max_error:
+        print(f"megatron_table: worst |error| {max(errors):.1f} % is above --max-error {args.max_error:g} %",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
