@@ -38,7 +38,9 @@ constexpr const char* kCommonSources =
     " memory_bound 0.80: assumption (typical achieved fraction of HBM bandwidth by elementwise/norm/optimizer "
     "kernels). inter_node 0.90: assumption (protocol and NIC overheads; not fitted to any multi-node training "
     "result). intra latency 3.4 us / NIC latency 14.0 us: NCCL src/graph/tuning.cc hwLat Ring/Simple "
-    "NVLINK / NET (commit b6475625).";
+    "NVLINK / NET (commit b6475625). FP8 (training.fp8): GEMMs at the same fraction of the FP8 peak as bf16 GEMMs "
+    "reach of the bf16 peak: assumption, checked from bf16 to FP8 on one node by tools/fp8_transfer.py; no FP8 "
+    "peak: none known, or no FP8 tensor cores (Ampere).";
 
 std::vector<CalibrationEntry> build_table() {
   std::vector<CalibrationEntry> t;
@@ -71,46 +73,48 @@ std::vector<CalibrationEntry> build_table() {
                    "to hold for NVLink3 too.") +
            kCommonSources});
 
-  t.push_back(
-      {"h100-sxm",
-       {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps},
-       {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-       kNcclRingSimpleNvlinkLatency,
-       kNcclRingSimpleNetLatency,
-       std::string("peak 989 TFLOP/s dense bf16: NVIDIA H100 datasheet. 80 GiB, 3350 GB/s HBM3: NVIDIA H100 SXM "
-                   "datasheet. gemm 0.60: assumption (Hopper's peak grew 3.2x over A100 "
-                   "while HBM bandwidth grew 1.6x, so end-to-end training reaches a smaller fraction of "
-                   "peak than on A100; no single-node H100 MFU fact to calibrate against yet). "
-                   "intra_node 0.82: 370 of 450 GB/s ring busbw on 8xH100 (NVIDIA/nccl-tests#212).") +
-           kCommonSources});
+  t.push_back({"h100-sxm",
+               {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops},
+               {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+               kNcclRingSimpleNvlinkLatency,
+               kNcclRingSimpleNetLatency,
+               std::string("peak 989 TFLOP/s dense bf16, 1979 dense FP8: NVIDIA H100 datasheet. 80 GiB, 3350 GB/s "
+                           "HBM3: NVIDIA H100 SXM "
+                           "datasheet. gemm 0.60: assumption (Hopper's peak grew 3.2x over A100 "
+                           "while HBM bandwidth grew 1.6x, so end-to-end training reaches a smaller fraction of "
+                           "peak than on A100; no single-node H100 MFU fact to calibrate against yet). "
+                           "intra_node 0.82: 370 of 450 GB/s ring busbw on 8xH100 (NVIDIA/nccl-tests#212).") +
+                   kCommonSources});
 
   t.push_back(
       {"h800-sxm",
-       {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps},
+       {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
        std::string(
-           "peak 989 TFLOP/s, 80 GiB, 3350 GB/s: assumption (the H800 is the H100 SXM chip with "
+           "peak 989 TFLOP/s (FP8 1979), 80 GiB, 3350 GB/s: assumption (the H800 is the H100 SXM chip with "
            "NVLink capped at 400 GB/s bidirectional, so H100 compute and memory numbers). gemm "
            "0.60: assumption, same reasoning as h100-sxm. intra_node 0.82: the 8xH100 ring fraction (nccl-tests#212) "
            "measured on 8xH100, assumed to hold at the lower NVLink rate.") +
            kCommonSources});
 
-  t.push_back({"h200-sxm",
-               {"h200-sxm", 989 * kTflops, 141e9, 4800 * kGBps},
-               {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-               kNcclRingSimpleNvlinkLatency,
-               kNcclRingSimpleNetLatency,
-               std::string("peak 989 TFLOP/s dense bf16 (1979 with sparsity), 141 GB HBM3e, 4.8 TB/s: NVIDIA H200 "
-                           "datasheet (the H100's compute with more, faster memory). gemm 0.60: assumption, same "
-                           "reasoning as h100-sxm. intra_node 0.82: the 8xH100 ring fraction (nccl-tests#212), same "
-                           "NVLink4.") +
-                   kCommonSources});
+  t.push_back(
+      {"h200-sxm",
+       {"h200-sxm", 989 * kTflops, 141e9, 4800 * kGBps, 1979 * kTflops},
+       {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string(
+           "peak 989 TFLOP/s dense bf16 (1979 with sparsity), 1979 dense FP8, 141 GB HBM3e, 4.8 TB/s: NVIDIA H200 "
+           "datasheet (the H100's compute with more, faster memory). gemm 0.60: assumption, same "
+           "reasoning as h100-sxm. intra_node 0.82: the 8xH100 ring fraction (nccl-tests#212), same "
+           "NVLink4.") +
+           kCommonSources});
 
   t.push_back(
       {"b200",
-       {"b200", 2250 * kTflops, 180e9, 8000 * kGBps},
+       {"b200", 2250 * kTflops, 180e9, 8000 * kGBps, 4500 * kTflops},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,

@@ -297,8 +297,9 @@ double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks) {
   return kind == CollectiveKind::kAllReduce ? 2 * pass : pass;
 }
 
-double compute_time(const ClusterSpec& c, double flops, double mem_bytes) {
-  return flops / (c.gpu.peak_flops * c.efficiency.gemm) +
+double compute_time(const ClusterSpec& c, double flops, double mem_bytes, double fp8_flops) {
+  const double fp8_s = fp8_flops > 0 ? fp8_flops / (c.gpu.fp8_peak_flops * c.efficiency.gemm) : 0;
+  return (flops - fp8_flops) / (c.gpu.peak_flops * c.efficiency.gemm) + fp8_s +
          mem_bytes / (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
 }
 

@@ -119,7 +119,9 @@ Result<TraceFit> fit_compute_to_trace(const Scenario& recorded, const Schedule& 
     const Op& op = schedule.program_of(e.rank).ops[e.op];
     const double t = (e.end_us - e.start_us) * 1e-6;
     if (const auto* k = std::get_if<ComputeOp>(&op.body))
-      points.push_back({k->flops / c.gpu.peak_flops, k->mem_bytes / c.gpu.hbm_bytes_per_s, t});
+      points.push_back(
+          {(k->flops - k->fp8_flops) / c.gpu.peak_flops + (k->fp8_flops > 0 ? k->fp8_flops / c.gpu.fp8_peak_flops : 0),
+           k->mem_bytes / c.gpu.hbm_bytes_per_s, t});
     else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body))
       points.push_back({0, o->mem_bytes / c.gpu.hbm_bytes_per_s, t});
     else

@@ -10,7 +10,7 @@
 namespace hzp {
 
 double RooflineDurations::compute_s(int /*rank*/, const ComputeOp& op) const {
-  return compute_time(cluster_, op.flops, op.mem_bytes);
+  return compute_time(cluster_, op.flops, op.mem_bytes, op.fp8_flops);
 }
 
 double RooflineDurations::optimizer_s(int /*rank*/, const OptimizerStepOp& op) const {

@@ -117,6 +117,7 @@ struct Dims {
         flash(t.flash_attention),
         attention_dropout(t.attention_dropout > 0),
         hidden_dropout(t.hidden_dropout > 0),
+        fp8(t.fp8),
         recompute(t.recompute),
         tensor(par.tensor),
         split(1.0 / par.tensor),
@@ -131,6 +132,7 @@ struct Dims {
   bool flash;
   bool attention_dropout;  // only whether there is dropout changes the cost, not its probability
   bool hidden_dropout;
+  bool fp8;  // the linear layers' GEMMs in FP8 (TrainingSpec::fp8)
   Recompute recompute;
   // Tensor parallelism (docs/model_math.md "Tensor and sequence parallelism"): the share of one GPU in the
   // work inside the tensor-parallel region (matmuls, attention core, activation functions), and in the work
@@ -194,6 +196,29 @@ void add_matmul(ModuleCost& cost, double share, double rows, double k, double n,
   if (in_model_flops) cost.model_flops += 3 * fwd;
 }
 
+// A linear layer's matmul (QKV, attention output, MLP, experts): the GEMMs FP8 training runs in FP8
+// (Transformer Engine's fp8_autocast covers TE's Linear modules; torchtitan's Float8Linear every nn.Linear
+// but the output layer). The attention core, the router and the LM head go through add_matmul alone.
+// FP8 GEMMs take FP8 operands, and Hopper's take them in one layout only, so each 16-bit operand is cast
+// once into an FP8 copy and an FP8 transposed copy (Transformer Engine's cast_transpose): the input and the
+// weight in forward, the output gradient in backward; read e bytes, write 2 per element. The weight is cast
+// every micro-batch (torchtitan; Transformer Engine can cache it across micro-batches, not modelled).
+void add_linear(ModuleCost& cost, const Dims& d, double share, double rows, double k, double n) {
+  add_matmul(cost, share, rows, k, n);
+  if (!d.fp8) return;
+  const double fwd = 2 * rows * k * n * share;
+  cost.fwd_fp8_flops += fwd;
+  cost.bwd_fp8_flops += 2 * fwd;
+  add_traffic(cost, {(rows * k + k * n) * (d.e + 2), rows * n * (d.e + 2)}, share);
+}
+
+// Full recompute: the module's whole forward runs again before its backward.
+void recompute_whole_forward(ModuleCost& cost) {
+  cost.recompute_flops = cost.fwd_flops;
+  cost.recompute_fp8_flops = cost.fwd_fp8_flops;
+  cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+}
+
 // Activations an MLP of the family's type saves after its input: SwiGLU keeps gate, up and their product
 // (the down projection's input); GELU keeps its input and output.
 double mlp_saved_bytes(const Dims& d, double rows, double width) {
@@ -231,7 +256,7 @@ ModuleCost attention_cost(const Dims& d, int layer) {
   const double t = d.tokens;
 
   add_traffic(cost, norm_traffic(d), d.outside);
-  add_matmul(cost, d.split, t, d.h, d.q_width + 2 * d.kv_width);  // Q, K, V (bias fused into the GEMM epilogue)
+  add_linear(cost, d, d.split, t, d.h, d.q_width + 2 * d.kv_width);  // Q, K, V (bias fused into the GEMM epilogue)
   if (d.model.position == PositionEmbedding::kRope) {
     // Rotates Q and K in place; backward rotates their gradients back.
     const double qk = t * (d.q_width + d.kv_width) * d.e;
@@ -266,7 +291,7 @@ ModuleCost attention_cost(const Dims& d, int layer) {
     add_traffic(cost, softmax, 1);
   }
 
-  add_matmul(cost, d.split, t, d.q_width, d.h);  // output projection
+  add_linear(cost, d, d.split, t, d.q_width, d.h);  // output projection
   add_traffic(cost, residual_traffic(d), d.outside);
   add_traffic(cost, hidden_dropout_traffic(d), d.outside);
 
@@ -300,8 +325,7 @@ ModuleCost attention_cost(const Dims& d, int layer) {
       // Only the layer input is checkpointed (attributed to this, the layer's first block); the whole
       // forward runs again before backward.
       cost.activation_bytes = layer_input;
-      cost.recompute_flops = cost.fwd_flops;
-      cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+      recompute_whole_forward(cost);
       break;
   }
   return cost;
@@ -319,9 +343,9 @@ ModuleCost dense_mlp_cost(const Dims& d, int layer) {
   const bool swiglu = d.model.family == ModelFamily::kLlama;
 
   add_traffic(cost, norm_traffic(d), d.outside);
-  add_matmul(cost, d.split, t, d.h, swiglu ? 2 * f : f);  // gate + up, or fc1
+  add_linear(cost, d, d.split, t, d.h, swiglu ? 2 * f : f);  // gate + up, or fc1
   add_traffic(cost, activation_fn_traffic(d, t * f), d.split);
-  add_matmul(cost, d.split, t, f, d.h);  // down, or fc2
+  add_linear(cost, d, d.split, t, f, d.h);  // down, or fc2
   add_traffic(cost, residual_traffic(d), d.outside);
   add_traffic(cost, hidden_dropout_traffic(d), d.outside);
 
@@ -331,8 +355,7 @@ ModuleCost dense_mlp_cost(const Dims& d, int layer) {
   if (d.recompute == Recompute::kFull) {
     // The layer input saved by the attention block is all this layer keeps.
     cost.activation_bytes = 0;
-    cost.recompute_flops = cost.fwd_flops;
-    cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+    recompute_whole_forward(cost);
   } else {
     cost.activation_bytes = saved_all;  // selective recompute targets attention only
   }
@@ -365,9 +388,9 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   add_traffic(cost, {2 * routed * d.h * d.e, 2 * routed * d.h * d.e}, d.outside);
 
   // Each expert is the family's MLP; together they see t·k rows.
-  add_matmul(cost, d.split, routed, d.h, swiglu ? 2 * f : f);
+  add_linear(cost, d, d.split, routed, d.h, swiglu ? 2 * f : f);
   add_traffic(cost, activation_fn_traffic(d, routed * f), d.split);
-  add_matmul(cost, d.split, routed, f, d.h);
+  add_linear(cost, d, d.split, routed, f, d.h);
 
   // Combine: gate-weighted sum of each token's k expert outputs. Backward reads dy and the expert outputs
   // (for the gate gradient) and writes the k output gradients.
@@ -382,8 +405,7 @@ ModuleCost moe_cost(const Dims& d, int layer) {
                            mlp_saved_bytes(d, routed, f) * d.split + hidden_dropout_mask_bytes(d);
   if (d.recompute == Recompute::kFull) {
     cost.activation_bytes = 0;
-    cost.recompute_flops = cost.fwd_flops;
-    cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+    recompute_whole_forward(cost);
   } else {
     cost.activation_bytes = saved_all;
   }

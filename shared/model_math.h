@@ -42,6 +42,10 @@ struct ModuleCost {
   double bwd_mem_bytes = 0;
   double recompute_flops = 0;  // extra forward FLOPs redone before backward (selective/full recompute)
   double recompute_mem_bytes = 0;
+  // Of the FLOPs above, those run in FP8 (TrainingSpec::fp8: the linear layers' GEMMs; 0 without FP8).
+  double fwd_fp8_flops = 0;
+  double bwd_fp8_flops = 0;
+  double recompute_fp8_flops = 0;
   double activation_bytes = 0;  // saved for backward under the scenario's recompute setting
   double model_flops = 0;       // MFU numerator contribution: fwd + bwd model FLOPs
 };

@@ -70,6 +70,7 @@ struct GpuSpec {
   double peak_flops = 0;    // dense bf16 FLOP/s
   double memory_bytes = 0;  // HBM capacity
   double hbm_bytes_per_s = 0;
+  double fp8_peak_flops = 0;  // dense FP8 FLOP/s; 0: the GPU has no FP8 tensor cores (training.fp8 refused)
 };
 
 struct IntraNodeSpec {
@@ -137,6 +138,11 @@ struct TrainingSpec {
   // 1-byte mask per element kept). The simulator only; the CPU runtime trains without dropout.
   double attention_dropout = 0;
   double hidden_dropout = 0;
+  // FP8 training as Transformer Engine (fp8_autocast) and torchtitan (Float8Linear) do it: the GEMMs of the
+  // linear layers (QKV, attention output, MLP, experts) run at the GPU's FP8 peak; the attention core, the
+  // LM head, the MoE router, every memory-bound kernel, the weights, gradients, optimizer states and all
+  // communication stay in `precision`. The simulator only; the CPU runtime refuses it.
+  bool fp8 = false;
   // Clip gradients to this global L2 norm (0 = no clipping). The norm spans every shard, so the schedule
   // gains a world all-reduce of the partial squared norms before the optimizer (schedule_builder.h).
   double grad_clip = 0;

@@ -415,7 +415,8 @@ Result<ClusterSpec> parse_cluster(const json& value) {
                    c.nodes);
 
   if (r.has("gpu")) {
-    HZP_ASSIGN_OR_RETURN(ObjectReader g, r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps"}));
+    HZP_ASSIGN_OR_RETURN(ObjectReader g,
+                         r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps", "fp8_peak_tflops"}));
     if (!from_preset) HZP_RETURN_IF_ERROR(g.require("type", "the cluster has no preset"));
     // The type comes first: a new type brings its calibrated numbers, which explicit fields then override.
     if (g.has("type")) {
@@ -437,6 +438,7 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(g.read_number("peak_tflops", c.gpu.peak_flops, kTflops, {0.001, 1e6}));
     HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB, {0.001, 1e6}));
     HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps, {0.1, 1e6}));
+    HZP_RETURN_IF_ERROR(g.read_number("fp8_peak_tflops", c.gpu.fp8_peak_flops, kTflops, {0.001, 1e6}));
   }
 
   if (r.has("intra_node")) {
@@ -513,7 +515,7 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, i
       ObjectReader r, ObjectReader::open(value, "training",
                                          {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
                                           "precision", "optimizer", "recompute", "flash_attention", "attention_dropout",
-                                          "hidden_dropout", "grad_clip"}));
+                                          "hidden_dropout", "fp8", "grad_clip"}));
   TrainingSpec t;
   HZP_RETURN_IF_ERROR(r.require("seq_len"));
   HZP_RETURN_IF_ERROR(r.require("micro_batch"));
@@ -528,6 +530,10 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, i
   HZP_RETURN_IF_ERROR(r.read_bool("flash_attention", t.flash_attention));
   HZP_RETURN_IF_ERROR(r.read_number("attention_dropout", t.attention_dropout, kOne, {0, 1, false, true}));
   HZP_RETURN_IF_ERROR(r.read_number("hidden_dropout", t.hidden_dropout, kOne, {0, 1, false, true}));
+  HZP_RETURN_IF_ERROR(r.read_bool("fp8", t.fp8));
+  if (t.fp8 && t.precision == Precision::kFp32)
+    return invalid(r.path_of("fp8"),
+                   "FP8 linear layers need a 16-bit training.precision (bf16 or fp16) for the rest, not fp32", t.fp8);
   HZP_RETURN_IF_ERROR(r.read_number("grad_clip", t.grad_clip, kOne, {0, 1e9}));
 
   if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
@@ -804,6 +810,11 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster));
   HZP_ASSIGN_OR_RETURN(s.training,
                        parse_training(r.at("training"), s.model, s.data_parallel(), s.policy.parallel.pipeline));
+  if (s.training.fp8 && !(s.cluster.gpu.fp8_peak_flops > 0))
+    return invalid("training.fp8",
+                   "cluster.gpu \"" + s.cluster.gpu.type +
+                       "\" has no FP8 peak (no FP8 tensor cores, or none known): set cluster.gpu.fp8_peak_tflops",
+                   s.training.fp8);
   const ParallelSpec& par = s.policy.parallel;
   const std::int64_t passes = s.grad_accum_steps() * (s.model.layers + 2LL * par.pipeline);
   if (par.pipeline > 1 && passes > range::kScheduleUnitPasses)
@@ -936,6 +947,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"compute_spread", c.compute_spread},
       {"overlap_slowdown", c.overlap_slowdown},
   };
+  if (c.gpu.fp8_peak_flops > 0) cluster["gpu"]["fp8_peak_tflops"] = to_unit(c.gpu.fp8_peak_flops, kTflops);
 
   const TrainingSpec& t = s.training;
   json training = {
@@ -948,6 +960,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"flash_attention", t.flash_attention},
       {"attention_dropout", t.attention_dropout},
       {"hidden_dropout", t.hidden_dropout},
+      {"fp8", t.fp8},
       {"grad_clip", t.grad_clip},
   };
   const RunSpec& u = s.run;

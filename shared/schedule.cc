@@ -198,6 +198,7 @@ struct BodyPrinter {
   void operator()(const ComputeOp& c) const {
     os << "compute " << to_string(c.module) << " unit=" << c.unit << " phase=" << to_string(c.phase)
        << " mb=" << c.micro_batch << " flops=" << fmt_double(c.flops) << " mem_bytes=" << fmt_double(c.mem_bytes);
+    if (c.fp8_flops > 0) os << " fp8_flops=" << fmt_double(c.fp8_flops);
   }
   void operator()(const CollectiveOp& c) const {
     os << to_string(c.kind) << " " << to_string(c.purpose) << " " << to_string(c.state)

@@ -138,6 +138,7 @@ struct ComputeOp {
   int micro_batch = 0;
   double flops = 0;
   double mem_bytes = 0;
+  double fp8_flops = 0;  // of `flops`, those run at the GPU's FP8 peak (TrainingSpec::fp8)
 };
 
 // A collective over the group bound to `role`. `bytes` is the size of the full (unsharded) buffer the

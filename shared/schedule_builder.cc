@@ -468,7 +468,8 @@ class DataParallelBuilder {
     return t;
   }
 
-  int compute(const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps, double flops, double bytes) {
+  int compute(const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps, double flops, double bytes,
+              double fp8_flops) {
     const bool a2a = ep_ > 1 && m->kind == ModuleKind::kMoe && phase != Phase::kRecompute;
     const bool fwd = phase == Phase::kForward;
     // forward: dispatch, experts, combine; backward: combine's gradient, experts, dispatch's gradient.
@@ -482,8 +483,8 @@ class DataParallelBuilder {
     if (ulysses) deps = {ulysses_all_to_all(unit, phase, mb, /*before=*/true, std::move(deps))};
     if (a2a)
       deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
-    int op =
-        prog_->add("compute", std::move(deps), ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes});
+    int op = prog_->add("compute", std::move(deps),
+                        ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes, fp8_flops});
     if (a2a)
       op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
     if (ulysses) op = ulysses_all_to_all(unit, phase, mb, /*before=*/false, {op});
@@ -590,7 +591,8 @@ class DataParallelBuilder {
     int last_compute = -1;
     if (v.phase == Phase::kForward) {
       for (const ModuleCost* m : v.modules) {
-        last_compute = compute(m, v.unit, Phase::kForward, v.micro_batch, deps, m->fwd_flops, m->fwd_mem_bytes);
+        last_compute =
+            compute(m, v.unit, Phase::kForward, v.micro_batch, deps, m->fwd_flops, m->fwd_mem_bytes, m->fwd_fp8_flops);
         deps = {last_compute};
         for (int k = 0; k < num_kinds_; ++k)
           if (first_read_[v.unit][k] < 0) first_read_[v.unit][k] = last_compute;
@@ -598,11 +600,11 @@ class DataParallelBuilder {
     } else {
       for (const ModuleCost* m : v.modules)
         if (m->recompute_flops > 0 || m->recompute_mem_bytes > 0)
-          deps = {
-              compute(m, v.unit, Phase::kRecompute, v.micro_batch, deps, m->recompute_flops, m->recompute_mem_bytes)};
+          deps = {compute(m, v.unit, Phase::kRecompute, v.micro_batch, deps, m->recompute_flops, m->recompute_mem_bytes,
+                          m->recompute_fp8_flops)};
       for (auto it = v.modules.rbegin(); it != v.modules.rend(); ++it) {
-        last_compute =
-            compute(*it, v.unit, Phase::kBackward, v.micro_batch, deps, (*it)->bwd_flops, (*it)->bwd_mem_bytes);
+        last_compute = compute(*it, v.unit, Phase::kBackward, v.micro_batch, deps, (*it)->bwd_flops,
+                               (*it)->bwd_mem_bytes, (*it)->bwd_fp8_flops);
         deps = {last_compute};
       }
     }

@@ -47,6 +47,37 @@ TEST_CASE("a 1-GPU DDP step takes exactly its compute time", "[estimator]") {
   CHECK(e.mfu == Approx(b.cost.model_flops / (e.step_time_s * b.scenario.cluster.gpu.peak_flops)).epsilon(1e-12));
 }
 
+TEST_CASE("a 1-GPU FP8 step runs the linear layers at the FP8 peak and the rest at the bf16 peak", "[estimator]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-h100", 1, "ddp", 4096);
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  doc["training"]["fp8"] = true;
+  const Built b = build(scenario_from(doc));
+  const ClusterSpec& c = b.scenario.cluster;
+  REQUIRE(c.gpu.fp8_peak_flops == Approx(1979e12));  // NVIDIA H100 SXM datasheet, dense
+  double expected = 0, fp8_flops = 0;
+  for (const ModuleCost& m : b.cost.modules) {
+    const double all = m.fwd_flops + m.bwd_flops + m.recompute_flops;
+    const double in_fp8 = m.fwd_fp8_flops + m.bwd_fp8_flops + m.recompute_fp8_flops;
+    fp8_flops += in_fp8;
+    expected += (all - in_fp8) / (c.gpu.peak_flops * c.efficiency.gemm) +
+                in_fp8 / (c.gpu.fp8_peak_flops * c.efficiency.gemm) +
+                (m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes) /
+                    (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
+  }
+  expected +=
+      static_cast<double>(b.cost.params) * kAdamBytesPerParam / (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
+  CHECK(fp8_flops > 0);
+  CHECK(estimate_of(b).step_time_s == Approx(expected).epsilon(1e-9));
+  // Faster than the same step in bf16, slower than everything at the FP8 peak.
+  doc["training"]["fp8"] = false;
+  const double bf16_s = estimate_of(build(scenario_from(doc))).step_time_s;
+  doc["cluster"]["gpu"] = {{"peak_tflops", 1979}};
+  const double all_fp8_s = estimate_of(build(scenario_from(doc))).step_time_s;
+  CHECK(expected < bf16_s);
+  CHECK(expected > all_fp8_s);
+}
+
 // NCCL's per-collective base latency for Simple (src/graph/tuning.cc, baseLat Ring/Simple), the cluster
 // default protocol; and its "plateau" factor on a Simple all-reduce ring's latency across nodes.
 constexpr double kNcclBase = 8.4e-6;

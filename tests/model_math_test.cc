@@ -320,6 +320,60 @@ TEST_CASE("recompute settings trade activations for recompute FLOPs", "[model_ma
   }
 }
 
+TEST_CASE("FP8 runs the linear layers' GEMMs in FP8 and casts their operands, nothing else", "[model_math]") {
+  // Llama-2-7B shape (MHA, SwiGLU, f = 11008), 1 x 4096 tokens, bf16 (e = 2 bytes).
+  const ModelSpec m = llama2_7b();
+  const double t = 4096, h = 4096, f = 11008, e = 2, v = 32000;
+  auto costs = [&](bool fp8, Recompute recompute) {
+    TrainingSpec tr = training(1, 4096, recompute);
+    tr.fp8 = fp8;
+    return model_cost(m, tr);
+  };
+  const ModelCost bf16 = costs(false, Recompute::kNone);
+  const ModelCost fp8 = costs(true, Recompute::kNone);
+  // The same work, in another format: FLOPs and model FLOPs do not change.
+  CHECK(fp8.model_flops == bf16.model_flops);
+  for (const ModuleCost& c : bf16.modules) {
+    CHECK(c.fwd_fp8_flops == 0);
+    CHECK(c.bwd_fp8_flops == 0);
+  }
+
+  const ModuleCost& attention = module_at(fp8, ModuleKind::kAttention, 0);
+  const ModuleCost& mlp = module_at(fp8, ModuleKind::kMlp, 0);
+  // Q, K, V and the output projection in FP8; QK^T and P.V (and flash's recompute of QK^T) not.
+  CHECK(attention.fwd_fp8_flops == Approx(2 * t * h * 3 * h + 2 * t * h * h));
+  CHECK(attention.bwd_fp8_flops == Approx(2 * attention.fwd_fp8_flops));
+  CHECK(attention.fwd_flops - attention.fwd_fp8_flops == Approx(4 * t * t * h));
+  // Gate, up and down: the whole MLP.
+  CHECK(mlp.fwd_fp8_flops == Approx(2 * t * h * 3 * f));
+  CHECK(mlp.fwd_fp8_flops == Approx(mlp.fwd_flops));
+  // The LM head stays in 16 bits (torchtitan skips the output layer; Megatron's is not a TE module).
+  CHECK(module_at(fp8, ModuleKind::kHead, -1).fwd_fp8_flops == 0);
+  CHECK(module_at(fp8, ModuleKind::kHead, -1).fwd_flops == Approx(2 * t * h * v));
+
+  // Cast traffic: forward casts each input (t x k) and weight (k x n), backward each output gradient
+  // (t x n), reading e bytes and writing an FP8 copy and its transpose.
+  const ModuleCost& mlp16 = module_at(bf16, ModuleKind::kMlp, 0);
+  CHECK(mlp.fwd_mem_bytes - mlp16.fwd_mem_bytes == Approx((t * h + h * 2 * f + t * f + f * h) * (e + 2)));
+  CHECK(mlp.bwd_mem_bytes - mlp16.bwd_mem_bytes == Approx((t * 2 * f + t * h) * (e + 2)));
+  CHECK(mlp.activation_bytes == mlp16.activation_bytes);
+
+  // Full recompute redoes the FP8 GEMMs; selective recompute only the attention core, which is not FP8.
+  const ModelCost full = costs(true, Recompute::kFull);
+  for (const ModuleCost& c : full.modules) CHECK(c.recompute_fp8_flops == c.fwd_fp8_flops);
+  const ModelCost selective = costs(true, Recompute::kSelective);
+  for (const ModuleCost& c : selective.modules) CHECK(c.recompute_fp8_flops == 0);
+}
+
+TEST_CASE("FP8 MoE layers run the experts in FP8, not the router", "[model_math]") {
+  const ModelSpec m = mixtral_8x7b();
+  TrainingSpec tr = training(1, 4096);
+  tr.fp8 = true;
+  const ModuleCost moe = module_at(model_cost(m, tr), ModuleKind::kMoe, 0);
+  const double t = 4096, h = 4096, experts = 8;
+  CHECK(moe.fwd_flops - moe.fwd_fp8_flops == Approx(2 * t * h * experts));
+}
+
 TEST_CASE("fp32 activations take twice the bytes of bf16", "[model_math]") {
   const ModelSpec m = gpt2_small();
   TrainingSpec bf16 = training(4, 512, Recompute::kNone, false);

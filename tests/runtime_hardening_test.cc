@@ -320,14 +320,19 @@ TEST_CASE("runtime: flags out of range, unwritable outputs and bad scenarios fai
     ++count;
   CHECK(count == 1);
   // A setting the simulator models but the runtime does not implement is refused, not ignored.
-  json dropout_doc = json::parse(slurp(scen));
-  dropout_doc["training"]["attention_dropout"] = 0.1;
-  std::ofstream(dir / "dropout.json") << dropout_doc.dump();
-  const RunResult dropout =
-      run(std::string(HZP_BINARY) + " train " + (dir / "dropout.json").string() + " --nproc 2 --data " + kData);
-  INFO(dropout.output);
-  CHECK(dropout.code == 2);
-  CHECK_THAT(dropout.output, Catch::Contains("training.attention_dropout"));
+  auto refused = [&](const char* name, const json& training, const json& gpu, const std::string& message) {
+    json doc = json::parse(slurp(scen));
+    doc["training"].update(training);
+    if (!gpu.empty()) doc["cluster"]["gpu"].update(gpu);
+    std::ofstream(dir / name) << doc.dump();
+    const RunResult r = run(std::string(HZP_BINARY) + " train " + (dir / name).string() + " --nproc 2 --data " + kData);
+    INFO(r.output);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.output, Catch::Contains(message));
+  };
+  refused("dropout.json", {{"attention_dropout", 0.1}}, json::object(), "training.attention_dropout");
+  refused("fp8.json", {{"fp8", true}, {"precision", "bf16"}}, {{"fp8_peak_tflops", 1979}},
+          "training.fp8: the CPU runtime has no FP8");
   fs::remove_all(dir);
 }
 

@@ -75,6 +75,7 @@ void check_same(const Scenario& a, const Scenario& b) {
   CHECK(c.gpu.peak_flops == d.gpu.peak_flops);
   CHECK(c.gpu.memory_bytes == d.gpu.memory_bytes);
   CHECK(c.gpu.hbm_bytes_per_s == d.gpu.hbm_bytes_per_s);
+  CHECK(c.gpu.fp8_peak_flops == d.gpu.fp8_peak_flops);
   CHECK(c.intra.topology == d.intra.topology);
   CHECK(c.intra.bytes_per_s == d.intra.bytes_per_s);
   CHECK(c.intra.latency_s == d.intra.latency_s);
@@ -101,6 +102,7 @@ void check_same(const Scenario& a, const Scenario& b) {
   CHECK(t.flash_attention == u.flash_attention);
   CHECK(t.attention_dropout == u.attention_dropout);
   CHECK(t.hidden_dropout == u.hidden_dropout);
+  CHECK(t.fp8 == u.fp8);
 
   CHECK(a.policy.preset == b.policy.preset);
   CHECK(a.policy.sharding == b.policy.sharding);

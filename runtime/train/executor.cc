@@ -55,6 +55,8 @@ Status runtime_supports(const Scenario& scenario) {
   if (scenario.training.attention_dropout > 0 || scenario.training.hidden_dropout > 0)
     return Status::InvalidInput(
         "training.attention_dropout / training.hidden_dropout: the runtime trains without dropout; set 0");
+  if (scenario.training.fp8)
+    return Status::InvalidInput("training.fp8: the CPU runtime has no FP8 arithmetic; set false");
   if (scenario.training.precision != Precision::kFp32)
     return Status::InvalidInput("training.precision: the CPU runtime trains in fp32; set \"fp32\" (got \"" +
                                 std::string(to_string(scenario.training.precision)) + "\")");
