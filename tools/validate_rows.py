@@ -12,7 +12,7 @@ other settings -- preferably with the same sharding -- gives its throughput (or 
 the fitted efficiencies go into the row's scenario; everything beyond one node comes from the schedule and
 the network model. A row with no one-node row of its own configuration (a model too large for one node)
 calibrates on the nearest one-node run of the same GPU, framework and precision, else takes the preset's
-table efficiencies (not FP8 rows: skipped), and the report says which; --exact-calibration skips it
+table efficiencies, and the report says which; --exact-calibration skips it
 instead. Each scenario is simulated with `hzp simulate` in its own process, N at a time.
 
 What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
@@ -24,8 +24,9 @@ What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
   distributed optimizer (Megatron/NeMo) zero1; framework megatron, refresh overlapped if "param-gather" named
   tp / pp / vpp / cp / sequence_parallel policy.parallel (ring context parallelism)
   moe_experts / moe_topk / moe_ffn, ep   model.moe (every layer) and policy.expert_parallel
-  FP8 precision                         bf16 states and communication; the GPU's peak is its FP8 peak, so the
-                                        calibration fits the speed of the run's own FP8 / bf16 mix
+  FP8 precision                         training.fp8: the linear layers' GEMMs at the GPU's FP8 peak, the rest
+                                        (attention core, LM head, memory-bound kernels) and all states and
+                                        communication in bf16 (Transformer Engine's and torchtitan's default)
 grad_accum comes from the global batch when not published; a row with only MFU is calibrated and compared by
 MFU (its published tokens/s/GPU shown at the simulated run's FLOPs per token).
 
@@ -58,11 +59,8 @@ GPU_PRESETS = [  # (substring of the row's "gpu", cluster preset)
     ("B200", "dgx-b200"),
 ]
 
-# Dense FP8 peak of the presets' GPUs, TFLOP/s (NVIDIA H100 and H200 datasheets: 1979; the H800 is the H100
-# chip; B200: 4500, half the DGX B200 datasheet's 72 PFLOP/s sparse FP8 for 8 GPUs). An FP8 row's scenario
-# takes it as the GPU's peak, so that its one-node calibration can be faster than the bf16 peak allows; what
-# the calibration fits is the speed of the run's own mix of FP8 GEMMs and bf16 kernels.
-FP8_PEAK_TFLOPS = {"dgx-h100": 1979, "h800": 1979, "dgx-h200": 1979, "dgx-b200": 4500}
+# Presets whose GPU has FP8 tensor cores (its FP8 peak is in hzp's calibration table).
+FP8_PRESETS = {"dgx-h100", "h800", "dgx-h200", "dgx-b200"}
 
 # InfiniBand generations by name, Gb/s per port (InfiniBand Trade Association roadmap).
 INFINIBAND_GBPS = {"EDR": 100, "HDR": 200, "NDR": 400, "XDR": 800}
@@ -267,10 +265,10 @@ def nic_of(row, nodes):
 
 def precision_of(row):
     """(training.precision, fp8, assumption or None): FP8 runs keep bf16 weights, gradients and
-    communication (Transformer Engine's default) and compute against the FP8 peak."""
+    communication (Transformer Engine's default); only the linear layers' GEMMs run in FP8."""
     text = (row.get("precision") or "bf16").lower()
     if "fp8" in text or "float8" in text:
-        return "bf16", True, "FP8: bf16 states and communication, compute calibrated against the FP8 peak"
+        return "bf16", True, "FP8: linear-layer GEMMs in FP8, everything else (and all states and communication) in bf16"
     for name in ("bf16", "fp16", "fp32"):
         if name in text:
             return name, False, None
@@ -379,10 +377,8 @@ def scenario_of(row, cluster_extra):
     elif layout.ep > 1:
         raise Skip(f"ep {layout.ep} on a model without experts (moe_experts not published)")
     cluster = {"preset": preset, "nodes": gpus // gpn, "gpus_per_node": gpn, **cluster_extra}
-    if fp8:
-        if preset not in FP8_PEAK_TFLOPS:
-            raise Skip(f"FP8 on {row.get('gpu')!r}: no FP8 peak known for preset {preset}")
-        cluster["gpu"] = {"peak_tflops": FP8_PEAK_TFLOPS[preset]}
+    if fp8 and preset not in FP8_PRESETS:
+        raise Skip(f"FP8 on {row.get('gpu')!r}: preset {preset} has no FP8 peak")
     nic = nic_of(row, gpus // gpn)
     if nic:
         cluster["nic"] = nic
@@ -393,7 +389,7 @@ def scenario_of(row, cluster_extra):
         "training": {
             "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": layout.dp * micro * accum,
             "precision": precision, "recompute": recompute,
-            "flash_attention": bool(row.get("flash_attention", True)),
+            "flash_attention": bool(row.get("flash_attention", True)), "fp8": fp8,
         },
         "policy": policy,
     }
@@ -557,8 +553,6 @@ def report_rows(args, rows, cal_rows, workdir):
             elif args.exact_calibration:
                 raise Skip("no one-node row of the same model, GPU, sequence, micro-batch, framework, parallel "
                            "layout, precision, recomputation and other settings to calibrate from")
-            elif precision_of(row)[1]:
-                raise Skip("an FP8 run without a one-node FP8 row of its GPU and framework to calibrate from")
             else:
                 kind, cal_id = "table", "table"
                 assumptions.append("no one-node row of this GPU and framework: the preset's table efficiencies")
