@@ -164,16 +164,17 @@ std::vector<double> recorded_step_times(const Trace& trace) {
   return out;
 }
 
-Result<TraceRates> TraceRates::make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback) {
+Result<TraceRates> TraceRates::make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback,
+                                    const GpuSpec& gpu) {
   HZP_RETURN_IF_ERROR(check_trace_against(trace, recorded));
-  TraceRates r(fallback);
+  TraceRates r(fallback, gpu);
   for (const TraceEvent& e : trace.events) {
     const Op& op = recorded.program_of(e.rank).ops[e.op];
     const double seconds = (e.end_us - e.start_us) * 1e-6;
     if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
       Rate& rate = r.rates_[{static_cast<int>(c->module), static_cast<int>(c->phase)}];
       rate.seconds += seconds;
-      rate.flops += c->flops;
+      rate.flops += r.weighted_flops(*c);
       rate.bytes += c->mem_bytes;
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
       r.optimizer_seconds_ += seconds;
@@ -187,7 +188,7 @@ double TraceRates::compute_s(int rank, const ComputeOp& op) const {
   auto it = rates_.find({static_cast<int>(op.module), static_cast<int>(op.phase)});
   if (it != rates_.end()) {
     const Rate& rate = it->second;
-    if (rate.flops > 0 && op.flops > 0) return rate.seconds / rate.flops * op.flops;
+    if (rate.flops > 0 && op.flops > 0) return rate.seconds / rate.flops * weighted_flops(op);
     if (rate.bytes > 0 && op.mem_bytes > 0) return rate.seconds / rate.bytes * op.mem_bytes;
   }
   ++fallbacks_;

@@ -64,18 +64,24 @@ std::vector<double> recorded_step_times(const Trace& trace);
 // (per byte for an op without FLOPs) — and an op of the new schedule takes its FLOPs (bytes) at that rate;
 // an optimizer step takes the recorded seconds per parameter times its shard. So a larger micro-batch or
 // sequence scales each op by its FLOPs, attention's quadratic part included. Ops of a (module, phase) the
-// trace never ran fall back to `fallback` (counted). Collectives are not here: the new cluster's network
-// is simulated.
+// trace never ran fall back to `fallback` (counted). FLOPs an op runs in FP8 (ComputeOp::fp8_flops) count
+// as `gpu`'s bf16 / FP8 peak ratio of a FLOP, in the trace and in the new schedule alike, so a what-if that
+// turns training.fp8 on speeds up the linear layers by the peak ratio (and the reverse). Collectives are not
+// here: the new cluster's network is simulated.
 class TraceRates : public DurationModel {
  public:
-  static Result<TraceRates> make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback);
+  static Result<TraceRates> make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback,
+                                 const GpuSpec& gpu);
   double compute_s(int rank, const ComputeOp& op) const override;
   double optimizer_s(int rank, const OptimizerStepOp& op) const override;
   const char* name() const override { return "rates of a recorded trace"; }
   long long fallbacks() const { return fallbacks_; }
 
  private:
-  explicit TraceRates(const DurationModel& fallback) : fallback_(&fallback) {}
+  TraceRates(const DurationModel& fallback, const GpuSpec& gpu)
+      : fp8_flop_(gpu.fp8_peak_flops > 0 ? gpu.peak_flops / gpu.fp8_peak_flops : 1), fallback_(&fallback) {}
+  // The op's FLOPs with each FP8 one counted as fp8_flop_ of a bf16 one.
+  double weighted_flops(const ComputeOp& op) const { return op.flops - op.fp8_flops + op.fp8_flops * fp8_flop_; }
   struct Rate {
     double seconds = 0;
     double flops = 0;
@@ -84,6 +90,7 @@ class TraceRates : public DurationModel {
   std::map<std::pair<int, int>, Rate> rates_;  // module, phase
   double optimizer_seconds_ = 0;
   double optimizer_params_ = 0;
+  double fp8_flop_;
   const DurationModel* fallback_;
   mutable long long fallbacks_ = 0;
 };

@@ -142,6 +142,23 @@ TEST_CASE("replay what-if: the trace's compute scaled by FLOPs on another cluste
   const double ratio = s8["compute_s"].get<double>() / s4["compute_s"].get<double>();
   CHECK(ratio > 1.8);
   CHECK(ratio <= 2.0 + 1e-9);
+  // FP8 linear layers on a GPU whose FP8 peak is twice its bf16 one: those FLOPs take half the recorded
+  // time per FLOP, the attention core, the head and the memory-bound work keep theirs.
+  overrides["training"]["precision"] = "bf16";
+  overrides["cluster"]["gpu"] = {{"fp8_peak_tflops", 2 * 312}};  // the trace ran on "a100-80gb" (312)
+  const auto out16 = scratch() / "what_if_bf16";
+  const RunResult r16 = what_if(trace, overrides, out16);
+  INFO(r16.output);
+  REQUIRE(r16.code == 0);
+  overrides["training"]["fp8"] = true;
+  const auto out_fp8 = scratch() / "what_if_fp8";
+  const RunResult r_fp8 = what_if(trace, overrides, out_fp8);
+  INFO(r_fp8.output);
+  REQUIRE(r_fp8.code == 0);
+  const double fp8_ratio = nlohmann::json::parse(slurp(out_fp8 / "summary.json"))["compute_s"].get<double>() /
+                           nlohmann::json::parse(slurp(out16 / "summary.json"))["compute_s"].get<double>();
+  CHECK(fp8_ratio < 0.95);
+  CHECK(fp8_ratio > 0.5);
   // A what-if that breaks the scenario rules is refused with the JSON path, nothing written.
   const auto bad = scratch() / "what_if_bad";
   const RunResult r = what_if(trace, {{"training", {{"micro_batch", 0}}}}, bad);

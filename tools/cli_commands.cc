@@ -446,7 +446,7 @@ int run_replay(const std::vector<std::string>& argv) {
     if (!schedule.ok()) return fail(schedule.status());
     if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
     const RooflineDurations recorded_roofline(recorded_scenario->cluster);
-    auto rates = TraceRates::make(*trace, *recorded_schedule, recorded_roofline);
+    auto rates = TraceRates::make(*trace, *recorded_schedule, recorded_roofline, scenario->cluster.gpu);
     if (!rates.ok()) return fail(rates.status());
     options.durations = &*rates;
     options.progress = true;
