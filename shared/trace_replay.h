@@ -66,8 +66,10 @@ std::vector<double> recorded_step_times(const Trace& trace);
 // sequence scales each op by its FLOPs, attention's quadratic part included. Ops of a (module, phase) the
 // trace never ran fall back to `fallback` (counted). FLOPs an op runs in FP8 (ComputeOp::fp8_flops) count
 // as `gpu`'s bf16 / FP8 peak ratio of a FLOP, in the trace and in the new schedule alike, so a what-if that
-// turns training.fp8 on speeds up the linear layers by the peak ratio (and the reverse). Collectives are not
-// here: the new cluster's network is simulated.
+// turns training.fp8 on speeds up the linear layers by the peak ratio (and the reverse); the casts FP8 adds
+// (memory-bound bytes) are not in a rate per FLOP, so such a what-if is an upper bound on FP8's gain
+// (the one-H100 134 M trace: 61.2 -> 42.8 ms per step). Collectives are not here: the new cluster's network
+// is simulated.
 class TraceRates : public DurationModel {
  public:
   static Result<TraceRates> make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback,
