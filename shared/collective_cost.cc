@@ -297,10 +297,17 @@ double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks) {
   return kind == CollectiveKind::kAllReduce ? 2 * pass : pass;
 }
 
-double compute_time(const ClusterSpec& c, double flops, double mem_bytes, double fp8_flops) {
-  const double fp8_s = fp8_flops > 0 ? fp8_flops / (c.gpu.fp8_peak_flops * c.efficiency.gemm) : 0;
-  return (flops - fp8_flops) / (c.gpu.peak_flops * c.efficiency.gemm) + fp8_s +
+double compute_time(const ClusterSpec& c, double flops, double mem_bytes) {
+  return flops / (c.gpu.peak_flops * c.efficiency.gemm) +
          mem_bytes / (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
+}
+
+double compute_time(const ClusterSpec& c, const ComputeOp& op) {
+  const double gemm = c.gpu.peak_flops * c.efficiency.gemm;
+  const double hbm = c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound;
+  const double fp8_s = op.fp8_flops > 0 ? op.fp8_flops / (c.gpu.fp8_peak_flops * c.efficiency.gemm) : 0;
+  const double core_s = std::max(op.core_flops / gemm, op.core_bytes / hbm);
+  return (op.flops - op.fp8_flops - op.core_flops) / gemm + fp8_s + core_s + op.mem_bytes / hbm;
 }
 
 }  // namespace hzp

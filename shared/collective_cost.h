@@ -120,8 +120,11 @@ double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks);
 // proper chunk modeling"; the chain a chunk actually traverses is used instead.)
 double ring_latency(CollectiveKind kind, const GroupShape& shape, const LinkParams& links, double bytes);
 
-// Roofline-sum compute time: flops at the GEMM efficiency plus memory-bound bytes at the HBM efficiency. Of the
-// flops, `fp8_flops` run at the GPU's FP8 peak (the same efficiency); the rest at its bf16 peak.
-double compute_time(const ClusterSpec& cluster, double flops, double mem_bytes, double fp8_flops = 0);
+// Roofline-sum compute time: flops at the GEMM efficiency plus memory-bound bytes at the HBM efficiency.
+double compute_time(const ClusterSpec& cluster, double flops, double mem_bytes);
+// ... of a compute op: of its flops, `fp8_flops` run at the GPU's FP8 peak (the same efficiency) and the
+// unfused attention core's `core_flops` take max(their time, `core_bytes` at the HBM efficiency); the rest
+// at the bf16 peak.
+double compute_time(const ClusterSpec& cluster, const ComputeOp& op);
 
 }  // namespace hzp

@@ -118,11 +118,16 @@ Result<TraceFit> fit_compute_to_trace(const Scenario& recorded, const Schedule& 
   for (const TraceEvent& e : trace.events) {
     const Op& op = schedule.program_of(e.rank).ops[e.op];
     const double t = (e.end_us - e.start_us) * 1e-6;
-    if (const auto* k = std::get_if<ComputeOp>(&op.body))
-      points.push_back(
-          {(k->flops - k->fp8_flops) / c.gpu.peak_flops + (k->fp8_flops > 0 ? k->fp8_flops / c.gpu.fp8_peak_flops : 0),
-           k->mem_bytes / c.gpu.hbm_bytes_per_s, t});
-    else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body))
+    if (const auto* k = std::get_if<ComputeOp>(&op.body)) {
+      // The unfused attention core's max(FLOPs, bytes) is linear on either side of its ridge: it joins the
+      // FLOPs or the bytes by the side the table's efficiencies put it on.
+      const double core_x = k->core_flops / c.gpu.peak_flops, core_y = k->core_bytes / c.gpu.hbm_bytes_per_s;
+      const bool core_bytes_bound = core_y / c.efficiency.memory_bound > core_x / c.efficiency.gemm;
+      points.push_back({(k->flops - k->fp8_flops - k->core_flops) / c.gpu.peak_flops +
+                            (k->fp8_flops > 0 ? k->fp8_flops / c.gpu.fp8_peak_flops : 0) +
+                            (core_bytes_bound ? 0 : core_x),
+                        k->mem_bytes / c.gpu.hbm_bytes_per_s + (core_bytes_bound ? core_y : 0), t});
+    } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body))
       points.push_back({0, o->mem_bytes / c.gpu.hbm_bytes_per_s, t});
     else
       continue;

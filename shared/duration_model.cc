@@ -10,7 +10,7 @@
 namespace hzp {
 
 double RooflineDurations::compute_s(int /*rank*/, const ComputeOp& op) const {
-  return compute_time(cluster_, op.flops, op.mem_bytes, op.fp8_flops);
+  return compute_time(cluster_, op);
 }
 
 double RooflineDurations::optimizer_s(int /*rank*/, const OptimizerStepOp& op) const {

@@ -39,7 +39,8 @@ class CollectiveDurations {
   virtual std::optional<double> transfer_s(int group, long long seq) const = 0;
 };
 
-// The roofline of the scenario's GPU: max(flops / (peak · matmul efficiency), bytes / (HBM · efficiency)).
+// The scenario's GPU, op by op: FLOPs at peak · GEMM efficiency plus memory-bound bytes at HBM · efficiency;
+// FP8 FLOPs at the FP8 peak, the unfused attention core as max(FLOPs, operand bytes) (compute_time).
 class RooflineDurations : public DurationModel {
  public:
   explicit RooflineDurations(const ClusterSpec& cluster) : cluster_(cluster) {}

@@ -216,6 +216,8 @@ void add_linear(ModuleCost& cost, const Dims& d, double share, double rows, doub
 void recompute_whole_forward(ModuleCost& cost) {
   cost.recompute_flops = cost.fwd_flops;
   cost.recompute_fp8_flops = cost.fwd_fp8_flops;
+  cost.recompute_core_flops = cost.fwd_core_flops;
+  cost.recompute_core_bytes = cost.fwd_core_bytes;
   cost.recompute_mem_bytes = cost.fwd_mem_bytes;
 }
 
@@ -279,6 +281,16 @@ ModuleCost attention_cost(const Dims& d, int layer) {
     // the mask from the RNG state): no traffic, nothing saved.
     cost.bwd_flops += qk_flops;
   } else {
+    // Unfused, the core is 2 batched GEMMs forward (QKᵀ writes the scores S, P·V reads P) and 4 backward
+    // (dP = dO·Vᵀ writes dP, dV = Pᵀ·dO reads P, dQ = dS·K and dK = dSᵀ·Q read dS): each moves one s x s
+    // matrix besides its s x d operands, for 2·s²·d FLOPs per head, i.e. e / (2d) bytes per FLOP and more — at or
+    // above the ridge of an A100 (0.0077 at its table efficiencies) for d <= 128: memory-bound.
+    const double keys = d.b * d.heads * d.s;  // K and V rows: every key, whatever the context split
+    const double core_gemm_bytes = (scores + (head_rows + keys) * head_dim) * d.e * d.split;
+    cost.fwd_core_flops = 2 * qk_flops;
+    cost.fwd_core_bytes = 2 * core_gemm_bytes;
+    cost.bwd_core_flops = 4 * qk_flops;
+    cost.bwd_core_bytes = 4 * core_gemm_bytes;
     // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
     softmax = {2 * scores * d.e * d.split, 3 * scores * d.e * d.split};
     if (d.attention_dropout) {
@@ -319,6 +331,8 @@ ModuleCost attention_cost(const Dims& d, int layer) {
       if (!d.flash) {
         cost.recompute_flops = 2 * qk_flops;
         cost.recompute_mem_bytes = softmax.fwd;
+        cost.recompute_core_flops = cost.fwd_core_flops;
+        cost.recompute_core_bytes = cost.fwd_core_bytes;
       }
       break;
     case Recompute::kFull:

@@ -10,7 +10,8 @@
 // - "FLOPs" below are hardware FLOPs actually executed (they include recomputation); `model_flops` is the
 //   MFU numerator (Megatron/LLaMA count, docs/model_math.md: causal attention not halved, no recomputation).
 // - "mem_bytes" is the HBM traffic of the memory-bound kernels only (norms, activations, softmax,
-//   residual adds, rotary, elementwise); GEMM operand traffic is folded into the GEMM efficiency.
+//   residual adds, rotary, elementwise); GEMM operand traffic is folded into the GEMM efficiency, except for
+//   the unfused attention core ("core" below), whose s x s operand can make its GEMMs memory-bound.
 // - Activation bytes are those saved for backward, in the training precision (2 bytes for bf16/fp16).
 #pragma once
 
@@ -46,6 +47,15 @@ struct ModuleCost {
   double fwd_fp8_flops = 0;
   double bwd_fp8_flops = 0;
   double recompute_fp8_flops = 0;
+  // Of the FLOPs above, those of the attention core's GEMMs without flash attention (QKᵀ, P·V and their
+  // gradients: each reads or writes an s x s matrix), and the HBM bytes of their operands. They are timed as a
+  // roofline, max(FLOPs at the GEMM rate, bytes at the HBM rate): small head dimensions make them memory-bound.
+  double fwd_core_flops = 0;
+  double fwd_core_bytes = 0;
+  double bwd_core_flops = 0;
+  double bwd_core_bytes = 0;
+  double recompute_core_flops = 0;
+  double recompute_core_bytes = 0;
   double activation_bytes = 0;  // saved for backward under the scenario's recompute setting
   double model_flops = 0;       // MFU numerator contribution: fwd + bwd model FLOPs
 };

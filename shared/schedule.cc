@@ -199,6 +199,8 @@ struct BodyPrinter {
     os << "compute " << to_string(c.module) << " unit=" << c.unit << " phase=" << to_string(c.phase)
        << " mb=" << c.micro_batch << " flops=" << fmt_double(c.flops) << " mem_bytes=" << fmt_double(c.mem_bytes);
     if (c.fp8_flops > 0) os << " fp8_flops=" << fmt_double(c.fp8_flops);
+    if (c.core_flops > 0)
+      os << " core_flops=" << fmt_double(c.core_flops) << " core_bytes=" << fmt_double(c.core_bytes);
   }
   void operator()(const CollectiveOp& c) const {
     os << to_string(c.kind) << " " << to_string(c.purpose) << " " << to_string(c.state)

@@ -138,7 +138,9 @@ struct ComputeOp {
   int micro_batch = 0;
   double flops = 0;
   double mem_bytes = 0;
-  double fp8_flops = 0;  // of `flops`, those run at the GPU's FP8 peak (TrainingSpec::fp8)
+  double fp8_flops = 0;   // of `flops`, those run at the GPU's FP8 peak (TrainingSpec::fp8)
+  double core_flops = 0;  // of `flops`, the unfused attention core's (ModuleCost::fwd_core_flops) ...
+  double core_bytes = 0;  // ... and its GEMMs' operand bytes: timed as max(FLOPs, bytes)
 };
 
 // A collective over the group bound to `role`. `bytes` is the size of the full (unsharded) buffer the

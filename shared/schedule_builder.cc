@@ -468,8 +468,27 @@ class DataParallelBuilder {
     return t;
   }
 
-  int compute(const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps, double flops, double bytes,
-              double fp8_flops) {
+  // What module `m` computes in `phase` (forward, recompute or backward), as a compute op.
+  ComputeOp work_of(const ModuleCost* m, int unit, Phase phase, int mb) const {
+    ComputeOp w{m->kind, unit, units_[unit].layer, phase, mb};
+    switch (phase) {
+      case Phase::kForward:
+        w.flops = m->fwd_flops, w.mem_bytes = m->fwd_mem_bytes, w.fp8_flops = m->fwd_fp8_flops;
+        w.core_flops = m->fwd_core_flops, w.core_bytes = m->fwd_core_bytes;
+        break;
+      case Phase::kRecompute:
+        w.flops = m->recompute_flops, w.mem_bytes = m->recompute_mem_bytes, w.fp8_flops = m->recompute_fp8_flops;
+        w.core_flops = m->recompute_core_flops, w.core_bytes = m->recompute_core_bytes;
+        break;
+      case Phase::kBackward:
+        w.flops = m->bwd_flops, w.mem_bytes = m->bwd_mem_bytes, w.fp8_flops = m->bwd_fp8_flops;
+        w.core_flops = m->bwd_core_flops, w.core_bytes = m->bwd_core_bytes;
+        break;
+    }
+    return w;
+  }
+
+  int compute(const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps) {
     const bool a2a = ep_ > 1 && m->kind == ModuleKind::kMoe && phase != Phase::kRecompute;
     const bool fwd = phase == Phase::kForward;
     // forward: dispatch, experts, combine; backward: combine's gradient, experts, dispatch's gradient.
@@ -483,8 +502,7 @@ class DataParallelBuilder {
     if (ulysses) deps = {ulysses_all_to_all(unit, phase, mb, /*before=*/true, std::move(deps))};
     if (a2a)
       deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
-    int op = prog_->add("compute", std::move(deps),
-                        ComputeOp{m->kind, unit, units_[unit].layer, phase, mb, flops, bytes, fp8_flops});
+    int op = prog_->add("compute", std::move(deps), work_of(m, unit, phase, mb));
     if (a2a)
       op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
     if (ulysses) op = ulysses_all_to_all(unit, phase, mb, /*before=*/false, {op});
@@ -591,8 +609,7 @@ class DataParallelBuilder {
     int last_compute = -1;
     if (v.phase == Phase::kForward) {
       for (const ModuleCost* m : v.modules) {
-        last_compute =
-            compute(m, v.unit, Phase::kForward, v.micro_batch, deps, m->fwd_flops, m->fwd_mem_bytes, m->fwd_fp8_flops);
+        last_compute = compute(m, v.unit, Phase::kForward, v.micro_batch, deps);
         deps = {last_compute};
         for (int k = 0; k < num_kinds_; ++k)
           if (first_read_[v.unit][k] < 0) first_read_[v.unit][k] = last_compute;
@@ -600,11 +617,9 @@ class DataParallelBuilder {
     } else {
       for (const ModuleCost* m : v.modules)
         if (m->recompute_flops > 0 || m->recompute_mem_bytes > 0)
-          deps = {compute(m, v.unit, Phase::kRecompute, v.micro_batch, deps, m->recompute_flops, m->recompute_mem_bytes,
-                          m->recompute_fp8_flops)};
+          deps = {compute(m, v.unit, Phase::kRecompute, v.micro_batch, deps)};
       for (auto it = v.modules.rbegin(); it != v.modules.rend(); ++it) {
-        last_compute = compute(*it, v.unit, Phase::kBackward, v.micro_batch, deps, (*it)->bwd_flops,
-                               (*it)->bwd_mem_bytes, (*it)->bwd_fp8_flops);
+        last_compute = compute(*it, v.unit, Phase::kBackward, v.micro_batch, deps);
         deps = {last_compute};
       }
     }

@@ -47,6 +47,31 @@ TEST_CASE("a 1-GPU DDP step takes exactly its compute time", "[estimator]") {
   CHECK(e.mfu == Approx(b.cost.model_flops / (e.step_time_s * b.scenario.cluster.gpu.peak_flops)).epsilon(1e-12));
 }
 
+TEST_CASE("a 1-GPU step without flash attention times the core's GEMMs as a roofline", "[estimator]") {
+  // GPT-2-sized heads (d = 64) on an A100: QK^T and P.V move e / (2d) = 1/64 byte per FLOP, twice the
+  // 0.0077 of the A100's HBM rate over its GEMM rate, so the core takes its bytes' time, not its FLOPs'.
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 1, "ddp", 1024);
+  doc["model"] = {{"name", "d64-heads"}, {"family", "llama"}, {"layers", 4},        {"hidden", 768},
+                  {"heads", 12},         {"kv_heads", 12},    {"ffn_hidden", 2048}, {"vocab", 32000}};
+  doc["cluster"]["gpus_per_node"] = 1;
+  doc["cluster"]["nic"] = {{"per_node", 1}};
+  doc["training"]["flash_attention"] = false;
+  const Built b = build(scenario_from(doc));
+  const ClusterSpec& c = b.scenario.cluster;
+  const double gemm = c.gpu.peak_flops * c.efficiency.gemm, hbm = c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound;
+  double expected = 0;
+  for (const ModuleCost& m : b.cost.modules) {
+    const double core = m.fwd_core_flops + m.bwd_core_flops + m.recompute_core_flops;
+    const double core_bytes = m.fwd_core_bytes + m.bwd_core_bytes + m.recompute_core_bytes;
+    if (core > 0) CHECK(core_bytes / hbm > 1.5 * core / gemm);
+    expected += (m.fwd_flops + m.bwd_flops + m.recompute_flops - core) / gemm +
+                std::max(core / gemm, core_bytes / hbm) +
+                (m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes) / hbm;
+  }
+  expected += static_cast<double>(b.cost.params) * kAdamBytesPerParam / hbm;
+  CHECK(estimate_of(b).step_time_s == Approx(expected).epsilon(1e-9));
+}
+
 TEST_CASE("a 1-GPU FP8 step runs the linear layers at the FP8 peak and the rest at the bf16 peak", "[estimator]") {
   nlohmann::json doc = scenario_json("llama2-7b", "dgx-h100", 1, "ddp", 4096);
   doc["cluster"]["gpus_per_node"] = 1;

@@ -320,6 +320,34 @@ TEST_CASE("recompute settings trade activations for recompute FLOPs", "[model_ma
   }
 }
 
+TEST_CASE("without flash attention the core's GEMMs carry their s x s operand's bytes", "[model_math]") {
+  // GPT-2 small: 12 heads of d = 64, micro-batch 2 x 1024 tokens, bf16.
+  const ModelSpec m = gpt2_small();
+  const double b = 2, s = 1024, a = 12, hd = 64, e = 2;
+  const double gemm_flops = 2 * b * a * s * s * hd;                    // one of QK^T, P.V, dP, dV, dQ, dK
+  const double gemm_bytes = (b * a * s * s + 2 * b * a * s * hd) * e;  // the s x s matrix, Q or dO, K or V
+  auto attention = [&](bool flash, Recompute recompute) {
+    return module_at(model_cost(m, training(2, 1024, recompute, flash)), ModuleKind::kAttention, 0);
+  };
+  const ModuleCost unfused = attention(false, Recompute::kNone);
+  CHECK(unfused.fwd_core_flops == Approx(2 * gemm_flops));
+  CHECK(unfused.fwd_core_bytes == Approx(2 * gemm_bytes));
+  CHECK(unfused.bwd_core_flops == Approx(4 * gemm_flops));
+  CHECK(unfused.bwd_core_bytes == Approx(4 * gemm_bytes));
+  CHECK(unfused.recompute_core_flops == 0);
+  // e / (2d) bytes per FLOP and more: above the 0.0077 of an A100 at its table efficiencies.
+  CHECK(unfused.fwd_core_bytes / unfused.fwd_core_flops > e / (2 * hd));
+  // Recomputation redoes the forward core; flash attention has no such GEMMs.
+  for (const Recompute r : {Recompute::kSelective, Recompute::kFull}) {
+    const ModuleCost again = attention(false, r);
+    CHECK(again.recompute_core_flops == again.fwd_core_flops);
+    CHECK(again.recompute_core_bytes == again.fwd_core_bytes);
+  }
+  const ModuleCost flash = attention(true, Recompute::kFull);
+  CHECK(flash.fwd_core_flops + flash.bwd_core_flops + flash.recompute_core_flops == 0);
+  CHECK(flash.fwd_core_bytes + flash.bwd_core_bytes + flash.recompute_core_bytes == 0);
+}
+
 TEST_CASE("FP8 runs the linear layers' GEMMs in FP8 and casts their operands, nothing else", "[model_math]") {
   // Llama-2-7B shape (MHA, SwiGLU, f = 11008), 1 x 4096 tokens, bf16 (e = 2 bytes).
   const ModelSpec m = llama2_7b();
