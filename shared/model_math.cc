@@ -132,7 +132,8 @@ struct Dims {
   bool flash;
   bool attention_dropout;  // only whether there is dropout changes the cost, not its probability
   bool hidden_dropout;
-  bool fp8;  // the linear layers' GEMMs in FP8 (TrainingSpec::fp8)
+  bool fp8;                  // the linear layers' GEMMs in FP8 (TrainingSpec::fp8)
+  double local_experts = 0;  // experts whose weights this GPU holds (experts / expert parallelism)
   Recompute recompute;
   // Tensor parallelism (docs/model_math.md "Tensor and sequence parallelism"): the share of one GPU in the
   // work inside the tensor-parallel region (matmuls, attention core, activation functions), and in the work
@@ -203,13 +204,14 @@ void add_matmul(ModuleCost& cost, double share, double rows, double k, double n,
 // once into an FP8 copy and an FP8 transposed copy (Transformer Engine's cast_transpose): the input and the
 // weight in forward, the output gradient in backward; read e bytes, write 2 per element. The weight is cast
 // every micro-batch (torchtitan; Transformer Engine can cache it across micro-batches, not modelled).
-void add_linear(ModuleCost& cost, const Dims& d, double share, double rows, double k, double n) {
+// `weights`: how many k x n weights the rows go through (the experts a GPU holds; 1 for a dense layer).
+void add_linear(ModuleCost& cost, const Dims& d, double share, double rows, double k, double n, double weights = 1) {
   add_matmul(cost, share, rows, k, n);
   if (!d.fp8) return;
   const double fwd = 2 * rows * k * n * share;
   cost.fwd_fp8_flops += fwd;
   cost.bwd_fp8_flops += 2 * fwd;
-  add_traffic(cost, {(rows * k + k * n) * (d.e + 2), rows * n * (d.e + 2)}, share);
+  add_traffic(cost, {(rows * k + weights * k * n) * (d.e + 2), rows * n * (d.e + 2)}, share);
 }
 
 // Full recompute: the module's whole forward runs again before its backward.
@@ -402,9 +404,9 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   add_traffic(cost, {2 * routed * d.h * d.e, 2 * routed * d.h * d.e}, d.outside);
 
   // Each expert is the family's MLP; together they see t·k rows.
-  add_linear(cost, d, d.split, routed, d.h, swiglu ? 2 * f : f);
+  add_linear(cost, d, d.split, routed, d.h, swiglu ? 2 * f : f, d.local_experts);
   add_traffic(cost, activation_fn_traffic(d, routed * f), d.split);
-  add_linear(cost, d, d.split, routed, f, d.h);
+  add_linear(cost, d, d.split, routed, f, d.h, d.local_experts);
 
   // Combine: gate-weighted sum of each token's k expert outputs. Backward reads dy and the expert outputs
   // (for the gate gradient) and writes the k output gradients.
@@ -461,8 +463,10 @@ std::int64_t parameter_count(const ModelSpec& model) {
   return params;
 }
 
-ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const ParallelSpec& parallel) {
-  const Dims d(model, training, parallel);
+ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const ParallelSpec& parallel,
+                     int expert_parallel) {
+  Dims d(model, training, parallel);
+  d.local_experts = model.has_moe ? std::max(1.0, static_cast<double>(model.moe.experts) / expert_parallel) : 0;
   ModelCost out;
   out.modules.push_back(embedding_cost(d));
   for (int layer = 0; layer < model.layers; ++layer) {
@@ -499,7 +503,7 @@ ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const
 }
 
 ModelCost scenario_cost(const Scenario& scenario) {
-  return model_cost(scenario.model, scenario.training, scenario.policy.parallel);
+  return model_cost(scenario.model, scenario.training, scenario.policy.parallel, scenario.policy.expert_parallel);
 }
 
 double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::int64_t seq_len) {

@@ -71,7 +71,9 @@ struct ModelCost {
 
 // Per-module costs for one micro-batch of `training` on one GPU. With tensor parallelism (parallel.tensor >
 // 1) each module's parameters, FLOPs, bytes and activations are one tensor rank's share (docs/model_math.md).
-ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const ParallelSpec& parallel = {});
+// `expert_parallel` (policy.expert_parallel) only sets how many experts' weights a GPU casts to FP8.
+ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const ParallelSpec& parallel = {},
+                     int expert_parallel = 1);
 // ... of a scenario (its model, training and policy.parallel): what every executor and report uses.
 ModelCost scenario_cost(const Scenario& scenario);
 

@@ -398,8 +398,16 @@ TEST_CASE("FP8 MoE layers run the experts in FP8, not the router", "[model_math]
   TrainingSpec tr = training(1, 4096);
   tr.fp8 = true;
   const ModuleCost moe = module_at(model_cost(m, tr), ModuleKind::kMoe, 0);
-  const double t = 4096, h = 4096, experts = 8;
+  const double t = 4096, h = 4096, experts = 8, f = 14336, routed = 2 * t, e = 2;
   CHECK(moe.fwd_flops - moe.fwd_fp8_flops == Approx(2 * t * h * experts));
+  // Each expert's weights are cast once: all 8 on one GPU, 2 of them with expert parallelism 4.
+  tr.fp8 = false;
+  const ModuleCost bf16 = module_at(model_cost(m, tr), ModuleKind::kMoe, 0);
+  tr.fp8 = true;
+  const ModuleCost ep4 = module_at(model_cost(m, tr, {}, 4), ModuleKind::kMoe, 0);
+  const double activations = routed * h + routed * f, weights = h * 2 * f + f * h;
+  CHECK(moe.fwd_mem_bytes - bf16.fwd_mem_bytes == Approx((activations + experts * weights) * (e + 2)));
+  CHECK(ep4.fwd_mem_bytes - bf16.fwd_mem_bytes == Approx((activations + 2 * weights) * (e + 2)));
 }
 
 TEST_CASE("fp32 activations take twice the bytes of bf16", "[model_math]") {
