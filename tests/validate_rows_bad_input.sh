@@ -2,7 +2,8 @@
 # tools/validate_rows.py on bad input: an unreadable rows file, a line that is not JSON, a row that is not an
 # object, and a bad flag each exit 2 with a message naming the file and line; a row it cannot translate, or whose
 # fields have the wrong type or value, is listed as skipped with the field named; asking for a fidelity bound
-# with nothing simulated fails (exit 1).
+# with nothing simulated fails (exit 1). tools/fp8_transfer.py: a missing file, rows with no bf16 / FP8 pair and
+# a pair on a GPU without an FP8 peak exit 2 with the reason, never a traceback.
 # Usage: bash tests/validate_rows_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -44,4 +45,18 @@ expect 0 "skipped M3: tp {'a': 1} is not a number" "$work/malformed.jsonl"
 expect 0 "skipped M4: tokens_per_s_per_gpu 'fast' is not a positive number" "$work/malformed.jsonl"
 expect 0 "skipped M5: 16 GPUs are not a multiple of tp x pp x cp = 3" "$work/malformed.jsonl"
 expect 0 "skipped M1" --calibration "$work/malformed.jsonl" "$work/malformed.jsonl"
+fp8_expect() {  # code pattern rows
+  out="$(python3 tools/fp8_transfer.py --hzp "$hzp" "$3" 2>&1)"
+  local got=$?
+  [ "$got" -eq "$1" ] || fail "fp8_transfer: exit $got (wanted $1) for $3: $out"
+  grep -q -- "$2" <<<"$out" || fail "fp8_transfer: no '$2' in the output for $3: $out"
+  grep -q Traceback <<<"$out" && fail "fp8_transfer: a traceback for $3: $out"
+  return 0
+}
+fp8_expect 2 "No such file" "$work/missing.jsonl"
+fp8_expect 2 "no bf16 / FP8 pair" "$work/malformed.jsonl"
+# R173 and R178 moved to A100s: a pair, but no FP8 peak to run the FP8 row at.
+grep -E '"id": "R17[38]"' scenarios/validation/one_node_rows.jsonl | sed 's/"gpu": "H100-SXM5-80GB HBM3 (700W)"/"gpu": "A100-SXM4-80GB"/' \
+  >"$work/fp8_on_a100.jsonl"
+fp8_expect 2 "R173 -> R178: FP8 on 'A100-SXM4-80GB'" "$work/fp8_on_a100.jsonl"
 echo "validate_rows_bad_input: ok"

@@ -33,20 +33,61 @@ def without_float8(text):
     return re.sub(r"\s*\+?\s*float8(\s+linears)?", "", str(text or ""), flags=re.IGNORECASE).strip()
 
 
+def same_recompute(a, b):
+    try:
+        return vr.recompute_of(a)[0] == vr.recompute_of(b)[0]
+    except vr.Skip:
+        return False
+
+
 def pairs_of(rows):
     """(bf16 row, FP8 row) for every FP8 row with a bf16 row of the same configuration."""
+    def is_fp8(row):
+        try:
+            return vr.precision_of(row)[1]
+        except vr.Skip:
+            return None  # untranslated precision: in no pair
     found = []
-    for fp8_row in rows:
-        if not vr.precision_of(fp8_row)[1]:
-            continue
-        for bf16_row in rows:
-            if (not vr.precision_of(bf16_row)[1]
-                    and all(str(bf16_row.get(k)) == str(fp8_row.get(k)) for k in PAIR_FIELDS)
-                    and vr.recompute_of(bf16_row)[0] == vr.recompute_of(fp8_row)[0]
+    for fp8_row in (r for r in rows if is_fp8(r)):
+        for bf16_row in (r for r in rows if is_fp8(r) is False):
+            if (all(str(bf16_row.get(k)) == str(fp8_row.get(k)) for k in PAIR_FIELDS)
+                    and same_recompute(bf16_row, fp8_row)
                     and without_float8(bf16_row.get("other")) == without_float8(fp8_row.get("other"))):
                 found.append((bf16_row, fp8_row))
                 break
     return found
+
+
+def fp8_peak_tflops(hzp, doc, work):
+    """The FP8 peak hzp's calibration table gives the scenario's GPU (the resolved scenario of hzp validate)."""
+    path = os.path.join(work, doc["name"] + ".peak.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    r = vr.run([hzp, "validate", path])
+    if r.returncode != 0:
+        raise vr.Skip(f"hzp validate {path}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    return json.loads(r.stdout)["cluster"]["gpu"]["fp8_peak_tflops"]
+
+
+def predict(hzp, bf16_row, fp8_row, work):
+    """Tokens/s/GPU of the FP8 row calibrated on the bf16 one: {'fp8': training.fp8, 'all': every FLOP at the
+    FP8 peak, 'none': no FP8}. Raises vr.Skip with the reason when a step fails."""
+    doc, _, _ = vr.scenario_of(fp8_row, {})
+    doc["cluster"]["efficiency"] = vr.calibrate(hzp, bf16_row, work, {})
+    doc["training"]["fp8"] = True
+    all_at_peak = copy.deepcopy(doc)
+    all_at_peak["training"]["fp8"] = False
+    all_at_peak["cluster"]["gpu"] = {"peak_tflops": fp8_peak_tflops(hzp, doc, work)}
+    no_fp8 = copy.deepcopy(doc)
+    no_fp8["training"]["fp8"] = False
+    tgs = {}
+    for name, d in (("fp8", doc), ("all", all_at_peak), ("none", no_fp8)):
+        d["name"] = f"{fp8_row['id']}-{name}"
+        summary, err = vr.simulate(hzp, d, work)
+        if summary is None:
+            raise vr.Skip(f"hzp simulate {d['name']}: {err}")
+        tgs[name] = summary["tokens_per_gpu_per_s"]
+    return tgs
 
 
 def main():
@@ -70,25 +111,10 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for bf16_row, fp8_row in pairs:
             try:
-                efficiency = vr.calibrate(args.hzp, bf16_row, work, {})
-                doc, _, _ = vr.scenario_of(fp8_row, {})
+                tgs = predict(args.hzp, bf16_row, fp8_row, work)
             except vr.Skip as e:
                 print(f"fp8_transfer: {bf16_row['id']} -> {fp8_row['id']}: {e}", file=sys.stderr)
                 return 2
-            doc["cluster"]["efficiency"] = efficiency
-            variants = {"fp8": {"fp8": True}, "all": {"fp8": False, "peak": True}, "none": {"fp8": False}}
-            tgs = {}
-            for name, v in variants.items():
-                d = copy.deepcopy(doc)
-                d["name"] = f"{fp8_row['id']}-{name}"
-                d["training"]["fp8"] = v["fp8"]
-                if v.get("peak"):
-                    d["cluster"]["gpu"] = {"peak_tflops": fp8_peak_tflops(args.hzp, doc, work)}
-                summary, err = vr.simulate(args.hzp, d, work)
-                if summary is None:
-                    print(f"fp8_transfer: {d['name']}: {err}", file=sys.stderr)
-                    return 2
-                tgs[name] = summary["tokens_per_gpu_per_s"]
             base, published = bf16_row["tokens_per_s_per_gpu"], fp8_row["tokens_per_s_per_gpu"]
 
             def cell(x):
@@ -101,17 +127,6 @@ def main():
         print(f"fp8_transfer: worst error {worst:.1f} % exceeds --max-error {args.max_error:g} %", file=sys.stderr)
         return 1
     return 0
-
-
-def fp8_peak_tflops(hzp, doc, work):
-    """The FP8 peak hzp's calibration table gives the scenario's GPU (hzp validate --resolved)."""
-    path = os.path.join(work, doc["name"] + ".peak.json")
-    with open(path, "w") as f:
-        json.dump(doc, f)
-    r = vr.run([hzp, "validate", path])
-    if r.returncode != 0:
-        raise vr.Skip(f"hzp validate {path}: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-    return json.loads(r.stdout)["cluster"]["gpu"]["fp8_peak_tflops"]
 
 
 if __name__ == "__main__":
