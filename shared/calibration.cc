@@ -4,11 +4,11 @@
 // either as a vendor datasheet value or as an "assumption" with its reasoning. Published multi-node results are the
 // validation set and must never be used to set a number here.
 //
-// Latencies are per ring step, taken from NCCL's own cost model (src/graph/tuning.cc, NVIDIA/nccl at commit
-// b6475625, the `hwLat` table, Ring algorithm, Simple protocol — the protocol NCCL picks for the multi-MB
-// messages of ZeRO collectives): NVLINK 3.4 us per intra-node step, NET 14.0 us per inter-node step.
-// NCCL adds a per-collective `baseLat` of 8.4 us (Ring/Simple) that has no field here. Older NCCL releases
-// used NET 9.6 us; LL128 uses 1.9 / 4.0 us for small messages.
+// Latencies are per ring step, taken from NCCL's own cost model (src/graph/tuning.cc, NVIDIA/nccl 2.20.3 at
+// commit b6475625 and unchanged through 2.26.2 at f44ac759, the `hwLat` table, Ring algorithm, Simple protocol — the
+// protocol NCCL picks for the multi-MB messages of ZeRO collectives): NVLINK 3.4 us per intra-node step, NET 14.0 us
+// per inter-node step. NCCL adds a per-collective `baseLat` of 8.4 us (Ring/Simple) that has no field here. Older NCCL
+// releases used NET 9.6 us; LL128 uses 1.9 / 4.0 us for small messages.
 #include "shared/calibration.h"
 
 #include <algorithm>
@@ -38,7 +38,8 @@ constexpr const char* kCommonSources =
     " memory_bound 0.80: assumption (typical achieved fraction of HBM bandwidth by elementwise/norm/optimizer "
     "kernels). inter_node 0.90: assumption (protocol and NIC overheads; not fitted to any multi-node training "
     "result). intra latency 3.4 us / NIC latency 14.0 us: NCCL src/graph/tuning.cc hwLat Ring/Simple "
-    "NVLINK / NET (commit b6475625). FP8 (training.fp8): GEMMs at the same fraction of the FP8 peak as bf16 GEMMs "
+    "NVLINK / NET (commit b6475625, unchanged in 2.26.2). arch: the GPU's compute capability class (NCCL's "
+    "per-architecture tables). FP8 (training.fp8): GEMMs at the same fraction of the FP8 peak as bf16 GEMMs "
     "reach of the bf16 peak: assumption, checked from bf16 to FP8 on one node by tools/fp8_transfer.py; no FP8 "
     "peak: none known, or no FP8 tensor cores (Ampere).";
 
@@ -47,7 +48,7 @@ std::vector<CalibrationEntry> build_table() {
 
   t.push_back(
       {"a100-80gb",
-       {"a100-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps},
+       {"a100-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps, 0, GpuArch::kAmpere},
        {kAmpereGemmEff, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
@@ -60,7 +61,7 @@ std::vector<CalibrationEntry> build_table() {
 
   t.push_back(
       {"a800-80gb",
-       {"a800-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps},
+       {"a800-80gb", 312 * kTflops, 80 * kGiB, 2039 * kGBps, 0, GpuArch::kAmpere},
        {kAmpereGemmEff, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
@@ -74,7 +75,7 @@ std::vector<CalibrationEntry> build_table() {
            kCommonSources});
 
   t.push_back({"h100-sxm",
-               {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops},
+               {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops, GpuArch::kHopper},
                {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
                kNcclRingSimpleNvlinkLatency,
                kNcclRingSimpleNetLatency,
@@ -88,7 +89,7 @@ std::vector<CalibrationEntry> build_table() {
 
   t.push_back(
       {"h800-sxm",
-       {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops},
+       {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops, GpuArch::kHopper},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
@@ -101,7 +102,7 @@ std::vector<CalibrationEntry> build_table() {
 
   t.push_back(
       {"h200-sxm",
-       {"h200-sxm", 989 * kTflops, 141e9, 4800 * kGBps, 1979 * kTflops},
+       {"h200-sxm", 989 * kTflops, 141e9, 4800 * kGBps, 1979 * kTflops, GpuArch::kHopper},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
@@ -114,7 +115,7 @@ std::vector<CalibrationEntry> build_table() {
 
   t.push_back(
       {"b200",
-       {"b200", 2250 * kTflops, 180e9, 8000 * kGBps, 4500 * kTflops},
+       {"b200", 2250 * kTflops, 180e9, 8000 * kGBps, 4500 * kTflops, GpuArch::kBlackwell},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
@@ -127,7 +128,7 @@ std::vector<CalibrationEntry> build_table() {
 
   t.push_back(
       {"npu-910b",
-       {"npu-910b", 320 * kTflops, 64 * kGiB, 1600 * kGBps},
+       {"npu-910b", 320 * kTflops, 64 * kGiB, 1600 * kGBps, 0, GpuArch::kAmpere},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
@@ -137,7 +138,8 @@ std::vector<CalibrationEntry> build_table() {
                    "0.60: assumption (no single-node MFU fact; set to the Hopper value pending "
                    "calibration). intra_node 0.82: assumption (the 8xH100 NVLink measurement of nccl-tests#212 applied "
                    "to the full mesh). Latencies: assumption (NCCL's NVLINK/NET values applied to the full "
-                   "mesh and RoCE; HCCL's cost model is not public).") +
+                   "mesh and RoCE; HCCL's cost model is not public). arch ampere: assumption (NCCL's Ampere "
+                   "LL cap stands in for HCCL's).") +
            kCommonSources});
   return t;
 }

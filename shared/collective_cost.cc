@@ -46,31 +46,51 @@ GroupShape group_shape(const ClusterSpec& c, const ProcessGroup& group) {
 
 namespace {
 
-// NCCL's protocol constants (src/graph/tuning.cc: baseLat and hwLat, Ring; the LL/LL128 bandwidth
-// refinements and llMaxBws for an x86 Intel host; getNetOverhead). Latencies in µs, bandwidths in GB/s.
+// NCCL's protocol constants (src/graph/tuning.cc of NCCL 2.26.2, commit f44ac759: baseLat and hwLat, Ring;
+// the LL/LL128 bandwidth refinements and llMaxBws for an x86 Intel host; getNetOverhead). Latencies in µs,
+// bandwidths in GB/s.
 struct ProtocolRow {
   NcclProtocol protocol;
   const char* name;
-  double base_us;    // baseLat[Ring][p]
-  double nvlink_us;  // hwLat[NVLINK][Ring][p]
-  double net_us;     // hwLat[NET][Ring][p]
+  double base_us;      // baseLat[Ring][p]
+  double nvlink_us;    // hwLat[NVLINK][Ring][p]
+  double net_us;       // hwLat[NET][Ring][p]
+  double net_ppn1_us;  // hwLat[NET][Tree][p]: a ring's network steps with one GPU per node ("fully exposed")
 };
 constexpr ProtocolRow kProtocols[] = {
-    {NcclProtocol::kLL, "ll", 6.6, 0.6, 2.7},
-    {NcclProtocol::kLL128, "ll128", 14.0, 1.9, 4.0},
-    {NcclProtocol::kSimple, "simple", 8.4, 3.4, 14.0},
+    {NcclProtocol::kLL, "ll", 6.6, 0.6, 2.7, 5.0},
+    {NcclProtocol::kLL128, "ll128", 14.0, 1.9, 4.0, 8.5},
+    {NcclProtocol::kSimple, "simple", 8.4, 3.4, 14.0, 14.0},
 };
 constexpr const ProtocolRow& kSimpleRow = kProtocols[2];
-constexpr double kNetOverheadUs = 1.0;                     // getNetOverhead: x86 Intel (AMD: 2.0)
-constexpr double kLLBusBwCapGBps[3] = {87.7, 39.0, 20.4};  // llMaxBws: 1 node (Ampere/Hopper), 2 nodes, more
-constexpr double kLL128Fraction = 0.92;                    // 120/128 less kernel overhead
-constexpr double kLL128OneGpuPerNode = 0.7;                // ppn < 2
-constexpr double kRingPlateau = 1.4;                       // Simple all-reduce across nodes, compute capability >= 8.0
+constexpr double kNetOverheadUs = 1.0;        // getNetOverhead: x86 Intel (AMD: 2.0)
+constexpr double kLLFraction = 0.5;           // busBw * .5 (NCCL 2.21 on; 2.20 took 1/4, 1/3 for AG/RS/BC in a node)
+constexpr double kLLTwoNodesCapGBps = 39.0;   // llMaxBws, Intel host, 2 nodes
+constexpr double kLLManyNodesCapGBps = 20.4;  // llMaxBws, Intel host, more than 2 nodes
+constexpr double kLL128Fraction = 0.92;       // 120/128 less kernel overhead
+constexpr double kLL128OneGpuPerNode = 0.7;   // ppn < 2
+constexpr double kRingPlateau = 1.4;          // Simple all-reduce across nodes, compute capability >= 8.0
 
 const ProtocolRow& row_of(NcclProtocol protocol) {
   for (const ProtocolRow& r : kProtocols)
     if (r.protocol == protocol) return r;
   return kSimpleRow;
+}
+
+// llMaxBws on one node, by architecture (Volta 39.0, Ampere 87.7, Hopper 141, Blackwell 2 x 141).
+double ll_one_node_cap_GBps(GpuArch arch) {
+  switch (arch) {
+    case GpuArch::kVolta:
+      return 39.0;
+    case GpuArch::kHopper:
+      return 141.0;
+    case GpuArch::kBlackwell:
+      return 282.0;
+    case GpuArch::kAmpere:
+    case GpuArch::kUnknown:  // not from a scenario: the parser asks for cluster.gpu.arch where LL may run
+      break;
+  }
+  return 87.7;
 }
 
 }  // namespace
@@ -93,7 +113,8 @@ LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtoc
   if (multi_node)
     p.alpha_intra = std::max(p.alpha_intra, kNetOverheadUs * 1e-6 * (protocol == NcclProtocol::kSimple ? 3 : 1));
   const double switches = (spans_leaves ? 4 : 2) * c.inter.switch_latency_s;
-  p.alpha_inter = std::max(p.alpha_intra, c.nic.latency_s * row.net_us / kSimpleRow.net_us + switches);
+  const double net_us = shape.ranks_per_node == 1 ? row.net_ppn1_us : row.net_us;
+  p.alpha_inter = std::max(p.alpha_intra, c.nic.latency_s * net_us / kSimpleRow.net_us + switches);
   switch (protocol) {
     case NcclProtocol::kSimple:
       break;
@@ -101,10 +122,11 @@ LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtoc
       p.bandwidth_factor = shape.ranks_per_node < 2 ? kLL128OneGpuPerNode : kLL128Fraction;
       break;
     case NcclProtocol::kLL: {
-      const bool quarter = multi_node || kind == CollectiveKind::kAllReduce;
       const double ring_bw = multi_node ? std::min(p.intra, shape.ranks_per_node * p.rail) : p.intra;
-      const double cap = kLLBusBwCapGBps[std::min(shape.nodes, 3) - 1] * 1e9;
-      p.bandwidth_factor = std::min(quarter ? 0.25 : 1.0 / 3.0, cap / ring_bw);
+      const double cap_GBps = shape.nodes == 1   ? ll_one_node_cap_GBps(c.gpu.arch)
+                              : shape.nodes == 2 ? kLLTwoNodesCapGBps
+                                                 : kLLManyNodesCapGBps;
+      p.bandwidth_factor = std::min(kLLFraction, cap_GBps * 1e9 / ring_bw);
       break;
     }
   }

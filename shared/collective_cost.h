@@ -50,16 +50,20 @@ struct GroupShape {
 };
 GroupShape group_shape(const ClusterSpec& cluster, const ProcessGroup& group);
 
-// NCCL's protocols (src/graph/tuning.cc): Simple moves whole buffers and pays the most per step; LL (8-byte
-// flag per 8 bytes of data) and LL128 (one flag word per 128-byte line) forward each line as it lands, for
-// a much smaller per-step latency and a fraction of the bandwidth:
-//   protocol  base latency  per-step NVLink / NET  bandwidth fraction
-//   LL        6.6 us        0.6 / 2.7 us           1/4 (1/3 for AG/RS/BC inside one node), capped at
-//                                                  87.7 GB/s in a node, 39.0 on 2 nodes, 20.4 beyond
-//   LL128     14.0 us       1.9 / 4.0 us           0.92 (0.7 with one GPU per node)
-//   Simple    8.4 us        3.4 / 14.0 us          1
-// The cluster's latencies (calibration table, or the scenario) are Simple's; the other protocols scale them
-// by the ratios above. Across nodes a ring step inside a node costs at least NCCL's network post overhead
+// NCCL's protocols (src/graph/tuning.cc of NCCL 2.26.2): Simple moves whole buffers and pays the most per
+// step; LL (a 4-byte flag beside every 4 bytes of data) and LL128 (one flag word per 128-byte line) forward
+// each line as it lands, for a much smaller per-step latency and a fraction of the bandwidth:
+//   protocol  base latency  per-step NVLink / NET (one GPU per node)  bandwidth fraction
+//   LL        6.6 us        0.6 / 2.7 (5.0) us                        1/2, capped at the bus bandwidth
+//                                                                     87.7 GB/s in an Ampere node (Volta 39,
+//                                                                     Hopper 141, Blackwell 282:
+//                                                                     cluster.gpu.arch), 39.0 on 2 nodes,
+//                                                                     20.4 beyond
+//   LL128     14.0 us       1.9 / 4.0 (8.5) us                        0.92 (0.7 with one GPU per node)
+//   Simple    8.4 us        3.4 / 14.0 (14.0) us                      1
+// With one GPU per node NCCL charges a ring's network steps its tree's NET latency ("latencies are fully
+// exposed"). The cluster's latencies (calibration table, or the scenario) are Simple's; the other protocols
+// scale them by the ratios above. Across nodes a ring step inside a node costs at least NCCL's network post overhead
 // (1 us on x86; x3 for Simple). Simple all-reduce rings across nodes pay NCCL's "plateau" factor 1.4
 // (Ampere and later) on their latency. cluster.protocol picks the protocol of ring and 2-level collectives
 // (direct and pairwise exchanges use Simple): "simple" by default, "ll" / "ll128" forced as NCCL_PROTO, or

@@ -96,6 +96,22 @@ const char* to_string(CollectiveAlgorithmChoice v) {
   return "?";
 }
 
+const char* to_string(GpuArch v) {
+  switch (v) {
+    case GpuArch::kUnknown:
+      return "unknown";
+    case GpuArch::kVolta:
+      return "volta";
+    case GpuArch::kAmpere:
+      return "ampere";
+    case GpuArch::kHopper:
+      return "hopper";
+    case GpuArch::kBlackwell:
+      return "blackwell";
+  }
+  return "?";
+}
+
 const char* to_string(ProtocolChoice v) {
   switch (v) {
     case ProtocolChoice::kAuto:

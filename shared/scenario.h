@@ -65,12 +65,18 @@ struct Efficiency {
   double inter_node = 0;    // NIC links: fraction of nominal line rate
 };
 
+// The GPU generation as NCCL's tuner tells them apart (compute capability 7, 8, 9, 10): it sets the LL
+// protocol's bandwidth cap on one node (collective_cost.h). kUnknown: a GPU type without a calibration entry
+// whose scenario gave no cluster.gpu.arch (refused where the LL protocol may run).
+enum class GpuArch { kUnknown, kVolta, kAmpere, kHopper, kBlackwell };
+
 struct GpuSpec {
   std::string type;         // key into the calibration table, e.g. "a100-80gb"
   double peak_flops = 0;    // dense bf16 FLOP/s
   double memory_bytes = 0;  // HBM capacity
   double hbm_bytes_per_s = 0;
   double fp8_peak_flops = 0;  // dense FP8 FLOP/s; 0: the GPU has no FP8 tensor cores (training.fp8 refused)
+  GpuArch arch = GpuArch::kUnknown;
 };
 
 struct IntraNodeSpec {
@@ -319,6 +325,7 @@ const char* to_string(IntraNodeTopology v);
 const char* to_string(NicMapping v);
 const char* to_string(CollectiveAlgorithmChoice v);
 const char* to_string(ProtocolChoice v);
+const char* to_string(GpuArch v);
 const char* to_string(Precision v);
 const char* to_string(Recompute v);
 const char* to_string(GradReduce v);

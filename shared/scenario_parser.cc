@@ -416,7 +416,7 @@ Result<ClusterSpec> parse_cluster(const json& value) {
 
   if (r.has("gpu")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader g,
-                         r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps", "fp8_peak_tflops"}));
+                         r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps", "fp8_peak_tflops", "arch"}));
     if (!from_preset) HZP_RETURN_IF_ERROR(g.require("type", "the cluster has no preset"));
     // The type comes first: a new type brings its calibrated numbers, which explicit fields then override.
     if (g.has("type")) {
@@ -439,6 +439,8 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB, {0.001, 1e6}));
     HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps, {0.1, 1e6}));
     HZP_RETURN_IF_ERROR(g.read_number("fp8_peak_tflops", c.gpu.fp8_peak_flops, kTflops, {0.001, 1e6}));
+    HZP_RETURN_IF_ERROR(
+        g.read_enum("arch", c.gpu.arch, {GpuArch::kVolta, GpuArch::kAmpere, GpuArch::kHopper, GpuArch::kBlackwell}));
   }
 
   if (r.has("intra_node")) {
@@ -492,6 +494,12 @@ Result<ClusterSpec> parse_cluster(const json& value) {
   HZP_RETURN_IF_ERROR(
       r.read_enum("protocol", c.protocol,
                   {ProtocolChoice::kAuto, ProtocolChoice::kLL, ProtocolChoice::kLL128, ProtocolChoice::kSimple}));
+  // The LL protocol's one-node bandwidth cap is NCCL's per architecture: no silent guess for an unknown GPU.
+  if (c.gpu.arch == GpuArch::kUnknown && (c.protocol == ProtocolChoice::kLL || c.protocol == ProtocolChoice::kAuto))
+    return invalid("cluster.gpu.arch",
+                   "must be given (\"volta\", \"ampere\", \"hopper\" or \"blackwell\") for a GPU type without a "
+                   "calibration entry when cluster.protocol is \"" +
+                       std::string(to_string(c.protocol)) + "\": NCCL's LL bandwidth cap depends on it");
   HZP_RETURN_IF_ERROR(r.read_number("compute_spread", c.compute_spread, kOne, {0, 0.2}));
   HZP_RETURN_IF_ERROR(r.read_number("overlap_slowdown", c.overlap_slowdown, kOne, {0, 1}));
 
@@ -948,6 +956,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"overlap_slowdown", c.overlap_slowdown},
   };
   if (c.gpu.fp8_peak_flops > 0) cluster["gpu"]["fp8_peak_tflops"] = to_unit(c.gpu.fp8_peak_flops, kTflops);
+  if (c.gpu.arch != GpuArch::kUnknown) cluster["gpu"]["arch"] = to_string(c.gpu.arch);
 
   const TrainingSpec& t = s.training;
   json training = {

@@ -253,7 +253,7 @@ TEST_CASE("NCCL protocols: LL and LL128 trade bandwidth for per-step latency as 
   const double sw = 2 * c.inter.switch_latency_s;
   // NCCL's tables (src/graph/tuning.cc): baseLat LL 6.6 / LL128 14.0 µs; hwLat Ring NVLINK LL .6 / LL128 1.9
   // (of Simple's 3.4) and NET LL 2.7 / LL128 4.0 (of Simple's 14.0); across nodes an intra step costs at
-  // least the 1 µs network post overhead. Bandwidth: LL128 0.92, LL 1/4 capped at 20.4 GB/s beyond 2 nodes.
+  // least the 1 µs network post overhead. Bandwidth: LL128 0.92, LL 1/2 capped at 20.4 GB/s beyond 2 nodes.
   const double ll128_ai = c.intra.latency_s * 1.9 / 3.4, ll128_an = c.nic.latency_s * 4.0 / 14.0 + sw;
   const double ll_ai = std::max(c.intra.latency_s * 0.6 / 3.4, 1e-6), ll_an = c.nic.latency_s * 2.7 / 14.0 + sw;
   const double S = 64 * 1024.0 * 1024.0;
@@ -274,6 +274,40 @@ TEST_CASE("NCCL protocols: LL and LL128 trade bandwidth for per-step latency as 
   CHECK(plain.cluster.protocol == ProtocolChoice::kSimple);
   CHECK(choose_protocol(plain.cluster, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 4096, all) ==
         NcclProtocol::kSimple);
+}
+
+TEST_CASE("NCCL protocols: LL's one-node cap is per architecture, one GPU per node pays the tree's NET latency",
+          "[estimator][collective]") {
+  // NCCL 2.26.2 src/graph/tuning.cc: Ring/LL busBw = min(llMaxBw, busBw * .5) with llMaxBw on one node
+  // 87.7 GB/s (Ampere) and 141 GB/s (Hopper); with ppn == 1 the inter-node latency is hwLat[NET][Tree][p]
+  // (LL 5.0, LL128 8.5, Simple 14 us) in place of the ring's (2.7, 4.0, 14).
+  const GroupShape node{8, 1, 8};
+  const Scenario h100 = scenario_from(scenario_json("tiny-dense", "dgx-h100", 1, "ddp", 64));
+  const Scenario a100 = scenario_from(scenario_json("tiny-dense", "dgx-a100", 1, "ddp", 64));
+  CHECK(h100.cluster.gpu.arch == GpuArch::kHopper);
+  CHECK(a100.cluster.gpu.arch == GpuArch::kAmpere);
+  for (const Scenario* s : {&h100, &a100}) {
+    const ClusterSpec& c = s->cluster;
+    const double cap = c.gpu.arch == GpuArch::kHopper ? 141e9 : 87.7e9;
+    const double b_intra = c.intra.bytes_per_s * c.efficiency.intra_node;
+    const LinkParams ll = link_params(c, node, NcclProtocol::kLL);
+    CHECK(ll.bandwidth_factor == Approx(std::min(0.5, cap / b_intra)));
+    CHECK(ll.bandwidth_factor * b_intra <= cap * (1 + 1e-12));
+  }
+  // The two caps differ, so the same LL ring on one node is faster on Hopper when its NVLink allows it.
+  CHECK(link_params(h100.cluster, node, NcclProtocol::kLL).bandwidth_factor * h100.cluster.intra.bytes_per_s *
+            h100.cluster.efficiency.intra_node >
+        link_params(a100.cluster, node, NcclProtocol::kLL).bandwidth_factor * a100.cluster.intra.bytes_per_s *
+            a100.cluster.efficiency.intra_node);
+
+  const ClusterSpec& c = h100.cluster;
+  const double sw = 2 * c.inter.switch_latency_s;
+  const GroupShape one_per_node{1, 4, 1}, full{8, 4, 8};
+  CHECK(link_params(c, one_per_node, NcclProtocol::kLL).alpha_inter == Approx(c.nic.latency_s * 5.0 / 14 + sw));
+  CHECK(link_params(c, full, NcclProtocol::kLL).alpha_inter == Approx(c.nic.latency_s * 2.7 / 14 + sw));
+  CHECK(link_params(c, one_per_node, NcclProtocol::kLL128).alpha_inter == Approx(c.nic.latency_s * 8.5 / 14 + sw));
+  CHECK(link_params(c, one_per_node, NcclProtocol::kSimple).alpha_inter ==
+        link_params(c, full, NcclProtocol::kSimple).alpha_inter);
 }
 
 TEST_CASE("cluster.protocol: known names parse, others are refused with the path", "[estimator][collective]") {

@@ -73,6 +73,7 @@ void check_same(const Scenario& a, const Scenario& b) {
   CHECK(c.gpus_per_node == d.gpus_per_node);
   CHECK(c.gpu.type == d.gpu.type);
   CHECK(c.gpu.peak_flops == d.gpu.peak_flops);
+  CHECK(c.gpu.arch == d.gpu.arch);
   CHECK(c.gpu.memory_bytes == d.gpu.memory_bytes);
   CHECK(c.gpu.hbm_bytes_per_s == d.gpu.hbm_bytes_per_s);
   CHECK(c.gpu.fp8_peak_flops == d.gpu.fp8_peak_flops);
@@ -366,6 +367,21 @@ TEST_CASE("explicit cluster: defaults from the calibration table", "[scenario][c
     CHECK(cpu.gpu.type == "cpu");
     CHECK(cpu.gpu.peak_flops == 1e12);
     CHECK(cpu.nic.latency_s == 30e-6);
+    CHECK(cpu.gpu.arch == GpuArch::kUnknown);
+    // LL's one-node cap is NCCL's per architecture: a protocol that may run LL needs cluster.gpu.arch.
+    for (const char* protocol : {"auto", "ll"}) {
+      doc["cluster"]["protocol"] = protocol;
+      const std::string no_arch = parse_error(doc);
+      CHECK(no_arch.rfind("cluster.gpu.arch: must be given", 0) == 0);
+      CHECK(no_arch.find(protocol) != std::string::npos);
+    }
+    doc["cluster"]["gpu"]["arch"] = "sm90";
+    CHECK(parse_error(doc).rfind("cluster.gpu.arch: must be one of", 0) == 0);
+    doc["cluster"]["gpu"]["arch"] = "hopper";
+    const Scenario with_arch = parse_ok(doc);
+    CHECK(with_arch.cluster.gpu.arch == GpuArch::kHopper);
+    CHECK(scenario_to_json(with_arch)["cluster"]["gpu"]["arch"] == "hopper");
+    check_round_trip(with_arch);
   }
 }
 
