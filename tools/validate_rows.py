@@ -340,7 +340,7 @@ def published_of(row):
 
 def scenario_of(row, cluster_extra):
     """(scenario, family, assumptions) of a row on its own GPUs, without calibration; `cluster_extra`: more
-    cluster fields (compute_spread, overlap_slowdown)."""
+    cluster fields (compute_spread, overlap_slowdown, protocol)."""
     for key in ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu_count", "gpus_per_node"):
         if row.get(key) is None:
             raise Skip(f"{key} not published")
@@ -485,6 +485,8 @@ def main():
     ap.add_argument("--overlap-slowdown", type=float, default=0.0,
                     help="cluster.overlap_slowdown of every scenario (compute slowed while a collective of the "
                          "same GPU runs; 0: no interference)")
+    ap.add_argument("--protocol", choices=["simple", "ll", "ll128", "auto"], default="simple",
+                    help="cluster.protocol of every scenario (NCCL's protocol; auto: NCCL's own choice)")
     ap.add_argument("--exact-calibration", action="store_true",
                     help="skip a row without a one-node row of its own configuration (default: calibrate on the "
                          "nearest one-node run of the same GPU, framework and precision, else use the preset's "
@@ -528,7 +530,8 @@ def report_rows(args, rows, cal_rows, workdir):
     jobs, skipped = [], []
     for row in rows:
         try:
-            extra = {"compute_spread": args.compute_spread, "overlap_slowdown": args.overlap_slowdown}
+            extra = {"compute_spread": args.compute_spread, "overlap_slowdown": args.overlap_slowdown,
+                     "protocol": args.protocol}
             doc, family, assumptions = scenario_of(row, extra)
             metric, published = published_of(row)
             kind, candidates = calibration_candidates(row, one_node, args.exact_calibration)
