@@ -99,7 +99,7 @@ const char* to_string(NcclProtocol protocol) {
   return row_of(protocol).name;
 }
 
-LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtocol protocol, CollectiveKind kind) {
+LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtocol protocol) {
   LinkParams p;
   p.intra = c.intra.bytes_per_s * c.efficiency.intra_node;
   const bool spans_leaves = shape.nodes > c.inter.leaf_size;
@@ -233,7 +233,7 @@ bool algorithm_applies(const ClusterSpec& c, CollectiveAlgorithm algorithm, Coll
 double algorithm_time(const ClusterSpec& c, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,
                       const GroupShape& s, NcclProtocol protocol) {
   if (s.size() <= 1 || bytes <= 0) return 0;
-  const LinkParams l = link_params(c, s, protocol, kind);
+  const LinkParams l = link_params(c, s, protocol);
   switch (algorithm) {
     case CollectiveAlgorithm::kRing:
       return ring_time(c, kind, bytes, s, l);  // ring_latency holds the base latency

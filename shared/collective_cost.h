@@ -88,7 +88,7 @@ struct LinkParams {
   double bandwidth_factor = 1;  // the protocol's fraction of the links' bandwidth (its wire overhead)
 };
 LinkParams link_params(const ClusterSpec& cluster, const GroupShape& shape,
-                       NcclProtocol protocol = NcclProtocol::kSimple, CollectiveKind kind = CollectiveKind::kAllGather);
+                       NcclProtocol protocol = NcclProtocol::kSimple);
 
 bool algorithm_applies(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind,
                        const GroupShape& shape);

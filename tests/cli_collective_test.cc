@@ -65,6 +65,10 @@ TEST_CASE("hzp collective refuses bad arguments with exit code 2", "[cli]") {
       {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --algorithm direct", "does not apply"},
       {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --colour red", "unknown option --colour"},
       {"--cluster dgx-a100 --op all_gather --group node --bytes 1M --protocol ll256", "--protocol"},
+      // LL's one-node cap is per GPU generation: an uncalibrated GPU without cluster.gpu.arch cannot run it.
+      {"--cluster '" HZP_TEST_DATA_DIR "/clusters/uncalibrated_gpu.json' --op all_gather --group node --bytes 1M "
+       "--protocol ll",
+       "cluster.gpu.arch: must be given"},
   };
   for (const auto& [args, needle] : cases) {
     const Output r = hzp_collective(args);
@@ -84,4 +88,10 @@ TEST_CASE("hzp collective --protocol forces NCCL's protocol and prints it", "[cl
   CHECK(simple.text.find("ring/simple") != std::string::npos);  // the default protocol
   CHECK(ll128.text.find("ring/ll128") != std::string::npos);
   CHECK(ll128.text.find("protocol ll128") != std::string::npos);
+  // Without --protocol LL is never considered, so the uncalibrated GPU needs no arch.
+  const Output custom = hzp_collective("--cluster '" HZP_TEST_DATA_DIR
+                                       "/clusters/uncalibrated_gpu.json' --op all_gather --group node --bytes 1M");
+  INFO(custom.text);
+  CHECK(custom.code == 0);
+  CHECK(custom.text.find("/simple") != std::string::npos);
 }

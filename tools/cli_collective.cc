@@ -266,10 +266,11 @@ int run_collective_command(const std::vector<std::string>& args) {
   auto nodes = nodes_for(sized, probe->gpus_per_node);
   if (!nodes.ok()) return usage_error(nodes.status().message());
   (*json)["nodes"] = *nodes;
+  // --protocol goes through the parser like a file's own: LL on an uncalibrated GPU needs its arch.
+  if (o.protocol) (*json)["protocol"] = to_string(*o.protocol);
   auto loaded = parse_cluster(*json);
   if (!loaded.ok()) return fail(loaded.status());
   ClusterSpec cluster = std::move(loaded).value();
-  if (o.protocol) cluster.protocol = *o.protocol;
   if (cluster.world_size() > kMaxCollectiveGpus)
     return usage_error("the cluster has " + std::to_string(cluster.world_size()) +
                        " GPUs; hzp collective simulates at most " + std::to_string(kMaxCollectiveGpus));

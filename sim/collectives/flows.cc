@@ -42,7 +42,7 @@ Context make_context(const Platform& platform, const CollectiveCall& call) {
     for (int k = 0; k < ctx.blocks.front().size(); ++k) used[platform.nic_index(ctx.rank(ctx.blocks.front(), k))] = 1;
     ctx.shape.nics = static_cast<int>(std::count(used.begin(), used.end(), 1));
   }
-  ctx.links = link_params(c, ctx.shape, call.protocol, call.kind);
+  ctx.links = link_params(c, ctx.shape, call.protocol);
   ctx.full_mesh = c.intra.topology == IntraNodeTopology::kFullMesh;
   return ctx;
 }
