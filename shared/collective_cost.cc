@@ -201,13 +201,21 @@ double pairwise_time(const ClusterSpec& c, double bytes, const GroupShape& s, co
 
 }  // namespace
 
+int ring_critical_inter_steps(CollectiveKind kind, const GroupShape& s) {
+  if (s.nodes <= 1) return 0;
+  const int m = s.nodes;
+  if (s.ranks_per_node == 1) return kind == CollectiveKind::kAllReduce ? 2 * (m - 1) : m - 1;
+  if (kind != CollectiveKind::kAllReduce) return m;
+  return s.ranks_per_node == 2 ? 2 * m - 1 : 2 * m;
+}
+
 double ring_latency(CollectiveKind kind, const GroupShape& s, const LinkParams& l, double bytes) {
   const int p = s.size();
   if (p <= 1) return 0;
   const int passes = kind == CollectiveKind::kAllReduce ? 2 : 1;
   const int steps = kind == CollectiveKind::kBroadcast ? p - 1 : passes * (p - 1);
   if (s.nodes <= 1) return l.base_latency + steps * l.alpha_intra;
-  const int inter_steps = kind == CollectiveKind::kBroadcast ? s.nodes - 1 : passes * (s.nodes - 1);
+  const int inter_steps = ring_critical_inter_steps(kind, s);
   const double latency = l.base_latency + (steps - inter_steps) * l.alpha_intra + inter_steps * l.alpha_inter;
   const bool plateau = l.protocol == NcclProtocol::kSimple && kind == CollectiveKind::kAllReduce &&
                        bytes / (std::max(1, s.nics) * static_cast<double>(p)) >= 64;

@@ -69,7 +69,7 @@ GroupShape group_shape(const ClusterSpec& cluster, const ProcessGroup& group);
 // (direct and pairwise exchanges use Simple): "simple" by default, "ll" / "ll128" forced as NCCL_PROTO, or
 // "auto" = NCCL's own choice, the fastest by these formulas. Simple is the default because the evidence says
 // so: on the published 16 MiB nccl-tests results (scenarios/validation/nccl_tests_rows.jsonl) "auto" picks
-// LL128 and over-predicts bus bandwidth by 11-79 % where Simple is within -12..+23 %, and on the InternEvo
+// LL128 and over-predicts bus bandwidth by 11-79 % where Simple is within -12..+20 %, and on the InternEvo
 // dev rows it makes ZeRO-1's 1024-GPU broadcast chains 1.8x cheaper and the row 37 % too fast (Simple: 19 %)
 // — the tuner's LL128 per-hop latencies are selection heuristics, not what a chain of 1000 GPUs achieves.
 // Left out: LL128's per-channel cap (20 GB/s Ampere, 36.7 Hopper, per channel: above the NIC-bound rates
@@ -116,12 +116,24 @@ double collective_time(const ClusterSpec& cluster, CollectiveKind kind, double b
 // Bytes one GPU sends for a collective of p ranks (ring volume): AG/RS/BC/A2A (p-1)/p·S, AR 2(p-1)/p·S.
 double collective_bytes_sent(CollectiveKind kind, double bytes, int ranks);
 
-// The latency part of a ring collective, as NCCL's tuner counts it (src/graph/tuning.cc, ring latency): the
-// protocol's base latency plus, of the ring's steps (AG/RS p-1, AR 2(p-1); a broadcast chain p-1 hops), the
-// nInterSteps that cross nodes (AG/RS and the chain s1-1, AR 2(s1-1)) at α_n and the others at α_i; times
-// 1.4 for a Simple all-reduce across nodes of at least 64 bytes per rank and channel (NCCL's "plateau").
-// (For broadcast the tuner counts one hop with sameChannels and nRanks tree hops otherwise, "waiting for
-// proper chunk modeling"; the chain a chunk actually traverses is used instead.)
+// The ring steps that cross nodes on the collective's critical path. A ring visits each node's ranks in a
+// row, so it has one network link per node (s1 of them). The collective ends when its last piece arrives,
+// and a piece moves along consecutive links, one step each: p-1 of them for AG / RS / BC (every link but
+// the one into where it starts), 2(p-1) for AR (once around, then all but two consecutive links again). A
+// piece starting inside a node therefore crosses every network link: s1 steps (AG/RS/BC), 2·s1 (AR; 2·s1-1
+// with two ranks per node, where one of any two consecutive links crosses nodes). With one rank per node
+// every link crosses nodes: s1-1, AR 2(s1-1). NCCL's tuner counts nInterSteps = s1-1 (AR 2(s1-1)) whatever
+// the ranks per node: the path of a piece that starts at a node's first rank, one network hop short of the
+// slowest piece's. (Every channel's ring orders a node's GPUs its own way, so for a broadcast's root too
+// some channel's chain crosses all s1 links.)
+int ring_critical_inter_steps(CollectiveKind kind, const GroupShape& shape);
+
+// The latency part of a ring collective, NCCL's tuner's ring latency (src/graph/tuning.cc) on the critical
+// path: the protocol's base latency plus, of the ring's steps (AG/RS p-1, AR 2(p-1); a broadcast chain p-1
+// hops), the ring_critical_inter_steps that cross nodes at α_n and the others at α_i; times 1.4 for a Simple
+// all-reduce across nodes of at least 64 bytes per rank and channel (NCCL's "plateau"). (For broadcast the
+// tuner counts one hop with sameChannels and nRanks tree hops otherwise, "waiting for proper chunk
+// modeling"; the chain a chunk actually traverses is used instead.)
 double ring_latency(CollectiveKind kind, const GroupShape& shape, const LinkParams& links, double bytes);
 
 // Roofline-sum compute time: flops at the GEMM efficiency plus memory-bound bytes at the HBM efficiency.

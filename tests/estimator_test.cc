@@ -128,10 +128,10 @@ TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator
   CHECK(collective_time(c, CollectiveKind::kReduceScatter, S, rail_group) ==
         Approx(kNcclBase + 3.0 / 4 * S / rail + 3 * l.alpha_inter));
   // Whole nodes: the ring has one channel per NIC (8 rails), capped by NVLink; of its 2·31 steps the
-  // 2·(4-1) crossing nodes cost α_n, the others α_i (NCCL's tuner); hierarchical: intra RS, 8 concurrent
+  // 2·4 crossing nodes on the critical path cost α_n, the others α_i; hierarchical: intra RS, 8 concurrent
   // rail rings on S/8, intra AG. The ring's latency (with the base) pays the plateau factor.
   const double ring = 2 * 31.0 / 32 * S / std::min(8 * rail, b_intra) +
-                      kPlateau * (kNcclBase + (62 - 6) * l.alpha_intra + 6 * l.alpha_inter);
+                      kPlateau * (kNcclBase + (62 - 8) * l.alpha_intra + 8 * l.alpha_inter);
   const double intra_pass = 7.0 / 8 * S / b_intra + 7 * c.intra.latency_s;
   const double hier = kNcclBase + 2 * intra_pass + 2 * (3.0 / 4 * (S / 8) / rail + 3 * l.alpha_inter);
   CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, S, all) == Approx(ring));
@@ -143,6 +143,31 @@ TEST_CASE("collective algorithms follow their α–β closed forms", "[estimator
   CHECK(collective_time(c, CollectiveKind::kAllToAll, S, all) ==
         Approx(kNcclBase + 31 * l.alpha_inter + std::max(7.0 / 32 * S / b_intra, 24.0 / 32 * S / rail)));
   CHECK(collective_time(c, CollectiveKind::kAllGather, S, GroupShape{1, 1, 1}) == 0);
+}
+
+TEST_CASE("ring critical path: the network hops of the slowest piece, counted by walking the ring",
+          "[estimator][collective]") {
+  // Rank i of the ring sits on node i / s0 (a ring visits each node's ranks in a row); link i joins rank i to
+  // rank i+1 and crosses nodes when they differ. A piece starting at rank r moves one link per step: AG / RS /
+  // BC p-1 steps, AR 2(p-1). The latency ends with the slowest piece: the most node-crossing links it walks.
+  for (int s0 = 1; s0 <= 5; ++s0)
+    for (int s1 = 1; s1 <= 6; ++s1)
+      for (CollectiveKind kind : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
+                                  CollectiveKind::kBroadcast, CollectiveKind::kAllReduce}) {
+        const int p = s0 * s1;
+        const int steps = kind == CollectiveKind::kAllReduce ? 2 * (p - 1) : p - 1;
+        int worst = 0;
+        for (int start = 0; start < p; ++start) {
+          int crossings = 0;
+          for (int k = 0; k < steps; ++k) {
+            const int from = (start + k) % p, to = (start + k + 1) % p;
+            crossings += from / s0 != to / s0;
+          }
+          worst = std::max(worst, crossings);
+        }
+        INFO("s0 " << s0 << ", s1 " << s1 << ", " << to_string(kind));
+        CHECK(ring_critical_inter_steps(kind, GroupShape{s0, s1, s0}) == worst);
+      }
 }
 
 TEST_CASE("full mesh: direct inside the node, forced algorithms only where they apply", "[estimator][collective]") {
@@ -166,7 +191,7 @@ TEST_CASE("full mesh: direct inside the node, forced algorithms only where they 
   const LinkParams l = link_params(c, GroupShape{16, 4, 8});
   CHECK(
       algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, 1e9, GroupShape{16, 4, 8}) ==
-      Approx(kNcclBase + 60 * l.alpha_intra + 3 * l.alpha_inter + 63.0 / 64 * 1e9 / std::min(16 * l.rail, b * 8 / 15)));
+      Approx(kNcclBase + 59 * l.alpha_intra + 4 * l.alpha_inter + 63.0 / 64 * 1e9 / std::min(16 * l.rail, b * 8 / 15)));
 }
 
 TEST_CASE("one stream without prefetch serialises compute and communication", "[estimator][overlap]") {
@@ -257,8 +282,8 @@ TEST_CASE("NCCL protocols: LL and LL128 trade bandwidth for per-step latency as 
   const double ll128_ai = c.intra.latency_s * 1.9 / 3.4, ll128_an = c.nic.latency_s * 4.0 / 14.0 + sw;
   const double ll_ai = std::max(c.intra.latency_s * 0.6 / 3.4, 1e-6), ll_an = c.nic.latency_s * 2.7 / 14.0 + sw;
   const double S = 64 * 1024.0 * 1024.0;
-  const double ll128 = 14.0e-6 + 28 * ll128_ai + 3 * ll128_an + 31.0 / 32 * S / (0.92 * std::min(8 * rail, b_intra));
-  const double ll = 6.6e-6 + 28 * ll_ai + 3 * ll_an + 31.0 / 32 * S / 20.4e9;
+  const double ll128 = 14.0e-6 + 27 * ll128_ai + 4 * ll128_an + 31.0 / 32 * S / (0.92 * std::min(8 * rail, b_intra));
+  const double ll = 6.6e-6 + 27 * ll_ai + 4 * ll_an + 31.0 / 32 * S / 20.4e9;
   CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, all, NcclProtocol::kLL128) ==
         Approx(ll128));
   CHECK(algorithm_time(c, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, all, NcclProtocol::kLL) ==
