@@ -1,7 +1,7 @@
 // Ring all-gather / reduce-scatter / all-reduce / broadcast, as NCCL runs it: one ring per channel, one
 // channel per NIC the group uses on a node. Closed form (collective_cost.h):
 //   AG/RS λ + (p-1)/p·S/B,  AR λ + twice that,  BC λ + S/B, with λ = ring_latency (NCCL's base latency and
-//   step split, per protocol).
+//   per-step latencies along the slowest piece's path, per protocol).
 // A ring step moves a chunk to the successor; the p-1 steps are pipelined, so each member's link carries
 // (p-1)/p·S over the whole pass: the simulation uses one flow per hop of that size, not one per step.
 #include <algorithm>
