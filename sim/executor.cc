@@ -229,7 +229,7 @@ class Executor {
   }
 
   // Runs `work` seconds of compute (its time alone) and returns the time it took: slowed to 1 / (1 +
-  // cluster.overlap_slowdown) of its speed while a collective of this GPU is in flight.
+  // cluster.overlap_slowdown) of its speed while a collective of this GPU is transferring.
   double run_compute(RankState& st, double work) {
     const double slowdown = scenario_.cluster.overlap_slowdown;
     if (slowdown <= 0) {
@@ -250,23 +250,21 @@ class Executor {
     return sg4::Engine::get_clock() - begin;
   }
 
-  // A collective of this GPU starts (+1) or ends (-1): compute running meanwhile changes speed.
-  void comm_in_flight(RankState& st, int delta) {
+  // A collective's transfer starts (+1) or ends (-1) on every member: compute running meanwhile changes
+  // speed. Counted from the transfer's start, not from a member's arrival: a member waiting for its peers
+  // holds only its kernel's few spinning SMs, where the measured slowdown comes from data moving (SM copies,
+  // HBM and link traffic).
+  void comm_in_flight(const ProcessGroup& group, int delta) {
     if (scenario_.cluster.overlap_slowdown <= 0) return;
-    const bool was = st.comm_in_flight > 0;
-    st.comm_in_flight += delta;
-    if (was != (st.comm_in_flight > 0) && st.computing > 0) st.rate_cv->notify_all();
+    for (int r : group.ranks) {
+      RankState& st = ranks_[r];
+      const bool was = st.comm_in_flight > 0;
+      st.comm_in_flight += delta;
+      if (was != (st.comm_in_flight > 0) && st.computing > 0) st.rate_cv->notify_all();
+    }
   }
 
   double collective(int rank, const CollectiveOp& op) {
-    RankState& st = ranks_[rank];
-    comm_in_flight(st, +1);
-    const double transfer_start = collective_body(rank, op);
-    comm_in_flight(st, -1);
-    return transfer_start;
-  }
-
-  double collective_body(int rank, const CollectiveOp& op) {
     RankState& st = ranks_[rank];
     const int group_index = schedule_.rank_groups[rank][op.role];
     const ProcessGroup& group = schedule_.groups[group_index];
@@ -286,6 +284,7 @@ class Executor {
     if (inst.arrived == static_cast<int>(group.ranks.size())) {
       // Last to arrive: every member is at the head of its stream, so the collective runs now.
       inst.start = sg4::Engine::get_clock();
+      comm_in_flight(group, +1);
       const GroupShape& shape = shapes_[group_index];
       const std::optional<double> recorded =
           options_.collectives ? options_.collectives->transfer_s(group_index, seq) : std::nullopt;
@@ -301,6 +300,7 @@ class Executor {
       traffic_.intra_node_bytes += t.intra_node_bytes;
       traffic_.inter_node_bytes += t.inter_node_bytes;
       ++result_.collectives;
+      comm_in_flight(group, -1);
       inst.done = true;
       inst.cv->notify_all();
     } else {
