@@ -22,6 +22,13 @@ struct CalibrationEntry {
   std::string source;          // where each number comes from, human-readable
 };
 
+// Compute slowed while a collective of the same GPU transfers (ClusterSpec::overlap_slowdown): the default of
+// every cluster a scenario describes. Lee et al., "Characterizing Compute-Communication Overlap in
+// GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114, 2025): 18.9 % on average, 40 % at most, over
+// 4-GPU A100, H100, MI250 and MI210 nodes. One number for every GPU type, known or not: the paper's average
+// across two vendors and three generations (its per-GPU values are not used).
+inline constexpr double kOverlapSlowdown = 0.189;
+
 Result<CalibrationEntry> calibration_for(std::string_view gpu_type);
 const std::vector<CalibrationEntry>& calibration_table();
 

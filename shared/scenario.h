@@ -115,8 +115,8 @@ struct ClusterSpec {
   double compute_spread = 0;
   // Compute slowed while a collective of the same GPU is in flight (its kernel holds SMs and memory
   // bandwidth): compute progresses at 1 / (1 + overlap_slowdown) of its speed meanwhile. 0 = no
-  // interference. Lee et al. (arXiv 2507.03114, 2025) measured 18.9 % on average (40 % at most) on
-  // 4-GPU A100, H100, MI250 and MI210 nodes.
+  // interference. A scenario's cluster gets kOverlapSlowdown (calibration.h: Lee et al., arXiv 2507.03114,
+  // 18.9 % on average on 4-GPU A100, H100, MI250 and MI210 nodes) unless it says otherwise.
   double overlap_slowdown = 0;
 
   int world_size() const { return nodes * gpus_per_node; }

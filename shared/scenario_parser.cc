@@ -501,6 +501,7 @@ Result<ClusterSpec> parse_cluster(const json& value) {
                    "calibration entry when cluster.protocol is \"" +
                        std::string(to_string(c.protocol)) + "\": NCCL's LL bandwidth cap depends on it");
   HZP_RETURN_IF_ERROR(r.read_number("compute_spread", c.compute_spread, kOne, {0, 0.2}));
+  c.overlap_slowdown = kOverlapSlowdown;
   HZP_RETURN_IF_ERROR(r.read_number("overlap_slowdown", c.overlap_slowdown, kOne, {0, 1}));
 
   if (c.intra.topology == IntraNodeTopology::kFullMesh && c.gpus_per_node > range::kFullMeshGpus)

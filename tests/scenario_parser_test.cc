@@ -787,11 +787,15 @@ TEST_CASE("cluster.compute_spread: 0 by default, a fraction up to 0.2", "[scenar
   CHECK(bad.status().message().rfind("cluster.compute_spread:", 0) == 0);
 }
 
-TEST_CASE("cluster.overlap_slowdown: 0 by default, a fraction up to 1", "[scenario]") {
+TEST_CASE("cluster.overlap_slowdown: the measured 0.189 by default, 0 to turn it off, a fraction up to 1",
+          "[scenario]") {
   json doc = base_doc();
-  CHECK(parse_ok(doc).cluster.overlap_slowdown == 0);
-  doc["cluster"]["overlap_slowdown"] = 0.189;
-  CHECK(parse_ok(scenario_to_json(parse_ok(doc))).cluster.overlap_slowdown == 0.189);
+  CHECK(parse_ok(doc).cluster.overlap_slowdown == kOverlapSlowdown);
+  CHECK(kOverlapSlowdown == 0.189);
+  doc["cluster"]["overlap_slowdown"] = 0;
+  CHECK(parse_ok(scenario_to_json(parse_ok(doc))).cluster.overlap_slowdown == 0);
+  doc["cluster"]["overlap_slowdown"] = 0.4;
+  CHECK(parse_ok(scenario_to_json(parse_ok(doc))).cluster.overlap_slowdown == 0.4);
   for (const json& bad_value : {json(-0.1), json(1.5), json("0.2")}) {
     doc["cluster"]["overlap_slowdown"] = bad_value;
     Result<Scenario> bad = parse_scenario(doc, "t");
