@@ -478,9 +478,11 @@ int run_replay(const std::vector<std::string>& argv) {
   }
 
   if (args->get("--steps")) return usage_error("replay", "--steps applies to a what-if (--scenario) only");
-  // The recorded times already hold each GPU's own speed: no modelled variability on top.
+  // The recorded times already hold each GPU's own speed and the slowdown of the communication that ran
+  // beside its compute: no modelled variability or interference on top.
   Scenario scenario = *recorded_scenario;
   scenario.cluster.compute_spread = 0;
+  scenario.cluster.overlap_slowdown = 0;
   const Schedule& schedule = *recorded_schedule;
   const std::string out_dir = args->get("--out").value_or("out/replay-" + safe_file_name(scenario.name));
   if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
@@ -590,7 +592,8 @@ const std::vector<Command>& commands() {
        "Reads TRACE (traces/README.md, format v1) and rebuilds the schedule from the scenario it recorded.\n"
        "Without --scenario it runs that schedule in the SimGrid executor with the recorded durations: compute\n"
        "and optimizer ops take what the same op took in the same step, each collective its recorded transfer\n"
-       "time (last member's arrival to end). Prints recorded vs replayed step time per rank and writes\n"
+       "time (last member's arrival to end); no per-GPU spread or overlap slowdown on top (the recorded times\n"
+       "hold both). Prints recorded vs replayed step time per rank and writes\n"
        "DIR/summary.json (hzp simulate's plus a \"replay\" object) and DIR/timeline.json (default DIR:\n"
        "out/replay-<scenario name>). A trace that does not match the schedule its scenario rebuilds is an\n"
        "error naming the event.\n\n"
