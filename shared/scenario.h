@@ -113,7 +113,7 @@ struct ClusterSpec {
   // standard normal draw per rank (seeded by the rank), so a synchronous step waits for the slowest GPU.
   // 0 = identical GPUs. The simulator applies it; the analytic estimator does not.
   double compute_spread = 0;
-  // Compute slowed while a collective of the same GPU is in flight (its kernel holds SMs and memory
+  // Compute slowed while a collective of the same GPU transfers (its kernels hold SMs, memory and link
   // bandwidth): compute progresses at 1 / (1 + overlap_slowdown) of its speed meanwhile. 0 = no
   // interference. A scenario's cluster gets kOverlapSlowdown (calibration.h: Lee et al., arXiv 2507.03114,
   // 18.9 % on average on 4-GPU A100, H100, MI250 and MI210 nodes) unless it says otherwise.

@@ -53,7 +53,7 @@ struct RankState {
   double compute_busy = 0;
   double comm_busy = 0;
   bool recorded = false;
-  // cluster.overlap_slowdown: collectives of this GPU in flight, and compute ops waiting on `rate_cv` for
+  // cluster.overlap_slowdown: collectives of this GPU transferring, and compute ops waiting on `rate_cv` for
   // that count to change between none and some (their speed changes then).
   int comm_in_flight = 0;
   int computing = 0;
