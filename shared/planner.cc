@@ -38,7 +38,7 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
   HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(c, scenario.policy.parallel));
   const std::vector<ShardingSpec> shardings = valid_shardings(axis.ranks_per_node, axis.nodes);
   const ModelCost cost = scenario_cost(scenario);
-  const StateBytes bytes = state_bytes_per_param(scenario.training.precision);
+  const StateBytes bytes = state_bytes_per_param(scenario.training.precision, scenario.policy.comm.grad_reduce_in_fp32);
   const long long total =
       static_cast<long long>(shardings.size() * options.prefetch_depths.size() * options.separate_streams.size());
   SearchResult result;

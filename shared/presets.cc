@@ -293,14 +293,19 @@ const std::vector<FrameworkComm>& framework_table() {
        25 * kMiBytes,
        "PyTorch FSDP (torch/distributed/fsdp): gradients reduce-scattered per wrapped unit during backward; "
        "parameters all-gathered per unit on demand with forward/backward prefetch (nothing to refresh at "
-       "the step's end)."},
+       "the step's end). MixedPrecision's reduce_dtype defaults to the parameter dtype (bf16); torchtitan "
+       "sets float32 (training.mixed_precision_reduce): policy.comm.grad_reduce_in_fp32."},
       {"megatron",
        {"megatron", GR::kReduceScatter, PR::kAllGather, false, true, PG::kUnit},
        80 * 1000 * 1000,
        "Megatron-LM distributed optimizer (megatron/core/distributed, docs/source/api-guide/"
        "dist_optimizer.md): gradients reduce-scattered in buckets of max(40M, 1M x DP) parameters (80 MB of "
        "bf16 at DP <= 40), updated parameters all-gathered after the step; --overlap-param-gather (off by "
-       "default) would overlap that all-gather with the next forward."},
+       "default) would overlap that all-gather with the next forward. Under bf16 the gradients are accumulated "
+       "and reduced in fp32 (megatron/training/arguments.py: bf16 sets accumulate_allreduce_grads_in_fp32, "
+       "i.e. DistributedDataParallelConfig.grad_reduce_in_fp32, which NeMo's recipes also set); under fp16 "
+       "in fp16.",
+       true},
   };
   return table;
 }

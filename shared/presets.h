@@ -53,6 +53,8 @@ struct FrameworkComm {
   CommSpec comm;
   std::int64_t bucket_bytes;  // gradient bucket in bytes of bf16 gradients
   const char* source;
+  // Gradients reduced in fp32 when the working precision is bf16 (not fp16): Megatron-LM's rule.
+  bool grad_reduce_in_fp32_with_bf16 = false;
 };
 Result<FrameworkComm> framework_comm(std::string_view name);
 std::vector<std::string> framework_names();

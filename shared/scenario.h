@@ -226,6 +226,10 @@ struct CommSpec {
   // previous bucket's reduction.
   bool grad_reduce_overlap = true;
   ParamGather param_gather = ParamGather::kUnit;  // granularity of ZeRO-3 style parameter gathers
+  // true: gradients are kept and reduced in fp32 although the working precision is 16-bit (Megatron-LM's
+  // main_grad buffer, FSDP's reduce_dtype = float32): every data-parallel gradient collective moves, and
+  // every gradient buffer holds, 4 bytes per parameter. No effect under training.precision "fp32".
+  bool grad_reduce_in_fp32 = false;
   bool operator==(const CommSpec&) const = default;
 };
 

@@ -741,8 +741,9 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
   HZP_RETURN_IF_ERROR(check_sharding(p.sharding, gpus_per_node, nodes, r.path_of("sharding")));
 
   if (r.has("comm")) {
-    HZP_ASSIGN_OR_RETURN(ObjectReader c, r.child("comm", {"framework", "grad_reduce", "param_refresh",
-                                                          "refresh_overlap", "grad_reduce_overlap", "param_gather"}));
+    HZP_ASSIGN_OR_RETURN(ObjectReader c,
+                         r.child("comm", {"framework", "grad_reduce", "param_refresh", "refresh_overlap",
+                                          "grad_reduce_overlap", "param_gather", "grad_reduce_in_fp32"}));
     if (c.has("framework")) {
       std::string name;
       HZP_RETURN_IF_ERROR(c.read_string("framework", name));
@@ -758,6 +759,7 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     HZP_RETURN_IF_ERROR(c.read_bool("refresh_overlap", p.comm.refresh_overlap));
     HZP_RETURN_IF_ERROR(c.read_bool("grad_reduce_overlap", p.comm.grad_reduce_overlap));
     HZP_RETURN_IF_ERROR(c.read_enum("param_gather", p.comm.param_gather, {ParamGather::kUnit, ParamGather::kTensor}));
+    HZP_RETURN_IF_ERROR(c.read_bool("grad_reduce_in_fp32", p.comm.grad_reduce_in_fp32));
   }
 
   if (r.has("overlap")) {
@@ -805,6 +807,19 @@ json group_json(const ShardGroup& g) {
   return json::array({g.s0, g.s1});
 }
 
+// A framework default that depends on the working precision, known only once training is read: Megatron-LM
+// reduces gradients in fp32 under bf16 and in fp16 under fp16. A grad_reduce_in_fp32 given in the scenario wins
+// (parse_policy has already validated policy.comm).
+void apply_precision_defaults(const json& policy, Scenario& s) {
+  const auto comm = policy.find("comm");
+  if (comm == policy.end() || comm->contains("grad_reduce_in_fp32")) return;
+  const auto name = comm->find("framework");
+  if (name == comm->end() || !name->is_string()) return;
+  const Result<FrameworkComm> framework = framework_comm(name->get<std::string>());
+  if (framework.ok() && framework->grad_reduce_in_fp32_with_bf16)
+    s.policy.comm.grad_reduce_in_fp32 = s.training.precision == Precision::kBf16;
+}
+
 }  // namespace
 
 Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name) {
@@ -819,6 +834,7 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster));
   HZP_ASSIGN_OR_RETURN(s.training,
                        parse_training(r.at("training"), s.model, s.data_parallel(), s.policy.parallel.pipeline));
+  apply_precision_defaults(r.at("policy"), s);
   if (s.training.fp8 && !(s.cluster.gpu.fp8_peak_flops > 0))
     return invalid("training.fp8",
                    "cluster.gpu \"" + s.cluster.gpu.type +
@@ -1005,7 +1021,8 @@ nlohmann::json scenario_to_json(const Scenario& s) {
         {"param_refresh", to_string(p.comm.param_refresh)},
         {"refresh_overlap", p.comm.refresh_overlap},
         {"grad_reduce_overlap", p.comm.grad_reduce_overlap},
-        {"param_gather", to_string(p.comm.param_gather)}}},
+        {"param_gather", to_string(p.comm.param_gather)},
+        {"grad_reduce_in_fp32", p.comm.grad_reduce_in_fp32}}},
       {"expert_parallel", p.expert_parallel},
       {"parallel", parallel_to_json(p.parallel)},
   };

@@ -104,7 +104,7 @@ class DataParallelBuilder {
         overlap_(scenario.policy.overlap),
         ep_(scenario.policy.expert_parallel),
         num_kinds_(ep_ > 1 ? 2 : 1),
-        state_(state_bytes_per_param(scenario.training.precision)),
+        state_(state_bytes_per_param(scenario.training.precision, scenario.policy.comm.grad_reduce_in_fp32)),
         dtype_(scenario.training.precision == Precision::kFp32   ? DType::kFp32
                : scenario.training.precision == Precision::kFp16 ? DType::kFp16
                                                                  : DType::kBf16),
@@ -183,8 +183,11 @@ class DataParallelBuilder {
       schedule_.units = std::move(all);
     }
     // Buckets: with sharded parameters every unit is its own bucket (FSDP's wrapping unit); with replicated
-    // parameters, consecutive units in backward order are packed until bucket_bytes (DDP / DeepSpeed).
-    const double bucket_params = static_cast<double>(overlap_.bucket_bytes) / state_.grad;
+    // parameters, consecutive units in backward order are packed until bucket_bytes (DDP / DeepSpeed). A
+    // bucket counts bytes of working-precision gradients, i.e. parameters (the frameworks size theirs in
+    // elements): gradients reduced in fp32 move twice its bytes.
+    const double bucket_params =
+        static_cast<double>(overlap_.bucket_bytes) / state_bytes_per_param(scenario_.training.precision).grad;
     for (int k = 0; k < num_kinds_; ++k)
       for (int u = static_cast<int>(units_.size()) - 1; u >= 0; --u) {
         if (units_[u].params[k] == 0) continue;

@@ -274,6 +274,12 @@ StateBytes state_bytes_per_param(Precision precision) {
   return {};
 }
 
+StateBytes state_bytes_per_param(Precision precision, bool grads_in_fp32) {
+  StateBytes bytes = state_bytes_per_param(precision);
+  if (grads_in_fp32) bytes.grad = 4;
+  return bytes;
+}
+
 MemoryBreakdown memory_of_program(const ModelCost& cost, const Schedule& schedule, int program) {
   MemoryBreakdown m;
   const StateBytesPerRank& states = schedule.state_bytes[program];

@@ -83,6 +83,8 @@ struct StateBytes {
   double optimizer = 0;  // master weights + Adam moments
 };
 StateBytes state_bytes_per_param(Precision precision);
+// The same with policy.comm.grad_reduce_in_fp32: gradients kept (and reduced) in fp32, 4 bytes per parameter.
+StateBytes state_bytes_per_param(Precision precision, bool grads_in_fp32);
 
 struct MemoryBreakdown {
   double params = 0;

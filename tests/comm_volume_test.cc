@@ -164,6 +164,36 @@ TEST_CASE("InternEvo's ZeRO-1: all-reduce of the gradients + one broadcast per o
   }
 }
 
+TEST_CASE("gradients reduced in fp32 move and hold twice the gradient bytes, in the same buckets",
+          "[comm][framework]") {
+  for (int nodes : {1, 4}) {
+    const double D = 8.0 * nodes;
+    INFO("nodes " << nodes);
+    const nlohmann::json ddp_doc = scenario_json("llama2-7b", "dgx-a100", nodes, "ddp", 4096);
+    const Built ddp = build(scenario_from(ddp_doc));
+    const double psi = static_cast<double>(ddp.cost.params);
+    nlohmann::json doc = ddp_doc;
+    doc["policy"]["comm"] = {{"grad_reduce_in_fp32", true}};
+    const Built fp32 = build(scenario_from(doc));
+    // DDP's all-reduce: 2(D-1)/D of 4 bytes per parameter instead of 2.
+    CHECK(bytes_sent(fp32) == Approx(2 * (D - 1) / D * 4 * psi).epsilon(1e-6));
+    CHECK(fp32.schedule.buckets.size() == ddp.schedule.buckets.size());
+    CHECK(fp32.schedule.state_bytes[0].grads == Approx(2 * ddp.schedule.state_bytes[0].grads));
+    CHECK(fp32.schedule.state_bytes[0].params == Approx(ddp.schedule.state_bytes[0].params));
+    // Megatron's distributed optimizer under bf16: reduce-scatter of fp32 gradients (D-1)/D·4Ψ, all-gather of
+    // the bf16 parameters (D-1)/D·2Ψ.
+    doc = scenario_json("llama2-7b", "dgx-a100", nodes, "zero1", 4096);
+    doc["policy"]["comm"] = {{"framework", "megatron"}};
+    const Built megatron = build(scenario_from(doc));
+    REQUIRE(megatron.scenario.policy.comm.grad_reduce_in_fp32);
+    CHECK(bytes_sent(megatron) == Approx((D - 1) / D * 6 * psi).epsilon(1e-6));
+    // Megatron-LM's docs/source/api-guide/dist_optimizer.md: "bf16 param, fp32 grads" take 6 + 12/d bytes
+    // per parameter with the distributed optimizer.
+    const StateBytesPerRank& states = megatron.schedule.state_bytes[0];
+    CHECK(states.params + states.grads + states.optimizer == Approx((6 + 12 / D) * psi).epsilon(1e-9));
+  }
+}
+
 TEST_CASE("DeepSpeed's ZeRO-3: one all-gather per large tensor, the same bytes as one per unit", "[comm][framework]") {
   nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero3", 4096);
   const Built unit = build(scenario_from(doc));

@@ -769,6 +769,35 @@ TEST_CASE("policy.comm: a framework sets the collective choices and bucket, fiel
   CHECK(bad.status().message().rfind("policy.comm.grad_reduce: must be one of", 0) == 0);
 }
 
+TEST_CASE("policy.comm.grad_reduce_in_fp32: Megatron's follows the precision, the others default to 16 bits",
+          "[scenario][framework]") {
+  json doc = base_doc();
+  CHECK_FALSE(parse_ok(doc).policy.comm.grad_reduce_in_fp32);
+  // Megatron-LM: bf16 accumulates and reduces gradients in fp32, fp16 in fp16.
+  doc["policy"]["comm"] = {{"framework", "megatron"}};
+  doc["training"]["precision"] = "bf16";
+  Scenario s = parse_ok(doc);
+  CHECK(s.policy.comm.grad_reduce_in_fp32);
+  CHECK(parse_ok(scenario_to_json(s)).policy.comm == s.policy.comm);  // the resolved form round-trips
+  doc["training"]["precision"] = "fp16";
+  CHECK_FALSE(parse_ok(doc).policy.comm.grad_reduce_in_fp32);
+  // A value given in the scenario wins over the framework's.
+  doc["training"]["precision"] = "bf16";
+  doc["policy"]["comm"]["grad_reduce_in_fp32"] = false;
+  CHECK_FALSE(parse_ok(doc).policy.comm.grad_reduce_in_fp32);
+  for (const char* name : {"hzp", "internevo", "deepspeed", "fsdp"}) {
+    doc["policy"]["comm"] = {{"framework", name}};
+    INFO(name);
+    CHECK_FALSE(parse_ok(doc).policy.comm.grad_reduce_in_fp32);
+    doc["policy"]["comm"]["grad_reduce_in_fp32"] = true;  // torchtitan's FSDP2: reduce_dtype float32
+    CHECK(parse_ok(doc).policy.comm.grad_reduce_in_fp32);
+  }
+  doc["policy"]["comm"] = {{"grad_reduce_in_fp32", "yes"}};
+  Result<Scenario> bad = parse_scenario(doc, "t");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().rfind("policy.comm.grad_reduce_in_fp32:", 0) == 0);
+}
+
 }  // namespace
 }  // namespace hzp
 

@@ -20,13 +20,16 @@ What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
   DeepSpeed ZeRO-1/2/3 over N GPUs      zero1 / zero2 / zero3 (N < dp: that group); framework deepspeed
   MiCS s_p=s_g=s_os=N, HSDP             everything over N ranks (hsdp when N is a node); deepspeed for MiCS
   AMSP s_p=.., s_g=.., s_os=..          explicit groups; hzp's own overlapped schedule
-  FSDP2 degree N, Megatron-FSDP         zero3 over data x context ranks (N < dp: HSDP groups); framework fsdp
-  distributed optimizer (Megatron/NeMo) zero1; framework megatron, refresh overlapped if "param-gather" named
+  FSDP2 degree N, Megatron-FSDP         zero3 over data x context ranks (N < dp: HSDP groups); framework fsdp;
+                                        gradients reduced in fp32 under bf16 (torchtitan, Megatron-FSDP)
+  distributed optimizer (Megatron/NeMo) zero1; framework megatron (gradients in fp32 under bf16), refresh
+                                        overlapped if "param-gather" named
   tp / pp / vpp / cp / sequence_parallel policy.parallel (ring context parallelism)
   moe_experts / moe_topk / moe_ffn, ep   model.moe (every layer) and policy.expert_parallel
   FP8 precision                         training.fp8: the linear layers' GEMMs at the GPU's FP8 peak, the rest
                                         (attention core, LM head, memory-bound kernels) and all states and
-                                        communication in bf16 (Transformer Engine's and torchtitan's default)
+                                        communication in bf16 (Transformer Engine's and torchtitan's default),
+                                        gradients reduced as above
 grad_accum comes from the global batch when not published; a row with only MFU is calibrated and compared by
 MFU (its published tokens/s/GPU shown at the simulated run's FLOPs per token).
 
@@ -265,10 +268,12 @@ def nic_of(row, nodes):
 
 def precision_of(row):
     """(training.precision, fp8, assumption or None): FP8 runs keep bf16 weights, gradients and
-    communication (Transformer Engine's default); only the linear layers' GEMMs run in FP8."""
+    communication (Transformer Engine's default; the gradients are reduced as the framework reduces them
+    under bf16); only the linear layers' GEMMs run in FP8."""
     text = (row.get("precision") or "bf16").lower()
     if "fp8" in text or "float8" in text:
-        return "bf16", True, "FP8: linear-layer GEMMs in FP8, everything else (and all states and communication) in bf16"
+        return "bf16", True, ("FP8: linear-layer GEMMs in FP8, everything else (and all states and communication, "
+                              "but gradients a framework reduces in fp32) in bf16")
     for name in ("bf16", "fp16", "fp32"):
         if name in text:
             return name, False, None
@@ -382,6 +387,13 @@ def scenario_of(row, cluster_extra):
     nic = nic_of(row, gpus // gpn)
     if nic:
         cluster["nic"] = nic
+    # Gradients reduced in fp32 under bf16: torchtitan (training.mixed_precision_reduce = "float32") and
+    # Megatron-FSDP (NeMo's recipes: DistributedDataParallelConfig(grad_reduce_in_fp32=True)); Megatron's own
+    # distributed optimizer gets it from policy.comm.framework "megatron".
+    name = (row.get("framework") or "").lower()
+    megatron_fsdp = ("megatron" in name or "nemo" in name) and policy.get("comm", {}).get("framework") == "fsdp"
+    if precision == "bf16" and ("torchtitan" in name or megatron_fsdp):
+        policy.setdefault("comm", {})["grad_reduce_in_fp32"] = True
     doc = {
         "name": f"{row['id']}-{gpus}",
         "model": model,
