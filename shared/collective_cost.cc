@@ -102,7 +102,9 @@ const char* to_string(NcclProtocol protocol) {
 LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtocol protocol) {
   LinkParams p;
   p.intra = c.intra.bytes_per_s * c.efficiency.intra_node;
-  const bool spans_leaves = shape.nodes > c.inter.leaf_size;
+  // Nodes placed in order fill a leaf before the next; scattered ones put nearly every pair under two leaves.
+  const bool spans_leaves =
+      c.inter.placement == Placement::kScattered ? shape.nodes > 1 && c.leaves() > 1 : shape.nodes > c.inter.leaf_size;
   p.rail = c.nic.per_node * c.nic.bytes_per_s * c.efficiency.inter_node / c.gpus_per_node;
   if (spans_leaves) p.rail /= c.inter.oversubscription;
   const ProtocolRow& row = row_of(protocol);

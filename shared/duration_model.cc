@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "shared/collective_cost.h"
+#include "shared/hash.h"
 
 namespace hzp {
 
@@ -22,12 +23,6 @@ double SpreadDurations::speed_factor(int rank) const {
 }
 
 namespace {
-std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 double unit_open(std::uint64_t bits) {  // (0, 1)
   return (static_cast<double>(bits >> 11) + 0.5) / 9007199254740992.0;
 }

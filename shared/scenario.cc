@@ -1,8 +1,12 @@
-// Names of the scenario enums, as they are spelled in scenario JSON (the parser matches against these).
+// Names of the scenario enums, as they are spelled in scenario JSON (the parser matches against these), and
+// the small derived quantities of a scenario (mesh, leaf uplinks, node placement).
 #include "shared/scenario.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
+
+#include "shared/hash.h"
 
 namespace hzp {
 
@@ -80,6 +84,51 @@ const char* to_string(NicMapping v) {
       return "rail";
     case NicMapping::kShared:
       return "shared";
+  }
+  return "?";
+}
+
+int leaf_uplinks(const ClusterSpec& c) {
+  const double ports = c.inter.leaf_size * static_cast<double>(c.nic.per_node) / c.inter.oversubscription;
+  return std::max(1, static_cast<int>(std::floor(ports + 1e-9)));
+}
+
+int ecmp_uplinks_per_nic(const ClusterSpec& c) {
+  if (!c.inter.rail_optimized) return leaf_uplinks(c);
+  return std::max(1, static_cast<int>(std::floor(c.inter.leaf_size / c.inter.oversubscription + 1e-9)));
+}
+
+std::vector<int> node_leaves(const ClusterSpec& c) {
+  std::vector<int> slot(static_cast<size_t>(std::max(0, c.nodes)));
+  for (int n = 0; n < c.nodes; ++n) slot[n] = n;
+  if (c.inter.placement == Placement::kScattered) {
+    // Fisher-Yates with a portable draw (std::shuffle's sequence differs between standard libraries).
+    const std::uint64_t seed = splitmix64(0x706c6163656d656eULL ^ static_cast<std::uint64_t>(c.inter.seed));
+    for (int n = c.nodes - 1; n > 0; --n) {
+      const auto j = static_cast<int>(splitmix64(seed + static_cast<std::uint64_t>(n)) % (n + 1));
+      std::swap(slot[n], slot[j]);
+    }
+  }
+  for (int& s : slot) s /= c.inter.leaf_size;
+  return slot;
+}
+
+const char* to_string(Routing v) {
+  switch (v) {
+    case Routing::kBalanced:
+      return "balanced";
+    case Routing::kEcmp:
+      return "ecmp";
+  }
+  return "?";
+}
+
+const char* to_string(Placement v) {
+  switch (v) {
+    case Placement::kContiguous:
+      return "contiguous";
+    case Placement::kScattered:
+      return "scattered";
   }
   return "?";
 }

@@ -51,7 +51,14 @@ struct ModelSpec {
 // ---------------------------------------------------------------------------------------------------------
 
 enum class IntraNodeTopology { kSwitch, kFullMesh };
-enum class NicMapping { kRail, kShared };  // rail: local GPU g uses NIC g*nics/gpus_per_node
+enum class NicMapping { kRail, kShared };
+// How a flow between leaves picks its spine uplink. balanced: every flow spreads over all of its leaf's
+// uplinks (one aggregated link per leaf: what static routes balanced per destination, or adaptive routing,
+// give); ecmp: each flow (one per NCCL channel) is hashed onto one uplink and keeps it, so flows collide.
+enum class Routing { kBalanced, kEcmp };
+// Where a job's nodes sit under the leaves. contiguous: node n under leaf n / leaf_size (rank order follows
+// the switches); scattered: a seeded random permutation of the nodes over the same leaves.
+enum class Placement { kContiguous, kScattered };  // rail: local GPU g uses NIC g*nics/gpus_per_node
 // NCCL_ALGO-like override of the collective algorithm selection (collective_cost.h); auto = cheapest.
 enum class CollectiveAlgorithmChoice { kAuto, kRing, kHierarchical };
 // NCCL_PROTO-like override of the protocol (collective_cost.h); auto = NCCL's cheapest of LL, LL128, Simple.
@@ -96,6 +103,15 @@ struct InterNodeSpec {
   int leaf_size = 0;            // nodes under one leaf switch
   double oversubscription = 1;  // leaf downlink : uplink bandwidth ratio (1 = non-blocking)
   double switch_latency_s = 0;  // per switch traversed
+  Routing routing = Routing::kBalanced;
+  // ecmp only: each rail's NICs hang off a leaf of their own (rail-optimized fabric), so a flow of rail k
+  // hashes over that rail's share of the leaf group's uplinks instead of all of them.
+  bool rail_optimized = false;
+  // ecmp only: queue pairs per NCCL channel connection (NCCL_IB_QPS_PER_CONNECTION, default 1), each hashed
+  // on its own: more of them spread a channel's bytes over more uplinks (Meta's "QP scaling").
+  int qps_per_connection = 1;
+  Placement placement = Placement::kContiguous;
+  int seed = 1;  // the ECMP hash and the scattered placement
 };
 
 struct ClusterSpec {
@@ -120,7 +136,18 @@ struct ClusterSpec {
   double overlap_slowdown = 0;
 
   int world_size() const { return nodes * gpus_per_node; }
+  int leaves() const { return (nodes + inter.leaf_size - 1) / inter.leaf_size; }
 };
+
+// The spine uplinks of one leaf: leaf_size · NICs / oversubscription ports at a NIC's rate (at least one),
+// so that together they carry what the balanced model's one aggregated uplink carries.
+int leaf_uplinks(const ClusterSpec& c);
+// The uplinks one NIC's flows hash over under ECMP: all of its leaf's, or on a rail-optimized fabric its
+// rail's share (each rail's leaf has leaf_size / oversubscription of them).
+int ecmp_uplinks_per_nic(const ClusterSpec& c);
+// The leaf each node sits under (cluster.inter_node.placement): node n under n / leaf_size, or a seeded
+// permutation of the same slots. O(nodes).
+std::vector<int> node_leaves(const ClusterSpec& c);
 
 // ---------------------------------------------------------------------------------------------------------
 // Training
@@ -327,6 +354,8 @@ const char* to_string(ModelFamily v);
 const char* to_string(PositionEmbedding v);
 const char* to_string(IntraNodeTopology v);
 const char* to_string(NicMapping v);
+const char* to_string(Routing v);
+const char* to_string(Placement v);
 const char* to_string(CollectiveAlgorithmChoice v);
 const char* to_string(ProtocolChoice v);
 const char* to_string(GpuArch v);

@@ -64,6 +64,8 @@ constexpr std::int64_t kFullMeshGpus = 64;  // a full mesh of R GPUs has R(R-1)/
 constexpr std::int64_t kWorld = 1 << 18;    // GPUs in all: above the largest clusters built (~200 k)
 constexpr std::int64_t kNics = 64;
 constexpr std::int64_t kLeafSize = 1 << 16;
+constexpr std::int64_t kEcmpPorts = 1 << 20;
+constexpr std::int64_t kQpsPerConnection = 64;  // SimGrid hosts, ~1 KiB each
 constexpr std::int64_t kSeqLen = 1 << 22;
 constexpr std::int64_t kMicroBatch = 1 << 16;
 constexpr std::int64_t kMicroBatchTokens = 1 << 26;  // micro_batch x seq_len
@@ -468,8 +470,9 @@ Result<ClusterSpec> parse_cluster(const json& value) {
   }
 
   if (r.has("inter_node")) {
-    HZP_ASSIGN_OR_RETURN(ObjectReader inter,
-                         r.child("inter_node", {"topology", "leaf_size", "oversubscription", "switch_latency_us"}));
+    HZP_ASSIGN_OR_RETURN(ObjectReader inter, r.child("inter_node", {"topology", "leaf_size", "oversubscription",
+                                                                    "switch_latency_us", "routing", "rail_optimized",
+                                                                    "qps_per_connection", "placement", "seed"}));
     std::string topology = "fat_tree";
     HZP_RETURN_IF_ERROR(inter.read_string("topology", topology));
     if (topology != "fat_tree")
@@ -478,6 +481,12 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(inter.read_int("leaf_size", c.inter.leaf_size, 1, range::kLeafSize));
     HZP_RETURN_IF_ERROR(inter.read_number("oversubscription", c.inter.oversubscription, kOne, {1, 1000}));
     HZP_RETURN_IF_ERROR(inter.read_number("switch_latency_us", c.inter.switch_latency_s, kUs, {0, 1e6}));
+    HZP_RETURN_IF_ERROR(inter.read_enum("routing", c.inter.routing, {Routing::kBalanced, Routing::kEcmp}));
+    HZP_RETURN_IF_ERROR(inter.read_bool("rail_optimized", c.inter.rail_optimized));
+    HZP_RETURN_IF_ERROR(inter.read_int("qps_per_connection", c.inter.qps_per_connection, 1, range::kQpsPerConnection));
+    HZP_RETURN_IF_ERROR(
+        inter.read_enum("placement", c.inter.placement, {Placement::kContiguous, Placement::kScattered}));
+    HZP_RETURN_IF_ERROR(inter.read_int("seed", c.inter.seed, 0, kIntMax));
   }
 
   if (r.has("efficiency")) {
@@ -509,6 +518,25 @@ Result<ClusterSpec> parse_cluster(const json& value) {
                    "must be at most " + std::to_string(range::kFullMeshGpus) +
                        " with a \"full_mesh\" intra-node topology (one link per GPU pair)",
                    c.gpus_per_node);
+  // Fields that only shape ECMP's hashing would be silently ignored under balanced routing.
+  if (c.inter.routing != Routing::kEcmp) {
+    if (c.inter.rail_optimized)
+      return invalid("cluster.inter_node.rail_optimized",
+                     "only applies with routing \"ecmp\" (balanced routing spreads every flow over all uplinks)", true);
+    if (c.inter.qps_per_connection != 1)
+      return invalid("cluster.inter_node.qps_per_connection", "only applies with routing \"ecmp\"",
+                     c.inter.qps_per_connection);
+  }
+  // ECMP gives every NIC one endpoint per uplink it may hash onto (sim/platform.cc): bound their number.
+  if (c.inter.routing == Routing::kEcmp && c.leaves() > 1) {
+    const double ports = static_cast<double>(c.nodes) * c.nic.per_node * ecmp_uplinks_per_nic(c);
+    if (ports > range::kEcmpPorts)
+      return invalid("cluster.inter_node.routing",
+                     "\"ecmp\" needs nodes x NICs x uplinks per NIC <= " + std::to_string(range::kEcmpPorts) +
+                         " (here " + std::to_string(static_cast<long long>(ports)) +
+                         "): use fewer nodes per leaf, a rail-optimized fabric, or balanced routing",
+                     "ecmp");
+  }
   // Rail mapping pairs local GPU g with NIC g * nics / gpus_per_node, which needs one count to divide the other.
   if (c.nic.mapping == NicMapping::kRail && c.gpus_per_node % c.nic.per_node != 0 &&
       c.nic.per_node % c.gpus_per_node != 0)
@@ -961,7 +989,12 @@ nlohmann::json scenario_to_json(const Scenario& s) {
        {{"topology", "fat_tree"},
         {"leaf_size", c.inter.leaf_size},
         {"oversubscription", c.inter.oversubscription},
-        {"switch_latency_us", to_unit(c.inter.switch_latency_s, kUs)}}},
+        {"switch_latency_us", to_unit(c.inter.switch_latency_s, kUs)},
+        {"routing", to_string(c.inter.routing)},
+        {"rail_optimized", c.inter.rail_optimized},
+        {"qps_per_connection", c.inter.qps_per_connection},
+        {"placement", to_string(c.inter.placement)},
+        {"seed", c.inter.seed}}},
       {"efficiency",
        {{"gemm", c.efficiency.gemm},
         {"memory_bound", c.efficiency.memory_bound},

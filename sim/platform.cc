@@ -3,7 +3,8 @@
 //   cluster (star zone = the non-blocking spine; routes only between leaf zones)
 //   ├── gpus-<n>   GPU hosts: one star zone of per-GPU NVSwitch ports, or full zones of per-pair mesh links
 //   └── leaf-<l>   one star zone per leaf switch holding the NIC hosts of its nodes; its gateway router
-//                  reaches the spine through the leaf's own uplink
+//                  reaches the spine through the leaf's own uplink (balanced routing), or under ECMP each
+//                  NIC has one endpoint per uplink it may hash onto, whose route ends with that uplink
 //
 // GPU hosts and NIC hosts never talk to each other: an inter-node flow is modelled NIC -> NIC (GPUDirect
 // RDMA takes the data from the GPU to its rail NIC over PCIe, not over NVLink), an intra-node flow GPU -> GPU.
@@ -14,6 +15,8 @@
 
 #include <simgrid/s4u/Link.hpp>
 #include <simgrid/s4u/NetZone.hpp>
+
+#include "shared/hash.h"
 
 namespace hzp::sim {
 namespace sg4 = simgrid::s4u;
@@ -65,6 +68,25 @@ int Platform::nic_index(int rank) const {
 
 sg4::Host* Platform::nic_of(int rank) const {
   return nics[node_of(rank)][nic_index(rank)];
+}
+
+int Platform::ecmp_channels() const {
+  constexpr int kChannelsPerNic = 2;
+  return kChannelsPerNic * cluster->inter.qps_per_connection;
+}
+
+int Platform::ecmp_uplink(std::uint64_t group_key, int src_nic, int dst_nic, int flow) const {
+  std::uint64_t key = splitmix64(static_cast<std::uint64_t>(cluster->inter.seed) ^ 0x65636d70ULL);
+  for (std::uint64_t part : {group_key, static_cast<std::uint64_t>(src_nic), static_cast<std::uint64_t>(dst_nic),
+                             static_cast<std::uint64_t>(flow)})
+    key = splitmix64(key ^ part);
+  return static_cast<int>(key % static_cast<std::uint64_t>(uplinks_per_nic));
+}
+
+std::uint64_t ecmp_group_key(const ProcessGroup& group) {
+  std::uint64_t key = splitmix64(static_cast<std::uint64_t>(group.role));
+  key = splitmix64(key ^ static_cast<std::uint64_t>(group.ranks.empty() ? -1 : group.ranks.front()));
+  return splitmix64(key ^ group.ranks.size());
 }
 
 Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
@@ -123,15 +145,35 @@ Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
     zone->seal();
   }
 
+  // Where each node sits (cluster.inter_node.placement), and the nodes under each leaf.
+  p.leaf_of_node = node_leaves(c);
+  std::vector<std::vector<int>> leaf_nodes(leaves);
+  for (int n = 0; n < c.nodes; ++n) leaf_nodes[p.leaf_of_node[n]].push_back(n);
+  p.node_nics.resize(c.nodes);
+  // ECMP: every NIC gets one endpoint per uplink it may hash onto, whose route ends with that uplink, so a
+  // flow that picks uplink u runs between the two NICs' endpoints u (SimGrid routes per host, not per flow).
+  const bool ecmp = c.inter.routing == Routing::kEcmp && leaves > 1;
+  if (ecmp) {
+    p.uplinks_per_nic = ecmp_uplinks_per_nic(c);
+    p.ports.resize(static_cast<size_t>(c.nodes) * c.nic.per_node * p.uplinks_per_nic);
+  }
+  const int pools = c.inter.rail_optimized ? c.nic.per_node : 1;  // uplink pools per leaf
+  const double leaf_up_bw = c.inter.leaf_size * c.nic.per_node * nic_link / c.inter.oversubscription;
+
   for (int l = 0; l < leaves; ++l) {
     const std::string leaf = "leaf-" + std::to_string(l);
     sg4::NetZone* zone = sg4::create_star_zone(leaf);
     zone->set_parent(root);
     // The leaf switch itself is the zone's centre; the router is where its uplink starts.
     simgrid::kernel::routing::NetPoint* gateway = zone->create_router(leaf + "-switch");
-    const int first_node = l * c.inter.leaf_size;
-    const int last_node = std::min(c.nodes, first_node + c.inter.leaf_size);
-    for (int n = first_node; n < last_node; ++n) {
+    // ECMP's uplinks: ports at the rate that makes them add up to the balanced model's aggregated uplink.
+    std::vector<sg4::SplitDuplexLink*> ups;
+    for (int u = 0; ecmp && u < pools * p.uplinks_per_nic; ++u) {
+      ups.push_back(
+          zone->create_split_duplex_link(leaf + "-up-" + std::to_string(u), leaf_up_bw / (pools * p.uplinks_per_nic)));
+      ups.back()->seal();
+    }
+    for (int n : leaf_nodes[l]) {
       // The node's NICs together: every rail's traffic also crosses this bundle, whose capacity is the sum of
       // the rails, so it never limits rail traffic alone. A collective that spreads its bytes evenly over
       // all rails sends one flow through the bundle instead of one per rail: same link loads, far fewer
@@ -142,7 +184,7 @@ Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
       sg4::Host* all = zone->create_host(node + "-all", 1.0)->seal();
       zone->add_route(all->get_netpoint(), nullptr, nullptr, nullptr, {{bundle, sg4::LinkInRoute::Direction::UP}},
                       true);
-      p.node_nics.push_back(all);
+      p.node_nics[n] = all;
       for (int k = 0; k < c.nic.per_node; ++k) {
         const std::string name = node + "-" + std::to_string(k);
         sg4::Host* nic = zone->create_host(name, 1.0)->seal();
@@ -151,17 +193,33 @@ Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
         zone->add_route(nic->get_netpoint(), nullptr, nullptr, nullptr,
                         {{cable, sg4::LinkInRoute::Direction::UP}, {bundle, sg4::LinkInRoute::Direction::UP}}, true);
         p.nics[n].push_back(nic);
+        if (!ecmp) continue;
+        p.nic_ids.emplace(nic, n * c.nic.per_node + k);
+        const int pool = c.inter.rail_optimized ? k : 0;
+        for (int u = 0; u < p.uplinks_per_nic; ++u) {
+          sg4::Host* port = zone->create_host(name + "-up-" + std::to_string(u), 1.0)->seal();
+          zone->add_route(port->get_netpoint(), nullptr, nullptr, nullptr,
+                          {{cable, sg4::LinkInRoute::Direction::UP},
+                           {bundle, sg4::LinkInRoute::Direction::UP},
+                           {ups[pool * p.uplinks_per_nic + u], sg4::LinkInRoute::Direction::UP}},
+                          true);
+          p.ports[(static_cast<size_t>(n) * c.nic.per_node + k) * p.uplinks_per_nic + u] = port;
+        }
       }
     }
     zone->seal();
     // Each leaf reaches the spine through its own uplink: the leaf's downlink capacity (a full leaf, even
     // when the last one is partly populated) over the oversubscription. Per-leaf uplinks, not one shared
     // backbone: a single cluster-wide link would put every inter-leaf flow in one sharing system and make
-    // each re-solve cost O(all flows) (measured: 4096 hosts took 162 s instead of 8 s).
-    const double uplink_bw = c.inter.leaf_size * c.nic.per_node * nic_link / c.inter.oversubscription;
-    sg4::SplitDuplexLink* uplink = root->create_split_duplex_link(leaf + "-uplink", uplink_bw);
-    uplink->seal();
-    root->add_route(zone->get_netpoint(), nullptr, gateway, nullptr, {{uplink, sg4::LinkInRoute::Direction::UP}}, true);
+    // each re-solve cost O(all flows) (measured: 4096 hosts took 162 s instead of 8 s). Under ECMP the
+    // uplinks are in the ports' routes instead, and leaf-to-leaf routes add nothing.
+    std::vector<sg4::LinkInRoute> up_route;
+    if (!ecmp) {
+      sg4::SplitDuplexLink* uplink = root->create_split_duplex_link(leaf + "-uplink", leaf_up_bw);
+      uplink->seal();
+      up_route.emplace_back(uplink, sg4::LinkInRoute::Direction::UP);
+    }
+    root->add_route(zone->get_netpoint(), nullptr, gateway, nullptr, up_route, true);
   }
   root->seal();
   return p;

@@ -2,12 +2,15 @@
 // two-level fat-tree between nodes. See sim/README.md for the model and why it is built this way.
 #pragma once
 
+#include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Host.hpp>
 
 #include "shared/scenario.h"
+#include "shared/schedule.h"
 #include "shared/status.h"
 
 namespace hzp::sim {
@@ -23,6 +26,27 @@ struct Platform {
   // Per node, an endpoint behind all of the node's NICs at once (see build_platform): traffic that a
   // collective spreads evenly over every rail of a node travels as one flow between two such endpoints.
   std::vector<simgrid::s4u::Host*> node_nics;
+  std::vector<int> leaf_of_node;  // cluster.inter_node.placement
+
+  // ECMP routing (cluster.inter_node.routing, on more than one leaf), else empty: NIC k of node n sends to
+  // another leaf through uplink u of its pool from ports[(n·NICs + k)·uplinks_per_nic + u]; nic_ids maps
+  // each NIC host to n·NICs + k.
+  int uplinks_per_nic = 0;
+  std::vector<simgrid::s4u::Host*> ports;
+  std::unordered_map<const simgrid::s4u::Host*, int> nic_ids;
+  bool ecmp() const { return !ports.empty(); }
+  simgrid::s4u::Host* port(int nic_id, int uplink) const {
+    return ports[static_cast<size_t>(nic_id) * uplinks_per_nic + uplink];
+  }
+  // Flows per NIC-to-NIC transfer under ECMP, each hashed on its own: NCCL's two channels per NIC (two
+  // rings per NIC: its maintainers, NVIDIA/nccl#518) times the queue pairs of each channel's connection
+  // (cluster.inter_node.qps_per_connection, NCCL_IB_QPS_PER_CONNECTION).
+  int ecmp_channels() const;
+  // The uplink (index in the NIC's pool) that ECMP gives one flow: a hash of the communicator, the two NICs
+  // and the flow's index, seeded by cluster.inter_node.seed. RoCE v2 switches hash a queue pair's UDP
+  // source port, fixed for the communicator's life, so a flow keeps its uplink from step to step; the spine
+  // reaches the destination leaf through its own link there, the same index at the other end.
+  int ecmp_uplink(std::uint64_t group_key, int src_nic, int dst_nic, int flow) const;
 
   int node_of(int rank) const { return rank / cluster->gpus_per_node; }
   // The NIC a GPU's inter-node traffic leaves through. Rail mapping: local g -> NIC g*nics/R; shared
@@ -33,6 +57,9 @@ struct Platform {
   int nic_index(int rank) const;
   int nics_per_gpu() const;
 };
+
+// What identifies a communicator to the ECMP hash: its role, first rank and size.
+std::uint64_t ecmp_group_key(const ProcessGroup& group);
 
 // Builds the platform into `engine` (which must have been configured). `cluster` must outlive the result.
 Result<Platform> build_platform(simgrid::s4u::Engine& engine, const ClusterSpec& cluster);

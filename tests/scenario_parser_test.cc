@@ -86,6 +86,11 @@ void check_same(const Scenario& a, const Scenario& b) {
   CHECK(c.nic.mapping == d.nic.mapping);
   CHECK(c.inter.leaf_size == d.inter.leaf_size);
   CHECK(c.inter.oversubscription == d.inter.oversubscription);
+  CHECK(c.inter.routing == d.inter.routing);
+  CHECK(c.inter.rail_optimized == d.inter.rail_optimized);
+  CHECK(c.inter.qps_per_connection == d.inter.qps_per_connection);
+  CHECK(c.inter.placement == d.inter.placement);
+  CHECK(c.inter.seed == d.inter.seed);
   CHECK(c.inter.switch_latency_s == d.inter.switch_latency_s);
   CHECK(c.efficiency.gemm == d.efficiency.gemm);
   CHECK(c.efficiency.memory_bound == d.efficiency.memory_bound);
@@ -831,6 +836,91 @@ TEST_CASE("cluster.overlap_slowdown: the measured 0.189 by default, 0 to turn it
     REQUIRE_FALSE(bad.ok());
     CHECK(bad.status().message().rfind("cluster.overlap_slowdown:", 0) == 0);
   }
+}
+
+TEST_CASE("cluster.inter_node routing and placement: balanced and contiguous by default, ECMP fields checked",
+          "[scenario][cluster]") {
+  json doc = base_doc();
+  const Scenario plain = parse_ok(doc);
+  CHECK(plain.cluster.inter.routing == Routing::kBalanced);
+  CHECK(plain.cluster.inter.placement == Placement::kContiguous);
+  CHECK_FALSE(plain.cluster.inter.rail_optimized);
+  CHECK(plain.cluster.inter.qps_per_connection == 1);
+
+  doc["cluster"]["inter_node"] = {
+      {"routing", "ecmp"}, {"rail_optimized", true}, {"qps_per_connection", 4}, {"placement", "scattered"},
+      {"seed", 7},         {"leaf_size", 2}};
+  const Scenario ecmp = parse_ok(doc);
+  CHECK(ecmp.cluster.inter.routing == Routing::kEcmp);
+  CHECK(ecmp.cluster.inter.rail_optimized);
+  CHECK(ecmp.cluster.inter.qps_per_connection == 4);
+  CHECK(ecmp.cluster.inter.placement == Placement::kScattered);
+  CHECK(ecmp.cluster.inter.seed == 7);
+  check_round_trip(ecmp);
+
+  // Fields that only shape ECMP are errors under balanced routing, not silently ignored.
+  doc["cluster"]["inter_node"] = {{"rail_optimized", true}};
+  CHECK(parse_error(doc).rfind("cluster.inter_node.rail_optimized:", 0) == 0);
+  doc["cluster"]["inter_node"] = {{"qps_per_connection", 2}};
+  CHECK(parse_error(doc).rfind("cluster.inter_node.qps_per_connection:", 0) == 0);
+  doc["cluster"]["inter_node"] = {{"routing", "adaptive"}};
+  CHECK(parse_error(doc).find("\"balanced\", \"ecmp\"") != std::string::npos);
+  doc["cluster"]["inter_node"] = {{"placement", "random"}};
+  CHECK(parse_error(doc).rfind("cluster.inter_node.placement:", 0) == 0);
+  doc["cluster"]["inter_node"] = {{"seed", -1}};
+  CHECK(parse_error(doc).rfind("cluster.inter_node.seed:", 0) == 0);
+  doc["cluster"]["inter_node"] = {{"routing", "ecmp"}, {"qps_per_connection", 0}};
+  CHECK(parse_error(doc).rfind("cluster.inter_node.qps_per_connection:", 0) == 0);
+  // One endpoint per (NIC, uplink): 4096 nodes x 8 NICs x 256 uplinks is refused, naming the way out.
+  doc["cluster"] = {{"preset", "dgx-h100"}, {"nodes", 4096}, {"inter_node", {{"routing", "ecmp"}}}};
+  doc["training"]["global_batch_sequences"] = 32768;
+  const std::string too_many = parse_error(doc);
+  CHECK(too_many.rfind("cluster.inter_node.routing:", 0) == 0);
+  CHECK(too_many.find("rail-optimized") != std::string::npos);
+  doc["cluster"]["inter_node"]["rail_optimized"] = true;  // 4096 x 8 x 32 fits
+  CHECK(parse_ok(doc).cluster.inter.rail_optimized);
+}
+
+TEST_CASE("leaf uplinks carry the leaf's downlinks over the oversubscription", "[scenario][cluster]") {
+  ClusterSpec c;
+  c.nodes = 10;
+  c.nic.per_node = 4;
+  c.inter.leaf_size = 8;
+  c.inter.oversubscription = 1;
+  CHECK(leaf_uplinks(c) == 32);
+  CHECK(ecmp_uplinks_per_nic(c) == 32);
+  c.inter.rail_optimized = true;  // each rail's leaf: 8 NICs down, 8 up
+  CHECK(ecmp_uplinks_per_nic(c) == 8);
+  c.inter.oversubscription = 3;  // 8 / 3 ports: 2 (they carry the same capacity between them)
+  CHECK(ecmp_uplinks_per_nic(c) == 2);
+  c.inter.oversubscription = 100;  // never none
+  CHECK(ecmp_uplinks_per_nic(c) == 1);
+  CHECK(leaf_uplinks(c) == 1);
+}
+
+TEST_CASE("scattered placement fills the same leaves in another order, fixed by the seed", "[scenario][cluster]") {
+  ClusterSpec c;
+  c.nodes = 100;
+  c.inter.leaf_size = 32;
+  c.inter.seed = 3;
+  const std::vector<int> in_order = node_leaves(c);
+  for (int n = 0; n < c.nodes; ++n) CHECK(in_order[n] == n / 32);
+  c.inter.placement = Placement::kScattered;
+  const std::vector<int> scattered = node_leaves(c);
+  CHECK(scattered == node_leaves(c));
+  std::vector<int> per_leaf(c.leaves(), 0);
+  int moved = 0, neighbours_apart = 0;
+  for (int n = 0; n < c.nodes; ++n) {
+    ++per_leaf[scattered[n]];
+    moved += scattered[n] != in_order[n];
+    if (n > 0) neighbours_apart += scattered[n] != scattered[n - 1];
+  }
+  CHECK(per_leaf == std::vector<int>{32, 32, 32, 4});  // a permutation of the same slots
+  // A uniform permutation over these leaves puts consecutive nodes under different leaves ~2/3 of the time.
+  CHECK(moved > 50);
+  CHECK(neighbours_apart > 50);
+  c.inter.seed = 4;
+  CHECK(node_leaves(c) != scattered);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // simulator: a single missing α term is only ~0.3 % of a bandwidth-bound case and must not pass.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -394,4 +395,101 @@ TEST_CASE("sim collective: LL and LL128 rings match their closed forms (flows ca
                                               group_shape(c, all), protocols[i]))
                             .epsilon(kTolerance));
   CHECK(seconds[0] > seconds[1]);  // at 64 MiB LL's quarter bandwidth costs more than its latency saves
+}
+
+// ECMP (cluster.inter_node.routing "ecmp"): each NCCL channel of a NIC is hashed onto one uplink of its
+// leaf and keeps it. The closed form does not know the hash, so these cases take the uplinks the platform's
+// hash picks and check that the flow-level simulation turns them into the time max-min sharing gives.
+
+TEST_CASE("sim collective: ECMP inside one leaf builds no ports and changes nothing", "[sim][ecmp]") {
+  ClusterSpec c = cluster("dgx-a100", 4);  // leaf_size 32: all four nodes under one leaf
+  c.inter.routing = Routing::kEcmp;
+  Sim sim(c);
+  CHECK_FALSE(sim.platform.ecmp());
+  const ProcessGroup all = group_of(sim.cluster, range(0, 32));
+  Measured m;
+  sim.run([&] { m = measure(sim.platform, CollectiveKind::kReduceScatter, GiB, all, CollectiveAlgorithm::kRing); });
+  CHECK(m.seconds ==
+        Approx(closed_form(sim.cluster, CollectiveAlgorithm::kRing, CollectiveKind::kReduceScatter, GiB, all))
+            .epsilon(kTolerance));
+}
+
+TEST_CASE("sim collective: under ECMP a ring across leaves runs at its most loaded uplink's pace", "[sim][ecmp]") {
+  // Two nodes, one per leaf. Each leaf has 8 NICs x 1 / 1 = 8 uplinks at a NIC's rate; a crossing of the ring
+  // is 8 NIC flows x 2 channels = 16 flows of hop/16 bytes, each on the uplink its hash picks (and the
+  // same index down into the other leaf). A NIC's two channels share its cable (half a NIC each), so a flow
+  // on an uplink carrying m >= 2 of them runs at nic/m: the ring takes (m_max - 2) · (hop/16) / nic longer
+  // than with balanced uplinks, where every flow gets half a NIC.
+  ClusterSpec c = cluster("dgx-a100", 2);
+  c.inter.leaf_size = 1;
+  c.inter.routing = Routing::kEcmp;
+  Sim sim(c);
+  REQUIRE(sim.platform.ecmp());
+  REQUIRE(sim.platform.uplinks_per_nic == 8);
+  REQUIRE(sim.platform.ecmp_channels() == 2);
+  const ClusterSpec& cl = sim.cluster;
+  const double nic = cl.nic.bytes_per_s * cl.efficiency.inter_node;
+  const ProcessGroup all = group_of(cl, range(0, 16));
+  const double S = GiB, hop = 15.0 / 16 * S;
+  int m_max = 0;
+  for (int from = 0; from < 2; ++from) {
+    std::vector<int> load(8, 0);
+    for (int k = 0; k < 8; ++k)
+      for (int ch = 0; ch < 2; ++ch)
+        ++load[sim.platform.ecmp_uplink(sim::ecmp_group_key(all), from * 8 + k, (1 - from) * 8 + k, ch)];
+    m_max = std::max(m_max, *std::max_element(load.begin(), load.end()));
+  }
+  CHECK(m_max >= 3);  // this seed collides (16 flows over 8 uplinks almost always do): the case discriminates
+  Measured m;
+  sim.run([&] { m = measure(sim.platform, CollectiveKind::kAllGather, S, all, CollectiveAlgorithm::kRing); });
+  const double balanced = closed_form(cl, CollectiveAlgorithm::kRing, CollectiveKind::kAllGather, S, all);
+  CHECK(m.seconds == Approx(balanced + (m_max - 2) * (hop / 16) / nic).epsilon(kTolerance));
+  CHECK(m.traffic.inter_node_bytes == Approx(2 * hop));
+}
+
+TEST_CASE("sim collective: a rail-optimized fabric with one uplink per rail cannot collide", "[sim][ecmp]") {
+  // Each rail's leaf has 1 NIC down and 1 uplink: a NIC's flows all take its rail's uplink, alone.
+  ClusterSpec c = cluster("dgx-a100", 2);
+  c.inter.leaf_size = 1;
+  c.inter.routing = Routing::kEcmp;
+  c.inter.rail_optimized = true;
+  Sim sim(c);
+  REQUIRE(sim.platform.uplinks_per_nic == 1);
+  const ProcessGroup all = group_of(sim.cluster, range(0, 16));
+  Measured m;
+  sim.run([&] { m = measure(sim.platform, CollectiveKind::kAllReduce, GiB, all, CollectiveAlgorithm::kRing); });
+  CHECK(m.seconds == Approx(closed_form(sim.cluster, CollectiveAlgorithm::kRing, CollectiveKind::kAllReduce, GiB, all))
+                         .epsilon(kTolerance));
+}
+
+TEST_CASE("sim collective: the ECMP hash spreads flows like a uniform random choice", "[sim][ecmp]") {
+  // No SimGrid needed: the hash is a function of the cluster's seed and the flow's key.
+  ClusterSpec c = cluster("dgx-a100", 2);
+  c.inter.routing = Routing::kEcmp;
+  sim::Platform p;
+  p.cluster = &c;
+  p.uplinks_per_nic = 8;
+  constexpr int kFlows = 80000;
+  std::vector<int> count(8, 0);
+  int same_channel_uplink = 0;
+  for (int i = 0; i < kFlows; ++i) {
+    const int u0 = p.ecmp_uplink(i / 400, i % 400, (i * 7) % 512, 0);
+    const int u1 = p.ecmp_uplink(i / 400, i % 400, (i * 7) % 512, 1);
+    REQUIRE((u0 >= 0 && u0 < 8));
+    ++count[u0];
+    same_channel_uplink += u0 == u1;
+  }
+  // Pearson's chi-square with 7 degrees of freedom: 24.3 is its 0.999 quantile.
+  double chi2 = 0;
+  for (int n : count) chi2 += (n - kFlows / 8.0) * (n - kFlows / 8.0) / (kFlows / 8.0);
+  CHECK(chi2 < 24.3);
+  // A NIC's two channels land on one uplink 1/8 of the time, as two independent draws do (5 sigma: 0.006).
+  CHECK(same_channel_uplink / double(kFlows) == Approx(0.125).margin(0.006));
+  // Another seed, another draw: the same flows move 7/8 of the time.
+  std::vector<int> seed1;
+  for (int i = 0; i < 1000; ++i) seed1.push_back(p.ecmp_uplink(1, i, i + 1, 0));
+  c.inter.seed = 2;
+  int moved = 0;
+  for (int i = 0; i < 1000; ++i) moved += p.ecmp_uplink(1, i, i + 1, 0) != seed1[i];
+  CHECK(moved > 800);
 }

@@ -54,13 +54,16 @@ class Phase {
  public:
   // Flows carry their bytes / the protocol's bandwidth fraction (its wire overhead); traffic counts payload.
   Phase(CollectiveTraffic& traffic, const Context& ctx)
-      : traffic_(traffic), wire_scale_(1 / ctx.links.bandwidth_factor) {}
+      : ctx_(ctx), traffic_(traffic), wire_scale_(1 / ctx.links.bandwidth_factor) {}
   void gpu_flow(simgrid::s4u::Host* src, simgrid::s4u::Host* dst, double bytes);  // intra-node link
-  void nic_flow(simgrid::s4u::Host* src, simgrid::s4u::Host* dst, double bytes);  // through NICs
+  // Through NICs (hosts of platform.nics). Under ECMP a flow between leaves becomes one flow per NCCL
+  // channel of the NIC, each hashed onto an uplink (see ecmp_flows in flows.cc).
+  void nic_flow(simgrid::s4u::Host* src, simgrid::s4u::Host* dst, double bytes);
   // A GPU-to-GPU transfer between nodes, NIC to NIC, split evenly over the GPUs' NICs when each GPU
   // drives several (Platform::nics_per_gpu).
   void rank_nic_flow(const Platform& platform, int src_rank, int dst_rank, double bytes);
-  // Traffic spread evenly over every NIC of two nodes, as one flow between their NIC bundles.
+  // Traffic spread evenly over every NIC of two nodes, as one flow between their NIC bundles (under ECMP,
+  // between leaves: one NIC flow per rail, since each is hashed on its own).
   void node_flow(const Platform& platform, int src_node, int dst_node, double bytes);
   // Intra-node bytes of hops represented by another flow (see add_ring_hops): counted, not simulated.
   void count_intra(double bytes);
@@ -68,6 +71,8 @@ class Phase {
 
  private:
   void start(simgrid::s4u::Host* src, simgrid::s4u::Host* dst, double bytes);
+  void ecmp_flows(int src_nic, int dst_nic, double bytes);
+  const Context& ctx_;
   std::vector<Flow> flows_;
   CollectiveTraffic& traffic_;
   double wire_scale_ = 1;

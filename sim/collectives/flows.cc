@@ -62,7 +62,26 @@ void Phase::gpu_flow(sg4::Host* src, sg4::Host* dst, double bytes) {
 void Phase::nic_flow(sg4::Host* src, sg4::Host* dst, double bytes) {
   if (bytes <= 0 || src == dst) return;
   traffic_.inter_node_bytes += bytes;
+  const Platform& p = ctx_.platform;
+  if (p.ecmp()) {
+    // Node bundles (node_flow) reach here only between nodes of one leaf, where no uplink is crossed.
+    const auto a = p.nic_ids.find(src), b = p.nic_ids.find(dst);
+    const int nics = p.cluster->nic.per_node;
+    if (a != p.nic_ids.end() && b != p.nic_ids.end() &&
+        p.leaf_of_node[a->second / nics] != p.leaf_of_node[b->second / nics])
+      return ecmp_flows(a->second, b->second, bytes);
+  }
   start(src, dst, bytes);
+}
+
+void Phase::ecmp_flows(int src_nic, int dst_nic, double bytes) {
+  const Platform& p = ctx_.platform;
+  const std::uint64_t group = ecmp_group_key(*ctx_.call.group);
+  const int channels = p.ecmp_channels();
+  for (int channel = 0; channel < channels; ++channel) {
+    const int u = p.ecmp_uplink(group, src_nic, dst_nic, channel);
+    start(p.port(src_nic, u), p.port(dst_nic, u), bytes / channels);
+  }
 }
 
 void Phase::count_intra(double bytes) {
@@ -122,6 +141,11 @@ bool spans_every_nic(const Context& ctx, const Block& block) {
 }
 
 void Phase::node_flow(const Platform& platform, int src_node, int dst_node, double bytes) {
+  if (platform.ecmp() && platform.leaf_of_node[src_node] != platform.leaf_of_node[dst_node]) {
+    const int nics = platform.cluster->nic.per_node;
+    for (int k = 0; k < nics; ++k) nic_flow(platform.nics[src_node][k], platform.nics[dst_node][k], bytes / nics);
+    return;
+  }
   nic_flow(platform.node_nics[src_node], platform.node_nics[dst_node], bytes);
 }
 
