@@ -3,6 +3,8 @@
 # 64 .. 8192 A800 GPUs (and a 16-layer variant at 1024 GPUs to see the cost per layer). Each simulation runs
 # in its own process (one SimGrid engine per process). Prints a markdown table.
 # Usage: bash bench/sim_scaling.sh [HZP_BINARY] [GPU counts...]
+# INTER_NODE='{"routing": "ecmp", "placement": "scattered"}' sets cluster.inter_node of every scenario (what
+# ECMP's per-uplink endpoints and per-channel flows cost).
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -euo pipefail
 hzp="${1:-build/hzp}"
@@ -14,10 +16,11 @@ trap 'rm -rf "$work"' EXIT
 
 run() {  # gpus layers
   local gpus=$1 layers=$2 nodes=$(($1 / 8))
-  local file="$work/s-$gpus-$layers.json"
+  local file="$work/s-$gpus-$layers.json" fabric=""
+  [[ -n "${INTER_NODE:-}" ]] && fabric=", \"inter_node\": $INTER_NODE"
   cat >"$file" <<JSON
 {"name": "bench-$gpus-$layers", "model": {"preset": "llama2-7b", "layers": $layers},
- "cluster": {"preset": "a800", "nodes": $nodes},
+ "cluster": {"preset": "a800", "nodes": $nodes$fabric},
  "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": $gpus},
  "policy": {"preset": "zero3"}}
 JSON

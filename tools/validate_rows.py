@@ -499,6 +499,13 @@ def main():
                          "same GPU transfers; 0: no interference; default: hzp's, the measured 0.189)")
     ap.add_argument("--protocol", choices=["simple", "ll", "ll128", "auto"], default="simple",
                     help="cluster.protocol of every scenario (NCCL's protocol; auto: NCCL's own choice)")
+    ap.add_argument("--routing", choices=["balanced", "ecmp"],
+                    help="cluster.inter_node.routing of every scenario (default: hzp's, balanced)")
+    ap.add_argument("--placement", choices=["contiguous", "scattered"],
+                    help="cluster.inter_node.placement of every scenario (default: hzp's, contiguous)")
+    ap.add_argument("--rail-optimized", action="store_true",
+                    help="cluster.inter_node.rail_optimized (with --routing ecmp)")
+    ap.add_argument("--seed", type=int, help="cluster.inter_node.seed (ECMP hash and scattered placement)")
     ap.add_argument("--exact-calibration", action="store_true",
                     help="skip a row without a one-node row of its own configuration (default: calibrate on the "
                          "nearest one-node run of the same GPU, framework and precision, else use the preset's "
@@ -545,6 +552,10 @@ def report_rows(args, rows, cal_rows, workdir):
             extra = {"compute_spread": args.compute_spread, "protocol": args.protocol}
             if args.overlap_slowdown is not None:
                 extra["overlap_slowdown"] = args.overlap_slowdown
+            fabric = {"routing": args.routing, "placement": args.placement, "seed": args.seed,
+                      "rail_optimized": True if args.rail_optimized else None}
+            if any(v is not None for v in fabric.values()):
+                extra["inter_node"] = {k: v for k, v in fabric.items() if v is not None}
             doc, family, assumptions = scenario_of(row, extra)
             metric, published = published_of(row)
             kind, candidates = calibration_candidates(row, one_node, args.exact_calibration)
