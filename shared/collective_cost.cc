@@ -3,6 +3,7 @@
 #include "shared/collective_cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -99,6 +100,40 @@ const char* to_string(NcclProtocol protocol) {
   return row_of(protocol).name;
 }
 
+double ecmp_slowdown(const ClusterSpec& c, const GroupShape& shape) {
+  const int leaves = c.leaves();
+  if (c.inter.routing != Routing::kEcmp || leaves < 2 || shape.nodes < 2) return 1;
+  const bool scattered = c.inter.placement == Placement::kScattered;
+  if (!scattered && shape.nodes <= c.inter.leaf_size) return 1;
+  const int spanned = scattered ? std::min(leaves, shape.nodes)
+                                : std::min(leaves, (shape.nodes + c.inter.leaf_size - 1) / c.inter.leaf_size);
+  const double crossings = scattered ? shape.nodes / static_cast<double>(spanned) * (1 - 1.0 / spanned) : 1.0;
+  const int per_nic = 2 * c.inter.qps_per_connection;
+  const int nics = std::max(1, shape.nics);
+  const int pools = spanned * (c.inter.rail_optimized ? nics : 1);
+  const double flows = crossings * per_nic * (c.inter.rail_optimized ? 1 : nics);
+  const double uplinks = ecmp_uplinks_per_nic(c);
+  if (uplinks == 1) return std::max<double>(per_nic, flows) / per_nic;  // one uplink: it carries every flow
+  const double lambda = flows / uplinks;
+  // In order, the flows up out of a leaf are the flows down into the next (the same index at both ends): one
+  // draw per uplink. Scattered, a leaf's downlinks gather other leaves' crossings: two.
+  const double draws = (scattered ? 2.0 : 1.0) * pools * uplinks;
+  // Far above the NICs' share (thousands of flows per uplink): the Gaussian maximum, λ + sqrt(2λ ln draws).
+  if (lambda > 200) return std::max<double>(per_nic, lambda + std::sqrt(2 * lambda * std::log(draws))) / per_nic;
+  // E[max(2q, M)] = 2q + sum over k >= 2q of P(M > k), with P(M <= k) = F(k; λ)^draws.
+  double expected = per_nic, cdf = 0, pmf = std::exp(-lambda);
+  for (int k = 0; k < 100000; ++k) {
+    cdf += pmf;
+    if (k >= per_nic) {
+      const double tail = 1 - std::pow(std::min(1.0, cdf), draws);
+      expected += tail;
+      if (tail < 1e-9 && k > lambda) break;
+    }
+    pmf *= lambda / (k + 1);
+  }
+  return expected / per_nic;
+}
+
 LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtocol protocol) {
   LinkParams p;
   p.intra = c.intra.bytes_per_s * c.efficiency.intra_node;
@@ -106,7 +141,7 @@ LinkParams link_params(const ClusterSpec& c, const GroupShape& shape, NcclProtoc
   const bool spans_leaves =
       c.inter.placement == Placement::kScattered ? shape.nodes > 1 && c.leaves() > 1 : shape.nodes > c.inter.leaf_size;
   p.rail = c.nic.per_node * c.nic.bytes_per_s * c.efficiency.inter_node / c.gpus_per_node;
-  if (spans_leaves) p.rail /= c.inter.oversubscription;
+  if (spans_leaves) p.rail /= c.inter.routing == Routing::kEcmp ? ecmp_slowdown(c, shape) : c.inter.oversubscription;
   const ProtocolRow& row = row_of(protocol);
   const bool multi_node = shape.nodes > 1;
   p.protocol = protocol;

@@ -9,7 +9,8 @@
 //          has its own link of B_i/(R-1).
 //   B_rail a member's share of the node's NICs when every GPU of the node drives the NICs at once (the
 //          symmetric load of data parallelism): nic.per_node · nic_bw · efficiency.inter_node / R, divided
-//          by the oversubscription when the group spans leaf switches.
+//          by the oversubscription when the group spans leaf switches (under ECMP routing, by
+//          ecmp_slowdown instead: the uplinks a collision leaves it).
 //   α_i, α_n   per-step latency inside a node / across nodes (NIC latency + 2 or 4 switch hops).
 //
 // Algorithms (t_pass = one reduce-scatter or all-gather pass; all-reduce = RS + AG):
@@ -92,6 +93,19 @@ LinkParams link_params(const ClusterSpec& cluster, const GroupShape& shape,
 
 bool algorithm_applies(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind,
                        const GroupShape& shape);
+
+// ECMP (cluster.inter_node.routing "ecmp"): the expected slowdown of a ring's inter-node hops whose flows are
+// hashed onto uplinks, ≥ 1; 1 under balanced routing or inside one leaf. Each NIC's transfer to another
+// leaf is 2·q flows (NCCL's two channels per NIC, q = qps_per_connection), each at most nic/(2q) by its
+// cable; an uplink (a NIC's rate) carrying M of them gives each nic/M, so the ring runs max(2q, M)/(2q)
+// times slower, M the most loaded uplink. Leaves crossed out of: one per leaf the group spans (nodes in
+// order), or (s1/L')(1 - 1/L') per leaf over L' = min(leaves, s1) leaves (scattered). The flows of the
+// crossings land uniformly on the pool's U uplinks (each rail's own pool when rail-optimized), so an
+// uplink's load is about Poisson(λ = flows / U), and the largest of the uplink loads has P(M <= k) =
+// F(k; λ)^draws, draws = pools · U (in order: the flows up out of a leaf are those down into the next) or
+// 2 · pools · U (scattered). The simulator draws one hash; this is its expectation (Poisson's tail is a
+// little heavier than the multinomial's: up to ~7 % high with 8 uplinks, ~1 % with 128).
+double ecmp_slowdown(const ClusterSpec& cluster, const GroupShape& shape);
 
 // Seconds for one collective with the given algorithm (must apply) and protocol.
 double algorithm_time(const ClusterSpec& cluster, CollectiveAlgorithm algorithm, CollectiveKind kind, double bytes,

@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
+#include <unistd.h>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -94,4 +97,42 @@ TEST_CASE("hzp collective --protocol forces NCCL's protocol and prints it", "[cl
   INFO(custom.text);
   CHECK(custom.code == 0);
   CHECK(custom.text.find("/simple") != std::string::npos);
+}
+
+TEST_CASE("hzp collective under ECMP: scattered nodes collide, the closed form gives the average over hashes",
+          "[cli][sim][ecmp]") {
+  // 128 nodes of 4 x 100 Gb NICs under 4 leaves of 32, nodes scattered: a ring all-reduce crosses a leaf on
+  // ~3/4 of its hops and its flows share uplinks. Each seed is one hash; the closed form (model_us) is the
+  // expected slowdown, so the mean over seeds must come near it, and every seed is slower than balanced.
+  auto time_of = [](const std::string& inter_node) {
+    const std::string file =
+        std::filesystem::temp_directory_path() / ("hzp_cli_collective_ecmp_" + std::to_string(::getpid()) + ".json");
+    std::ofstream(file) << R"({"preset": "dgx-a100", "nodes": 128, "nic": {"per_node": 4, "bandwidth_Gbps": 100},
+                             "inter_node": )" +
+                               inter_node + "}";
+    const Output r = hzp_collective("--cluster '" + file + "' --op all_reduce --group all --bytes 1G --algorithm ring");
+    std::filesystem::remove(file);
+    INFO(r.text);
+    REQUIRE(r.code == 0);
+    std::istringstream lines(r.text);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream fields(line);
+      long long size = 0;
+      double time_us = 0, algbw = 0, busbw = 0, model_us = 0;
+      if (fields >> size >> time_us >> algbw >> busbw >> model_us) return std::pair{time_us, model_us};
+    }
+    FAIL("no result row");
+    return std::pair{0.0, 0.0};
+  };
+  const double balanced = time_of(R"({"leaf_size": 32})").first;
+  double sum = 0, model = 0;
+  for (int seed = 1; seed <= 6; ++seed) {
+    const auto [time_us, model_us] = time_of(
+        R"({"leaf_size": 32, "routing": "ecmp", "placement": "scattered", "seed": )" + std::to_string(seed) + "}");
+    CHECK(time_us > 1.5 * balanced);
+    sum += time_us;
+    model = model_us;
+  }
+  CHECK(sum / 6 == Approx(model).epsilon(0.10));
 }

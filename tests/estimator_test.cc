@@ -1,9 +1,12 @@
 // The analytic estimator against closed forms: a 1-GPU step is exactly its compute; ring collectives
 // follow (p-1)α + (p-1)/p·S/B; a single stream without prefetch serialises compute and communication;
 // overlap only ever helps.
+#include <random>
+
 #include "tests/test_util.h"
 
 #include "shared/collective_cost.h"
+#include "shared/presets.h"
 #include "shared/schedule_builder.h"
 
 using namespace hzp;
@@ -371,4 +374,61 @@ TEST_CASE("overlap slowdown: no effect on one GPU, on two nodes slower with comp
   CHECK(slowed.step_time_s > base.step_time_s * 1.01);
   CHECK(slowed.compute_s > base.compute_s * 1.01);
   CHECK(slowed.compute_s <= base.compute_s * 1.3 * (1 + 1e-12));
+}
+
+TEST_CASE("ECMP slowdown: 1 where nothing hashes, the multinomial's expected maximum where flows collide",
+          "[estimator][collective][ecmp]") {
+  ClusterSpec c = *cluster_preset("dgx-a100");
+  c.nodes = 8;
+  c.nic.per_node = 4;
+  c.inter.leaf_size = 2;  // 4 leaves of 2 nodes, 2 · 4 / 1 = 8 uplinks each
+  const GroupShape all{8, 8, 4};
+  CHECK(ecmp_slowdown(c, all) == 1);  // balanced routing
+  c.inter.routing = Routing::kEcmp;
+  CHECK(ecmp_slowdown(c, {8, 2, 4}) == 1);  // in order, two nodes under one leaf
+  CHECK(ecmp_slowdown(c, {8, 1, 4}) == 1);
+
+  // Independent check: throw the flows onto uplinks. In order, each of the 4 leaves sends one crossing of
+  // 4 NICs x 2 channels = 8 flows over its 8 uplinks; a flow runs at nic / max(2, load of its uplink).
+  std::mt19937 rng(12345);
+  auto expected_max = [&](int pools, int flows, int uplinks, int per_nic) {
+    constexpr int kTrials = 20000;
+    double sum = 0;
+    for (int t = 0; t < kTrials; ++t) {
+      int worst = 0;
+      for (int pool = 0; pool < pools; ++pool) {
+        std::vector<int> load(uplinks, 0);
+        for (int f = 0; f < flows; ++f) worst = std::max(worst, ++load[rng() % uplinks]);
+      }
+      sum += std::max(per_nic, worst);
+    }
+    return sum / kTrials / per_nic;
+  };
+  const double mc = expected_max(4, 8, 8, 2);
+  CHECK(mc > 1.5);  // collisions are the rule here
+  // Poisson loads are a little heavier-tailed than the multinomial's: within 10 %, above it.
+  CHECK(ecmp_slowdown(c, all) == Approx(mc).epsilon(0.10));
+  CHECK(ecmp_slowdown(c, all) >= mc * 0.99);
+  // Four queue pairs per channel: 32 flows of a quarter the size each, over the same 8 uplinks.
+  c.inter.qps_per_connection = 4;
+  CHECK(ecmp_slowdown(c, all) == Approx(expected_max(4, 32, 8, 8)).epsilon(0.10));
+  CHECK(ecmp_slowdown(c, all) < mc);
+  // Rail-optimized with one uplink per rail's leaf: each uplink carries exactly its NIC's 2 flows.
+  c.inter.qps_per_connection = 1;
+  c.inter.rail_optimized = true;
+  c.inter.leaf_size = 1;
+  CHECK(ecmp_uplinks_per_nic(c) == 1);
+  CHECK(ecmp_slowdown(c, all) == 1);
+  // The slowdown is what the closed form's rail bandwidth loses across leaves.
+  c.inter.rail_optimized = false;
+  c.inter.leaf_size = 2;
+  const double ecmp_rail = link_params(c, all).rail;
+  c.inter.routing = Routing::kBalanced;
+  CHECK(link_params(c, all).rail == Approx(ecmp_rail * ecmp_slowdown(
+                                                           [&] {
+                                                             ClusterSpec e = c;
+                                                             e.inter.routing = Routing::kEcmp;
+                                                             return e;
+                                                           }(),
+                                                           all)));
 }
