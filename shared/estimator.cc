@@ -2,6 +2,7 @@
 #include "shared/estimator.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,26 @@ double slowed_compute_end(double start, double work, std::vector<std::pair<doubl
   return t + work;
 }
 
+namespace {
+
+// The collectives a program has scheduled so far, for cluster.overlap_slowdown, kept by end time: a compute op
+// starting at t only meets those ending after t, a handful, where a list of all of them made the estimate
+// quadratic in the ops per rank (1024 micro-batches of ZeRO-3 took minutes).
+class InFlight {
+ public:
+  void add(double start, double end) { by_end_.emplace(end, start); }
+  std::vector<std::pair<double, double>> ending_after(double t) const {
+    std::vector<std::pair<double, double>> out;
+    for (auto it = by_end_.upper_bound(t); it != by_end_.end(); ++it) out.emplace_back(it->second, it->first);
+    return out;
+  }
+
+ private:
+  std::multimap<double, double> by_end_;  // end -> start
+};
+
+}  // namespace
+
 double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op) {
   return op_duration(scenario, schedule, rank, op, RooflineDurations(scenario.cluster));
 }
@@ -70,7 +91,7 @@ Result<Estimate> estimate_programs(const Scenario& scenario, const ModelCost& co
     std::vector<std::vector<int>> stream_ops;
     std::vector<std::size_t> head;
     std::vector<double> stream_free;
-    std::vector<std::pair<double, double>> in_flight;  // collectives, for cluster.overlap_slowdown
+    InFlight in_flight;  // collectives, for cluster.overlap_slowdown
     double end = 0, compute = 0, comm = 0, bytes = 0, intra = 0, inter = 0;
   };
   std::vector<State> st(programs);
@@ -109,7 +130,7 @@ Result<Estimate> estimate_programs(const Scenario& scenario, const ModelCost& co
     if (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body))
       s.compute += dur;
     if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-      if (slowdown > 0 && dur > 0) s.in_flight.emplace_back(start, start + dur);
+      if (slowdown > 0 && dur > 0) s.in_flight.add(start, start + dur);
       const ProcessGroup& g = schedule.group_of(rep[p], c->role);
       const double sent =
           collective_bytes_sent(c->kind, static_cast<double>(c->bytes), static_cast<int>(g.ranks.size()));
@@ -164,10 +185,7 @@ Result<Estimate> estimate_programs(const Scenario& scenario, const ModelCost& co
           double d = dur;
           if (slowdown > 0 &&
               (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body))) {
-            std::vector<std::pair<double, double>> overlapping;
-            for (const auto& iv : st[p].in_flight)
-              if (iv.second > start) overlapping.push_back(iv);
-            d = slowed_compute_end(start, dur, std::move(overlapping), slowdown) - start;
+            d = slowed_compute_end(start, dur, st[p].in_flight.ending_after(start), slowdown) - start;
           }
           finish(p, i, start, d);
           progress = true;
@@ -215,7 +233,7 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
     double end = 0, compute = 0, comm = 0, bytes = 0, intra = 0, inter = 0;
     // Collectives scheduled so far (program order), for cluster.overlap_slowdown: compute overlapping one
     // issued earlier in program order is slowed; one issued later is not seen (a list schedule's limit).
-    std::vector<std::pair<double, double>> in_flight;
+    InFlight in_flight;
     const double slowdown = scenario.cluster.overlap_slowdown;
     for (size_t i = 0; i < ops.size(); ++i) {
       const Op& op = ops[i];
@@ -225,14 +243,10 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
       const bool is_compute =
           std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body);
       if (slowdown > 0 && is_compute) {
-        std::vector<std::pair<double, double>> overlapping;
-        for (const auto& iv : in_flight)
-          if (iv.second > start) overlapping.push_back(iv);
-        dur = slowed_compute_end(start, dur, std::move(overlapping), slowdown) - start;
+        dur = slowed_compute_end(start, dur, in_flight.ending_after(start), slowdown) - start;
       }
       t[i] = {start, start + dur};
-      if (slowdown > 0 && std::holds_alternative<CollectiveOp>(op.body) && dur > 0)
-        in_flight.emplace_back(t[i].start, t[i].end);
+      if (slowdown > 0 && std::holds_alternative<CollectiveOp>(op.body) && dur > 0) in_flight.add(t[i].start, t[i].end);
       stream_free[op.stream] = t[i].end;
       end = std::max(end, t[i].end);
       if (is_compute) compute += dur;
