@@ -51,14 +51,14 @@ struct ModelSpec {
 // ---------------------------------------------------------------------------------------------------------
 
 enum class IntraNodeTopology { kSwitch, kFullMesh };
-enum class NicMapping { kRail, kShared };
+enum class NicMapping { kRail, kShared };  // rail: local GPU g uses NIC g*nics/gpus_per_node
 // How a flow between leaves picks its spine uplink. balanced: every flow spreads over all of its leaf's
 // uplinks (one aggregated link per leaf: what static routes balanced per destination, or adaptive routing,
 // give); ecmp: each flow (one per NCCL channel) is hashed onto one uplink and keeps it, so flows collide.
 enum class Routing { kBalanced, kEcmp };
 // Where a job's nodes sit under the leaves. contiguous: node n under leaf n / leaf_size (rank order follows
 // the switches); scattered: a seeded random permutation of the nodes over the same leaves.
-enum class Placement { kContiguous, kScattered };  // rail: local GPU g uses NIC g*nics/gpus_per_node
+enum class Placement { kContiguous, kScattered };
 // NCCL_ALGO-like override of the collective algorithm selection (collective_cost.h); auto = cheapest.
 enum class CollectiveAlgorithmChoice { kAuto, kRing, kHierarchical };
 // NCCL_PROTO-like override of the protocol (collective_cost.h); auto = NCCL's cheapest of LL, LL128, Simple.
