@@ -520,6 +520,10 @@ def main():
         ap.error("--compute-spread must be in [0, 0.2]")
     if args.overlap_slowdown is not None and not 0 <= args.overlap_slowdown <= 1:
         ap.error("--overlap-slowdown must be in [0, 1]")
+    if args.seed is not None and not 0 <= args.seed <= 2**31 - 1:
+        ap.error("--seed must be in [0, 2147483647]")
+    if args.rail_optimized and args.routing != "ecmp":
+        ap.error("--rail-optimized needs --routing ecmp")
     try:
         rows = load_rows(args.rows)
         cal_rows = load_rows(args.calibration) if args.calibration else rows
