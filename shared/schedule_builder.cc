@@ -730,8 +730,11 @@ class DataParallelBuilder {
     final_grad_op_[b] = prog_->add("compute", {final_grad_op_[b]}, c);
   }
 
+  // fp16 needs the same all-reduce without clipping: dynamic loss scaling skips the update when any rank's
+  // gradients overflowed, which the global norm shows (Inf/NaN) to every rank at once (DeepSpeed's and
+  // Megatron-LM's fp16 optimizers all-reduce an overflow flag at this point).
   void gradient_norm() {
-    if (scenario_.training.grad_clip <= 0) return;
+    if (scenario_.training.grad_clip <= 0 && scenario_.training.precision != Precision::kFp16) return;
     if (schedule_.role_world < 0) add_world_group();
     CollectiveOp c =
         collective(CollectiveKind::kAllReduce, CollectivePurpose::kGradNorm, kDense, schedule_.role_world, 4,
