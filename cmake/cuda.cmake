@@ -27,7 +27,7 @@ if(HZP_HAVE_CUDA)
   set_target_properties(hzp_nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
                                              INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
   # Runtime API only: a binary linked to the driver API (libcuda) does not start on a machine without a GPU.
-  add_library(hzp_cuda STATIC runtime/cuda/cuda_probe.cu)
+  add_library(hzp_cuda STATIC runtime/backends/cuda/cuda_probe.cu)
   # CMake 3.25 has no CUDA20 flags for nvcc; the probe needs nothing past C++17.
   set_target_properties(hzp_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
   target_include_directories(hzp_cuda PUBLIC ${PROJECT_SOURCE_DIR})

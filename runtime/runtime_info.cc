@@ -1,17 +1,22 @@
 // Backend availability for `hzp --version`.
 #include "runtime/runtime_info.h"
 
+#include "runtime/device/registry.h"
+
 #ifdef HZP_HAVE_CUDA
-#include "runtime/cuda/cuda_probe.h"
+#include "runtime/backends/cuda/cuda_probe.h"
 #endif
 
 namespace hzp::runtime {
 
 std::string backend_description() {
+  std::string names;
+  for (const BackendEntry& b : backends()) names += (names.empty() ? "" : ", ") + std::string(b.name);
 #ifdef HZP_HAVE_CUDA
-  return "cpu (Gloo), cuda (" + cuda::probe() + ")";
+  return "backends: " + names + "; CUDA + NCCL toolchain: " + cuda::probe();
 #else
-  return "cpu (Gloo), cuda (not built: configure with HZP_CUDA=AUTO|ON where nvcc and NCCL exist)";
+  return "backends: " + names +
+         "; CUDA + NCCL toolchain: not built (configure with HZP_CUDA=AUTO|ON where nvcc and NCCL exist)";
 #endif
 }
 

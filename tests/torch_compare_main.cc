@@ -3,8 +3,14 @@
 //
 //   torch_compare path/to/tools/torch_reference.py
 //
-// Two tiny models, initialised with init_parameters: a dense one and one whose layer 1 is MoE; the MoE one
-// again with its matrices scaled up 15x (sharp attention, SwiGLU and routing). The loss of one micro-batch is
+// The models run in fp32 on the CPU backend (make_device("cpu")), through the kernel interface; weights,
+// tokens and results cross between host and device with Kernels::copy_from_host / copy_to_host.
+//
+// Tiny models, initialised with init_parameters, with multi-head attention: a dense one and one whose layer
+// 1 is MoE; the MoE one again with its matrices scaled up 15x (sharp attention, SwiGLU and routing). Then
+// grouped-query attention: the dense model with 4 query heads over 2 kv heads and its matrices scaled up
+// 15x (sharp attention, so a wrong kv head would show), and the MoE model with one kv head (multi-query).
+// The loss of one micro-batch is
 //   L = (1 / T) * sum_t CE(token t) + aux_loss_coef * sum over MoE layers of aux
 // with T = batch * seq tokens (the head's backward scale is 1 / T, the MoE backward's aux_grad_scale is
 // aux_loss_coef). Passes when |L - L_ref| <= 1e-5 |L_ref| and, for every tensor, max |g - g_ref| <= 1e-4 max
@@ -24,29 +30,43 @@
 #include <string>
 #include <vector>
 
+#include "runtime/device/device.h"
+#include "runtime/device/kernels.h"
+#include "runtime/device/numeric.h"
+#include "runtime/device/registry.h"
 #include "runtime/model/model.h"
 
 namespace {
 
 using hzp::runtime::AttentionBlock;
+using hzp::runtime::Batch;
+using hzp::runtime::Buffer;
+using hzp::runtime::Device;
 using hzp::runtime::Embedding;
 using hzp::runtime::Head;
+using hzp::runtime::Kernels;
 using hzp::runtime::Layout;
+using hzp::runtime::MemoryPool;
 using hzp::runtime::MlpBlock;
 using hzp::runtime::ModelConfig;
 using hzp::runtime::MoeBlock;
+using hzp::runtime::ScalarType;
+using hzp::runtime::Stream;
+using hzp::runtime::Workspace;
 using nlohmann::json;
 
 constexpr const char* kPython = "/usr/bin/python3";
 constexpr double kLossTolerance = 1e-5;  // relative
 constexpr double kGradTolerance = 1e-4;  // max abs diff relative to the tensor's max abs reference gradient
 
-// One module's flat parameter buffer, its gradient, and the reference name prefix of its tensors.
+// One module's flat parameters and gradients: on the host (fp32) and on the device (the config's types), and
+// the reference name prefix of its tensors.
 struct Module {
   std::string prefix;  // e.g. "layers.1.attention."
   Layout layout;
   std::vector<float> params;
   std::vector<float> grads;
+  Buffer p, g;
 };
 
 struct Case {
@@ -69,22 +89,62 @@ ModelConfig base_config() {
   return c;
 }
 
-// The C++ side of one case: modules initialised, forward + backward run, loss returned.
+// Host <-> device through the kernel interface (16-bit types encoded / decoded on the host); the host side
+// is read after the stream has caught up.
+hzp::Status upload(Kernels& k, Stream& stream, const std::vector<float>& host, const Buffer& dst) {
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(dst.bytes()));
+  hzp::runtime::encode_floats(dst.type, host.data(), dst.count, bytes.data());
+  k.copy_from_host(bytes.data(), dst);
+  HZP_RETURN_IF_ERROR(k.status());
+  return stream.synchronize();
+}
+
+hzp::Status download(Kernels& k, Stream& stream, const Buffer& src, std::vector<float>& host) {
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(src.bytes()));
+  k.copy_to_host(src, bytes.data());
+  HZP_RETURN_IF_ERROR(k.status());
+  HZP_RETURN_IF_ERROR(stream.synchronize());
+  host.resize(static_cast<std::size_t>(src.count));
+  hzp::runtime::decode_floats(src.type, bytes.data(), src.count, host.data());
+  return hzp::Status::Ok();
+}
+
+hzp::Result<double> download_scalar(Kernels& k, Stream& stream, const Buffer& src) {
+  double value = 0;
+  k.copy_to_host(src, &value);
+  HZP_RETURN_IF_ERROR(k.status());
+  HZP_RETURN_IF_ERROR(stream.synchronize());
+  return value;
+}
+
+// The C++ side of one case, on the CPU backend: modules initialised, forward + backward run, loss returned.
 class CppModel {
  public:
   CppModel(const Case& tc, std::uint64_t seed)
-      : c_(tc.config), batch_(tc.batch), seq_(tc.seq), matrix_scale_(tc.matrix_scale) {
+      : c_(tc.config), batch_(tc.batch), seq_(tc.seq), matrix_scale_(tc.matrix_scale), seed_(seed) {}
+
+  // Makes the device, the modules (parameters initialised) and their buffers.
+  hzp::Status build() {
+    HZP_ASSIGN_OR_RETURN(device_, hzp::runtime::make_device("cpu", hzp::runtime::BackendOptions{}));
+    stream_ = device_->create_stream("torch_compare");
+    k_ = device_->create_kernels(*stream_);
+    pool_ = device_->create_pool(std::int64_t{64} << 20);  // generous: the models need about 3 MiB
+    Kernels& k = *k_;
+    MemoryPool& pool = *pool_;
     const std::int64_t tokens = batch_ * seq_;
+    const std::uint64_t seed = seed_;
+
     add("embedding.", hzp::runtime::embedding_layout(c_), 0, seed);
     for (int l = 0; l < c_.layers; ++l) {
       const std::string layer = "layers." + std::to_string(l) + ".";
       const std::uint64_t unit = static_cast<std::uint64_t>(l + 1) * 8;
       add(layer + "attention.", hzp::runtime::attention_layout(c_), unit, seed);
-      attention_.push_back(std::make_unique<AttentionBlock>(c_, batch_, seq_));
+      HZP_ASSIGN_OR_RETURN(auto attention, AttentionBlock::create(c_, batch_, seq_, k, pool, ws_));
+      attention_.push_back(std::move(attention));
       if (c_.moe_layer[static_cast<std::size_t>(l)]) {
         add(layer + "moe.", hzp::runtime::moe_router_layout(c_), unit + 1, seed);
         // Experts: one tensor id per global expert (placement-independent init), named experts.E.*.
-        Module experts{layer + "experts.", hzp::runtime::experts_layout(c_, c_.experts), {}, {}};
+        Module experts{layer + "experts.", hzp::runtime::experts_layout(c_, c_.experts), {}, {}, {}, {}};
         const Layout one = hzp::runtime::experts_layout(c_, 1);
         const std::int64_t size = hzp::runtime::layout_size(one);
         experts.params.resize(static_cast<std::size_t>(size * c_.experts));
@@ -94,17 +154,35 @@ class CppModel {
         for (float& w : experts.params) w *= matrix_scale_;
         experts.grads.assign(experts.params.size(), 0.0f);
         modules_.push_back(std::move(experts));
-        moe_.push_back(std::make_unique<MoeBlock>(c_, batch_, seq_));
+        HZP_ASSIGN_OR_RETURN(auto moe, MoeBlock::create(c_, batch_, seq_, 1, pool));
+        moe_.push_back(std::move(moe));
         mlp_.push_back(nullptr);
+        HZP_ASSIGN_OR_RETURN(Buffer aux, pool.allocate("loss", 1, ScalarType::kFp64));
+        aux_sum_.push_back(aux);
       } else {
         add(layer + "mlp.", hzp::runtime::mlp_layout(c_), unit + 1, seed);
-        mlp_.push_back(std::make_unique<MlpBlock>(c_, batch_, seq_));
+        HZP_ASSIGN_OR_RETURN(auto mlp, MlpBlock::create(c_, batch_, seq_, pool, ws_));
+        mlp_.push_back(std::move(mlp));
         moe_.push_back(nullptr);
+        aux_sum_.push_back(Buffer{});
       }
     }
     add("head.", hzp::runtime::head_layout(c_), 7, seed);
-    embedding_ = std::make_unique<Embedding>(c_, tokens);
-    head_ = std::make_unique<Head>(c_, tokens);
+    HZP_ASSIGN_OR_RETURN(head_, Head::create(c_, tokens, k, pool, ws_));
+    HZP_RETURN_IF_ERROR(ws_.allocate(pool, c_.act));
+
+    for (Module& mod : modules_) {
+      const std::int64_t n = hzp::runtime::layout_size(mod.layout);
+      HZP_ASSIGN_OR_RETURN(mod.p, pool.allocate("params", n, c_.act));
+      HZP_ASSIGN_OR_RETURN(mod.g, pool.allocate("grads", n, c_.grad));
+      HZP_RETURN_IF_ERROR(upload(k, *stream_, mod.params, mod.p));
+    }
+    HZP_ASSIGN_OR_RETURN(x_, pool.allocate("activations", tokens * c_.hidden, c_.act));
+    HZP_ASSIGN_OR_RETURN(dx_, pool.allocate("activations", tokens * c_.hidden, c_.act));
+    HZP_ASSIGN_OR_RETURN(batch_buffers_.ids, pool.allocate("batch", tokens, ScalarType::kInt32));
+    HZP_ASSIGN_OR_RETURN(batch_buffers_.targets, pool.allocate("batch", tokens, ScalarType::kInt32));
+    HZP_ASSIGN_OR_RETURN(batch_buffers_.loss_sum, pool.allocate("loss", 1, ScalarType::kFp64));
+    HZP_ASSIGN_OR_RETURN(batch_buffers_.aux_sum, pool.allocate("loss", 1, ScalarType::kFp64));
 
     std::mt19937 rng(static_cast<std::uint32_t>(seed));
     std::uniform_int_distribution<std::int32_t> byte(0, 255);
@@ -112,45 +190,63 @@ class CppModel {
     targets_.resize(static_cast<std::size_t>(tokens));
     for (auto& id : ids_) id = byte(rng);
     for (auto& t : targets_) t = byte(rng);
+    k.copy_from_host(ids_.data(), batch_buffers_.ids);
+    k.copy_from_host(targets_.data(), batch_buffers_.targets);
+    HZP_RETURN_IF_ERROR(k.status());
+    return stream_->synchronize();
   }
 
-  // Forward and backward of one micro-batch; returns the loss (see the file comment).
-  double run() {
+  // Forward and backward of one micro-batch; returns the loss (see the file comment) and leaves every
+  // module's gradient in its `grads`.
+  hzp::Result<double> run() {
+    Kernels& k = *k_;
     const std::int64_t tokens = batch_ * seq_;
     const float coef = static_cast<float>(c_.aux_loss_coef);
-    std::vector<float> x(static_cast<std::size_t>(tokens * c_.hidden));
+    for (Module& mod : modules_) k.fill(mod.g, 0.0);
+    k.fill(batch_buffers_.loss_sum, 0.0);
+    k.fill(batch_buffers_.aux_sum, 0.0);
+    for (const Buffer& a : aux_sum_)
+      if (!a.empty()) k.fill(a, 0.0);
+    HZP_RETURN_IF_ERROR(k.status());
+
     std::size_t m = 0;
-    embedding_->forward(modules_[m++].params.data(), ids_.data(), x.data());
-    aux_.clear();
+    HZP_RETURN_IF_ERROR(embedding_.forward(k, modules_[m++].p, batch_buffers_.ids, x_));
     for (int l = 0; l < c_.layers; ++l) {
-      attention_[l]->forward(modules_[m++].params.data(), x.data());
+      HZP_RETURN_IF_ERROR(attention_[l]->forward(k, modules_[m++].p, x_));
       if (moe_[l]) {
-        moe_[l]->forward(modules_[m].params.data(), modules_[m + 1].params.data(), x.data());
-        aux_.push_back(moe_[l]->aux_loss());
+        HZP_RETURN_IF_ERROR(moe_[l]->forward(k, modules_[m].p, modules_[m + 1].p, x_, aux_sum_[l]));
         m += 2;
       } else {
-        mlp_[l]->forward(modules_[m++].params.data(), x.data());
+        HZP_RETURN_IF_ERROR(mlp_[l]->forward(k, modules_[m++].p, x_));
       }
     }
-    ce_ = head_->forward(modules_[m].params.data(), x.data(), targets_.data()) / static_cast<double>(tokens);
+    HZP_RETURN_IF_ERROR(head_->forward(k, modules_[m].p, x_, batch_buffers_));
 
-    std::vector<float> dx(x.size());
-    head_->backward(modules_[m].params.data(), 1.0f / static_cast<float>(tokens), dx.data(), modules_[m].grads.data());
+    HZP_RETURN_IF_ERROR(head_->backward(k, modules_[m].p, 1.0f / static_cast<float>(tokens), dx_, modules_[m].g));
     for (int l = c_.layers - 1; l >= 0; --l) {
       if (moe_[l]) {
         m -= 2;
-        moe_[l]->backward(modules_[m].params.data(), modules_[m + 1].params.data(), coef, dx.data(),
-                          modules_[m].grads.data(), modules_[m + 1].grads.data());
+        HZP_RETURN_IF_ERROR(
+            moe_[l]->backward(k, modules_[m].p, modules_[m + 1].p, coef, dx_, modules_[m].g, modules_[m + 1].g));
       } else {
         --m;
-        mlp_[l]->backward(modules_[m].params.data(), dx.data(), modules_[m].grads.data());
+        HZP_RETURN_IF_ERROR(mlp_[l]->backward(k, modules_[m].p, dx_, modules_[m].g));
       }
       --m;
-      attention_[l]->backward(modules_[m].params.data(), dx.data(), modules_[m].grads.data());
+      HZP_RETURN_IF_ERROR(attention_[l]->backward(k, modules_[m].p, dx_, modules_[m].g));
     }
     --m;
-    embedding_->backward(dx.data(), ids_.data(), modules_[m].grads.data());
+    HZP_RETURN_IF_ERROR(embedding_.backward(k, dx_, batch_buffers_.ids, modules_[m].g));
 
+    for (Module& mod : modules_) HZP_RETURN_IF_ERROR(download(k, *stream_, mod.g, mod.grads));
+    HZP_ASSIGN_OR_RETURN(const double ce_sum, download_scalar(k, *stream_, batch_buffers_.loss_sum));
+    ce_ = ce_sum / static_cast<double>(tokens);
+    aux_.clear();
+    for (const Buffer& a : aux_sum_) {
+      if (a.empty()) continue;
+      HZP_ASSIGN_OR_RETURN(const double aux, download_scalar(k, *stream_, a));
+      aux_.push_back(aux);
+    }
     double loss = ce_;
     for (double a : aux_) loss += c_.aux_loss_coef * a;
     return loss;
@@ -161,6 +257,7 @@ class CppModel {
     json cfg = {{"vocab", c_.vocab},
                 {"hidden", c_.hidden},
                 {"heads", c_.heads},
+                {"kv_heads", c_.kv()},
                 {"ffn", c_.ffn},
                 {"layers", c_.layers},
                 {"moe_layer", c_.moe_layer},
@@ -198,7 +295,7 @@ class CppModel {
 
  private:
   void add(const std::string& prefix, Layout layout, std::uint64_t tensor_id, std::uint64_t seed) {
-    Module mod{prefix, std::move(layout), {}, {}};
+    Module mod{prefix, std::move(layout), {}, {}, {}, {}};
     mod.params.resize(static_cast<std::size_t>(hzp::runtime::layout_size(mod.layout)));
     mod.grads.assign(mod.params.size(), 0.0f);
     hzp::runtime::init_parameters(c_, mod.layout, seed, tensor_id, mod.params.data());
@@ -211,12 +308,22 @@ class CppModel {
   ModelConfig c_;
   std::int64_t batch_, seq_;
   float matrix_scale_;
+  std::uint64_t seed_;
+  // Declared in this order so that the kernels go before their stream, and the device last.
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<Kernels> k_;
+  std::unique_ptr<MemoryPool> pool_;
+  Workspace ws_;
   std::vector<Module> modules_;  // embedding, per layer attention + (mlp | router, experts), head
-  std::unique_ptr<Embedding> embedding_;
+  Embedding embedding_{c_};
   std::vector<std::unique_ptr<AttentionBlock>> attention_;
   std::vector<std::unique_ptr<MlpBlock>> mlp_;
   std::vector<std::unique_ptr<MoeBlock>> moe_;
   std::unique_ptr<Head> head_;
+  std::vector<Buffer> aux_sum_;  // per layer: the MoE layer's aux loss (fp64 [1]), empty for dense layers
+  Buffer x_, dx_;
+  Batch batch_buffers_;
   std::vector<std::int32_t> ids_, targets_;
   double ce_ = 0;
   std::vector<double> aux_;
@@ -231,7 +338,13 @@ bool torch_available() {
 // Runs one case; prints its table; returns whether it matched.
 bool compare(const Case& tc, const std::string& script, const std::filesystem::path& dir) {
   CppModel model(tc, 20240601);
-  const double loss = model.run();
+  hzp::Status built = model.build();
+  hzp::Result<double> ran = built.ok() ? model.run() : hzp::Result<double>(built);
+  if (!ran.ok()) {
+    std::printf("torch_compare: %s: the C++ model failed: %s\n", tc.name.c_str(), ran.status().message().c_str());
+    return false;
+  }
+  const double loss = *ran;
 
   const std::filesystem::path in = dir / (tc.name + "_in.json");
   const std::filesystem::path out = dir / (tc.name + "_out.json");
@@ -328,11 +441,20 @@ int main(int argc, char** argv) {
   sharp.name = "moe_sharp";
   sharp.matrix_scale = 15;
 
+  // Grouped-query attention: query head i reads kv head i / (heads / kv_heads).
+  Case gqa = dense;
+  gqa.name = "gqa_sharp";
+  gqa.config.kv_heads = 2;
+  gqa.matrix_scale = 15;
+  Case mqa = moe;
+  mqa.name = "mqa_moe";
+  mqa.config.kv_heads = 1;
+
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("hzp_torch_compare_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   bool ok = true;
-  for (const Case& tc : {dense, moe, sharp}) ok = compare(tc, script, dir) && ok;
+  for (const Case& tc : {dense, moe, sharp, gqa, mqa}) ok = compare(tc, script, dir) && ok;
 
   if (!ok) {
     std::printf("\ntorch_compare: FAILED: the C++ model differs from the PyTorch reference (inputs kept in %s)\n",
@@ -340,6 +462,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::filesystem::remove_all(dir);
-  std::printf("\ntorch_compare: PASSED: loss and all parameter gradients match PyTorch (dense, moe, moe_sharp)\n");
+  std::printf(
+      "\ntorch_compare: PASSED: loss and all parameter gradients match PyTorch (dense, moe, moe_sharp, gqa_sharp, "
+      "mqa_moe)\n");
   return 0;
 }

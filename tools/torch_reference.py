@@ -4,12 +4,12 @@
     /usr/bin/python3 tools/torch_reference.py IN.json OUT.json
 
 IN.json (written by torch_compare):
-    config:  vocab, hidden, heads, ffn, layers, moe_layer [bool per layer], experts, top_k, expert_ffn,
-             aux_loss_coef, batch, seq
+    config:  vocab, hidden, heads, kv_heads (optional, default heads), ffn, layers, moe_layer [bool per
+             layer], experts, top_k, expert_ffn, aux_loss_coef, batch, seq
     ids, targets: batch * seq token ids, sequence-major (token t of sequence b at b * seq + t)
     params:  name -> {"shape": [rows, cols] or [size] for norm weights, "data": [...]} with the names
              embedding.wte [V x h]
-             layers.L.attention.{norm [h], wq, wk, wv, wo [h x h]}
+             layers.L.attention.{norm [h], wq [h x h], wk, wv [h x kv_heads*d], wo [h x h]} (d = h / heads)
              layers.L.mlp.{norm [h], w_gate, w_up [h x f], w_down [f x h]}            (dense layers)
              layers.L.moe.{norm [h], router [h x E]}                                   (MoE layers)
              layers.L.experts.E.{w_gate, w_up [h x fe], w_down [fe x h]}               (MoE layers)
@@ -20,7 +20,9 @@ OUT.json:
     grads: name -> flat dL/dparam.
 
 The model is written from the equations in model.h, in float64: pre-norm residual blocks with RMSNorm
-(eps 1e-5), rotate-half rotary embeddings (theta 10000) on q and k, causal softmax attention, SwiGLU MLPs,
+(eps 1e-5), rotate-half rotary embeddings (theta 10000) on q and k, causal softmax attention with
+grouped-query heads (kv_heads dividing heads: query head i reads kv head i // (heads // kv_heads), so each kv
+head serves a consecutive group of query heads; kv_heads == heads is multi-head attention), SwiGLU MLPs,
 a softmax router with top-k selection (ties to the lower index), gate weights renormalised over the selected
 experts, the Switch load-balancing loss E * sum_e f_e * P_e, and an untied output head.
 """
@@ -55,11 +57,18 @@ def rotary(x, seq):
 
 def attention(x, p, cfg):
     b, s, h, heads = cfg["batch"], cfg["seq"], cfg["hidden"], cfg["heads"]
+    kv_heads = cfg.get("kv_heads", heads)
+    if kv_heads < 1 or heads % kv_heads != 0:
+        sys.exit(f"torch_reference.py: kv_heads {kv_heads} does not divide heads {heads}")
+    group = heads // kv_heads
     d = h // heads
     xn = rms_norm(x, p["norm"])
     q = rotary((xn @ p["wq"]).view(b, s, heads, d), s).transpose(1, 2)  # [b, heads, s, d]
-    k = rotary((xn @ p["wk"]).view(b, s, heads, d), s).transpose(1, 2)
-    v = (xn @ p["wv"]).view(b, s, heads, d).transpose(1, 2)
+    k = rotary((xn @ p["wk"]).view(b, s, kv_heads, d), s).transpose(1, 2)  # [b, kv_heads, s, d]
+    v = (xn @ p["wv"]).view(b, s, kv_heads, d).transpose(1, 2)
+    # Each kv head serves `group` consecutive query heads: query head i reads kv head i // group.
+    k = k.repeat_interleave(group, dim=1)  # [b, heads, s, d]
+    v = v.repeat_interleave(group, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
     causal = torch.ones(s, s, dtype=torch.bool).tril()
     scores = scores.masked_fill(~causal, float("-inf"))

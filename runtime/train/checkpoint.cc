@@ -83,8 +83,11 @@ json CheckpointHeader::to_json() const {
           {"rank", rank},
           {"world_size", world_size},
           {"policy", policy},
+          {"precision", precision},
           {"next_step", next_step},
           {"adam_steps", adam_steps},
+          {"loss_scale", loss_scale},
+          {"loss_scale_good_steps", loss_scale_good_steps},
           {"segments", segs},
           {"payload_bytes", payload_bytes},
           {"payload_fnv1a64", hex64(checksum)}};
@@ -113,7 +116,8 @@ Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
     return v->get<std::string>();
   };
   HZP_ASSIGN_OR_RETURN(std::string format, string("format"));
-  if (format != kCheckpointFormat) return bad("format", "not an hzp checkpoint (" + quoted(format, 40) + ")");
+  const bool v1 = format == kCheckpointFormatV1;
+  if (format != kCheckpointFormat && !v1) return bad("format", "not an hzp checkpoint (" + quoted(format, 40) + ")");
   CheckpointHeader out;
   HZP_ASSIGN_OR_RETURN(const std::int64_t world, integer("world_size", 1, 1 << 20));
   HZP_ASSIGN_OR_RETURN(const std::int64_t rank, integer("rank", 0, world - 1));
@@ -122,6 +126,18 @@ Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
   HZP_ASSIGN_OR_RETURN(out.policy, string("policy"));
   HZP_ASSIGN_OR_RETURN(out.next_step, integer("next_step", 0, 1'000'000'000));
   HZP_ASSIGN_OR_RETURN(out.adam_steps, integer("adam_steps", 0, out.next_step));
+  if (!v1) {  // v1 files were always fp32 without a loss scaler: the defaults
+    HZP_ASSIGN_OR_RETURN(out.precision, string("precision"));
+    if (out.precision != "fp32" && out.precision != "bf16" && out.precision != "fp16")
+      return bad("precision", "must be \"fp32\", \"bf16\" or \"fp16\", got " + quoted(out.precision, 40));
+    HZP_ASSIGN_OR_RETURN(const json* scale, field("loss_scale"));
+    // Halving and doubling from 2^16 stays within [2^-24, 2^64] long before anything else breaks.
+    if (!scale->is_number() || !std::isfinite(scale->get<double>()) || scale->get<double>() < 0x1p-24 ||
+        scale->get<double>() > 0x1p64)
+      return bad("loss_scale", "must be a number in [2^-24, 2^64], got " + printable(scale->dump(), 60));
+    out.loss_scale = scale->get<double>();
+    HZP_ASSIGN_OR_RETURN(out.loss_scale_good_steps, integer("loss_scale_good_steps", 0, out.next_step));
+  }
   HZP_ASSIGN_OR_RETURN(out.payload_bytes, integer("payload_bytes", 0, std::int64_t{1} << 50));
   HZP_ASSIGN_OR_RETURN(std::string sum, string("payload_fnv1a64"));
   if (sum.size() != 16 || sum.find_first_not_of("0123456789abcdef") != std::string::npos)
@@ -137,7 +153,8 @@ Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
         s[0].get<std::uint64_t>() > (1ull << 40) || s[1].get<std::uint64_t>() > (1ull << 40))
       return bad(where, "must be [parameter floats, optimizer floats] below 2^40, got " + printable(s.dump(), 60));
     out.segments.emplace_back(s[0].get<std::int64_t>(), s[1].get<std::int64_t>());
-    floats += out.segments.back().first + 2 * out.segments.back().second;
+    // The optimizer slice holds Adam m and v, plus the fp32 master in 16-bit training.
+    floats += out.segments.back().first + (out.precision == "fp32" ? 2 : 3) * out.segments.back().second;
   }
   if (floats * 4 != out.payload_bytes)
     return bad("payload_bytes", std::to_string(out.payload_bytes) + " disagrees with the segments (" +
@@ -203,6 +220,9 @@ Result<CheckpointHeader> read_checkpoint(const std::string& path, const Checkpoi
   auto parsed = parse_checkpoint_header(line);
   if (!parsed.ok()) return Status::InvalidInput(shown + ": header " + parsed.status().message());
   const CheckpointHeader& h = *parsed;
+  if (h.precision != expected.precision)
+    return Status::InvalidInput(shown + " holds a " + h.precision + " training state; this run trains in " +
+                                expected.precision + " (set training.precision to resume it)");
   if (h.world_size != expected.world_size || h.rank != expected.rank || h.policy != expected.policy ||
       h.segments != expected.segments)
     return Status::InvalidInput(shown + " was written by another layout (world " + std::to_string(h.world_size) +

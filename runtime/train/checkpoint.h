@@ -2,11 +2,15 @@
 //
 // Layout: DIR/step_<S>/rank_<r>.bin per rank, DIR/latest holding S once every rank's file is in place,
 // DIR/.lock held by the job writing DIR. A rank file is one JSON header line, then the raw little-endian
-// fp32 payload: for each segment, the parameter shard, Adam m and Adam v. The header says which layout wrote
-// it (world size, rank, policy, per-segment sizes), the step to resume at, and a checksum of the payload:
-//   {"format": "hzp-checkpoint-v1", "rank": r, "world_size": n, "policy": "zero3", "next_step": S,
-//    "adam_steps": S, "segments": [[param_floats, optimizer_floats], ...], "payload_bytes": B,
+// fp32 payload: for each segment, the parameter shard (16-bit values widened exactly), in 16-bit training the
+// fp32 master of the optimizer slice, Adam m and Adam v. The header says which layout wrote it (world size,
+// rank, policy, precision, per-segment sizes), the step to resume at, the fp16 loss scaler's state, and a
+// checksum of the payload:
+//   {"format": "hzp-checkpoint-v2", "rank": r, "world_size": n, "policy": "zero3", "precision": "bf16",
+//    "next_step": S, "adam_steps": S, "loss_scale": 65536, "loss_scale_good_steps": 0,
+//    "segments": [[param_floats, optimizer_floats], ...], "payload_bytes": B,
 //    "payload_fnv1a64": "0123456789abcdef"}
+// A v1 file (written before mixed precision) has no precision or loss-scale fields: it is an fp32 state.
 // Every field is checked on load (type, range, agreement with the running layout), the payload must be
 // exactly B bytes with that checksum, and every value finite: a damaged or foreign file is kInvalidInput
 // (exit 2) naming the file and the field, never a crash, and a NaN state is refused on save and on load.
@@ -23,15 +27,19 @@
 
 namespace hzp::runtime {
 
-inline constexpr const char* kCheckpointFormat = "hzp-checkpoint-v1";
+inline constexpr const char* kCheckpointFormat = "hzp-checkpoint-v2";
+inline constexpr const char* kCheckpointFormatV1 = "hzp-checkpoint-v1";
 inline constexpr std::size_t kMaxCheckpointHeaderBytes = 1 << 20;
 
 struct CheckpointHeader {
   int rank = 0;
   int world_size = 0;
   std::string policy;
+  std::string precision = "fp32";  // training.precision: "fp32", "bf16" or "fp16"
   std::int64_t next_step = 0;
   std::int64_t adam_steps = 0;
+  double loss_scale = 1;                                        // fp16's dynamic loss scale (1 otherwise)
+  std::int64_t loss_scale_good_steps = 0;                       // steps since its last change
   std::vector<std::pair<std::int64_t, std::int64_t>> segments;  // (parameter floats, optimizer floats)
   std::int64_t payload_bytes = 0;
   std::uint64_t checksum = 0;
@@ -53,7 +61,7 @@ struct FloatSpan {
 Status write_checkpoint(const std::string& path, CheckpointHeader header, const std::vector<FloatSpan>& spans);
 
 // Reads `path` into the spans after checking it against `expected` (rank, world size, policy, segments)
-// and `max_step` (next_step must be in [0, max_step]); returns the header.
+// precision) and `max_step` (next_step must be in [0, max_step]); returns the header.
 Result<CheckpointHeader> read_checkpoint(const std::string& path, const CheckpointHeader& expected,
                                          std::int64_t max_step, const std::vector<FloatSpan>& spans);
 

@@ -1,32 +1,36 @@
-// The runtime executor (see executor.h for what each IR op does). It reads the IR's typed fields — the op's
-// unit and module slot, a collective's purpose and state kind, a pool's kind — and touches the device only
-// through runtime/backend/device.h. Buffer layout: state_layout.*; AdamW: adamw.*; checkpoint files:
-// checkpoint.*.
+// The runtime executor (executor.h): setup, the step loop, evaluation and checkpoints. What each IR op does
+// is in executor_ops.cc; the state both share is executor_impl.h. The executor touches the device only
+// through runtime/device/ (any backend), and host memory only for the per-step metrics, initial weights and
+// checkpoints.
 #include "runtime/train/executor.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <deque>
 #include <numeric>
 #include <sstream>
 
-#include "runtime/train/adamw.h"
-#include "runtime/train/checkpoint.h"
-#include "runtime/train/state_layout.h"
+#include "runtime/train/executor_impl.h"
 
 namespace hzp::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The CPU models compute in fp32 (runtime_supports refuses other precisions): what every buffer holds.
-constexpr DType kComputeDtype = DType::kFp32;
-
 double now_us() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+}
+
+// Dynamic loss scaling for fp16, with PyTorch's GradScaler defaults (torch/cuda/amp/grad_scaler.py): start at
+// 2^16, halve on an overflow (the step is skipped), double after 2000 steps without one. A scale below 1
+// means the gradients overflow even unscaled: the run has diverged.
+constexpr double kInitialLossScale = 65536.0;
+constexpr std::int64_t kLossScaleGrowthInterval = 2000;
+
+// Runs host-driven work of one stream after another stream's queued work (cudaStreamWaitEvent): evaluation
+// and refreshes issue kernels on one stream and collectives on another.
+void hand_over(Stream& from, Stream& to) {
+  to.wait(from.record());
 }
 
 }  // namespace
@@ -55,140 +59,44 @@ Status runtime_supports(const Scenario& scenario) {
   if (scenario.training.attention_dropout > 0 || scenario.training.hidden_dropout > 0)
     return Status::InvalidInput(
         "training.attention_dropout / training.hidden_dropout: the runtime trains without dropout; set 0");
-  if (scenario.training.fp8)
-    return Status::InvalidInput("training.fp8: the CPU runtime has no FP8 arithmetic; set false");
-  if (scenario.training.precision != Precision::kFp32)
-    return Status::InvalidInput("training.precision: the CPU runtime trains in fp32; set \"fp32\" (got \"" +
-                                std::string(to_string(scenario.training.precision)) + "\")");
-  return model_config(scenario.model).status();
+  if (scenario.training.fp8) return Status::InvalidInput("training.fp8: the runtime has no FP8 arithmetic; set false");
+  return model_config(scenario).status();
 }
-
-struct Executor::Impl {
-  Scenario scenario;
-  Schedule schedule;
-  const Program* program = nullptr;
-  int rank = 0;
-  int world = 1;
-  const ByteDataset* data = nullptr;
-  Device* device = nullptr;
-  ModelConfig cfg;
-  std::int64_t batch = 0, seq = 0, tokens = 0;
-  std::int64_t groups_per_step = 0;  // micro-batch groups in the global batch
-  StateLayout layout;
-
-  // Resident buffers of each segment (StateLayout sizes them).
-  struct SegmentBuffers {
-    float* param = nullptr;  // full (s_p = 1) or this rank's shard
-    float* grad = nullptr;   // full (s_g = 1) or this rank's shard
-    float* m = nullptr;      // Adam moments of the optimizer slice
-    float* v = nullptr;
-    float* secondary = nullptr;  // hpZ: this rank's piece of the node-sharded copy
-  };
-  std::vector<SegmentBuffers> bufs;
-  std::unique_ptr<MemoryPool> pool;
-  std::vector<std::vector<float*>> pool_slots;  // [pool][slot]
-  float* eval_params = nullptr;                 // full parameters for evaluation (sharded runs)
-
-  std::vector<std::unique_ptr<Stream>> streams;
-  std::unique_ptr<Stream> host_stream;  // metrics and evaluation collectives (outside the IR)
-  std::map<std::pair<int, int>, std::unique_ptr<Communicator>> comms;  // (group, stream)
-  std::unique_ptr<Communicator> metrics;
-  std::function<void(const Status&)> on_fatal;
-  std::atomic<bool> failed{false};
-
-  // Model blocks (one per layer; their saved activations serve every micro-batch in turn).
-  std::unique_ptr<Embedding> embedding;
-  std::vector<std::unique_ptr<AttentionBlock>> attention;
-  std::vector<std::unique_ptr<MlpBlock>> mlp;
-  std::vector<std::unique_ptr<MoeBlock>> moe;
-  std::unique_ptr<Head> head;
-  std::vector<float> x, dx;
-  std::vector<std::int32_t> ids, targets;
-
-  // Expert-parallel exchange buffers of each MoE layer (one micro-batch in flight on the compute stream).
-  struct MoeBuffers {
-    std::vector<float> send, recv, out, back;
-    std::vector<std::int64_t> send_counts, recv_counts, out_counts, back_counts;
-  };
-  std::vector<MoeBuffers> moe_buf;
-
-  // Per step.
-  std::int64_t step = 0;
-  double lr = 0;
-  double loss_sum = 0, aux_sum = 0;
-  double grad_norm = 0, clip_coef = 1;
-  std::int64_t adam_t = 0;  // optimizer steps taken (bias correction)
-
-  std::vector<std::vector<ExecutedOp>> stream_trace;  // per stream, appended by its worker thread only
-  bool tracing = false;
-
-  Status setup();
-  Status setup_memory();
-  Status setup_comms();
-  Communicator* comm(int role, int stream) {
-    auto it = comms.find({schedule.rank_groups[rank][role], stream});
-    return it == comms.end() ? nullptr : it->second.get();
-  }
-  // Any communicator of the group bound to `role`, with the stream it belongs to (for host-driven work).
-  std::pair<Communicator*, Stream*> any_comm(int role) {
-    for (const auto& [key, c] : comms)
-      if (key.first == schedule.rank_groups[rank][role]) return {c.get(), streams[key.second].get()};
-    return {nullptr, nullptr};
-  }
-
-  // Where segment s's parameters are read from / its gradients written to right now.
-  float* param_ptr(int s, float* gather_slot) const {
-    const Segment& seg = layout.segment(s);
-    if (layout.sharding(seg.state).s_p == 1) return bufs[s].param;
-    return gather_slot == nullptr ? nullptr : gather_slot + seg.unit_offset;
-  }
-  float* grad_ptr(int s, const std::vector<float*>& bucket_slot) const {
-    const Segment& seg = layout.segment(s);
-    if (layout.sharding(seg.state).s_g == 1) return bufs[s].grad;
-    const int b = layout.bucket_of(seg.unit, seg.state);
-    for (const auto& [sg, off] : layout.bucket_segments(b))
-      if (sg == s) return bucket_slot[b] == nullptr ? nullptr : bucket_slot[b] + off;
-    return nullptr;
-  }
-  int router_seg(int unit) const { return layout.find(unit, 1, StateKind::kDense, false); }
-  int experts_seg(int unit) const {
-    return layout.find(unit, 1, schedule.state(StateKind::kExpert).present ? StateKind::kExpert : StateKind::kDense,
-                       true);
-  }
-  bool expert_parallel() const { return schedule.role_expert_parallel >= 0; }
-  // dL/d(aux loss of one micro-batch): the coefficient, averaged over the step's micro-batch groups.
-  float aux_grad_scale() const { return static_cast<float>(cfg.aux_loss_coef / static_cast<double>(groups_per_step)); }
-
-  // The module forwards, shared by training's compute ops and evaluation.
-  Status forward_module(ModuleKind module, int unit, const std::function<float*(int)>& P);
-  // The stages of a MoE layer under expert parallelism around its all-to-alls (one per CollectivePurpose).
-  Status moe_exchange(CollectivePurpose purpose, int unit, Communicator& cm, float* router, float* drouter);
-
-  Status run_step(std::int64_t step_index);
-  Status refresh_parameters();
-  Status compute(const ComputeOp& c, float* gather_slot, const std::vector<float*>& bucket_slot);
-  Status collective(const CollectiveOp& c, int stream, float* gather_slot, const std::vector<float*>& bucket_slot);
-  Status optimizer(const OptimizerStepOp& o);
-  void load_batch(int micro_batch);
-  // The checkpointed state (checkpoint.h): per segment its parameter shard, Adam m, Adam v.
-  std::vector<FloatSpan> state_spans() const;
-  CheckpointHeader checkpoint_header(std::int64_t next_step) const;
-};
 
 // ---------------------------------------------------------------------------------------------------------
 // Setup
 // ---------------------------------------------------------------------------------------------------------
 
+int Executor::Impl::compute_stream() const {
+  for (std::size_t i = 0; i < schedule.streams.size(); ++i)
+    if (schedule.streams[i] == "compute") return static_cast<int>(i);
+  return 0;
+}
+
+ScalarType Executor::Impl::payload_type(Payload p) const {
+  switch (p) {
+    case Payload::kGrads:
+      return cfg.grad;
+    case Payload::kGradNorm:
+      return ScalarType::kFp32;
+    case Payload::kParams:
+    case Payload::kActivations:
+      break;
+  }
+  return cfg.act;
+}
+
 Status Executor::Impl::setup() {
   if (schedule.world_size != world || rank < 0 || rank >= world)
     return Status::InvalidInput("runtime: rank " + std::to_string(rank) + " outside world of " + std::to_string(world));
   HZP_RETURN_IF_ERROR(runtime_supports(scenario));
-  HZP_ASSIGN_OR_RETURN(cfg, model_config(scenario.model));
+  HZP_ASSIGN_OR_RETURN(cfg, model_config(scenario));
   program = &schedule.program_of(rank);
   batch = scenario.training.micro_batch;
   seq = scenario.training.seq_len;
   tokens = batch * seq;
   groups_per_step = scenario.training.global_batch / batch;
+  if (fp16()) loss_scale = kInitialLossScale;
   int ep_position = 0;
   if (expert_parallel()) {
     const ProcessGroup& g = schedule.group_of(rank, schedule.role_expert_parallel);
@@ -197,80 +105,140 @@ Status Executor::Impl::setup() {
       return Status::Internal("runtime: expert_parallel group size differs from policy.expert_parallel");
   }
   HZP_ASSIGN_OR_RETURN(layout, StateLayout::build(schedule, cfg, rank, ep_position));
-  HZP_RETURN_IF_ERROR(setup_memory());
+  HZP_RETURN_IF_ERROR(setup_streams());
+  // Size everything once against a pool that only counts, then allocate it from one device allocation.
+  SizingPool sizing;
+  HZP_RETURN_IF_ERROR(allocate_all(sizing));
+  pool = device->create_pool(sizing.used_bytes());
+  HZP_RETURN_IF_ERROR(allocate_all(*pool));
+  build_optimizer_tensors();
+  return init_parameters_on_device();
+}
 
-  const int ep = expert_parallel() ? scenario.policy.expert_parallel : 1;
-  embedding = std::make_unique<Embedding>(cfg, tokens);
-  for (int l = 0; l < cfg.layers; ++l) {
-    attention.push_back(std::make_unique<AttentionBlock>(cfg, batch, seq));
-    mlp.push_back(cfg.moe_layer[l] ? nullptr : std::make_unique<MlpBlock>(cfg, batch, seq));
-    moe.push_back(cfg.moe_layer[l] ? std::make_unique<MoeBlock>(cfg, batch, seq, ep) : nullptr);
+Status Executor::Impl::setup_streams() {
+  for (const std::string& name : schedule.streams) {
+    streams.push_back(device->create_stream(name));
+    kernels.push_back(device->create_kernels(*streams.back()));
   }
-  moe_buf.resize(cfg.layers);
-  head = std::make_unique<Head>(cfg, tokens);
-  x.assign(tokens * cfg.hidden, 0.f);
-  dx.assign(tokens * cfg.hidden, 0.f);
-  for (const std::string& name : schedule.streams) streams.push_back(device->create_stream(name));
   host_stream = device->create_stream("host");
+  host_kernels = device->create_kernels(*host_stream);
   stream_trace.resize(streams.size());
   return Status::Ok();
 }
 
-Status Executor::Impl::setup_memory() {
-  // Size everything first, then allocate once.
-  const std::int64_t align = 64 / dtype_bytes(kComputeDtype);
-  std::int64_t elements = 0, full_model = 0;
-  auto need = [&](std::int64_t n) { elements += (n + align - 1) / align * align; };
+Status Executor::Impl::allocate_all(MemoryPool& p) {
   const std::vector<Segment>& segs = layout.segments();
+  const bool mixed = cfg.act != ScalarType::kFp32;
+  bufs.assign(segs.size(), {});
+  std::int64_t full_model = 0;
   for (std::size_t s = 0; s < segs.size(); ++s) {
     const int i = static_cast<int>(s);
-    need(layout.param_floats(i));
-    need(layout.grad_floats(i));
-    need(layout.optimizer_floats(i));
-    need(layout.optimizer_floats(i));
-    if (segs[s].state == StateKind::kDense && schedule.role_secondary >= 0)
-      need(segs[s].padded / layout.secondary_size());
+    HZP_ASSIGN_OR_RETURN(bufs[s].param, p.allocate("params", layout.param_floats(i), cfg.act));
+    HZP_ASSIGN_OR_RETURN(bufs[s].grad, p.allocate("grads", layout.grad_floats(i), cfg.grad));
+    if (mixed) {
+      HZP_ASSIGN_OR_RETURN(bufs[s].master, p.allocate("optimizer", layout.optimizer_floats(i), ScalarType::kFp32));
+    }
+    HZP_ASSIGN_OR_RETURN(bufs[s].m, p.allocate("optimizer", layout.optimizer_floats(i), ScalarType::kFp32));
+    HZP_ASSIGN_OR_RETURN(bufs[s].v, p.allocate("optimizer", layout.optimizer_floats(i), ScalarType::kFp32));
+    if (segs[s].state == StateKind::kDense && schedule.role_secondary >= 0) {
+      HZP_ASSIGN_OR_RETURN(bufs[s].secondary, p.allocate("params", segs[s].padded / layout.secondary_size(), cfg.act));
+    }
     full_model += segs[s].padded;
   }
-  std::vector<std::int64_t> slot_elements;
-  for (const BufferPool& bp : schedule.pools) {
-    slot_elements.push_back(bp.kind == PoolKind::kParamGather
-                                ? layout.max_unit_floats()
-                                : std::max(layout.max_unit_floats(), layout.max_bucket_floats()));
-    for (int i = 0; i < bp.slots; ++i) need(slot_elements.back());
+  // The schedule's pools: gather slots hold parameters, gradient slots gradients.
+  pool_slots.assign(schedule.pools.size(), {});
+  for (std::size_t q = 0; q < schedule.pools.size(); ++q) {
+    const bool gather = schedule.pools[q].kind == PoolKind::kParamGather;
+    const std::int64_t elements =
+        gather ? layout.max_unit_floats() : std::max(layout.max_unit_floats(), layout.max_bucket_floats());
+    for (int i = 0; i < schedule.pools[q].slots; ++i) {
+      HZP_ASSIGN_OR_RETURN(Buffer slot,
+                           p.allocate("pool:" + schedule.pools[q].name, elements, gather ? cfg.act : cfg.grad));
+      pool_slots[q].push_back(slot);
+    }
   }
   const bool sharded_params =
       layout.sharding(StateKind::kDense).s_p > 1 ||
       (schedule.state(StateKind::kExpert).present && layout.sharding(StateKind::kExpert).s_p > 1);
-  if (sharded_params) need(full_model);
-  pool = device->create_pool(elements * dtype_bytes(kComputeDtype));
-
-  bufs.assign(segs.size(), {});
-  for (std::size_t s = 0; s < segs.size(); ++s) {
-    const int i = static_cast<int>(s);
-    HZP_ASSIGN_OR_RETURN(bufs[s].param, pool->allocate("params", layout.param_floats(i)));
-    HZP_ASSIGN_OR_RETURN(bufs[s].grad, pool->allocate("grads", layout.grad_floats(i)));
-    HZP_ASSIGN_OR_RETURN(bufs[s].m, pool->allocate("optimizer", layout.optimizer_floats(i)));
-    HZP_ASSIGN_OR_RETURN(bufs[s].v, pool->allocate("optimizer", layout.optimizer_floats(i)));
-    if (segs[s].state == StateKind::kDense && schedule.role_secondary >= 0) {
-      HZP_ASSIGN_OR_RETURN(bufs[s].secondary, pool->allocate("params", segs[s].padded / layout.secondary_size()));
-    }
-  }
-  pool_slots.assign(schedule.pools.size(), {});
-  for (std::size_t p = 0; p < schedule.pools.size(); ++p)
-    for (int i = 0; i < schedule.pools[p].slots; ++i) {
-      HZP_ASSIGN_OR_RETURN(float* slot, pool->allocate("pool:" + schedule.pools[p].name, slot_elements[p]));
-      pool_slots[p].push_back(slot);
-    }
+  eval_params = {};
   if (sharded_params) {
-    HZP_ASSIGN_OR_RETURN(eval_params, pool->allocate("eval", full_model));
+    HZP_ASSIGN_OR_RETURN(eval_params, p.allocate("eval", full_model, cfg.act));
   }
 
-  // Initial weights: the full tensor is a function of (seed, tensor, index); keep this rank's shard.
+  // The model: its blocks' saved activations and the shared backward scratch.
+  Kernels& ck = *kernels[compute_stream()];
+  const int ep = expert_parallel() ? scenario.policy.expert_parallel : 1;
+  workspace = Workspace();
+  embedding = std::make_unique<Embedding>(cfg);
+  attention.clear();
+  mlp.clear();
+  moe.clear();
+  for (int l = 0; l < cfg.layers; ++l) {
+    HZP_ASSIGN_OR_RETURN(auto a, AttentionBlock::create(cfg, batch, seq, ck, p, workspace));
+    attention.push_back(std::move(a));
+    if (cfg.moe_layer[l]) {
+      HZP_ASSIGN_OR_RETURN(auto m, MoeBlock::create(cfg, batch, seq, ep, p));
+      moe.push_back(std::move(m));
+      mlp.push_back(nullptr);
+    } else {
+      HZP_ASSIGN_OR_RETURN(auto m, MlpBlock::create(cfg, batch, seq, p, workspace));
+      mlp.push_back(std::move(m));
+      moe.push_back(nullptr);
+    }
+  }
+  HZP_ASSIGN_OR_RETURN(head, Head::create(cfg, tokens, ck, p, workspace));
+  HZP_RETURN_IF_ERROR(workspace.allocate(p, cfg.act));
+  HZP_ASSIGN_OR_RETURN(x, p.allocate("activations", tokens * cfg.hidden, cfg.act));
+  HZP_ASSIGN_OR_RETURN(dx, p.allocate("activations", tokens * cfg.hidden, cfg.act));
+  HZP_ASSIGN_OR_RETURN(inputs.ids, p.allocate("activations", tokens, ScalarType::kInt32));
+  HZP_ASSIGN_OR_RETURN(inputs.targets, p.allocate("activations", tokens, ScalarType::kInt32));
+  // Step scalars: accumulators and the optimizer's inputs.
+  HZP_ASSIGN_OR_RETURN(inputs.loss_sum, p.allocate("scalars", 1, ScalarType::kFp64));
+  HZP_ASSIGN_OR_RETURN(inputs.aux_sum, p.allocate("scalars", 1, ScalarType::kFp64));
+  HZP_ASSIGN_OR_RETURN(metrics_buffer, p.allocate("scalars", 2, ScalarType::kFp32));
+  HZP_ASSIGN_OR_RETURN(norm_acc, p.allocate("scalars", 1, ScalarType::kFp64));
+  HZP_ASSIGN_OR_RETURN(norm_sq, p.allocate("scalars", 1, ScalarType::kFp32));
+  HZP_ASSIGN_OR_RETURN(grad_norm, p.allocate("scalars", 1, ScalarType::kFp64));
+  HZP_ASSIGN_OR_RETURN(coef, p.allocate("scalars", 1, ScalarType::kFp32));
+  const int micro_batches = static_cast<int>(groups_per_step / world);
+  host_ids.assign(static_cast<std::size_t>(std::max(1, micro_batches)), {});
+  host_targets.assign(host_ids.size(), {});
+  return Status::Ok();
+}
+
+// The optimizer slice of each segment, split where the layout's tensors change weight-decay rule (norm
+// weights are not decayed); the padding past the layout is never touched.
+void Executor::Impl::build_optimizer_tensors() {
+  adam_tensors.assign(schedule.buckets.size(), {});
+  for (std::size_t b = 0; b < schedule.buckets.size(); ++b) {
+    for (const auto& [s, off] : layout.bucket_segments(static_cast<int>(b))) {
+      const std::int64_t begin = layout.optimizer_begin(s), count = layout.optimizer_floats(s);
+      for (const TensorInfo& t : layout.segment(s).layout) {
+        const std::int64_t lo = std::max(begin, t.offset), hi = std::min(begin + count, t.offset + t.size());
+        if (lo >= hi) continue;
+        const std::int64_t at = lo - begin, n = hi - lo;
+        AdamWTensor a;
+        a.param = bufs[s].param.slice(layout.optimizer_in_param(s) + at, n);
+        if (!bufs[s].master.empty()) a.master = bufs[s].master.slice(at, n);
+        a.grad = bufs[s].grad.slice(layout.optimizer_in_grad(s) + at, n);
+        a.m = bufs[s].m.slice(at, n);
+        a.v = bufs[s].v.slice(at, n);
+        a.decay = t.decay;
+        adam_tensors[b].push_back(a);
+      }
+    }
+  }
+}
+
+// Initial weights: the full tensor is a function of (seed, tensor, index), made on the host; this rank's
+// shard goes to the device in the working type, and its optimizer slice to the fp32 master.
+Status Executor::Impl::init_parameters_on_device() {
+  Kernels& k = *host_kernels;
   std::vector<float> full;
-  for (std::size_t s = 0; s < segs.size(); ++s) {
-    const Segment& seg = segs[s];
-    full.assign(seg.padded, 0.f);
+  std::vector<char> encoded;
+  for (std::size_t s = 0; s < layout.segments().size(); ++s) {
+    const Segment& seg = layout.segment(static_cast<int>(s));
+    full.assign(static_cast<std::size_t>(seg.padded), 0.f);
     if (!seg.experts || seg.first_expert < 0) {
       init_parameters(cfg, seg.layout, static_cast<std::uint64_t>(scenario.run.seed), seg.tensor_id, full.data());
     } else {
@@ -283,10 +251,16 @@ Status Executor::Impl::setup_memory() {
             full.data() + e * per);
     }
     const std::int64_t piece = layout.param_floats(static_cast<int>(s));
-    const int p = layout.position(seg.state).p;
-    std::copy(full.begin() + p * piece, full.begin() + (p + 1) * piece, bufs[s].param);
+    const float* mine = full.data() + layout.position(seg.state).p * piece;
+    encoded.resize(static_cast<std::size_t>(bufs[s].param.bytes()));
+    encode_floats(cfg.act, mine, piece, encoded.data());
+    k.copy_from_host(encoded.data(), bufs[s].param);
+    if (!bufs[s].master.empty())
+      k.copy_from_host(mine + layout.optimizer_in_param(static_cast<int>(s)), bufs[s].master);
+    // The host buffers are reused by the next segment: wait until the copies have read them.
+    HZP_RETURN_IF_ERROR(host_stream->synchronize());
   }
-  return Status::Ok();
+  return k.status();
 }
 
 Status Executor::Impl::setup_comms() {
@@ -316,240 +290,36 @@ Status Executor::Impl::setup_comms() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// The modules
-// ---------------------------------------------------------------------------------------------------------
-
-void Executor::Impl::load_batch(int micro_batch) {
-  const std::int64_t group = static_cast<std::int64_t>(micro_batch) * world + rank;
-  data->train_batch(static_cast<std::uint64_t>(scenario.run.seed), step, group, batch, ids, targets);
-}
-
-Status Executor::Impl::forward_module(ModuleKind module, int unit, const std::function<float*(int)>& P) {
-  const int layer = schedule.units[unit].layer;
-  const int s0 = layout.find(unit, module_slot(module), StateKind::kDense, false);
-  if (s0 < 0 || P(s0) == nullptr)
-    return Status::Internal(std::string("runtime: no parameters for ") + to_string(module));
-  switch (module) {
-    case ModuleKind::kEmbedding:
-      embedding->forward(P(s0), ids.data(), x.data());
-      break;
-    case ModuleKind::kAttention:
-      attention[layer]->forward(P(s0), x.data());
-      break;
-    case ModuleKind::kMlp:
-      mlp[layer]->forward(P(s0), x.data());
-      break;
-    case ModuleKind::kMoe:  // without expert parallelism: the stages back to back
-      moe[layer]->forward(P(s0), P(experts_seg(unit)), x.data());
-      aux_sum += moe[layer]->aux_loss();
-      break;
-    case ModuleKind::kHead:
-      loss_sum += head->forward(P(s0), x.data(), targets.data());
-      break;
-  }
-  return Status::Ok();
-}
-
-Status Executor::Impl::moe_exchange(CollectivePurpose purpose, int unit, Communicator& cm, float* router,
-                                    float* drouter) {
-  const int layer = schedule.units[unit].layer;
-  MoeBuffers& buf = moe_buf[layer];
-  MoeBlock& block = *moe[layer];
-  const std::int64_t h = cfg.hidden;
-  switch (purpose) {
-    case CollectivePurpose::kMoeDispatch:  // route my tokens, send each to the rank holding its expert
-      block.route_forward(router, x.data(), buf.send, buf.send_counts);
-      aux_sum += block.aux_loss();
-      return cm.all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
-    case CollectivePurpose::kMoeCombine: {  // expert outputs (h floats a row) back to the tokens' ranks
-      std::vector<std::int64_t> counts(buf.recv_counts.size());
-      for (std::size_t j = 0; j < counts.size(); ++j) counts[j] = buf.recv_counts[j] / (h + 1) * h;
-      HZP_RETURN_IF_ERROR(cm.all_to_all_v(buf.out.data(), counts, buf.back, buf.back_counts));
-      block.combine_forward(buf.back, x.data());
-      return Status::Ok();
-    }
-    case CollectivePurpose::kMoeCombineGrad:  // gradients of the expert outputs to the experts' ranks
-      block.combine_backward(dx.data(), buf.send, buf.send_counts);
-      return cm.all_to_all_v(buf.send.data(), buf.send_counts, buf.recv, buf.recv_counts);
-    case CollectivePurpose::kMoeDispatchGrad:  // gradients of the routed inputs back, then through the router
-      HZP_RETURN_IF_ERROR(cm.all_to_all_v(buf.out.data(), buf.recv_counts, buf.back, buf.back_counts));
-      block.route_backward(router, buf.back, aux_grad_scale(), dx.data(), drouter);
-      return Status::Ok();
-    default:
-      return Status::Internal(std::string("runtime: ") + to_string(purpose) + " is not a MoE exchange");
-  }
-}
-
-Status Executor::Impl::compute(const ComputeOp& c, float* gather_slot, const std::vector<float*>& bucket_slot) {
-  auto P = [&](int s) { return param_ptr(s, gather_slot); };
-  auto G = [&](int s) { return grad_ptr(s, bucket_slot); };
-  const int layer = c.layer;
-  if (c.phase == Phase::kForward) {
-    if (c.module == ModuleKind::kEmbedding) load_batch(c.micro_batch);
-    // Under expert parallelism the MoE compute is the experts alone, between the dispatch and the combine.
-    if (c.module == ModuleKind::kMoe && expert_parallel()) {
-      moe[layer]->experts_forward(P(experts_seg(c.unit)), moe_buf[layer].recv, moe_buf[layer].out);
-      return Status::Ok();
-    }
-    return forward_module(c.module, c.unit, P);
-  }
-  const int s0 = layout.find(c.unit, module_slot(c.module), StateKind::kDense, false);
-  if (s0 < 0 || P(s0) == nullptr || G(s0) == nullptr)
-    return Status::Internal(std::string("runtime: no parameter or gradient buffer for ") + to_string(c.module));
-  switch (c.module) {
-    case ModuleKind::kEmbedding:
-      embedding->backward(dx.data(), ids.data(), G(s0));
-      break;
-    case ModuleKind::kAttention:
-      attention[layer]->backward(P(s0), dx.data(), G(s0));
-      break;
-    case ModuleKind::kMlp:
-      mlp[layer]->backward(P(s0), dx.data(), G(s0));
-      break;
-    case ModuleKind::kMoe: {
-      const int se = experts_seg(c.unit);
-      if (expert_parallel())
-        moe[layer]->experts_backward(P(se), moe_buf[layer].recv, moe_buf[layer].out, G(se));
-      else
-        moe[layer]->backward(P(s0), P(se), aux_grad_scale(), dx.data(), G(s0), G(se));
-      break;
-    }
-    case ModuleKind::kHead:
-      head->backward(P(s0), 1.0f / static_cast<float>(scenario.training.global_batch * seq), dx.data(), G(s0));
-      break;
-  }
-  return Status::Ok();
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// The collectives, by purpose
-// ---------------------------------------------------------------------------------------------------------
-
-Status Executor::Impl::collective(const CollectiveOp& c, int stream, float* gather_slot,
-                                  const std::vector<float*>& bucket_slot) {
-  Communicator* cm = comm(c.role, stream);
-  if (cm == nullptr)
-    return Status::Internal(std::string("runtime: no communicator for ") + to_string(schedule.roles[c.role]));
-  const StateSharding& k = layout.sharding(c.state);
-  const ShardPosition& pos = layout.position(c.state);
-  switch (c.purpose) {
-    case CollectivePurpose::kMoeDispatch:
-    case CollectivePurpose::kMoeCombine:
-    case CollectivePurpose::kMoeCombineGrad:
-    case CollectivePurpose::kMoeDispatchGrad: {
-      const int rs = router_seg(c.unit);
-      return moe_exchange(c.purpose, c.unit, *cm, param_ptr(rs, gather_slot), grad_ptr(rs, bucket_slot));
-    }
-    case CollectivePurpose::kGradNorm: {
-      double partial = 0;
-      for (std::size_t s = 0; s < layout.segments().size(); ++s) {
-        const int i = static_cast<int>(s);
-        const float* g = bufs[s].grad + layout.optimizer_in_grad(i);
-        double sum = 0;
-        for (std::int64_t e = 0; e < layout.optimizer_floats(i); ++e) sum += static_cast<double>(g[e]) * g[e];
-        partial += sum / layout.sharding(layout.segment(i).state).replicas;  // each slice is held by `replicas` ranks
-      }
-      float value = static_cast<float>(partial);
-      HZP_RETURN_IF_ERROR(cm->all_reduce(&value, 1));
-      grad_norm = std::sqrt(static_cast<double>(value));
-      clip_coef = std::min(1.0, scenario.training.grad_clip / (grad_norm + 1e-6));
-      return Status::Ok();
-    }
-    case CollectivePurpose::kRefreshParams:  // optimizer slices -> this rank's parameter shard, in place
-      for (const auto& [s, off] : layout.bucket_segments(c.bucket)) {
-        const std::int64_t piece = layout.optimizer_floats(s);
-        HZP_RETURN_IF_ERROR(cm->all_gather(bufs[s].param + pos.i * piece, bufs[s].param, piece));
-      }
-      return Status::Ok();
-    case CollectivePurpose::kGatherParams:
-    case CollectivePurpose::kGatherSecondary: {
-      if (gather_slot == nullptr) return Status::Internal("runtime: parameter all-gather without a slot");
-      const bool secondary = c.purpose == CollectivePurpose::kGatherSecondary;
-      for (int s : layout.unit_segments(c.unit)) {
-        const Segment& seg = layout.segment(s);
-        if (seg.state != c.state || (c.module >= 0 && seg.module != c.module)) continue;
-        float* out = gather_slot + seg.unit_offset;
-        const std::int64_t piece = seg.padded / layout.secondary_size();
-        if (secondary) {
-          HZP_RETURN_IF_ERROR(cm->all_gather(bufs[s].secondary, out, piece));
-        } else {
-          HZP_RETURN_IF_ERROR(cm->all_gather(bufs[s].param, out, layout.param_floats(s)));
-          if (bufs[s].secondary != nullptr)  // hpZ: keep my node piece for the backward gathers
-            std::copy(out + layout.secondary_position() * piece, out + (layout.secondary_position() + 1) * piece,
-                      bufs[s].secondary);
-        }
-      }
-      return Status::Ok();
-    }
-    case CollectivePurpose::kReduceGrads: {  // gradient slot -> my gradient shard, accumulated
-      float* slot = bucket_slot[c.bucket];
-      if (slot == nullptr) return Status::Internal("runtime: gradient reduce-scatter without a slot");
-      for (const auto& [s, off] : layout.bucket_segments(c.bucket)) {
-        const std::int64_t piece = layout.grad_floats(s);
-        float* in = slot + off;
-        HZP_RETURN_IF_ERROR(cm->reduce_scatter(in, in + pos.g * piece, piece));
-        const float* mine = in + pos.g * piece;
-        for (std::int64_t e = 0; e < piece; ++e) bufs[s].grad[e] += mine[e];
-      }
-      return Status::Ok();
-    }
-    case CollectivePurpose::kReduceToOptimizer:  // gradient shard -> optimizer slice, in place
-      for (const auto& [s, off] : layout.bucket_segments(c.bucket)) {
-        const std::int64_t piece = layout.optimizer_floats(s);
-        HZP_RETURN_IF_ERROR(cm->reduce_scatter(bufs[s].grad, bufs[s].grad + pos.i * piece, piece));
-      }
-      return Status::Ok();
-    case CollectivePurpose::kSyncReplicas:  // the optimizer slice's gradients across replicas
-      for (const auto& [s, off] : layout.bucket_segments(c.bucket))
-        HZP_RETURN_IF_ERROR(cm->all_reduce(bufs[s].grad + layout.optimizer_in_grad(s), layout.optimizer_floats(s)));
-      return Status::Ok();
-    case CollectivePurpose::kTensorForward:  // ND parallelism: refused by runtime_supports
-    case CollectivePurpose::kTensorBackward:
-    case CollectivePurpose::kPipeActivations:
-    case CollectivePurpose::kPipeGrads:
-    case CollectivePurpose::kContextForward:
-    case CollectivePurpose::kContextBackward:
-    case CollectivePurpose::kEmbeddingGrads:
-      break;
-  }
-  (void)k;
-  return Status::Unimplemented(std::string("runtime: ") + to_string(c.purpose));
-}
-
-Status Executor::Impl::optimizer(const OptimizerStepOp& o) {
-  const RunSpec& run = scenario.run;
-  const AdamWStep hyper{lr, run.beta1, run.beta2, run.eps, run.weight_decay, adam_t, static_cast<float>(clip_coef)};
-  for (const auto& [s, off] : layout.bucket_segments(o.bucket)) {
-    adamw_update(hyper, layout.segment(s).layout, layout.optimizer_begin(s), layout.optimizer_floats(s),
-                 bufs[s].param + layout.optimizer_in_param(s), bufs[s].grad + layout.optimizer_in_grad(s), bufs[s].m,
-                 bufs[s].v);
-    std::fill(bufs[s].grad, bufs[s].grad + layout.grad_floats(s), 0.f);
-  }
-  return Status::Ok();
-}
-
-// ---------------------------------------------------------------------------------------------------------
 // One step
 // ---------------------------------------------------------------------------------------------------------
 
 Status Executor::Impl::run_step(std::int64_t step_index) {
   step = step_index;
   lr = learning_rate(scenario.run, step);
-  loss_sum = aux_sum = 0;
-  grad_norm = 0;
-  clip_coef = 1;
   ++adam_t;
+
+  // The step's accumulators, zeroed on the compute stream before any op of the step is queued. Without a
+  // gradient-norm op in the schedule the optimizer's multiplier stays 1 (no clipping, no loss scale).
+  {
+    Kernels& k = *kernels[compute_stream()];
+    k.fill(inputs.loss_sum, 0);
+    k.fill(inputs.aux_sum, 0);
+    k.fill(grad_norm, 0);
+    k.fill(coef, 1);
+    HZP_RETURN_IF_ERROR(k.status());
+  }
 
   const std::vector<Op>& ops = program->ops;
   std::vector<EventPtr> events(ops.size());
   // Host-side bookkeeping in program order: the gather slots of the visits in flight (FIFO) and the
   // gradient slot of every bucket.
-  float* last_gather = nullptr;  // the slot acquired for the gathers that follow it
-  std::vector<float*> bucket_slot(schedule.buckets.size(), nullptr);
-  std::deque<float*> compute_gather;  // the slot the next compute visit reads (front), in visit order
+  Buffer last_gather;  // the slot acquired for the gathers that follow it
+  std::vector<Buffer> bucket_slot(schedule.buckets.size());
+  std::deque<Buffer> compute_gather;  // the slot the next compute visit reads (front), in visit order
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     Stream& stream = *streams[op.stream];
+    Kernels& k = *kernels[op.stream];
     // A dependency on another stream: this stream waits for that op's event before running the op
     // (cudaStreamWaitEvent), so a gather's slot is filled before compute reads it, a gradient slot is
     // reduced before it is reused, and the optimizer runs after the last gradient collective.
@@ -558,17 +328,17 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
     std::function<Status()> work;
     std::int64_t bytes = 0;
     if (const auto* a = std::get_if<BufferAcquireOp>(&op.body)) {
-      float* slot = pool_slots[a->pool][a->slot];
+      const Buffer slot = pool_slots[a->pool][a->slot];
       if (schedule.pools[a->pool].kind == PoolKind::kParamGather) {
         last_gather = slot;
         compute_gather.push_back(slot);
         work = [] { return Status::Ok(); };
       } else {
         bucket_slot[a->bucket] = slot;
-        const std::int64_t size = layout.bucket_floats(a->bucket);
-        work = [slot, size] {
-          std::fill(slot, slot + size, 0.f);
-          return Status::Ok();
+        const Buffer used = slot.slice(0, layout.bucket_floats(a->bucket));
+        work = [&k, used] {
+          k.fill(used, 0);
+          return k.status();
         };
       }
     } else if (const auto* r = std::get_if<BufferReleaseOp>(&op.body)) {
@@ -578,23 +348,23 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
       }
       work = [] { return Status::Ok(); };
     } else if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
-      float* slot = compute_gather.empty() ? nullptr : compute_gather.front();
-      work = [this, body = *c, slot, buckets = bucket_slot] { return compute(body, slot, buckets); };
+      const Buffer slot = compute_gather.empty() ? Buffer{} : compute_gather.front();
+      work = [this, &k, body = *c, slot, buckets = bucket_slot] { return compute(k, body, slot, buckets); };
     } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-      float* slot = nullptr;
+      Buffer slot;
       if (c->purpose == CollectivePurpose::kGatherParams || c->purpose == CollectivePurpose::kGatherSecondary) {
-        if (last_gather == nullptr) return Status::Internal("runtime: parameter all-gather without an acquired slot");
+        if (last_gather.empty()) return Status::Internal("runtime: parameter all-gather without an acquired slot");
         slot = last_gather;  // the slot acquired for this unit's gathers
-      } else if (c->kind == CollectiveKind::kAllToAll) {
-        slot = compute_gather.empty() ? nullptr : compute_gather.front();  // the MoE unit's router parameters
+      } else if (c->kind == CollectiveKind::kAllToAll && !compute_gather.empty()) {
+        slot = compute_gather.front();  // the MoE unit's router parameters
       }
-      // Bytes as executed: the IR's element count in the dtype the models compute in.
-      bytes = c->bytes / dtype_bytes(c->dtype) * dtype_bytes(kComputeDtype);
-      work = [this, body = *c, s = op.stream, slot, buckets = bucket_slot] {
-        return collective(body, s, slot, buckets);
+      // Bytes as executed: the IR's element count in the type the runtime moves this payload in.
+      bytes = c->bytes / dtype_bytes(c->dtype) * scalar_bytes(payload_type(c->payload));
+      work = [this, &k, body = *c, s = op.stream, slot, buckets = bucket_slot] {
+        return collective(k, body, s, slot, buckets);
       };
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
-      work = [this, body = *o] { return optimizer(body); };
+      work = [this, &k, body = *o] { return optimizer(k, body); };
     }
     const int stream_index = op.stream;
     const int op_index = static_cast<int>(i);
@@ -626,6 +396,10 @@ Executor::~Executor() {
   }
 }
 
+void Executor::inject_overflow(std::int64_t step) {
+  impl_->overflow_step = step;
+}
+
 int Executor::rank() const {
   return impl_->rank;
 }
@@ -652,19 +426,55 @@ Result<std::unique_ptr<Executor>> Executor::create(const Scenario& scenario, con
 Result<StepMetrics> Executor::train_step(std::int64_t step) {
   Impl& d = *impl_;
   const auto t0 = Clock::now();
-  HZP_RETURN_IF_ERROR(d.run_step(step));
+  const double scale = d.loss_scale;
+  if (step == d.overflow_step) d.loss_scale = 0x1p40;
+  const double scale_used = d.loss_scale;
+  const Status ran = d.run_step(step);
+  d.loss_scale = scale;  // the scaler's rule below applies to the scale it chose
+  HZP_RETURN_IF_ERROR(ran);
   for (auto& per_stream : d.stream_trace) {
     trace_.insert(trace_.end(), per_stream.begin(), per_stream.end());
     per_stream.clear();
   }
-  // Metrics over the world (logging, outside the schedule): loss and aux sums.
-  float sums[2] = {static_cast<float>(d.loss_sum), static_cast<float>(d.aux_sum)};
-  HZP_RETURN_IF_ERROR(d.metrics->all_reduce(sums, 2));
+  // The step's scalars, read once every stream has finished: loss and aux sums (this rank's), the global
+  // gradient norm.
+  double sums[2] = {0, 0};
+  double norm = 0;
+  Kernels& k = *d.host_kernels;
+  k.copy_to_host(d.inputs.loss_sum, &sums[0]);
+  k.copy_to_host(d.inputs.aux_sum, &sums[1]);
+  k.copy_to_host(d.grad_norm, &norm);
+  HZP_RETURN_IF_ERROR(d.host_stream->synchronize());
+  HZP_RETURN_IF_ERROR(k.status());
+  // Metrics over the world (logging, outside the schedule): loss and aux sums, in fp32.
+  float reduced[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
+  k.copy_from_host(reduced, d.metrics_buffer);
+  HZP_RETURN_IF_ERROR(k.status());
+  HZP_RETURN_IF_ERROR(d.metrics->all_reduce(d.metrics_buffer));
+  k.copy_to_host(d.metrics_buffer, reduced);
+  HZP_RETURN_IF_ERROR(d.host_stream->synchronize());
+  HZP_RETURN_IF_ERROR(k.status());
   StepMetrics m;
-  m.loss = sums[0] / static_cast<double>(d.scenario.training.global_batch * d.seq);
-  m.aux_loss = sums[1] / static_cast<double>(d.groups_per_step);
-  m.grad_norm = d.grad_norm;
+  m.loss = reduced[0] / static_cast<double>(d.scenario.training.global_batch * d.seq);
+  m.aux_loss = reduced[1] / static_cast<double>(d.groups_per_step);
+  m.grad_norm = norm;
   m.lr = d.lr;
+  m.loss_scale = scale_used;
+  if (d.fp16()) {
+    // The optimizer skipped the update on a non-finite norm (every rank sees the same all-reduced norm).
+    if (!std::isfinite(norm)) {
+      m.skipped = true;
+      --d.adam_t;  // no optimizer step was taken
+      d.good_steps = 0;
+      d.loss_scale /= 2;
+      if (d.loss_scale < 1)
+        return Status::InvalidInput("training diverged: fp16 gradients overflow even without loss scaling (scale " +
+                                    std::to_string(d.loss_scale) + "); lower run.lr or train in bf16");
+    } else if (++d.good_steps == kLossScaleGrowthInterval) {
+      d.good_steps = 0;
+      d.loss_scale *= 2;
+    }
+  }
   m.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return m;
 }
@@ -679,9 +489,13 @@ Status Executor::Impl::refresh_parameters() {
     auto [cm, stream] = any_comm(k.role_refresh);
     if (cm == nullptr) return Status::Internal("runtime: no param_refresh communicator");
     const std::int64_t piece = layout.optimizer_floats(static_cast<int>(s));
-    float* param = bufs[s].param;
+    const Buffer param = bufs[s].param;
     const int i = layout.position(kind).i;
-    HZP_RETURN_IF_ERROR(cm->all_gather_async(*stream, param + i * piece, param, piece)->synchronize());
+    HZP_RETURN_IF_ERROR(streams[stream]
+                            ->submit([cm = cm, param, piece, i] {
+                              return cm->all_gather(param.slice(i * piece, piece), param.slice(0, cm->size() * piece));
+                            })
+                            ->synchronize());
   }
   return Status::Ok();
 }
@@ -689,9 +503,11 @@ Status Executor::Impl::refresh_parameters() {
 Result<double> Executor::evaluate(std::int64_t groups) {
   Impl& d = *impl_;
   HZP_RETURN_IF_ERROR(d.refresh_parameters());
+  const int cs = d.compute_stream();
+  Kernels& ck = *d.kernels[cs];
   // Full parameters of every segment: resident, or gathered once into the eval buffer.
   const std::size_t count = d.layout.segments().size();
-  std::vector<float*> full(count, nullptr);
+  std::vector<Buffer> full(count);
   std::int64_t offset = 0;
   for (std::size_t s = 0; s < count; ++s) {
     const Segment& seg = d.layout.segment(static_cast<int>(s));
@@ -700,41 +516,60 @@ Result<double> Executor::evaluate(std::int64_t groups) {
       full[s] = d.bufs[s].param;
       continue;
     }
-    full[s] = d.eval_params + offset;
+    full[s] = d.eval_params.slice(offset, seg.padded);
     offset += seg.padded;
     auto [cm, stream] = d.any_comm(k.role_param);  // the stream that owns this group's gathers
     if (cm == nullptr) return Status::Internal("runtime: no parameter communicator for evaluation");
+    const Buffer in = d.bufs[s].param, out = full[s];
     HZP_RETURN_IF_ERROR(
-        cm->all_gather_async(*stream, d.bufs[s].param, full[s], d.layout.param_floats(static_cast<int>(s)))
-            ->synchronize());
+        d.streams[stream]->submit([cm = cm, in, out] { return cm->all_gather(in, out); })->synchronize());
   }
   auto P = [&](int s) { return full[s]; };
-  Communicator* ep_comm = d.expert_parallel() ? d.any_comm(d.schedule.role_expert_parallel).first : nullptr;
+  auto [ep_comm, ep_stream] =
+      d.expert_parallel() ? d.any_comm(d.schedule.role_expert_parallel) : std::pair<Communicator*, int>{nullptr, -1};
   const std::int64_t per_rank = (groups + d.world - 1) / d.world;
-  const double loss_before = d.loss_sum, aux_before = d.aux_sum;
-  d.loss_sum = 0;
-  // The same module forwards as training, unit by unit; under expert parallelism a MoE layer runs its
-  // stages around the two forward exchanges.
+  // Evaluation accumulates into the step's loss sum: zero it (the last step's value was read already).
+  ck.fill(d.inputs.loss_sum, 0);
+  ck.fill(d.inputs.aux_sum, 0);
+  // The same module forwards as training, unit by unit, issued from the host on the compute stream; under
+  // expert parallelism a MoE layer runs its exchanges on the stream of its all-to-all communicator, handed
+  // over in both directions so that each stage sees the previous one's results.
   for (std::int64_t j = 0; j < per_rank; ++j) {
-    d.data->val_batch(static_cast<std::uint64_t>(d.scenario.run.seed), j * d.world + d.rank, d.batch, d.ids, d.targets);
+    d.data->val_batch(static_cast<std::uint64_t>(d.scenario.run.seed), j * d.world + d.rank, d.batch, d.host_ids[0],
+                      d.host_targets[0]);
+    ck.copy_from_host(d.host_ids[0].data(), d.inputs.ids);
+    ck.copy_from_host(d.host_targets[0].data(), d.inputs.targets);
     for (int u = 0; u < static_cast<int>(d.schedule.units.size()); ++u)
       for (ModuleKind module : d.schedule.units[u].modules) {
         if (module != ModuleKind::kMoe || ep_comm == nullptr) {
-          HZP_RETURN_IF_ERROR(d.forward_module(module, u, P));
+          HZP_RETURN_IF_ERROR(d.forward_module(ck, module, u, P));
           continue;
         }
         const int layer = d.schedule.units[u].layer;
+        Kernels& ek = *d.kernels[ep_stream];
+        hand_over(*d.streams[cs], *d.streams[ep_stream]);
         HZP_RETURN_IF_ERROR(
-            d.moe_exchange(CollectivePurpose::kMoeDispatch, u, *ep_comm, full[d.router_seg(u)], nullptr));
-        d.moe[layer]->experts_forward(full[d.experts_seg(u)], d.moe_buf[layer].recv, d.moe_buf[layer].out);
-        HZP_RETURN_IF_ERROR(d.moe_exchange(CollectivePurpose::kMoeCombine, u, *ep_comm, nullptr, nullptr));
+            d.moe_exchange(ek, CollectivePurpose::kMoeDispatch, u, *ep_comm, full[d.router_seg(u)], Buffer{}));
+        HZP_RETURN_IF_ERROR(d.moe[layer]->experts_forward(ek, full[d.experts_seg(u)]));
+        HZP_RETURN_IF_ERROR(d.moe_exchange(ek, CollectivePurpose::kMoeCombine, u, *ep_comm, Buffer{}, Buffer{}));
+        hand_over(*d.streams[ep_stream], *d.streams[cs]);
       }
+    // The host batch is reused by the next group: wait until the copies have read it.
+    HZP_RETURN_IF_ERROR(d.streams[cs]->synchronize());
   }
-  float sum = static_cast<float>(d.loss_sum);
-  d.loss_sum = loss_before;
-  d.aux_sum = aux_before;
-  HZP_RETURN_IF_ERROR(d.metrics->all_reduce(&sum, 1));
-  return sum / static_cast<double>(per_rank * d.world * d.tokens);
+  double sum = 0;
+  ck.copy_to_host(d.inputs.loss_sum, &sum);
+  HZP_RETURN_IF_ERROR(d.streams[cs]->synchronize());
+  HZP_RETURN_IF_ERROR(ck.status());
+  float reduced = static_cast<float>(sum);
+  Kernels& hk = *d.host_kernels;
+  hk.copy_from_host(&reduced, d.metrics_buffer.slice(0, 1));
+  HZP_RETURN_IF_ERROR(hk.status());
+  HZP_RETURN_IF_ERROR(d.metrics->all_reduce(d.metrics_buffer.slice(0, 1)));
+  hk.copy_to_host(d.metrics_buffer.slice(0, 1), &reduced);
+  HZP_RETURN_IF_ERROR(d.host_stream->synchronize());
+  HZP_RETURN_IF_ERROR(hk.status());
+  return reduced / static_cast<double>(per_rank * d.world * d.tokens);
 }
 
 MemoryReport Executor::memory() const {
@@ -744,18 +579,39 @@ MemoryReport Executor::memory() const {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Checkpoints (format: checkpoint.h): every segment's parameter shard, Adam m and Adam v, in segment order.
+// Checkpoints (format: checkpoint.h): per segment the parameter shard (as fp32), in 16-bit training the
+// fp32 master of the optimizer slice, Adam m and Adam v, in segment order.
 // ---------------------------------------------------------------------------------------------------------
 
-std::vector<FloatSpan> Executor::Impl::state_spans() const {
-  std::vector<FloatSpan> spans;
-  for (std::size_t s = 0; s < bufs.size(); ++s) {
-    const int i = static_cast<int>(s);
-    spans.push_back({bufs[s].param, layout.param_floats(i)});
-    spans.push_back({bufs[s].m, layout.optimizer_floats(i)});
-    spans.push_back({bufs[s].v, layout.optimizer_floats(i)});
-  }
-  return spans;
+std::vector<std::vector<float>> Executor::Impl::state_to_host() {
+  std::vector<std::vector<float>> state;
+  std::vector<char> raw;
+  Kernels& k = *host_kernels;
+  for (const SegmentBuffers& b : bufs)
+    for (const Buffer* part : {&b.param, &b.master, &b.m, &b.v}) {
+      if (part == &b.master && part->empty()) continue;
+      raw.resize(static_cast<std::size_t>(part->bytes()));
+      k.copy_to_host(*part, raw.data());
+      if (!host_stream->synchronize().ok()) return {};
+      state.emplace_back(static_cast<std::size_t>(part->count));
+      decode_floats(part->type, raw.data(), part->count, state.back().data());
+    }
+  return state;
+}
+
+Status Executor::Impl::state_from_host(const std::vector<std::vector<float>>& state) {
+  std::vector<char> raw;
+  Kernels& k = *host_kernels;
+  std::size_t i = 0;
+  for (const SegmentBuffers& b : bufs)
+    for (const Buffer* part : {&b.param, &b.master, &b.m, &b.v}) {
+      if (part == &b.master && part->empty()) continue;
+      raw.resize(static_cast<std::size_t>(part->bytes()));
+      encode_floats(part->type, state[i++].data(), part->count, raw.data());
+      k.copy_from_host(raw.data(), *part);
+      HZP_RETURN_IF_ERROR(host_stream->synchronize());
+    }
+  return k.status();
 }
 
 CheckpointHeader Executor::Impl::checkpoint_header(std::int64_t next_step) const {
@@ -763,22 +619,44 @@ CheckpointHeader Executor::Impl::checkpoint_header(std::int64_t next_step) const
   h.rank = rank;
   h.world_size = world;
   h.policy = schedule.policy;
+  h.precision = to_string(scenario.training.precision);
   h.next_step = next_step;
   h.adam_steps = adam_t;
+  h.loss_scale = loss_scale;
+  h.loss_scale_good_steps = good_steps;
   for (std::size_t s = 0; s < bufs.size(); ++s)
     h.segments.emplace_back(layout.param_floats(static_cast<int>(s)), layout.optimizer_floats(static_cast<int>(s)));
   return h;
 }
 
+namespace {
+std::vector<FloatSpan> spans_of(std::vector<std::vector<float>>& state) {
+  std::vector<FloatSpan> spans;
+  for (auto& v : state) spans.push_back({v.data(), static_cast<std::int64_t>(v.size())});
+  return spans;
+}
+}  // namespace
+
 Status Executor::save(const std::string& path, std::int64_t next_step) const {
-  return write_checkpoint(path, impl_->checkpoint_header(next_step), impl_->state_spans());
+  std::vector<std::vector<float>> state = impl_->state_to_host();
+  HZP_RETURN_IF_ERROR(impl_->host_kernels->status());
+  if (state.empty() && !impl_->bufs.empty())
+    return Status::Internal("checkpoint: reading the state from the device failed");
+  return write_checkpoint(path, impl_->checkpoint_header(next_step), spans_of(state));
 }
 
 Result<std::int64_t> Executor::load(const std::string& path) {
   Impl& d = *impl_;
+  std::vector<std::vector<float>> state;
+  for (const Impl::SegmentBuffers& b : d.bufs)
+    for (const Buffer* part : {&b.param, &b.master, &b.m, &b.v})
+      if (part != &b.master || !part->empty()) state.emplace_back(static_cast<std::size_t>(part->count));
   HZP_ASSIGN_OR_RETURN(CheckpointHeader h,
-                       read_checkpoint(path, d.checkpoint_header(0), d.scenario.run.steps, d.state_spans()));
+                       read_checkpoint(path, d.checkpoint_header(0), d.scenario.run.steps, spans_of(state)));
+  HZP_RETURN_IF_ERROR(d.state_from_host(state));
   d.adam_t = h.adam_steps;
+  d.loss_scale = h.loss_scale;
+  d.good_steps = h.loss_scale_good_steps;
   return h.next_step;
 }
 

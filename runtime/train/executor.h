@@ -1,5 +1,6 @@
 // The runtime executor: runs the core's schedule IR (shared/schedule.h) for one rank on a device
-// (runtime/backend/device.h) and trains the model (runtime/model) with it.
+// (runtime/device/: any backend) and trains the model (runtime/model) with it, in the scenario's precision
+// (fp32; bf16 or fp16 with fp32 master weights and Adam moments; gradients in the working type or fp32).
 //
 // The host thread walks the rank's program in order and submits every op on its stream, after making the
 // stream wait for the events of the op's dependencies on other streams (CUDA-style). It reads only the IR's
@@ -17,6 +18,8 @@
 //   moe_*                MoE tokens to the ranks holding their experts and back, and their gradients;
 //   acquire / release    pool slot bookkeeping by PoolKind (gradient slots are zeroed when acquired);
 //   optimizer_step       AdamW on this rank's optimizer slice of the bucket, then its gradients are zeroed.
+// Every op's work is kernel and collective calls on its stream (runtime/device/kernels.h): no host loop
+// touches device memory, and the host reads the step's loss, aux loss and gradient norm once, after the step.
 // Buffer layout: state_layout.h. The model code never sees sharding.
 #pragma once
 
@@ -28,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend/device.h"
+#include "runtime/device/device.h"
 #include "runtime/model/model.h"
 #include "runtime/train/data.h"
 #include "shared/scenario.h"
@@ -41,9 +44,11 @@ struct StepMetrics {
   double loss = 0;  // mean token cross-entropy over the global batch (nats)
   double aux_loss =
       0;  // MoE load-balancing loss (without its coefficient), mean over micro-batches, summed over layers
-  double grad_norm = 0;  // global L2 norm before clipping (0 when clipping is off)
+  double grad_norm = 0;  // global L2 norm before clipping (0 when no norm is taken: fp32/bf16 without clipping)
   double lr = 0;
   double seconds = 0;
+  double loss_scale = 1;  // fp16: the dynamic loss scale the step used (1 otherwise)
+  bool skipped = false;   // fp16: the gradients overflowed, the update was skipped and the scale halved
 };
 
 // One executed op, for --trace.
@@ -53,7 +58,7 @@ struct ExecutedOp {
   int stream = 0;
   double start_us = 0;  // steady clock, microseconds since its epoch (shared by processes on a host)
   double end_us = 0;
-  std::int64_t bytes = 0;  // bytes the op moved (collectives), fp32 as executed
+  std::int64_t bytes = 0;  // bytes the op moved (collectives), in the types as executed
 };
 
 // Bytes per memory category on this rank: "params", "grads", "optimizer", "pool:<name>", plus "eval".
@@ -82,6 +87,9 @@ class Executor {
   Result<std::int64_t> load(const std::string& path);
 
   MemoryReport memory() const;
+  // Fault injection (fp16): step `step` runs with a loss scale of 2^40, so that its gradients overflow and the
+  // loss scaler's skip-and-halve path runs (the scale after it is half the one before, as for any overflow).
+  void inject_overflow(std::int64_t step);
   // Recording of executed ops (off by default: a long run would keep every event).
   void set_tracing(bool on);
   const std::vector<ExecutedOp>& trace() const { return trace_; }
@@ -95,8 +103,8 @@ class Executor {
   std::vector<ExecutedOp> trace_;
 };
 
-// kInvalidInput naming the field when the runtime cannot train this scenario (precision, recompute, model
-// family, vocabulary, ...): checked once before any rank starts.
+// kInvalidInput naming the field when the runtime cannot train this scenario (FP8, recompute, model family,
+// vocabulary, ...): checked once before any rank starts.
 Status runtime_supports(const Scenario& scenario);
 
 // Learning rate of `step` (0-based): linear warm-up to lr over warmup_steps, then cosine to min_lr at `steps`.

@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "runtime/backend/gloo_comm.h"
+#include "runtime/device/registry.h"
 #include "runtime/store/store.h"
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/executor.h"
@@ -146,18 +146,19 @@ Result<std::int64_t> agree_on_resume(StoreClient& store, const LaunchEnv& env, c
   return mine;
 }
 
-// The backend of --backend: the CPU device (Gloo through the store). A CUDA + NCCL device would be chosen
-// here; none is built yet.
+// The backend of --backend, from the registry (runtime/device/registry.cc), with this rank's store and
+// rendezvous settings.
 Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const LaunchEnv& env, milliseconds timeout) {
-  if (options.backend != "cpu")
-    return Status::InvalidInput("--backend " + quoted(options.backend, 20) +
-                                ": this build has the cpu backend only (the CUDA + NCCL backend is not written yet)");
-  CpuDeviceOptions cpu;
-  cpu.store = StoreAddress{env.store_host, env.store_port, env.token};
-  cpu.global_rank = env.rank;
-  if (const char* a = std::getenv("HZP_GLOO_ADDR")) cpu.gloo.interface_address = a;
-  cpu.gloo.timeout = timeout;
-  return make_cpu_device(cpu);
+  BackendOptions b;
+  b.store = StoreAddress{env.store_host, env.store_port, env.token};
+  b.global_rank = env.rank;
+  b.local_rank = env.local_rank;
+  if (const char* a = std::getenv("HZP_GLOO_ADDR")) b.interface_address = a;
+  b.timeout = timeout;
+  auto device = hzp::runtime::make_device(options.backend, b);
+  if (!device.ok())
+    return Status::InvalidInput("--backend " + quoted(options.backend, 20) + ": " + device.status().message());
+  return device;
 }
 
 }  // namespace
@@ -424,6 +425,8 @@ int RankRun::train() {
   // "STOP" freezes it instead of killing it (a hung rank); HZP_FAULT_NAN_STEP makes that step's loss NaN on
   // every rank (a diverged step).
   const char* nan_step = std::getenv("HZP_FAULT_NAN_STEP");
+  // HZP_FAULT_OVERFLOW_STEP: that step runs with an fp16 loss scale of 2^40, so its gradients overflow.
+  if (const char* overflow = std::getenv("HZP_FAULT_OVERFLOW_STEP")) executor_->inject_overflow(std::atoll(overflow));
   const char* kill_rank = std::getenv("HZP_FAULT_KILL_RANK");
   const char* kill_step = std::getenv("HZP_FAULT_KILL_STEP");
   const char* kill_signal = std::getenv("HZP_FAULT_SIGNAL");
@@ -443,7 +446,8 @@ int RankRun::train() {
     if (!m.ok()) return fatal(m.status());
     if (nan_step != nullptr && std::atoll(nan_step) == step) m->loss = std::nan("");
     // Every rank holds the same all-reduced loss: a diverged run stops everywhere, said once.
-    if (!std::isfinite(m->loss) || !std::isfinite(m->grad_norm)) {
+    // (An fp16 step whose gradients overflowed was skipped by design: its norm is Inf, the loss is not.)
+    if (!std::isfinite(m->loss) || (!m->skipped && !std::isfinite(m->grad_norm))) {
       if (lead_)
         std::fprintf(stderr,
                      "hzp train: training diverged at step %lld (loss %g, gradient norm %g): stopping before "
@@ -459,16 +463,24 @@ int RankRun::train() {
     if (lead_) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       const double eta = elapsed / static_cast<double>(trained_) * static_cast<double>(end_step_ - step - 1);
+      char scaler[64] = "";
+      if (scenario_.training.precision == Precision::kFp16)
+        std::snprintf(scaler, sizeof scaler, " | scale %g%s", m->loss_scale, m->skipped ? " (overflow: skipped)" : "");
       std::printf(
-          "step %lld/%lld | loss %.6f | aux %.4f | lr %.2e | norm %.3f | %.3f s | %.0f tok/s | MFU %.3g %% | "
+          "step %lld/%lld | loss %.6f | aux %.4f | lr %.2e | norm %.3f%s | %.3f s | %.0f tok/s | MFU %.3g %% | "
           "elapsed %s | ETA %s\n",
           static_cast<long long>(step + 1), static_cast<long long>(end_step_), m->loss, m->aux_loss, m->lr,
-          m->grad_norm, m->seconds, tokens_per_step_ / m->seconds, 100 * mfu(m->seconds, 1),
+          m->grad_norm, scaler, m->seconds, tokens_per_step_ / m->seconds, 100 * mfu(m->seconds, 1),
           clock_text(elapsed).c_str(), clock_text(eta).c_str());
       if (metrics_) {
         nlohmann::json line = {
             {"step", step}, {"loss", m->loss},      {"aux_loss", m->aux_loss}, {"grad_norm", m->grad_norm},
             {"lr", m->lr},  {"seconds", m->seconds}};
+        if (scenario_.training.precision == Precision::kFp16) {  // the loss scaler's state
+          line["loss_scale"] = m->loss_scale;
+          line["skipped"] = m->skipped;
+          if (m->skipped) line["grad_norm"] = nullptr;  // Inf: not JSON
+        }
         std::fprintf(metrics_.get(), "%s\n", line.dump().c_str());
       }
     }

@@ -32,7 +32,7 @@ struct TrainOptions {
   bool resume = false;
   int timeout_s = 60;           // every collective and store wait; a dead rank is detected within it
   int threads = 0;              // OpenBLAS threads per rank; 0 = cores / local ranks
-  std::string backend = "cpu";  // the device the ranks run on (runtime/backend/device.h)
+  std::string backend = "cpu";  // the device the ranks run on (runtime/device/registry.h)
 };
 
 // The scenario as the ranks run it: the file with cluster.nodes x cluster.gpus_per_node replaced by the

@@ -2,6 +2,10 @@
 // rendezvous through the hzp store (runtime/store). Every operation is bounded by `timeout`; a Gloo
 // failure (peer closed the connection, timeout) becomes a Status naming the operation, the group and its
 // global ranks, plus Gloo's message.
+//
+// Types: data moves (all-gather, broadcast, all-to-all(v)) take any buffer type. Sums: fp32, fp64 and int64
+// natively; bf16 and fp16 are widened to fp32, summed, and rounded once (NCCL sums 16-bit types in their own
+// precision hop by hop, so a GPU run's sums may differ in the last bits).
 #pragma once
 
 #include <chrono>
@@ -10,21 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backend/device.h"
-#include "runtime/store/store.h"
+#include "runtime/device/communicator.h"
+#include "runtime/device/registry.h"
 
 namespace gloo::transport {
 class Device;
 }
 
 namespace hzp::runtime {
-
-// Where this process's store is and how to authenticate.
-struct StoreAddress {
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 0;
-  std::string token;
-};
 
 struct GlooOptions {
   std::string interface_address = "127.0.0.1";  // address the TCP device binds to
@@ -43,13 +40,5 @@ Result<std::unique_ptr<Communicator>> make_gloo_communicator(const StoreAddress&
                                                              const std::string& display_name,
                                                              std::shared_ptr<gloo::transport::Device> device,
                                                              const GlooOptions& options);
-
-// The CPU device: host memory, one worker thread per stream, Gloo communicators through the store.
-struct CpuDeviceOptions {
-  StoreAddress store;
-  int global_rank = 0;
-  GlooOptions gloo;
-};
-Result<std::unique_ptr<Device>> make_cpu_device(const CpuDeviceOptions& options);
 
 }  // namespace hzp::runtime

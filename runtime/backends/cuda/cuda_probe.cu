@@ -1,5 +1,5 @@
 // CUDA runtime + NCCL probe. Runtime API only: binaries linked to libcuda do not start without a driver.
-#include "runtime/cuda/cuda_probe.h"
+#include "runtime/backends/cuda/cuda_probe.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
