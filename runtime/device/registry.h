@@ -28,6 +28,7 @@ struct BackendOptions {
   int local_rank = 0;                           // which accelerator of the host (GPU backends)
   std::string interface_address = "127.0.0.1";  // address the communicators' transport binds to
   std::chrono::milliseconds timeout{60000};     // every collective and rendezvous wait
+  int host_threads = 0;                         // host threads for kernels (CPU backend: OpenBLAS); 0 = leave as is
 };
 
 struct BackendEntry {

@@ -4,7 +4,6 @@
 
 #include "runtime/train/trainer.h"
 
-#include <cblas.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -148,8 +147,10 @@ Result<std::int64_t> agree_on_resume(StoreClient& store, const LaunchEnv& env, c
 
 // The backend of --backend, from the registry (runtime/device/registry.cc), with this rank's store and
 // rendezvous settings.
-Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const LaunchEnv& env, milliseconds timeout) {
+Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const LaunchEnv& env, milliseconds timeout,
+                                            int host_threads) {
   BackendOptions b;
+  b.host_threads = host_threads;
   b.store = StoreAddress{env.store_host, env.store_port, env.token};
   b.global_rank = env.rank;
   b.local_rank = env.local_rank;
@@ -286,6 +287,7 @@ class RankRun {
   const std::int64_t tokens_per_step_;
   const double flops_per_rank_step_;
   const double peak_;
+  int host_threads_ = 1;  // the CPU backend's kernel threads per rank
 
   std::unique_ptr<CheckpointDirLock> lock_;  // external launchers: rank 0 holds the checkpoint directory
   std::unique_ptr<StoreServer> server_;
@@ -314,12 +316,12 @@ int RankRun::join() {
       lock_ = std::move(locked).value();
     }
   }
-  // Threads: the ranks of this host share its cores.
+  // Host threads (the CPU backend's kernels): the ranks of this host share its cores.
   const int local = env_.local_world_size > 0 ? env_.local_world_size
                     : options_.nproc > 0      ? options_.nproc
                                               : env_.world_size;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(options_.threads > 0 ? options_.threads : std::max(1, cores / std::max(1, local)));
+  host_threads_ = options_.threads > 0 ? options_.threads : std::max(1, cores / std::max(1, local));
 
   auto address = resolve_ipv4(env_.store_host, "the store address (HZP_STORE_ADDR or MASTER_ADDR)");
   if (!address.ok()) return fail(address.status());
@@ -345,7 +347,7 @@ int RankRun::join() {
   store_ = std::move(store_or).value();
   if (Status st = store_->set("hzp/joined/" + std::to_string(env_.rank), "1"); !st.ok()) return fail(st);
 
-  auto device_or = make_device(options_, env_, timeout_);
+  auto device_or = make_device(options_, env_, timeout_, host_threads_);
   if (!device_or.ok()) return fail(device_or.status());
   device_ = std::move(device_or).value();
   auto executor_or = Executor::create(scenario_, schedule_, env_.rank, &prepared_.data, *device_,

@@ -3,6 +3,8 @@
 // store is enough for kernels, streams and memory).
 #include "runtime/backends/cpu/cpu_device.h"
 
+#include <cblas.h>
+
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -220,6 +222,8 @@ class CpuDevice final : public Device {
 }  // namespace
 
 Result<std::unique_ptr<Device>> make_cpu_device(const BackendOptions& options) {
+  // The kernels' matmuls run on OpenBLAS's threads: one setting for the whole process.
+  if (options.host_threads > 0) openblas_set_num_threads(options.host_threads);
   return std::unique_ptr<Device>(std::make_unique<CpuDevice>(options));
 }
 
