@@ -1,5 +1,6 @@
-# CUDA + NCCL backend of the runtime. HZP_CUDA=AUTO builds it when nvcc and NCCL are found, ON requires
-# them, OFF skips it. Architectures default to Hopper (90): `native` fails on machines without a GPU.
+# CUDA + NCCL backend of the runtime (runtime/backends/cuda/). HZP_CUDA=AUTO builds it when nvcc and NCCL are
+# found, ON requires them, OFF skips it. Architectures default to Hopper (90): `native` fails on machines
+# without a GPU, and CI (no GPU) must still compile every kernel for sm_90.
 set(HZP_HAVE_CUDA OFF)
 if(NOT HZP_CUDA STREQUAL "OFF")
   include(CheckLanguage)
@@ -26,14 +27,28 @@ if(HZP_HAVE_CUDA)
   add_library(hzp_nccl IMPORTED UNKNOWN)
   set_target_properties(hzp_nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
                                              INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+  # The backend's sources join the runtime library (registry.cc names make_cuda_device).
+  target_sources(hzp_runtime PRIVATE
+    runtime/backends/cuda/attention.cu
+    runtime/backends/cuda/cuda_comm.cc
+    runtime/backends/cuda/cuda_device.cc
+    runtime/backends/cuda/cuda_kernels.cc
+    runtime/backends/cuda/cuda_probe.cu
+    runtime/backends/cuda/elementwise.cu
+    runtime/backends/cuda/gemm.cu
+    runtime/backends/cuda/moe.cu
+    runtime/backends/cuda/norms.cu
+  )
+  # CMake 3.25 knows no C++20 flag for nvcc (which has one since CUDA 12): declare it, so the project's C++20
+  # reaches the kernels, which include the interface headers.
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  set_target_properties(hzp_runtime PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}" CUDA_STANDARD 20
+                                               CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)
+  target_compile_options(hzp_runtime PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
   # Runtime API only: a binary linked to the driver API (libcuda) does not start on a machine without a GPU.
-  add_library(hzp_cuda STATIC runtime/backends/cuda/cuda_probe.cu)
-  # CMake 3.25 has no CUDA20 flags for nvcc; the probe needs nothing past C++17.
-  set_target_properties(hzp_cuda PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON)
-  target_include_directories(hzp_cuda PUBLIC ${PROJECT_SOURCE_DIR})
-  target_link_libraries(hzp_cuda PUBLIC CUDA::cudart hzp_nccl)
-  target_link_libraries(hzp_runtime PRIVATE hzp_cuda)
-  target_compile_definitions(hzp_runtime PRIVATE HZP_HAVE_CUDA=1)
+  target_link_libraries(hzp_runtime PUBLIC CUDA::cudart CUDA::cublasLt hzp_nccl)
+  target_compile_definitions(hzp_runtime PRIVATE HZP_HAVE_CUDA=1 HZP_HAVE_CUDA_BACKEND=1)
   message(STATUS "hzp: CUDA + NCCL backend ON (architectures ${CMAKE_CUDA_ARCHITECTURES})")
 else()
   message(STATUS "hzp: CUDA + NCCL backend OFF (HZP_CUDA=${HZP_CUDA})")

@@ -365,9 +365,9 @@ TEST_CASE("model_config accepts llama incl. GQA and refuses what the runtime can
   ModelSpec tied = m;
   tied.tied_embeddings = true;
   refused(tied, "model.tied_embeddings");
-  ModelSpec big_vocab = m;
-  big_vocab.vocab = 32000;
-  refused(big_vocab, "model.vocab");
+  ModelSpec no_vocab = m;
+  no_vocab.vocab = 0;
+  refused(no_vocab, "model.vocab");
   ModelSpec odd_head = m;
   odd_head.hidden = 20;  // head_dim 5
   refused(odd_head, "model.heads");

@@ -23,6 +23,7 @@
 
 #include <cassert>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -101,6 +102,9 @@ class Event {
   virtual bool done() const = 0;
   // Host-side wait. Returns the event's status, or a timeout error after `timeout`.
   virtual Status synchronize(std::chrono::milliseconds timeout = std::chrono::hours(24)) const = 0;
+  // When the event completed, on the host's steady clock in microseconds (the clock every trace uses), once
+  // done(); NaN where the backend cannot tell. Traces time each op between two events.
+  virtual double completed_at_us() const { return std::nan(""); }
 };
 using EventPtr = std::shared_ptr<Event>;
 

@@ -92,6 +92,15 @@ struct ExpertGemmArgs {
   bool accumulate = false;
 };
 
+// The largest calls a Kernels will see, so that a backend can size its scratch before the first step (a GPU
+// backend allocates nothing inside a step): rows x width of a row-wise kernel (RMSNorm), batch x heads x seq
+// of attention, experts and (sources x local experts) of the MoE kernels.
+struct KernelLimits {
+  std::int64_t rows = 0, width = 0;
+  std::int64_t attention_rows = 0;
+  std::int64_t experts = 0, moe_runs = 0;
+};
+
 class Kernels {
  public:
   explicit Kernels(Stream& stream) : stream_(stream) {}
@@ -103,6 +112,12 @@ class Kernels {
   virtual std::string backend() const = 0;
   // The first error of any call (bad arguments or a failed launch); Ok while there is none.
   const Status& status() const { return status_; }
+  // Sizes the backend's scratch for calls up to `limits` (call once, before the first step; a call beyond what
+  // was prepared fails naming its kernel). The CPU backend needs nothing.
+  virtual Status prepare(const KernelLimits& limits) {
+    (void)limits;
+    return Status::Ok();
+  }
 
   // --- Memory ---------------------------------------------------------------------------------------------
   void fill(const Buffer& x, double value);

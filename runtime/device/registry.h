@@ -26,6 +26,7 @@ struct BackendOptions {
   StoreAddress store;
   int global_rank = 0;
   int local_rank = 0;                           // which accelerator of the host (GPU backends)
+  int local_world_size = 1;                     // ranks on this host (GPU backends: do they share a device?)
   std::string interface_address = "127.0.0.1";  // address the communicators' transport binds to
   std::chrono::milliseconds timeout{60000};     // every collective and rendezvous wait
   int host_threads = 0;                         // host threads for kernels (CPU backend: OpenBLAS); 0 = leave as is

@@ -26,6 +26,31 @@ Result<ByteDataset> ByteDataset::load(const std::string& path, std::int64_t seq_
   return d;
 }
 
+ByteDataset ByteDataset::random_tokens(std::int64_t vocab, std::int64_t seq_len) {
+  ByteDataset d;
+  d.seq_len_ = seq_len;
+  d.random_vocab_ = vocab;
+  return d;
+}
+
+// Token t of sequence b of the group with key `key`: a function of (key, b, t) alone.
+void ByteDataset::fill_random(std::uint64_t key, std::int64_t micro_batch, std::vector<std::int32_t>& tokens,
+                              std::vector<std::int32_t>& targets) const {
+  tokens.resize(micro_batch * seq_len_);
+  targets.resize(micro_batch * seq_len_);
+  const auto vocab = static_cast<std::uint64_t>(random_vocab_);
+  for (std::int64_t b = 0; b < micro_batch; ++b) {
+    const std::uint64_t stream = splitmix64(key ^ splitmix64(static_cast<std::uint64_t>(b) + 0x5851f42d4c957f2dull));
+    auto token = [&](std::int64_t t) {
+      return static_cast<std::int32_t>(splitmix64(stream + static_cast<std::uint64_t>(t)) % vocab);
+    };
+    for (std::int64_t t = 0; t < seq_len_; ++t) {
+      tokens[b * seq_len_ + t] = token(t);
+      targets[b * seq_len_ + t] = token(t + 1);
+    }
+  }
+}
+
 void ByteDataset::fill(std::int64_t begin, std::int64_t length, std::uint64_t key, std::int64_t micro_batch,
                        std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const {
   const std::int64_t span = length - seq_len_ - 1;
@@ -43,6 +68,8 @@ void ByteDataset::fill(std::int64_t begin, std::int64_t length, std::uint64_t ke
 
 void ByteDataset::train_batch(std::uint64_t seed, std::int64_t step, std::int64_t group, std::int64_t micro_batch,
                               std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const {
+  if (random_vocab_ > 0)  // the same batches every step
+    return fill_random(splitmix64(splitmix64(seed) ^ static_cast<std::uint64_t>(group)), micro_batch, tokens, targets);
   const std::uint64_t key =
       splitmix64(splitmix64(seed) ^ splitmix64(static_cast<std::uint64_t>(step) * 1000003ull + group));
   fill(0, split_, key, micro_batch, tokens, targets);
@@ -50,6 +77,7 @@ void ByteDataset::train_batch(std::uint64_t seed, std::int64_t step, std::int64_
 
 void ByteDataset::val_batch(std::uint64_t seed, std::int64_t group, std::int64_t micro_batch,
                             std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const {
+  if (random_vocab_ > 0) return train_batch(seed, 0, group, micro_batch, tokens, targets);
   const std::uint64_t key = splitmix64(splitmix64(seed + 0x7a11d) ^ splitmix64(static_cast<std::uint64_t>(group)));
   fill(split_, val_bytes(), key, micro_batch, tokens, targets);
 }

@@ -19,8 +19,17 @@ namespace hzp::runtime {
 class ByteDataset {
  public:
   static constexpr std::int64_t kMaxDataBytes = 1ll << 30;  // the whole text is held in memory
+  // `--data random`: the name that selects random_tokens() instead of a file.
+  static constexpr const char* kRandom = "random";
   // Reads the whole file; it must hold at least a few sequences in each split (error otherwise).
   static Result<ByteDataset> load(const std::string& path, std::int64_t seq_len);
+  // Uniformly random tokens over `vocab`, for speed benchmarks at any vocabulary: micro-batch group g gets the
+  // same sequences at every step (as PyTorch benchmark loops reuse one batch), so the loss falls as the model
+  // memorises them; validation group g is training group g (those past the step's groups were never trained
+  // on). Targets are the next token of the same stream.
+  static ByteDataset random_tokens(std::int64_t vocab, std::int64_t seq_len);
+
+  std::int64_t vocab() const { return random_vocab_ > 0 ? random_vocab_ : 256; }
 
   std::int64_t train_bytes() const { return split_; }
   std::int64_t val_bytes() const { return static_cast<std::int64_t>(text_.size()) - split_; }
@@ -36,9 +45,12 @@ class ByteDataset {
  private:
   void fill(std::int64_t begin, std::int64_t length, std::uint64_t key, std::int64_t micro_batch,
             std::vector<std::int32_t>& tokens, std::vector<std::int32_t>& targets) const;
+  void fill_random(std::uint64_t key, std::int64_t micro_batch, std::vector<std::int32_t>& tokens,
+                   std::vector<std::int32_t>& targets) const;
   std::string text_;
   std::int64_t split_ = 0;
   std::int64_t seq_len_ = 0;
+  std::int64_t random_vocab_ = 0;  // > 0: random tokens, no text
 };
 
 std::uint64_t splitmix64(std::uint64_t x);

@@ -17,10 +17,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double now_us() {
-  return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
-}
-
 // Dynamic loss scaling for fp16, with PyTorch's GradScaler defaults (torch/cuda/amp/grad_scaler.py): start at
 // 2^16, halve on an overflow (the step is skipped), double after 2000 steps without one. A scale below 1
 // means the gradients overflow even unscaled: the run has diverged.
@@ -106,6 +102,15 @@ Status Executor::Impl::setup() {
   }
   HZP_ASSIGN_OR_RETURN(layout, StateLayout::build(schedule, cfg, rank, ep_position));
   HZP_RETURN_IF_ERROR(setup_streams());
+  // The largest kernel calls of this run, so that a backend sizes its scratch now and not inside a step.
+  KernelLimits limits;
+  limits.rows = tokens;
+  limits.width = cfg.hidden;
+  limits.attention_rows = batch * cfg.heads * seq;
+  limits.experts = cfg.experts;
+  limits.moe_runs = cfg.experts;  // (source ranks) x (local experts) = experts
+  for (auto& k : kernels) HZP_RETURN_IF_ERROR(k->prepare(limits));
+  HZP_RETURN_IF_ERROR(host_kernels->prepare(limits));
   // Size everything once against a pool that only counts, then allocate it from one device allocation.
   SizingPool sizing;
   HZP_RETURN_IF_ERROR(allocate_all(sizing));
@@ -122,7 +127,6 @@ Status Executor::Impl::setup_streams() {
   }
   host_stream = device->create_stream("host");
   host_kernels = device->create_kernels(*host_stream);
-  stream_trace.resize(streams.size());
   return Status::Ok();
 }
 
@@ -310,7 +314,8 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
   }
 
   const std::vector<Op>& ops = program->ops;
-  std::vector<EventPtr> events(ops.size());
+  std::vector<EventPtr> events(ops.size()), begins(tracing ? ops.size() : 0);
+  std::vector<std::int64_t> op_bytes(tracing ? ops.size() : 0);
   // Host-side bookkeeping in program order: the gather slots of the visits in flight (FIFO) and the
   // gradient slot of every bucket.
   Buffer last_gather;  // the slot acquired for the gathers that follow it
@@ -366,12 +371,14 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
       work = [this, &k, body = *o] { return optimizer(k, body); };
     }
-    const int stream_index = op.stream;
-    const int op_index = static_cast<int>(i);
-    events[i] = stream.submit([this, work = std::move(work), stream_index, op_index, bytes]() -> Status {
-      const double t0 = tracing ? now_us() : 0;
+    // Traced, an op runs between two events of its stream: one recorded once the stream has waited for the
+    // op's dependencies (the op starts), and the op's own (it ends). Their timestamps are the device's.
+    if (tracing) {
+      begins[i] = stream.record();
+      op_bytes[i] = bytes;
+    }
+    events[i] = stream.submit([this, work = std::move(work)]() -> Status {
       Status st = work();
-      if (tracing) stream_trace[stream_index].push_back({step, op_index, stream_index, t0, now_us(), bytes});
       if (!st.ok() && !failed.exchange(true) && on_fatal) on_fatal(st);
       return st;
     });
@@ -381,6 +388,10 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
     Status st = s->synchronize();
     if (first.ok() && !st.ok()) first = st;
   }
+  if (tracing && first.ok())
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      traced.push_back({step, static_cast<int>(i), ops[i].stream, begins[i]->completed_at_us(),
+                        events[i]->completed_at_us(), op_bytes[i]});
   return first;
 }
 
@@ -432,10 +443,8 @@ Result<StepMetrics> Executor::train_step(std::int64_t step) {
   const Status ran = d.run_step(step);
   d.loss_scale = scale;  // the scaler's rule below applies to the scale it chose
   HZP_RETURN_IF_ERROR(ran);
-  for (auto& per_stream : d.stream_trace) {
-    trace_.insert(trace_.end(), per_stream.begin(), per_stream.end());
-    per_stream.clear();
-  }
+  trace_.insert(trace_.end(), d.traced.begin(), d.traced.end());
+  d.traced.clear();
   // The step's scalars, read once every stream has finished: loss and aux sums (this rank's), the global
   // gradient norm.
   double sums[2] = {0, 0};

@@ -79,7 +79,7 @@ struct Executor::Impl {
   std::int64_t good_steps = 0;
   std::int64_t overflow_step = -1;  // fault injection: Executor::inject_overflow
 
-  std::vector<std::vector<ExecutedOp>> stream_trace;  // per stream, appended by its worker thread only
+  std::vector<ExecutedOp> traced;  // the last step's ops, timed by their streams' events (tracing only)
   bool tracing = false;
 
   Status setup();

@@ -148,12 +148,13 @@ Result<std::int64_t> agree_on_resume(StoreClient& store, const LaunchEnv& env, c
 // The backend of --backend, from the registry (runtime/device/registry.cc), with this rank's store and
 // rendezvous settings.
 Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const LaunchEnv& env, milliseconds timeout,
-                                            int host_threads) {
+                                            int host_threads, int local_ranks) {
   BackendOptions b;
   b.host_threads = host_threads;
   b.store = StoreAddress{env.store_host, env.store_port, env.token};
   b.global_rank = env.rank;
   b.local_rank = env.local_rank;
+  b.local_world_size = local_ranks;
   if (const char* a = std::getenv("HZP_GLOO_ADDR")) b.interface_address = a;
   b.timeout = timeout;
   auto device = hzp::runtime::make_device(options.backend, b);
@@ -199,7 +200,16 @@ Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
   HZP_ASSIGN_OR_RETURN(run.schedule, build_schedule(run.scenario, run.cost));
   HZP_RETURN_IF_ERROR(validate_schedule(run.schedule));
   HZP_RETURN_IF_ERROR(runtime_supports(run.scenario));
-  HZP_ASSIGN_OR_RETURN(run.data, ByteDataset::load(options.data_path, run.scenario.training.seq_len));
+  if (options.data_path == ByteDataset::kRandom) {
+    run.data = ByteDataset::random_tokens(run.scenario.model.vocab, run.scenario.training.seq_len);
+  } else {
+    HZP_ASSIGN_OR_RETURN(run.data, ByteDataset::load(options.data_path, run.scenario.training.seq_len));
+  }
+  if (run.data.vocab() != run.scenario.model.vocab)
+    return Status::InvalidInput("model.vocab: the byte-level tokenizer of --data has " +
+                                std::to_string(run.data.vocab()) + " tokens, the model says " +
+                                std::to_string(run.scenario.model.vocab) +
+                                " (--data random trains on random tokens of any vocabulary)");
   const std::int64_t steps =
       options.stop_after > 0 ? std::min(options.stop_after, run.scenario.run.steps) : run.scenario.run.steps;
   if ((!options.trace_path.empty() || !options.perfetto_path.empty()) && steps > kMaxTracedSteps)
@@ -288,6 +298,7 @@ class RankRun {
   const double flops_per_rank_step_;
   const double peak_;
   int host_threads_ = 1;  // the CPU backend's kernel threads per rank
+  int local_ranks_ = 1;   // ranks on this host (GPU backends: do they share a device?)
 
   std::unique_ptr<CheckpointDirLock> lock_;  // external launchers: rank 0 holds the checkpoint directory
   std::unique_ptr<StoreServer> server_;
@@ -322,6 +333,7 @@ int RankRun::join() {
                                               : env_.world_size;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   host_threads_ = options_.threads > 0 ? options_.threads : std::max(1, cores / std::max(1, local));
+  local_ranks_ = std::max(1, local);
 
   auto address = resolve_ipv4(env_.store_host, "the store address (HZP_STORE_ADDR or MASTER_ADDR)");
   if (!address.ok()) return fail(address.status());
@@ -347,7 +359,7 @@ int RankRun::join() {
   store_ = std::move(store_or).value();
   if (Status st = store_->set("hzp/joined/" + std::to_string(env_.rank), "1"); !st.ok()) return fail(st);
 
-  auto device_or = make_device(options_, env_, timeout_, host_threads_);
+  auto device_or = make_device(options_, env_, timeout_, host_threads_, local_ranks_);
   if (!device_or.ok()) return fail(device_or.status());
   device_ = std::move(device_or).value();
   auto executor_or = Executor::create(scenario_, schedule_, env_.rank, &prepared_.data, *device_,

@@ -5,6 +5,8 @@
 
 #include <cblas.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -62,14 +64,22 @@ Result<Buffer> CpuMemoryPool::allocate(const std::string& category, std::int64_t
 // --- Event -----------------------------------------------------------------------------------------------
 
 void CpuEvent::complete(Status status) {
+  const double now =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
   {
     // The lock orders the status write before any waiter's read of it, and makes "first call wins" atomic.
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
     done_ = true;
+    completed_us_ = now;
     status_ = std::move(status);
   }
   cv_.notify_all();  // every host and stream waiting on this event
+}
+
+double CpuEvent::completed_at_us() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ ? completed_us_ : std::nan("");
 }
 
 bool CpuEvent::done() const {

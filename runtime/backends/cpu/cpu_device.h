@@ -44,11 +44,13 @@ class CpuEvent final : public Event {
   void complete(Status status);
   bool done() const override;
   Status synchronize(std::chrono::milliseconds timeout = std::chrono::hours(24)) const override;
+  double completed_at_us() const override;  // stamped by complete()
 
  private:
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;
+  double completed_us_ = 0;
   Status status_;
 };
 

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Every GPU check of the CUDA + NCCL backend and its benchmark, in one call on a GPU machine, results under
+# $OUT. Prepare the binaries here first (bash bench/gpu/prepare.sh), then on the GPU machine, from the repo root:
+#
+#   source .gpu/env.sh && bash bench/gpu/check.sh [STAGE...]
+#
+# Stages (default: all, in this order; each bounded in time, a failure does not stop the next):
+#   info         the device and hzp --version
+#   kernels      every kernel against fp64 references and finite differences (hzp_kernel_tests, cuda backend):
+#                $OUT/kernels.txt holds each kernel's max error per type
+#   train        dense and MoE learn on the repo's text and on random tokens at vocab 32000 (--backend cuda), and
+#                the first steps agree with the CPU reference backend on the same weights
+#   equivalence  4 ranks sharing the GPU (host-staged collectives) give the losses of 1 rank under zero3, hsdp,
+#                asynchzp, zeropp, amsp and MoE expert parallelism (bf16 tolerance); memory per category matches
+#                the core's model
+#   fault        a rank killed at step 3 makes the others fail fast, naming it
+#   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %
+#   bench        tokens/s, MFU and memory of hzp against PyTorch eager (and torch.compile on the 134 M model;
+#                HZP_BENCH_COMPILE=all for every model) on the same models: $OUT/bench.md
+# $OUT/summary.txt lists every check with PASS or FAIL; the exit status is 1 if any failed.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp/hzp-gpu-out}
+mkdir -p "$out"
+summary=$out/summary.txt
+: > "$summary"
+py=${PYTHON:-python3}
+hzp=${HZP:-hzp}
+kernel_tests=${HZP_KERNEL_TESTS:-hzp_kernel_tests}
+text=tests/data/tinyshakespeare_200k.txt
+work=$(mktemp -d)
+stages=("$@")
+[[ ${#stages[@]} -eq 0 ]] && stages=(info kernels train equivalence fault trace bench)
+
+note() { echo "$*" | tee -a "$summary"; }
+# check NAME COMMAND...: runs a check, records PASS/FAIL with its last output line.
+check() {
+  local name=$1; shift
+  local log="$out/$name.log"
+  if "$@" > "$log" 2>&1; then note "PASS $name: $(tail -1 "$log")"; else note "FAIL $name: $(tail -3 "$log" | tr '\n' ' ')"; fi
+}
+train() {  # SCENARIO OUTDIR NPROC [extra args]: hzp train, one emulated node
+  local scen=$1 dir=$2 nproc=$3; shift 3
+  timeout 300 "$hzp" train "$scen" --nproc "$nproc" --gpus-per-node "$nproc" --out "$dir" --timeout-s 60 "$@"
+}
+with() {  # SCENARIO NAME JSON-PATCH: a copy of the scenario with fields set (training/policy/run/model keys)
+  "$py" - "$1" "$work/$2.json" "$3" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for path, value in json.loads(sys.argv[3]).items():
+    node = doc
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+    node[keys[-1]] = value
+json.dump(doc, open(sys.argv[2], "w"))
+PY
+  echo "$work/$2.json"
+}
+
+for stage in "${stages[@]}"; do
+  case $stage in
+  info)
+    { nvidia-smi -L; "$hzp" --version; nproc; } > "$out/info.txt" 2>&1
+    note "info: $(head -1 "$out/info.txt")"
+    ;;
+  kernels)
+    HZP_KERNEL_BACKEND=cuda timeout 300 "$kernel_tests" > "$out/kernels.log" 2>&1
+    rc=$?
+    grep '^kernel ' "$out/kernels.log" > "$out/kernels.txt"
+    if [[ $rc -eq 0 ]]; then note "PASS kernels: $(tail -1 "$out/kernels.log")"; else
+      note "FAIL kernels (exit $rc): $(grep -c FAILED "$out/kernels.log") failed assertions, see kernels.log"; fi
+    ;;
+  train)
+    dense=$(with scenarios/runtime/tiny_dense.json dense '{"training.precision": "bf16", "run.steps": 80, "run.eval_interval": 0}')
+    moe=$(with scenarios/runtime/tiny_moe.json moe '{"training.precision": "bf16", "run.steps": 80, "run.eval_interval": 0, "policy": {"preset": "ddp"}}')
+    check train_dense_cuda train "$dense" "$work/dense_cuda" 1 --backend cuda --data "$text"
+    check train_dense_falls "$py" bench/gpu/compare.py falls "$work/dense_cuda" 1.0
+    check train_moe_cuda train "$moe" "$work/moe_cuda" 1 --backend cuda --data "$text"
+    check train_moe_falls "$py" bench/gpu/compare.py falls "$work/moe_cuda" 1.0
+    # The same weights and batches on the CPU reference backend: the first steps agree (bf16 rounding apart).
+    check train_dense_cpu train "$dense" "$work/dense_cpu" 1 --backend cpu --data "$text" --steps 5
+    check dense_cuda_vs_cpu "$py" bench/gpu/compare.py close "$work/dense_cuda" "$work/dense_cpu" 0.01 5
+    check train_moe_cpu train "$moe" "$work/moe_cpu" 1 --backend cpu --data "$text" --steps 5
+    check moe_cuda_vs_cpu "$py" bench/gpu/compare.py close "$work/moe_cuda" "$work/moe_cpu" 0.01 5
+    vocab=$(with scenarios/runtime/tiny_dense.json vocab32k '{"training.precision": "bf16", "run.steps": 60, "run.eval_interval": 0, "model.vocab": 32000, "policy": {"preset": "ddp"}}')
+    check train_vocab32k train "$vocab" "$work/vocab32k" 1 --backend cuda --data random
+    check train_vocab32k_falls "$py" bench/gpu/compare.py falls "$work/vocab32k" 1.0
+    ;;
+  equivalence)
+    for entry in 'zero3:{"preset": "zero3"}:dense' 'hsdp:{"preset": "hsdp"}:dense' \
+                 'asynchzp:{"preset": "asynchzp"}:dense' 'zeropp:{"preset": "zeropp"}:dense' \
+                 'amsp:{"preset": "amsp", "sharding": {"params": [2, 1], "grads": [2, 1], "optimizer": [2, 2]}}:dense' \
+                 'moe_ep2:{"preset": "zero2", "expert_parallel": 2}:moe'; do
+      name=${entry%%:*}; rest=${entry#*:}; policy=${rest%:*}; model=${rest##*:}
+      base=scenarios/runtime/tiny_dense.json
+      [[ $model == moe ]] && base=scenarios/runtime/tiny_moe.json
+      ref=$(with "$base" "eq_ref_$name" '{"training.precision": "bf16", "run.steps": 10, "run.eval_interval": 0, "policy": {"preset": "ddp"}}')
+      test=$(with "$base" "eq_$name" "{\"training.precision\": \"bf16\", \"run.steps\": 10, \"run.eval_interval\": 0, \"policy\": $policy}")
+      check "eq_${name}_1rank" train "$ref" "$work/eq_ref_$name" 1 --backend cuda --data "$text"
+      # 2 emulated nodes of 2 ranks, all on the one GPU: the host-staged collectives.
+      check "eq_${name}_4ranks" timeout 300 "$hzp" train "$test" --nproc 4 --gpus-per-node 2 --out "$work/eq_$name" \
+        --timeout-s 60 --backend cuda --data "$text"
+      check "eq_${name}" "$py" bench/gpu/compare.py close "$work/eq_ref_$name" "$work/eq_$name" 0.002
+      check "memory_${name}" "$py" bench/gpu/compare.py memory "$work/eq_$name" 4
+    done
+    ;;
+  fault)
+    scen=$(with scenarios/runtime/tiny_dense.json fault '{"training.precision": "bf16", "run.steps": 20, "run.eval_interval": 0}')
+    start=$(date +%s)
+    HZP_FAULT_KILL_RANK=2 HZP_FAULT_KILL_STEP=3 timeout 120 "$hzp" train "$scen" --nproc 4 --gpus-per-node 2 \
+      --out "$work/fault" --timeout-s 20 --backend cuda --data "$text" > "$out/fault.log" 2>&1
+    rc=$? took=$(( $(date +%s) - start ))
+    if [[ $rc -eq 1 ]] && grep -q "lost rank 2" "$out/fault.log"; then note "PASS fault: exit 1 after ${took} s, the others name rank 2"
+    else note "FAIL fault: exit $rc after ${took} s: $(tail -2 "$out/fault.log" | tr '\n' ' ')"; fi
+    ;;
+  trace)
+    scen=$(with bench/gpu/llama134m.json trace '{"run.steps": 6}')
+    check trace_record train "$scen" "$work/trace" 1 --backend cuda --data random --trace "$out/trace_134m.json"
+    check trace_replay timeout 300 "$hzp" replay "$out/trace_134m.json" --out "$work/replay"
+    ;;
+  bench)
+    : > "$out/bench_rows.jsonl"
+    for model in llama134m llama941m moe8x; do
+      check "bench_hzp_$model" train "bench/gpu/$model.json" "$work/bench_$model" 1 --backend cuda --data random
+      : > "$work/torch_$model.jsonl"
+      timeout 300 "$py" bench/gpu/torch_gpu.py "bench/gpu/$model.json" >> "$work/torch_$model.jsonl" 2> "$out/torch_$model.log"
+      if [[ ${HZP_BENCH_COMPILE:-llama134m} == all || ${HZP_BENCH_COMPILE:-llama134m} == "$model" ]]; then
+        timeout 400 "$py" bench/gpu/torch_gpu.py "bench/gpu/$model.json" --compile >> "$work/torch_$model.jsonl" \
+          2>> "$out/torch_$model.log"
+      fi
+      cp "$work/torch_$model.jsonl" "$out/"
+      "$py" bench/gpu/compare.py bench "$work/bench_$model" "$work/torch_$model.jsonl" "bench/gpu/$model.json" \
+        >> "$out/bench_rows.jsonl" 2>> "$out/bench.log"
+    done
+    "$py" bench/gpu/compare.py table "$out/bench_rows.jsonl" > "$out/bench.md" 2>> "$out/bench.log"
+    note "bench: $(wc -l < "$out/bench_rows.jsonl") rows in bench.md"
+    ;;
+  *) note "FAIL unknown stage '$stage'" ;;
+  esac
+done
+rm -rf "$work"
+! grep -q '^FAIL' "$summary"
