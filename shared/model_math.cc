@@ -115,6 +115,7 @@ struct Dims {
         vocab(static_cast<double>(m.vocab)),
         e(t.precision == Precision::kFp32 ? 4.0 : 2.0),
         flash(t.flash_attention),
+        pasa(t.attention == AttentionAlgorithm::kPasa),
         attention_dropout(t.attention_dropout > 0),
         hidden_dropout(t.hidden_dropout > 0),
         fp8(t.fp8),
@@ -130,6 +131,7 @@ struct Dims {
   double b, s, s_local, tokens, h, heads, q_width, kv_width, vocab;
   double e;  // bytes per activation element
   bool flash;
+  bool pasa;               // PASA's shifted keys (TrainingSpec::attention)
   bool attention_dropout;  // only whether there is dropout changes the cost, not its probability
   bool hidden_dropout;
   bool fp8;                  // the linear layers' GEMMs in FP8 (TrainingSpec::fp8)
@@ -282,6 +284,16 @@ ModuleCost attention_cost(const Dims& d, int layer) {
     // not model work: bwd_flops only. Attention dropout happens inside the kernel (its backward regenerates
     // the mask from the RNG state): no traffic, nothing saved.
     cost.bwd_flops += qk_flops;
+    if (d.pasa) {
+      // PASA shifts every block of n = 128 keys once per forward, K' = M K with M = (I - beta/n 1 1^T) /
+      // sqrt(d): an (n x n)·(n x head_dim) GEMM per block, 2·n·head_dim FLOPs per key row and kv head. Its
+      // other work (each block's row mean of the scores, one more exponent per row and block) stays in
+      // registers. Hardware work, not model work; the backward works from the recovered log-sum-exp and the
+      // unshifted keys, as flash attention's does.
+      constexpr double kPasaBlock = 128;
+      const double key_rows = d.b * (d.kv_width / head_dim) * d.s;
+      cost.fwd_flops += 2 * key_rows * kPasaBlock * head_dim * d.split;
+    }
   } else {
     // Unfused, the core is 2 batched GEMMs forward (QKᵀ writes the scores S, P·V reads P) and 4 backward
     // (dP = dO·Vᵀ writes dP, dV = Pᵀ·dO reads P, dQ = dS·K and dK = dSᵀ·Q read dS): each moves one s x s

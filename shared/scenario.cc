@@ -187,6 +187,16 @@ const char* to_string(Precision v) {
   return "?";
 }
 
+const char* to_string(AttentionAlgorithm v) {
+  switch (v) {
+    case AttentionAlgorithm::kStandard:
+      return "standard";
+    case AttentionAlgorithm::kPasa:
+      return "pasa";
+  }
+  return "?";
+}
+
 const char* to_string(Recompute v) {
   switch (v) {
     case Recompute::kNone:

@@ -155,6 +155,10 @@ std::vector<int> node_leaves(const ClusterSpec& c);
 
 enum class Precision { kBf16, kFp16, kFp32 };
 enum class Recompute { kNone, kSelective, kFull };
+// The softmax algorithm of flash attention: the standard online softmax, or PASA (Cheng et al., arXiv
+// 2503.01873: every key block shifted by its pseudo-average, the shift recovered in the online softmax), which
+// keeps fp16 scores from overflowing (docs/pasa.md).
+enum class AttentionAlgorithm { kStandard, kPasa };
 
 struct TrainingSpec {
   std::int64_t seq_len = 0;
@@ -164,6 +168,7 @@ struct TrainingSpec {
   std::string optimizer = "adamw";  // only AdamW is modelled
   Recompute recompute = Recompute::kNone;
   bool flash_attention = true;
+  AttentionAlgorithm attention = AttentionAlgorithm::kStandard;  // "pasa": fp16 with flash attention only
   // Dropout probabilities as Megatron-LM names them (its defaults are 0.1 and 0.1; LLaMA-style recipes use 0).
   // Only whether they are non-zero matters to the cost: attention dropout on the softmax output (without
   // flash attention an extra pass over the scores, and its output and 1-byte mask kept for backward; flash
@@ -361,6 +366,7 @@ const char* to_string(ProtocolChoice v);
 const char* to_string(GpuArch v);
 const char* to_string(Precision v);
 const char* to_string(Recompute v);
+const char* to_string(AttentionAlgorithm v);
 const char* to_string(GradReduce v);
 const char* to_string(ParamRefresh v);
 const char* to_string(ParamGather v);

@@ -548,11 +548,11 @@ Result<ClusterSpec> parse_cluster(const json& value) {
 }
 
 Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, int data_parallel, int pipeline) {
-  HZP_ASSIGN_OR_RETURN(
-      ObjectReader r, ObjectReader::open(value, "training",
-                                         {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
-                                          "precision", "optimizer", "recompute", "flash_attention", "attention_dropout",
-                                          "hidden_dropout", "fp8", "grad_clip"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       ObjectReader::open(value, "training",
+                                          {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
+                                           "precision", "optimizer", "recompute", "flash_attention", "attention",
+                                           "attention_dropout", "hidden_dropout", "fp8", "grad_clip"}));
   TrainingSpec t;
   HZP_RETURN_IF_ERROR(r.require("seq_len"));
   HZP_RETURN_IF_ERROR(r.require("micro_batch"));
@@ -565,6 +565,18 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, i
   HZP_RETURN_IF_ERROR(
       r.read_enum("recompute", t.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull}));
   HZP_RETURN_IF_ERROR(r.read_bool("flash_attention", t.flash_attention));
+  HZP_RETURN_IF_ERROR(
+      r.read_enum("attention", t.attention, {AttentionAlgorithm::kStandard, AttentionAlgorithm::kPasa}));
+  if (t.attention == AttentionAlgorithm::kPasa && t.precision != Precision::kFp16)
+    return invalid(
+        r.path_of("attention"),
+        std::string("\"pasa\" keeps fp16 scores from overflowing: it needs training.precision \"fp16\", not \"") +
+            to_string(t.precision) + "\" (bf16 and fp32 have fp32's range)",
+        r.at("attention"));
+  if (t.attention == AttentionAlgorithm::kPasa && !t.flash_attention)
+    return invalid(r.path_of("attention"),
+                   "\"pasa\" is a flash-attention algorithm: it needs training.flash_attention true",
+                   r.at("attention"));
   HZP_RETURN_IF_ERROR(r.read_number("attention_dropout", t.attention_dropout, kOne, {0, 1, false, true}));
   HZP_RETURN_IF_ERROR(r.read_number("hidden_dropout", t.hidden_dropout, kOne, {0, 1, false, true}));
   HZP_RETURN_IF_ERROR(r.read_bool("fp8", t.fp8));
@@ -1017,6 +1029,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"optimizer", t.optimizer},
       {"recompute", to_string(t.recompute)},
       {"flash_attention", t.flash_attention},
+      {"attention", to_string(t.attention)},
       {"attention_dropout", t.attention_dropout},
       {"hidden_dropout", t.hidden_dropout},
       {"fp8", t.fp8},

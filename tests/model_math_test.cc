@@ -484,4 +484,21 @@ TEST_CASE("tiny models give finite, positive costs in every setting", "[model_ma
 }
 
 }  // namespace
+TEST_CASE("PASA adds its key-shifting GEMM to the attention's forward FLOPs, not to model FLOPs", "[model_math]") {
+  TrainingSpec standard = training(2, 4096);
+  standard.precision = Precision::kFp16;
+  TrainingSpec pasa = standard;
+  pasa.attention = AttentionAlgorithm::kPasa;
+  const ModelSpec m = llama2_70b();  // GQA: the shift runs on the 8 kv heads' keys
+  const ModelCost standard_cost = model_cost(m, standard), pasa_cost = model_cost(m, pasa);
+  const ModuleCost& a = module_at(standard_cost, ModuleKind::kAttention, 0);
+  const ModuleCost& b = module_at(pasa_cost, ModuleKind::kAttention, 0);
+  // K' = M K per block of 128 keys: 2 * 128 * head_dim FLOPs per key row and kv head.
+  const double keys = 2.0 * 4096 * m.kv_heads;
+  CHECK(b.fwd_flops - a.fwd_flops == Approx(2 * keys * 128 * m.head_dim()));
+  CHECK(b.bwd_flops == a.bwd_flops);
+  CHECK(b.model_flops == a.model_flops);
+  CHECK((b.fwd_flops - a.fwd_flops) / a.fwd_flops < 0.01);  // well under 1 % of the layer's attention work
+}
+
 }  // namespace hzp

@@ -620,3 +620,29 @@ TEST_CASE("runtime: bf16 and fp16 checkpoints resume bit for bit, and only in th
   CHECK_THAT(r.output, Catch::Contains("holds a bf16 training state; this run trains in fp32"));
   fs::remove_all(dir);
 }
+
+// PASA (training.attention "pasa", docs/pasa.md) trains like standard attention in fp16: the same losses up to
+// fp16 arithmetic (PASA's CPU kernel rounds every score and statistic to fp16, the standard one computes in
+// fp32), and the loss falls.
+TEST_CASE("runtime: PASA attention trains the tiny models in fp16 like standard attention", "[train][precision]") {
+  const fs::path dir = fresh_dir("pasa");
+  for (bool moe : {false, true}) {
+    const json policy = moe ? json{{"preset", "zero2"}, {"expert_parallel", 2}} : json{{"preset", "zero3"}};
+    json standard = in_precision(tiny_scenario(moe, policy), "fp16");
+    json pasa = standard;
+    pasa["training"]["attention"] = "pasa";
+    const std::string name = moe ? "moe" : "dense";
+    const Curve a = train_ok(train_cmd(write_scenario(dir, name + "_standard", standard), 4, 2, dir / (name + "_s")),
+                             dir / (name + "_s"));
+    const Curve b =
+        train_ok(train_cmd(write_scenario(dir, name + "_pasa", pasa), 4, 2, dir / (name + "_p")), dir / (name + "_p"));
+    REQUIRE(b.loss.size() == a.loss.size());
+    double worst = 0;
+    for (const auto& [step, loss] : a.loss) worst = std::max(worst, std::abs(b.loss.at(step) - loss) / loss);
+    std::printf("PASA vs standard attention, %s, fp16: worst relative loss difference over 20 steps %.3g\n",
+                name.c_str(), worst);
+    CHECK(worst < 5e-3);
+    CHECK(b.loss.rbegin()->second < b.loss.begin()->second - 0.5);
+  }
+  fs::remove_all(dir);
+}

@@ -925,3 +925,27 @@ TEST_CASE("scattered placement fills the same leaves in another order, fixed by 
 
 }  // namespace
 }  // namespace hzp
+
+namespace hzp {
+
+TEST_CASE("training.attention: standard by default, pasa only with fp16 flash attention", "[scenario]") {
+  json doc = base_doc();
+  CHECK(parse_ok(doc).training.attention == AttentionAlgorithm::kStandard);
+  doc["training"]["precision"] = "fp16";
+  doc["training"]["attention"] = "pasa";
+  const Scenario s = parse_ok(doc);
+  CHECK(s.training.attention == AttentionAlgorithm::kPasa);
+  CHECK(scenario_to_json(s)["training"]["attention"] == "pasa");
+  json bf16 = doc;
+  bf16["training"]["precision"] = "bf16";
+  CHECK_THAT(parse_error(bf16),
+             Catch::Contains("training.attention") && Catch::Contains("\"fp16\"") && Catch::Contains("not \"bf16\""));
+  json unfused = doc;
+  unfused["training"]["flash_attention"] = false;
+  CHECK_THAT(parse_error(unfused), Catch::Contains("training.attention") && Catch::Contains("flash_attention true"));
+  json unknown = doc;
+  unknown["training"]["attention"] = "sage";
+  CHECK_THAT(parse_error(unknown), Catch::Contains("training.attention") && Catch::Contains("\"standard\", \"pasa\"") &&
+                                       Catch::Contains("sage"));
+}
+}  // namespace hzp

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "runtime/device/device.h"
+#include "shared/scenario.h"
 #include "shared/status.h"
 
 namespace hzp::runtime {
@@ -55,8 +56,14 @@ struct MatmulArgs {
 // i / (heads / kv_heads)), scores scaled by 1/sqrt(head_dim). q and out are [batch*seq x heads*head_dim],
 // k and v [batch*seq x kv_heads*head_dim]; lse is fp32 [batch x heads x seq] (the log-sum-exp of each
 // query row's scaled scores, what the backward needs).
+//
+// `algorithm`: kStandard is flash attention's online softmax; kPasa is PASA (docs/pasa.md): every block of 128
+// keys shifted by its pseudo-average and the shift recovered in the online softmax, the same output and
+// log-sum-exp mathematically, whose fp16 scores do not overflow. The backward is flash attention's for both,
+// from the (recovered) log-sum-exp.
 struct AttentionShape {
   std::int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  AttentionAlgorithm algorithm = AttentionAlgorithm::kStandard;
 };
 
 // One tensor of a multi-tensor AdamW: `param` (the working copy, any tensor type), `master` (its fp32 master

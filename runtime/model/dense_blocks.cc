@@ -83,7 +83,7 @@ Result<std::unique_ptr<AttentionBlock>> AttentionBlock::create(const ModelConfig
                                                                Workspace& ws) {
   std::unique_ptr<AttentionBlock> b(new AttentionBlock());
   b->c_ = c;
-  b->shape_ = AttentionShape{batch, seq, c.heads, c.kv(), c.head_dim()};
+  b->shape_ = AttentionShape{batch, seq, c.heads, c.kv(), c.head_dim(), c.attention};
   b->t_ = batch * seq;
   const std::int64_t t = b->t_, h = c.hidden, kvw = c.kv_width(), d = c.head_dim();
   Saver save(pool, "activations");

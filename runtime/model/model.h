@@ -56,8 +56,9 @@ struct ModelConfig {
   std::int64_t top_k = 0;
   std::int64_t expert_ffn = 0;
   double aux_loss_coef = 0.01;
-  ScalarType act = ScalarType::kFp32;   // parameters and activations
-  ScalarType grad = ScalarType::kFp32;  // parameter gradients
+  ScalarType act = ScalarType::kFp32;                            // parameters and activations
+  ScalarType grad = ScalarType::kFp32;                           // parameter gradients
+  AttentionAlgorithm attention = AttentionAlgorithm::kStandard;  // training.attention
   std::int64_t head_dim() const { return hidden / heads; }
   std::int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
   std::int64_t kv_width() const { return kv() * head_dim(); }

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/backends/cpu/attention_reference.h"
+
 namespace hzp::runtime {
 namespace {
 
@@ -131,7 +133,8 @@ class CpuKernels final : public Kernels {
   std::string backend() const override { return "cpu"; }
 
   std::int64_t attention_reserve(const AttentionShape& s) const override {
-    return s.batch * s.heads * s.seq * s.seq;  // the probabilities
+    if (s.algorithm == AttentionAlgorithm::kPasa) return 0;  // its backward works from the recovered lse
+    return s.batch * s.heads * s.seq * s.seq;                // the probabilities
   }
   std::int64_t cross_entropy_reserve(std::int64_t rows, std::int64_t vocab) const override {
     return rows * vocab;  // the softmax
@@ -569,6 +572,7 @@ class CpuKernels final : public Kernels {
 
   void do_attention_forward(const AttentionShape& s, const Buffer& q, const Buffer& k, const Buffer& v,
                             const Buffer& out, const Buffer& lse, const Buffer& reserve) override {
+    if (s.algorithm == AttentionAlgorithm::kPasa) return pasa_forward(s, q, k, v, out, lse);
     const std::int64_t seq = s.seq, d = s.head_dim, wq = s.heads * d;
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
     const bool f32 = q.type == ScalarType::kFp32;
@@ -670,6 +674,26 @@ class CpuKernels final : public Kernels {
         }
       }
     }
+  }
+
+  // PASA, one head at a time through the reference algorithm (attention_reference.h), with every quantity
+  // rounded to the buffers' type: in fp16, the arithmetic a GPU kernel of it performs.
+  void pasa_forward(const AttentionShape& s, const Buffer& q, const Buffer& k, const Buffer& v, const Buffer& out,
+                    const Buffer& lse) {
+    const std::int64_t seq = s.seq, d = s.head_dim, wq = s.heads * d, wkv = s.kv_heads * d;
+    const std::int64_t group = s.heads / s.kv_heads;
+    ho_.resize(static_cast<std::size_t>(seq * d));
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t hd = 0; hd < s.heads; ++hd) {
+        const std::int64_t q0 = b * seq * wq + hd * d, kv0 = b * seq * wkv + (hd / group) * d;
+        gather_head(q, q0, wq, seq, d, hq_);
+        gather_head(k, kv0, wkv, seq, d, hk_);
+        gather_head(v, kv0, wkv, seq, d, hv_);
+        const reference::Head head{hq_.data(), hk_.data(), hv_.data(), seq, d, d, d};
+        reference::pasa_attention(head, q.type, reference::kPasaBlock, reference::pasa_default_beta(), ho_.data(), d,
+                                  lse.as<float>() + (b * s.heads + hd) * seq);
+        scatter_head(ho_, out, q0, wq, seq, d, /*accumulate=*/false);
+      }
   }
 
   // P = exp(q k^T * scale - lse) below the diagonal, 0 above, into probs_.

@@ -154,6 +154,8 @@ class CudaKernels final : public Kernels {
   }
   void do_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                             const Buffer& out, const Buffer& lse, const Buffer&) override {
+    if (shape.algorithm != AttentionAlgorithm::kStandard)
+      return fail(Status::Unimplemented("kernel attention_forward (cuda): PASA's GPU kernel is not written yet"));
     if (!shared_fits("attention_forward", shape.head_dim + shape.seq)) return;
     cuda::attention_forward(shape, q, k, v, out, lse, s_);
     after("attention_forward");
