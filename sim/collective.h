@@ -4,11 +4,11 @@
 // never one comm per ring step: a ring all-gather over p ranks is p concurrent flows of (p-1)/p·S plus
 // (p-1) latency terms. Links carry no latency; each algorithm adds its α terms explicitly (as NCCL's cost
 // model does), so that with nothing else on the links the simulated time equals the closed form of
-// shared/collective_cost.h. Concurrent collectives share links through SimGrid's max-min sharing.
+// shared/cost/collective_cost.h. Concurrent collectives share links through SimGrid's max-min sharing.
 #pragma once
 
-#include "shared/collective_cost.h"
-#include "shared/schedule.h"
+#include "shared/cost/collective_cost.h"
+#include "shared/ir/schedule.h"
 #include "sim/platform.h"
 
 namespace hzp::sim {

@@ -14,7 +14,7 @@
 #include <optional>
 #include <unordered_map>
 
-#include "shared/collective_cost.h"
+#include "shared/cost/collective_cost.h"
 #include "sim/collective.h"
 #include "sim/platform.h"
 

@@ -3,7 +3,7 @@
 // Every (rank, stream) is one SimGrid actor that executes its ops in program order, like a CUDA stream:
 // an op starts when the previous op of its stream is done and its dependencies (same step) and
 // loop-carried dependencies (previous step) are done. Compute and optimizer ops take the time of the
-// DurationModel (shared/duration_model.h; the roofline unless SimOptions names another) on their GPU (one compute
+// DurationModel (shared/cost/duration_model.h; the roofline unless SimOptions names another) on their GPU (one compute
 // stream per GPU: nothing to share). A collective starts when every member of its group has reached it (NCCL
 // semantics); the last member to arrive runs its flows (sim/collective.h), which share links with every other flow in
 // flight — including collectives of other streams of the same GPU. The executor never re-decides what the IR says.
@@ -14,13 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shared/duration_model.h"
-#include "shared/model_math.h"
-#include "shared/performance.h"
-#include "shared/scenario.h"
-#include "shared/schedule.h"
-#include "shared/sharding.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
+#include "shared/cost/duration_model.h"
+#include "shared/cost/performance.h"
+#include "shared/ir/schedule.h"
+#include "shared/model/model_math.h"
+#include "shared/scenario/scenario.h"
+#include "shared/schedule/sharding.h"
 
 namespace hzp::sim {
 

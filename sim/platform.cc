@@ -16,7 +16,7 @@
 #include <simgrid/s4u/Link.hpp>
 #include <simgrid/s4u/NetZone.hpp>
 
-#include "shared/hash.h"
+#include "shared/base/hash.h"
 
 namespace hzp::sim {
 namespace sg4 = simgrid::s4u;

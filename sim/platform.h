@@ -9,9 +9,9 @@
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Host.hpp>
 
-#include "shared/scenario.h"
-#include "shared/schedule.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
+#include "shared/ir/schedule.h"
+#include "shared/scenario/scenario.h"
 
 namespace hzp::sim {
 

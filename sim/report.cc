@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <map>
 
-#include "shared/collective_cost.h"
-#include "shared/perfetto.h"
+#include "shared/cost/collective_cost.h"
+#include "shared/trace/perfetto.h"
 
 namespace hzp::sim {
 

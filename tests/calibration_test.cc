@@ -3,7 +3,7 @@
 // reproduces it; multi-node results are never used to calibrate.
 #include "tests/test_util.h"
 
-#include "shared/calibration.h"
+#include "shared/scenario/calibration.h"
 
 using namespace hzp;
 using namespace hzp::test;

@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "shared/planner.h"
+#include "shared/plan/planner.h"
 #include "tests/test_util.h"
 
 using namespace hzp;

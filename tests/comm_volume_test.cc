@@ -5,7 +5,7 @@
 
 #include <set>
 
-#include "shared/collective_cost.h"
+#include "shared/cost/collective_cost.h"
 
 using namespace hzp;
 using namespace hzp::test;

@@ -1,11 +1,11 @@
 // Calibrating compute from one node against closed forms: on one GPU a step is pure compute, so scaling both
 // efficiencies by k divides it by exactly k; the fit reproduces the measurement in every unit it accepts and
 // refuses what one node cannot tell (several nodes) or what the GPU cannot do (faster than its peak).
-#include "shared/compute_fit.h"
+#include "shared/estimate/compute_fit.h"
 
-#include "shared/collective_cost.h"
-#include "shared/duration_model.h"
-#include "shared/trace_format.h"
+#include "shared/cost/collective_cost.h"
+#include "shared/cost/duration_model.h"
+#include "shared/trace/trace_format.h"
 #include "tests/test_util.h"
 
 using namespace hzp;

@@ -5,9 +5,9 @@
 
 #include "tests/test_util.h"
 
-#include "shared/collective_cost.h"
-#include "shared/presets.h"
-#include "shared/schedule_builder.h"
+#include "shared/cost/collective_cost.h"
+#include "shared/scenario/presets.h"
+#include "shared/schedule/schedule_builder.h"
 
 using namespace hzp;
 using namespace hzp::test;

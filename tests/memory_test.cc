@@ -3,7 +3,7 @@
 // ZeRO-2 2Ψ + 14Ψ/D, ZeRO-3 16Ψ/D, HSDP 16Ψ/R.
 #include "tests/test_util.h"
 
-#include "shared/sharding.h"
+#include "shared/schedule/sharding.h"
 
 using namespace hzp;
 using namespace hzp::test;

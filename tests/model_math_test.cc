@@ -1,8 +1,8 @@
 // Tests for shared/model_math: parameter counts against published totals, per-module model FLOPs against the
 // closed form of docs/model_math.md, activation memory against Korthikanti et al. 2022, and the recompute / flash /
 // MoE relationships docs/model_math.md derives.
-#include "shared/model_math.h"
-#include "shared/presets.h"
+#include "shared/model/model_math.h"
+#include "shared/scenario/presets.h"
 
 #include <catch2/catch.hpp>
 

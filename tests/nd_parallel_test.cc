@@ -3,7 +3,7 @@
 // against Narayanan et al. 2021 (warm-up, micro-batches in flight, bubble fraction).
 #include <algorithm>
 
-#include "shared/sharding.h"
+#include "shared/schedule/sharding.h"
 #include "tests/test_util.h"
 
 using namespace hzp;

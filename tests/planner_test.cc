@@ -8,8 +8,8 @@
 #include <fstream>
 #include <set>
 
-#include "shared/planner.h"
-#include "shared/presets.h"
+#include "shared/plan/planner.h"
+#include "shared/scenario/presets.h"
 
 using namespace hzp;
 using namespace hzp::test;

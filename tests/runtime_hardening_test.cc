@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/launch/launch_env.h"
+#include "runtime/store/launch_env.h"
 #include "runtime/train/checkpoint.h"
 #include "tests/run_util.h"
 

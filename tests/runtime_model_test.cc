@@ -33,7 +33,7 @@
 #include "runtime/device/numeric.h"
 #include "runtime/device/registry.h"
 #include "runtime/model/model.h"
-#include "shared/model_math.h"
+#include "shared/model/model_math.h"
 
 namespace hzp::runtime {
 namespace {

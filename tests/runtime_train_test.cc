@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/launch/launch_env.h"
+#include "runtime/store/launch_env.h"
 #include "runtime/train/executor.h"
 #include "tests/run_util.h"
 

@@ -6,9 +6,9 @@
 #include <map>
 #include <string>
 
-#include "shared/calibration.h"
-#include "shared/presets.h"
-#include "shared/scenario_parser.h"
+#include "shared/scenario/calibration.h"
+#include "shared/scenario/presets.h"
+#include "shared/scenario/scenario_parser.h"
 
 #ifndef HZP_TEST_DATA_DIR
 #define HZP_TEST_DATA_DIR "tests/data"

@@ -1,4 +1,4 @@
-// Flow-level collectives (sim/collective.h) against the closed forms of shared/collective_cost.h, link
+// Flow-level collectives (sim/collective.h) against the closed forms of shared/cost/collective_cost.h, link
 // sharing, and the platform builder. Every test case creates its own SimGrid engine, so each must run in its
 // own process: ctest does that (one test per case); running this binary on several cases at once does not.
 //
@@ -19,8 +19,8 @@
 #include <simgrid/s4u/Engine.hpp>
 #include <simgrid/s4u/Link.hpp>
 
-#include "shared/collective_cost.h"
-#include "shared/presets.h"
+#include "shared/cost/collective_cost.h"
+#include "shared/scenario/presets.h"
 #include "sim/collective.h"
 #include "sim/platform.h"
 

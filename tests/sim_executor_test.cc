@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "shared/collective_cost.h"
+#include "shared/cost/collective_cost.h"
 #include "sim/executor.h"
 
 using namespace hzp;

@@ -5,13 +5,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "shared/duration_model.h"
-#include "shared/estimator.h"
-#include "shared/model_math.h"
-#include "shared/plan.h"
-#include "shared/policy_registry.h"
-#include "shared/scenario_parser.h"
-#include "shared/schedule_validator.h"
+#include "shared/cost/duration_model.h"
+#include "shared/estimate/estimator.h"
+#include "shared/ir/schedule_validator.h"
+#include "shared/model/model_math.h"
+#include "shared/plan/plan.h"
+#include "shared/policy/policy_registry.h"
+#include "shared/scenario/scenario_parser.h"
+#include "shared/schedule/schedule_builder.h"
 
 namespace hzp::test {
 

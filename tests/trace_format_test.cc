@@ -1,4 +1,4 @@
-// The trace format in the core (shared/trace_format.h): the shipped traces read back; every kind of bad
+// The trace format in the core (shared/trace/trace_format.h): the shipped traces read back; every kind of bad
 // trace is refused with the event index and field; size is bounded before anything is decoded.
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "shared/trace_format.h"
+#include "shared/trace/trace_format.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // `hzp collective`: one collective over a range of sizes on the simulated cluster, printed like
-// nccl-tests (size, time, algorithm and bus bandwidth), with the closed form of shared/collective_cost.h
+// nccl-tests (size, time, algorithm and bus bandwidth), with the closed form of shared/cost/collective_cost.h
 // beside each simulated time.
 #include "tools/cli_collective.h"
 
@@ -15,10 +15,10 @@
 #include <simgrid/s4u/Actor.hpp>
 #include <simgrid/s4u/Engine.hpp>
 
-#include "shared/collective_cost.h"
-#include "shared/json_io.h"
-#include "shared/scenario_parser.h"
-#include "shared/text.h"
+#include "shared/base/json_io.h"
+#include "shared/base/text.h"
+#include "shared/cost/collective_cost.h"
+#include "shared/scenario/scenario_parser.h"
 #include "sim/collective.h"
 #include "sim/platform.h"
 #include "tools/cli_flags.h"
@@ -31,7 +31,8 @@ const char* const kCollectiveHelp =
     "Simulates one collective on the SimGrid model of a cluster for sizes MIN, 2·MIN, 4·MIN, ... <= MAX and\n"
     "prints an nccl-tests-style table: size(B), time_us, algbw_GBps (size / time), busbw_GBps (algbw x the\n"
     "nccl-tests factor: all_reduce 2(p-1)/p, all_gather / reduce_scatter / all_to_all (p-1)/p, broadcast 1),\n"
-    "model_us (the closed form of shared/collective_cost.h) and the algorithm/protocol used. Sizes follow nccl-tests:\n"
+    "model_us (the closed form of shared/cost/collective_cost.h) and the algorithm/protocol used. Sizes follow "
+    "nccl-tests:\n"
     "all_gather output, reduce_scatter input, all_reduce / broadcast buffer, all_to_all send buffer.\n\n"
     "  --cluster PRESET|FILE.json  a cluster preset (dgx-a100, a800, dgx-h100, h800, npu-16) or a JSON file\n"
     "                              holding a cluster object (format: scenarios/README.md)\n"
@@ -288,7 +289,7 @@ int run_collective_command(const std::vector<std::string>& args) {
                        to_string(o.kind) + " over " + count_of(shape.ranks_per_node, "GPU") + " on each of " +
                        count_of(shape.nodes, "node") + " of " + cluster.name +
                        ": ring, direct (one full-mesh node), hierarchical (several GPUs on "
-                       "several nodes) and pairwise (all_to_all only) apply as shared/collective_cost.h says");
+                       "several nodes) and pairwise (all_to_all only) apply as shared/cost/collective_cost.h says");
 
   std::vector<Row> rows;
   for (long long bytes = o.min_bytes;; bytes *= 2) {

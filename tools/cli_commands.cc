@@ -11,21 +11,22 @@
 #include <tuple>
 #include <vector>
 
-#include "shared/compute_fit.h"
-#include "shared/estimator.h"
-#include "shared/files.h"
-#include "shared/json_io.h"
-#include "shared/kineto.h"
-#include "shared/model_math.h"
-#include "shared/plan.h"
-#include "shared/planner.h"
-#include "shared/policy_registry.h"
-#include "shared/scenario_parser.h"
-#include "shared/schedule_validator.h"
-#include "shared/sharding.h"
-#include "shared/text.h"
-#include "shared/trace_format.h"
-#include "shared/trace_replay.h"
+#include "shared/base/files.h"
+#include "shared/base/json_io.h"
+#include "shared/base/text.h"
+#include "shared/estimate/compute_fit.h"
+#include "shared/estimate/estimator.h"
+#include "shared/ir/schedule_validator.h"
+#include "shared/model/model_math.h"
+#include "shared/plan/plan.h"
+#include "shared/plan/planner.h"
+#include "shared/policy/policy_registry.h"
+#include "shared/scenario/scenario_parser.h"
+#include "shared/schedule/schedule_builder.h"
+#include "shared/schedule/sharding.h"
+#include "shared/trace/import/kineto.h"
+#include "shared/trace/trace_format.h"
+#include "shared/trace/trace_replay.h"
 #include "sim/executor.h"
 #include "tools/cli.h"
 #include "tools/cli_collective.h"
@@ -335,7 +336,7 @@ int run_simulate(const std::vector<std::string>& argv) {
 }
 
 // `hzp import KINETO... --scenario S`: PyTorch profiler traces (one per rank) as an hzp trace of S's
-// schedule (shared/kineto.h), for `hzp replay` and its what-ifs.
+// schedule (shared/trace/import/kineto.h), for `hzp replay` and its what-ifs.
 int run_import(const std::vector<std::string>& argv) {
   auto parsed = parse_flags(argv, {{"--scenario", true}, {"--out", true}, {"--include-idle", false}}, 1 << 16);
   if (!parsed.ok()) return usage_error("import", parsed.status().message());
@@ -402,7 +403,7 @@ int run_import(const std::vector<std::string>& argv) {
 }
 
 // `hzp replay TRACE`: the trace's scenario rebuilt, its schedule run by the simulator with the recorded
-// compute, optimizer and collective times (shared/trace_replay.h); recorded vs replayed step time per rank.
+// compute, optimizer and collective times (shared/trace/trace_replay.h); recorded vs replayed step time per rank.
 // With --scenario OVERRIDES.json: a what-if — the overrides merged into the recorded scenario, the schedule
 // rebuilt for it, compute at the trace's rates per FLOP (TraceRates), the network simulated.
 int run_replay(const std::vector<std::string>& argv) {

@@ -5,7 +5,7 @@
 #include <charconv>
 #include <cstdio>
 
-#include "shared/text.h"
+#include "shared/base/text.h"
 
 namespace hzp::cli {
 

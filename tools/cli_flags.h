@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "shared/status.h"
+#include "shared/base/status.h"
 
 namespace hzp::cli {
 

@@ -17,12 +17,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shared/files.h"
-#include "shared/plan.h"
-#include "shared/planner.h"
-#include "shared/policy_registry.h"
-#include "shared/scenario_parser.h"
-#include "shared/sharding.h"
+#include "shared/base/files.h"
+#include "shared/plan/plan.h"
+#include "shared/plan/planner.h"
+#include "shared/policy/policy_registry.h"
+#include "shared/scenario/scenario_parser.h"
+#include "shared/schedule/schedule_builder.h"
+#include "shared/schedule/sharding.h"
 
 extern char** environ;
 

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "shared/scenario.h"
+#include "shared/scenario/scenario.h"
 
 namespace hzp::cli {
 

@@ -6,8 +6,8 @@
 
 #include "tools/cli_flags.h"
 
-#include "runtime/launch/launch_env.h"
 #include "runtime/launch/launcher.h"
+#include "runtime/store/launch_env.h"
 #include "runtime/train/trainer.h"
 
 namespace hzp::cli {
@@ -45,7 +45,7 @@ const char* const kTrainHelp =
     "  --timeout-s T       bound on every collective and store wait, 1..86400 (default 60): a dead or hung\n"
     "                      rank makes the others fail with a message naming it, within T\n"
     "  --threads K         OpenBLAS threads per rank, 1..1024 (default: cores / ranks on this machine)\n"
-    "  --backend B         the device the ranks run on (runtime/device/registry.cc): cpu (default; host memory,\n"
+    "  --backend B         the device the ranks run on (runtime/backends/registry.cc): cpu (default; host memory,\n"
     "                      the reference kernels, Gloo collectives); `hzp --version` lists the built backends\n\n"
     "Output paths are checked before training starts. Each step prints k/total, loss, tokens/s, MFU against\n"
     "the scenario's GPU type, elapsed time and ETA; the end prints a summary and every file written.\n"

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "runtime/runtime_info.h"
-#include "shared/text.h"
+#include "shared/base/text.h"
 #include "sim/sim_info.h"
 #include "tools/cli.h"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "runtime/device/device.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
 
 namespace hzp::runtime {
 

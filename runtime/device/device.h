@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "runtime/device/numeric.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
 
 namespace hzp::runtime {
 

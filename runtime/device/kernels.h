@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "runtime/device/device.h"
-#include "shared/scenario.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
+#include "shared/scenario/scenario.h"
 
 namespace hzp::runtime {
 

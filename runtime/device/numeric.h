@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "shared/schedule.h"
+#include "shared/ir/schedule.h"
 
 namespace hzp::runtime {
 

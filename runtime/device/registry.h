@@ -1,5 +1,6 @@
-// The runtime's backends, by name: one table (registry.cc) with a line per backend folder under
-// runtime/backends/. `hzp train --backend NAME` and the backend-parameterised tests pick from it.
+// The runtime's backends, by name: one table (runtime/backends/registry.cc, above the backends it names)
+// with a line per backend folder under runtime/backends/. `hzp train --backend NAME` and the backend-parameterised
+// tests pick from it.
 #pragma once
 
 #include <chrono>
@@ -9,7 +10,7 @@
 #include <vector>
 
 #include "runtime/device/device.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
 
 namespace hzp::runtime {
 

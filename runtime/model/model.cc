@@ -93,7 +93,7 @@ Result<ModelConfig> model_config(const Scenario& scenario) {
       break;
   }
   // Gradients in the working precision, or in fp32 where the policy keeps and reduces them so (Megatron-LM's
-  // main_grad, FSDP's reduce_dtype): the same rule as the core's memory model (shared/sharding.h).
+  // main_grad, FSDP's reduce_dtype): the same rule as the core's memory model (shared/schedule/sharding.h).
   c.grad = scenario.policy.comm.grad_reduce_in_fp32 ? ScalarType::kFp32 : c.act;
   c.attention = scenario.training.attention;
   return c;

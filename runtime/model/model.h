@@ -5,7 +5,7 @@
 // The model never mentions sharding, nor a backend: it calls the kernel interface (runtime/device/kernels.h)
 // on device buffers. Each module reads its parameters from one flat buffer laid out as its *_layout() says
 // (the runtime gathers that buffer before the module runs) and accumulates (+=) its parameter gradients into
-// a flat buffer of the same layout. The per-module parameter counts equal the core's (shared/model_math.h)
+// a flat buffer of the same layout. The per-module parameter counts equal the core's (shared/model/model_math.h)
 // for the llama family, so the executor's buffers match the core's memory model.
 //
 // Types: parameters and activations are ModelConfig::act (fp32, bf16 or fp16), parameter gradients
@@ -39,8 +39,8 @@
 #include <vector>
 
 #include "runtime/device/kernels.h"
-#include "shared/scenario.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
+#include "shared/scenario/scenario.h"
 
 namespace hzp::runtime {
 

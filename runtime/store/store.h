@@ -40,7 +40,7 @@
 #include <memory>
 #include <string>
 
-#include "shared/status.h"
+#include "shared/base/status.h"
 
 namespace hzp::runtime {
 

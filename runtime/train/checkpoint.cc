@@ -12,9 +12,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "shared/files.h"
-#include "shared/json_io.h"
-#include "shared/text.h"
+#include "shared/base/files.h"
+#include "shared/base/json_io.h"
+#include "shared/base/text.h"
 
 namespace hzp::runtime {
 namespace {

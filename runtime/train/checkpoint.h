@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shared/status.h"
+#include "shared/base/status.h"
 
 namespace hzp::runtime {
 

@@ -1,7 +1,7 @@
 #include "runtime/train/data.h"
 
-#include "shared/files.h"
-#include "shared/text.h"
+#include "shared/base/files.h"
+#include "shared/base/text.h"
 
 namespace hzp::runtime {
 

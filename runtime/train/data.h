@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "shared/status.h"
+#include "shared/base/status.h"
 
 namespace hzp::runtime {
 

@@ -1,4 +1,4 @@
-// The runtime executor: runs the core's schedule IR (shared/schedule.h) for one rank on a device
+// The runtime executor: runs the core's schedule IR (shared/ir/schedule.h) for one rank on a device
 // (runtime/device/: any backend) and trains the model (runtime/model) with it, in the scenario's precision
 // (fp32; bf16 or fp16 with fp32 master weights and Adam moments; gradients in the working type or fp32).
 //
@@ -34,9 +34,9 @@
 #include "runtime/device/device.h"
 #include "runtime/model/model.h"
 #include "runtime/train/data.h"
-#include "shared/scenario.h"
-#include "shared/schedule.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
+#include "shared/ir/schedule.h"
+#include "shared/scenario/scenario.h"
 
 namespace hzp::runtime {
 

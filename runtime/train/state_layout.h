@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "runtime/model/model.h"
-#include "shared/schedule.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
+#include "shared/ir/schedule.h"
 
 namespace hzp::runtime {
 

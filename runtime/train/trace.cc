@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "shared/files.h"
-#include "shared/perfetto.h"
+#include "shared/base/files.h"
+#include "shared/trace/perfetto.h"
 
 namespace hzp::runtime {
 

@@ -1,4 +1,4 @@
-// Runtime traces: the ops a rank executed, turned into the core's trace format (shared/trace_format.h,
+// Runtime traces: the ops a rank executed, turned into the core's trace format (shared/trace/trace_format.h,
 // traces/README.md), merged over ranks, and drawn as a Perfetto timeline.
 #pragma once
 
@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/train/executor.h"
-#include "shared/scenario.h"
-#include "shared/schedule.h"
-#include "shared/status.h"
-#include "shared/trace_format.h"
+#include "shared/base/status.h"
+#include "shared/ir/schedule.h"
+#include "shared/scenario/scenario.h"
+#include "shared/trace/trace_format.h"
 
 namespace hzp::runtime {
 

@@ -22,16 +22,17 @@
 #include "runtime/train/checkpoint.h"
 #include "runtime/train/executor.h"
 #include "runtime/train/trace.h"
-#include "shared/files.h"
-#include "shared/json_io.h"
-#include "shared/model_math.h"
-#include "shared/planner.h"
-#include "shared/policy_registry.h"
-#include "shared/scenario_parser.h"
-#include "shared/schedule_validator.h"
-#include "shared/sharding.h"
-#include "shared/text.h"
-#include "shared/trace_format.h"
+#include "shared/base/files.h"
+#include "shared/base/json_io.h"
+#include "shared/base/text.h"
+#include "shared/ir/schedule_validator.h"
+#include "shared/model/model_math.h"
+#include "shared/plan/planner.h"
+#include "shared/policy/policy_registry.h"
+#include "shared/scenario/scenario_parser.h"
+#include "shared/schedule/schedule_builder.h"
+#include "shared/schedule/sharding.h"
+#include "shared/trace/trace_format.h"
 
 namespace hzp::runtime {
 namespace {
@@ -145,7 +146,7 @@ Result<std::int64_t> agree_on_resume(StoreClient& store, const LaunchEnv& env, c
   return mine;
 }
 
-// The backend of --backend, from the registry (runtime/device/registry.cc), with this rank's store and
+// The backend of --backend, from the registry (runtime/backends/registry.cc), with this rank's store and
 // rendezvous settings.
 Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const LaunchEnv& env, milliseconds timeout,
                                             int host_threads, int local_ranks) {

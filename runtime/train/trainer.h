@@ -1,5 +1,5 @@
 // `hzp train`: the rank process (run_rank) and its options. The launcher (launch/launcher.h) spawns ranks
-// that call run_rank; torchrun / Slurm / mpirun can start them directly (launch/launch_env.h).
+// that call run_rank; torchrun / Slurm / mpirun can start them directly (store/launch_env.h).
 #pragma once
 
 #include <cstdint>
@@ -8,12 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/launch/launch_env.h"
+#include "runtime/store/launch_env.h"
 #include "runtime/train/data.h"
-#include "shared/model_math.h"
-#include "shared/scenario.h"
-#include "shared/schedule.h"
-#include "shared/status.h"
+#include "shared/base/status.h"
+#include "shared/ir/schedule.h"
+#include "shared/model/model_math.h"
+#include "shared/scenario/scenario.h"
 
 namespace hzp::runtime {
 

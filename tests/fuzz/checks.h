@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "shared/status.h"
+#include "shared/base/status.h"
 #include "tests/fuzz/fuzz_target.h"
 
 namespace hzp::fuzz {

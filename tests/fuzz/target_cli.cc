@@ -25,8 +25,8 @@
 #include <filesystem>
 #include <set>
 
-#include "shared/model_math.h"
-#include "shared/scenario_parser.h"
+#include "shared/model/model_math.h"
+#include "shared/scenario/scenario_parser.h"
 #include "tests/fuzz/checks.h"
 #include "tests/fuzz/files.h"
 #include "tests/fuzz/fuzz_target.h"

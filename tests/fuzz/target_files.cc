@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include "runtime/train/checkpoint.h"
-#include "shared/json_io.h"
-#include "shared/trace_format.h"
+#include "shared/base/json_io.h"
+#include "shared/trace/trace_format.h"
 #include "tests/fuzz/checks.h"
 #include "tests/fuzz/fuzz_target.h"
 #include "tests/fuzz/mutate.h"

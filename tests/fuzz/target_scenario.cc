@@ -12,14 +12,15 @@
 // the builder made a schedule that deadlocks), and so is a resolved form that does not parse back.
 #include <exception>
 
-#include "shared/estimator.h"
-#include "shared/json_io.h"
-#include "shared/model_math.h"
-#include "shared/plan.h"
-#include "shared/planner.h"
-#include "shared/policy_registry.h"
-#include "shared/scenario_parser.h"
-#include "shared/schedule_validator.h"
+#include "shared/base/json_io.h"
+#include "shared/estimate/estimator.h"
+#include "shared/ir/schedule_validator.h"
+#include "shared/model/model_math.h"
+#include "shared/plan/plan.h"
+#include "shared/plan/planner.h"
+#include "shared/policy/policy_registry.h"
+#include "shared/scenario/scenario_parser.h"
+#include "shared/schedule/schedule_builder.h"
 #include "tests/fuzz/checks.h"
 #include "tests/fuzz/files.h"
 #include "tests/fuzz/fuzz_target.h"

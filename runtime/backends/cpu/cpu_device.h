@@ -1,6 +1,6 @@
 // The CPU backend: host memory, one worker thread per stream, the reference kernels (cpu_kernels.h) and Gloo
 // communicators over TCP (gloo_comm.h). It implements runtime/device/ and is registered as "cpu" in
-// runtime/device/registry.cc.
+// runtime/backends/registry.cc.
 #pragma once
 
 #include <condition_variable>

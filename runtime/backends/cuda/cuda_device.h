@@ -2,7 +2,7 @@
 // cudaMalloc, a CUDA stream per IR stream with events for cross-stream waits, the CUDA kernels
 // (cuda_kernels.h), and NCCL communicators — or, where ranks share a GPU (NCCL refuses two ranks on one
 // device), the host-staged path: device <-> pinned host copies around the CPU backend's Gloo communicators.
-// Registered as "cuda" in runtime/device/registry.cc when nvcc and NCCL were found at configure time.
+// Registered as "cuda" in runtime/backends/registry.cc when nvcc and NCCL were found at configure time.
 #pragma once
 
 #include <memory>

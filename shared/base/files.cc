@@ -1,0 +1,159 @@
+// File helpers (files.h).
+#include "shared/base/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <zlib.h>
+
+#include "shared/base/text.h"
+
+namespace hzp {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+Status write_all(int fd, const std::string& text, const std::string& path) {
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::InvalidInput(printable(path, 200) + ": write failed: " + errno_text());
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// fsync of a directory makes a rename inside it durable.
+void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes) {
+  const std::string shown = printable(path, 200);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::InvalidInput(shown + ": cannot open: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidInput(shown + ": not a regular file" + (S_ISDIR(st.st_mode) ? " (a directory)" : ""));
+  }
+  if (st.st_size > max_bytes) {
+    ::close(fd);
+    return Status::InvalidInput(shown + ": " + std::to_string(st.st_size) + " bytes, more than the " +
+                                std::to_string(max_bytes) + " accepted");
+  }
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string why = errno_text();
+      ::close(fd);
+      return Status::InvalidInput(shown + ": read failed: " + why);
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (static_cast<std::int64_t>(text.size()) > max_bytes) {  // grew while we read it
+      ::close(fd);
+      return Status::InvalidInput(shown + ": more than the " + std::to_string(max_bytes) + " bytes accepted");
+    }
+  }
+  ::close(fd);
+  return text;
+}
+
+Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t max_bytes) {
+  Result<std::string> read = read_text_file(path, max_bytes);
+  if (!read.ok() || read->size() < 2 || (*read)[0] != '\x1f' || (*read)[1] != '\x8b') return read;  // not gzip
+  std::string& raw = *read;
+  const std::string shown = printable(path, 200);
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) return Status::Internal("zlib: inflateInit2 failed");
+  z.next_in = reinterpret_cast<Bytef*>(raw.data());
+  z.avail_in = static_cast<uInt>(raw.size());
+  std::string text;
+  char buf[1 << 16];
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    z.next_out = reinterpret_cast<Bytef*>(buf);
+    z.avail_out = sizeof buf;
+    rc = inflate(&z, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) {
+      const std::string why = rc == Z_BUF_ERROR ? "truncated" : (z.msg != nullptr ? z.msg : "corrupt");
+      inflateEnd(&z);
+      return Status::InvalidInput(shown + ": gzip stream " + why + " after " + std::to_string(text.size()) +
+                                  " bytes of output");
+    }
+    text.append(buf, sizeof buf - z.avail_out);
+    if (static_cast<std::int64_t>(text.size()) > max_bytes) {
+      inflateEnd(&z);
+      return Status::InvalidInput(shown + ": inflates to more than the " + std::to_string(max_bytes) +
+                                  " bytes accepted");
+    }
+  }
+  inflateEnd(&z);
+  return text;
+}
+
+Status write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::InvalidInput(printable(tmp, 200) + ": cannot write: " + errno_text());
+  Status st = write_all(fd, text, tmp);
+  if (st.ok() && ::fsync(fd) != 0) st = Status::InvalidInput(printable(tmp, 200) + ": fsync failed: " + errno_text());
+  ::close(fd);
+  if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
+    st = Status::InvalidInput(printable(tmp, 200) + ": cannot rename to " + printable(path, 200) + ": " + errno_text());
+  if (!st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  sync_dir(fs::path(path).parent_path());
+  return Status::Ok();
+}
+
+Status ensure_writable_dir(const std::string& dir, const std::string& what) {
+  const std::string shown = what + " " + printable(dir, 200);
+  std::error_code ec;
+  if (dir.empty()) return Status::InvalidInput(what + ": empty path");
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    return Status::InvalidInput(shown + ": exists and is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec) return Status::InvalidInput(shown + ": cannot create directory: " + ec.message());
+  const fs::path probe = fs::path(dir) / (".hzp-write-probe-" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::InvalidInput(shown + ": not writable: " + errno_text());
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::Ok();
+}
+
+std::string safe_file_name(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (out.size() >= 100) break;
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    out += ok ? c : '_';
+  }
+  if (out.empty() || out == "." || out == "..") out = "_" + out;
+  return out;
+}
+
+}  // namespace hzp

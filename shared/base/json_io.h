@@ -1,0 +1,27 @@
+// Strict JSON decoding for every document hzp reads (scenarios, cluster files, checkpoint headers,
+// traces): bounded size and nesting, duplicate keys refused, errors as values with bounded messages.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "shared/base/status.h"
+
+namespace hzp {
+
+inline constexpr std::size_t kMaxScenarioBytes = 16u << 20;  // a scenario is a few kilobytes
+inline constexpr int kMaxJsonDepth = 64;                     // a scenario nests five levels
+
+// Decodes `text`. kInvalidInput, with a message naming the byte offset or the JSON path, when it is empty,
+// larger than `max_bytes`, nested deeper than `max_depth` (checked before parsing: nlohmann destroys a
+// value recursively, so 60 000 levels overflow the stack), malformed, or repeats a key in one object
+// (nlohmann would keep the last value silently).
+Result<nlohmann::json> parse_json_strict(std::string_view text, std::size_t max_bytes, int max_depth = kMaxJsonDepth);
+
+// read_text_file (files.h) + parse_json_strict; errors lead with the path.
+Result<nlohmann::json> load_json_file(const std::string& path, std::size_t max_bytes, int max_depth = kMaxJsonDepth);
+
+}  // namespace hzp

@@ -1,0 +1,549 @@
+// Model math per module: parameter counts, FLOPs, memory-bound bytes and saved activations of one
+// micro-batch on one GPU. The derivation, the sources and what is simplified are in docs/model_math.md;
+// the section names there match the functions here.
+#include "shared/model/model_math.h"
+
+#include <algorithm>
+
+namespace hzp {
+
+bool ModelSpec::is_moe_layer(int layer) const {
+  return has_moe && std::binary_search(moe.layers.begin(), moe.layers.end(), layer);
+}
+
+const char* to_string(ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::kEmbedding:
+      return "embedding";
+    case ModuleKind::kAttention:
+      return "attention";
+    case ModuleKind::kMlp:
+      return "mlp";
+    case ModuleKind::kMoe:
+      return "moe";
+    case ModuleKind::kHead:
+      return "head";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------------------------------------
+
+bool has_biases(const ModelSpec& m) {
+  return m.family == ModelFamily::kGpt;
+}
+
+// RMSNorm has a weight only; LayerNorm a weight and a bias.
+std::int64_t norm_params(const ModelSpec& m) {
+  return has_biases(m) ? 2 * m.hidden : m.hidden;
+}
+
+std::int64_t linear_params(const ModelSpec& m, std::int64_t in, std::int64_t out) {
+  return in * out + (has_biases(m) ? out : 0);
+}
+
+// One MLP (dense, or one expert) of the family's type, without its pre-norm.
+std::int64_t mlp_params(const ModelSpec& m, std::int64_t width) {
+  if (m.family == ModelFamily::kLlama) return 3 * m.hidden * width;  // gate, up, down
+  return linear_params(m, m.hidden, width) + linear_params(m, width, m.hidden);
+}
+
+// Parameter tensors, as a framework that owns whole tensors counts them (a weight and a bias are two).
+int norm_tensors(const ModelSpec& m) {
+  return has_biases(m) ? 2 : 1;
+}
+int linear_tensors(const ModelSpec& m) {
+  return has_biases(m) ? 2 : 1;
+}
+int mlp_tensors(const ModelSpec& m) {
+  return (m.family == ModelFamily::kLlama ? 3 : 2) * linear_tensors(m);
+}
+int large(std::int64_t elements) {
+  return elements >= kLargeTensorElements ? 1 : 0;
+}
+// Weight matrices of one MLP (biases and norms are never large).
+int mlp_large_tensors(const ModelSpec& m, std::int64_t width) {
+  return (m.family == ModelFamily::kLlama ? 3 : 2) * large(m.hidden * width);
+}
+
+std::int64_t embedding_params(const ModelSpec& m) {
+  const std::int64_t positions = m.position == PositionEmbedding::kLearned ? m.max_positions * m.hidden : 0;
+  return m.vocab * m.hidden + positions;
+}
+
+std::int64_t attention_params(const ModelSpec& m) {
+  const std::int64_t q_width = m.heads * m.head_dim();
+  const std::int64_t kv_width = m.kv_heads * m.head_dim();
+  return norm_params(m) + linear_params(m, m.hidden, q_width) + 2 * linear_params(m, m.hidden, kv_width) +
+         linear_params(m, q_width, m.hidden);
+}
+
+std::int64_t dense_mlp_params(const ModelSpec& m) {
+  return norm_params(m) + mlp_params(m, m.ffn_hidden);
+}
+
+// The router has no bias in either family (Mixtral, Switch).
+std::int64_t moe_params(const ModelSpec& m) {
+  return norm_params(m) + m.hidden * m.moe.experts + m.moe.experts * mlp_params(m, m.moe.expert_ffn_hidden);
+}
+
+// A tied head shares the embedding matrix, so it owns only the final norm.
+std::int64_t head_params(const ModelSpec& m) {
+  return norm_params(m) + (m.tied_embeddings ? 0 : m.vocab * m.hidden);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Costs
+// ---------------------------------------------------------------------------------------------------------
+
+// The scenario's sizes as doubles: FLOPs and bytes overflow int64 for long sequences and big batches.
+struct Dims {
+  Dims(const ModelSpec& m, const TrainingSpec& t, const ParallelSpec& par)
+      : model(m),
+        b(static_cast<double>(t.micro_batch)),
+        s(static_cast<double>(t.seq_len)),
+        s_local(s / par.context),
+        tokens(b * s_local),
+        h(static_cast<double>(m.hidden)),
+        heads(m.heads),
+        q_width(static_cast<double>(m.heads * m.head_dim())),
+        kv_width(static_cast<double>(m.kv_heads * m.head_dim())),
+        vocab(static_cast<double>(m.vocab)),
+        e(t.precision == Precision::kFp32 ? 4.0 : 2.0),
+        flash(t.flash_attention),
+        pasa(t.attention == AttentionAlgorithm::kPasa),
+        attention_dropout(t.attention_dropout > 0),
+        hidden_dropout(t.hidden_dropout > 0),
+        fp8(t.fp8),
+        recompute(t.recompute),
+        tensor(par.tensor),
+        split(1.0 / par.tensor),
+        outside(par.sequence_parallel ? 1.0 / par.tensor : 1.0) {}
+
+  const ModelSpec& model;
+  // Context parallelism: this GPU keeps s_local = s / context of each sequence's tokens (its queries, and
+  // everything token-wise); attention's keys span the whole sequence s. Causal work is balanced by Megatron's
+  // two-chunk split, so the attention core's share is s_local·s as well.
+  double b, s, s_local, tokens, h, heads, q_width, kv_width, vocab;
+  double e;  // bytes per activation element
+  bool flash;
+  bool pasa;               // PASA's shifted keys (TrainingSpec::attention)
+  bool attention_dropout;  // only whether there is dropout changes the cost, not its probability
+  bool hidden_dropout;
+  bool fp8;                  // the linear layers' GEMMs in FP8 (TrainingSpec::fp8)
+  double local_experts = 0;  // experts whose weights this GPU holds (experts / expert parallelism)
+  Recompute recompute;
+  // Tensor parallelism (docs/model_math.md "Tensor and sequence parallelism"): the share of one GPU in the
+  // work inside the tensor-parallel region (matmuls, attention core, activation functions), and in the work
+  // outside it (norms, residual adds, router, the tensors they save) — replicated unless sequence parallel.
+  int tensor;
+  double split;
+  double outside;
+  // Parameters per GPU: `replicated` (norms, router, learned positions) on every tensor rank, the rest split.
+  std::int64_t per_gpu(std::int64_t total, std::int64_t replicated) const {
+    return replicated + (total - replicated + tensor - 1) / tensor;
+  }
+};
+
+// Forward and backward HBM bytes of one memory-bound kernel (read + write).
+struct Traffic {
+  double fwd = 0;
+  double bwd = 0;
+};
+
+// A norm reads x and writes y; its backward reads x and dy and writes dx (the weight-gradient reduction
+// happens in the same pass). The per-row statistics are a few bytes per token and are ignored.
+Traffic norm_traffic(const Dims& d) {
+  return {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e};
+}
+
+// Residual add reads two streams and writes one; in backward the block's input gradient is summed into the
+// skip path's gradient, which is the same shape of traffic.
+Traffic residual_traffic(const Dims& d) {
+  return {3 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e};
+}
+
+// Hidden dropout after a block, fused into the residual add (Megatron's bias-dropout-add): forward also
+// writes a 1-byte mask, backward reads it. The mask is kept for backward.
+Traffic hidden_dropout_traffic(const Dims& d) {
+  if (!d.hidden_dropout) return {};
+  return {d.tokens * d.h, d.tokens * d.h};
+}
+double hidden_dropout_mask_bytes(const Dims& d) {
+  return d.hidden_dropout ? d.tokens * d.h * d.outside : 0;
+}
+
+// SwiGLU reads gate and up and writes their product; backward reads both and dy, writes both gradients.
+// GELU reads one and writes one; backward reads x and dy, writes dx.
+Traffic activation_fn_traffic(const Dims& d, double elements) {
+  if (d.model.family == ModelFamily::kLlama) return {3 * elements * d.e, 5 * elements * d.e};
+  return {2 * elements * d.e, 3 * elements * d.e};
+}
+
+// `share`: this GPU's share of the kernel's work (Dims::split or Dims::outside).
+void add_traffic(ModuleCost& cost, Traffic t, double share) {
+  cost.fwd_mem_bytes += t.fwd * share;
+  cost.bwd_mem_bytes += t.bwd * share;
+}
+
+// `rows` rows through a (k x n) matrix: 2·rows·k·n forward; backward computes both the input gradient and
+// the weight gradient, 2x forward. `in_model_flops` is false for matmuls the MFU count (docs/model_math.md) leaves out.
+void add_matmul(ModuleCost& cost, double share, double rows, double k, double n, bool in_model_flops = true) {
+  const double fwd = 2 * rows * k * n * share;
+  cost.fwd_flops += fwd;
+  cost.bwd_flops += 2 * fwd;
+  if (in_model_flops) cost.model_flops += 3 * fwd;
+}
+
+// A linear layer's matmul (QKV, attention output, MLP, experts): the GEMMs FP8 training runs in FP8
+// (Transformer Engine's fp8_autocast covers TE's Linear modules; torchtitan's Float8Linear every nn.Linear
+// but the output layer). The attention core, the router and the LM head go through add_matmul alone.
+// FP8 GEMMs take FP8 operands, and Hopper's take them in one layout only, so each 16-bit operand is cast
+// once into an FP8 copy and an FP8 transposed copy (Transformer Engine's cast_transpose): the input and the
+// weight in forward, the output gradient in backward; read e bytes, write 2 per element. The weight is cast
+// every micro-batch (torchtitan; Transformer Engine can cache it across micro-batches, not modelled).
+// `weights`: how many k x n weights the rows go through (the experts a GPU holds; 1 for a dense layer).
+void add_linear(ModuleCost& cost, const Dims& d, double share, double rows, double k, double n, double weights = 1) {
+  add_matmul(cost, share, rows, k, n);
+  if (!d.fp8) return;
+  const double fwd = 2 * rows * k * n * share;
+  cost.fwd_fp8_flops += fwd;
+  cost.bwd_fp8_flops += 2 * fwd;
+  add_traffic(cost, {(rows * k + weights * k * n) * (d.e + 2), rows * n * (d.e + 2)}, share);
+}
+
+// Full recompute: the module's whole forward runs again before its backward.
+void recompute_whole_forward(ModuleCost& cost) {
+  cost.recompute_flops = cost.fwd_flops;
+  cost.recompute_fp8_flops = cost.fwd_fp8_flops;
+  cost.recompute_core_flops = cost.fwd_core_flops;
+  cost.recompute_core_bytes = cost.fwd_core_bytes;
+  cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+}
+
+// Activations an MLP of the family's type saves after its input: SwiGLU keeps gate, up and their product
+// (the down projection's input); GELU keeps its input and output.
+double mlp_saved_bytes(const Dims& d, double rows, double width) {
+  const double tensors = d.model.family == ModelFamily::kLlama ? 3 : 2;
+  return tensors * rows * width * d.e;
+}
+
+ModuleCost embedding_cost(const Dims& d) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kEmbedding;
+  // Vocabulary-parallel: each tensor rank holds V / T rows; learned positions are replicated.
+  cost.params = d.per_gpu(embedding_params(d.model), embedding_params(d.model) - d.model.vocab * d.model.hidden);
+  cost.tensors = d.model.position == PositionEmbedding::kLearned ? 2 : 1;
+  cost.large_tensors =
+      large(d.model.vocab * d.model.hidden) +
+      (d.model.position == PositionEmbedding::kLearned ? large(d.model.max_positions * d.model.hidden) : 0);
+  // Gather of token rows; backward scatter-adds dy into the gradient rows (read dy, read + write rows).
+  add_traffic(cost, {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e}, d.outside);
+  if (d.model.position == PositionEmbedding::kLearned) add_traffic(cost, residual_traffic(d), d.outside);
+  // Backward needs only the token ids: a few bytes per token, ignored.
+  cost.activation_bytes = 0;
+  return cost;
+}
+
+ModuleCost attention_cost(const Dims& d, int layer) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kAttention;
+  cost.layer = layer;
+  cost.params = d.per_gpu(attention_params(d.model), norm_params(d.model));
+  cost.tensors = norm_tensors(d.model) + 4 * linear_tensors(d.model);
+  {
+    const std::int64_t q = d.model.heads * d.model.head_dim(), kv = d.model.kv_heads * d.model.head_dim();
+    cost.large_tensors = 2 * large(d.model.hidden * q) + 2 * large(d.model.hidden * kv);
+  }
+  const double t = d.tokens;
+
+  add_traffic(cost, norm_traffic(d), d.outside);
+  add_linear(cost, d, d.split, t, d.h, d.q_width + 2 * d.kv_width);  // Q, K, V (bias fused into the GEMM epilogue)
+  if (d.model.position == PositionEmbedding::kRope) {
+    // Rotates Q and K in place; backward rotates their gradients back.
+    const double qk = t * (d.q_width + d.kv_width) * d.e;
+    add_traffic(cost, {2 * qk, 2 * qk}, d.split);
+  }
+
+  // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
+  // Counted in full although causal: the Megatron convention of the MFU numerator.
+  const double head_rows = d.b * d.heads * d.s_local;  // this GPU's queries against all s keys
+  const double head_dim = d.q_width / d.heads;
+  add_matmul(cost, d.split, head_rows, head_dim, d.s);
+  add_matmul(cost, d.split, head_rows, d.s, head_dim);
+  const double qk_flops = 2 * head_rows * head_dim * d.s * d.split;  // == P·V's
+  const double scores = d.b * d.heads * d.s_local * d.s;
+  Traffic softmax;
+  double dropout_saved = 0;  // attention dropout's output and mask, kept for P·V's backward
+  if (d.flash) {
+    // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
+    // not model work: bwd_flops only. Attention dropout happens inside the kernel (its backward regenerates
+    // the mask from the RNG state): no traffic, nothing saved.
+    cost.bwd_flops += qk_flops;
+    if (d.pasa) {
+      // PASA shifts every block of n = 128 keys once per forward, K' = M K with M = (I - beta/n 1 1^T) /
+      // sqrt(d): an (n x n)·(n x head_dim) GEMM per block, 2·n·head_dim FLOPs per key row and kv head. Its
+      // other work (each block's row mean of the scores, one more exponent per row and block) stays in
+      // registers. Hardware work, not model work; the backward works from the recovered log-sum-exp and the
+      // unshifted keys, as flash attention's does.
+      constexpr double kPasaBlock = 128;
+      const double key_rows = d.b * (d.kv_width / head_dim) * d.s;
+      cost.fwd_flops += 2 * key_rows * kPasaBlock * head_dim * d.split;
+    }
+  } else {
+    // Unfused, the core is 2 batched GEMMs forward (QKᵀ writes the scores S, P·V reads P) and 4 backward
+    // (dP = dO·Vᵀ writes dP, dV = Pᵀ·dO reads P, dQ = dS·K and dK = dSᵀ·Q read dS): each moves one s x s
+    // matrix besides its s x d operands, for 2·s²·d FLOPs per head, i.e. e / (2d) bytes per FLOP and more — at or
+    // above the ridge of an A100 (0.0077 at its table efficiencies) for d <= 128: memory-bound.
+    const double keys = d.b * d.heads * d.s;  // K and V rows: every key, whatever the context split
+    const double core_gemm_bytes = (scores + (head_rows + keys) * head_dim) * d.e * d.split;
+    cost.fwd_core_flops = 2 * qk_flops;
+    cost.fwd_core_bytes = 2 * core_gemm_bytes;
+    cost.bwd_core_flops = 4 * qk_flops;
+    cost.bwd_core_bytes = 4 * core_gemm_bytes;
+    // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
+    softmax = {2 * scores * d.e * d.split, 3 * scores * d.e * d.split};
+    if (d.attention_dropout) {
+      // A separate pass: reads P, writes the dropped P' and a 1-byte mask; backward reads dP' and the mask,
+      // writes dP. P·V then reads P' (and keeps it) instead of P.
+      softmax.fwd += scores * (2 * d.e + 1) * d.split;
+      softmax.bwd += scores * (2 * d.e + 1) * d.split;
+      dropout_saved = scores * (d.e + 1) * d.split;
+    }
+    add_traffic(cost, softmax, 1);
+  }
+
+  add_linear(cost, d, d.split, t, d.q_width, d.h);  // output projection
+  add_traffic(cost, residual_traffic(d), d.outside);
+  add_traffic(cost, hidden_dropout_traffic(d), d.outside);
+
+  // Saved for backward with nothing recomputed (Korthikanti et al. §4.1): the norm input (= the layer input),
+  // the QKV input, Q and K after rotation, V, the attention output (the projection input; flash also reads
+  // it back), for the core either P (and the attention dropout's output and mask) or flash's logsumexp, and
+  // the hidden dropout's mask. Tensor parallelism splits the core's tensors and Q, K, V, O but not the layer
+  // input, the QKV input or the dropout mask (Korthikanti et al. §4.2.2); sequence parallelism those too.
+  const double layer_input = t * d.h * d.e * d.outside;
+  const double probs = d.flash ? 0 : scores * d.e * d.split;
+  const double logsumexp = d.flash ? d.b * d.heads * d.s_local * 4 * d.split : 0;  // fp32, one per query row per head
+  const double qkv_input = t * d.h * d.e * d.outside;
+  const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e * d.split;
+  const double saved_all =
+      layer_input + qkv_input + q_k_v_o + probs + dropout_saved + logsumexp + hidden_dropout_mask_bytes(d);
+  switch (d.recompute) {
+    case Recompute::kNone:
+      cost.activation_bytes = saved_all;
+      break;
+    case Recompute::kSelective:
+      // Drop the O(s²) probabilities (and dropout's output and mask) and redo QKᵀ + softmax (+ dropout) + PV
+      // before backward. Flash keeps nothing quadratic and already recomputes inside its backward, so
+      // selective costs it nothing.
+      cost.activation_bytes = saved_all - probs - dropout_saved;
+      if (!d.flash) {
+        cost.recompute_flops = 2 * qk_flops;
+        cost.recompute_mem_bytes = softmax.fwd;
+        cost.recompute_core_flops = cost.fwd_core_flops;
+        cost.recompute_core_bytes = cost.fwd_core_bytes;
+      }
+      break;
+    case Recompute::kFull:
+      // Only the layer input is checkpointed (attributed to this, the layer's first block); the whole
+      // forward runs again before backward.
+      cost.activation_bytes = layer_input;
+      recompute_whole_forward(cost);
+      break;
+  }
+  return cost;
+}
+
+ModuleCost dense_mlp_cost(const Dims& d, int layer) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kMlp;
+  cost.layer = layer;
+  cost.params = d.per_gpu(dense_mlp_params(d.model), norm_params(d.model));
+  cost.tensors = norm_tensors(d.model) + mlp_tensors(d.model);
+  cost.large_tensors = mlp_large_tensors(d.model, d.model.ffn_hidden);
+  const double t = d.tokens;
+  const double f = static_cast<double>(d.model.ffn_hidden);
+  const bool swiglu = d.model.family == ModelFamily::kLlama;
+
+  add_traffic(cost, norm_traffic(d), d.outside);
+  add_linear(cost, d, d.split, t, d.h, swiglu ? 2 * f : f);  // gate + up, or fc1
+  add_traffic(cost, activation_fn_traffic(d, t * f), d.split);
+  add_linear(cost, d, d.split, t, f, d.h);  // down, or fc2
+  add_traffic(cost, residual_traffic(d), d.outside);
+  add_traffic(cost, hidden_dropout_traffic(d), d.outside);
+
+  // Norm input, norm output (the first matmul's input), the MLP's intermediates, the hidden dropout's mask.
+  const double saved_all =
+      2 * t * d.h * d.e * d.outside + mlp_saved_bytes(d, t, f) * d.split + hidden_dropout_mask_bytes(d);
+  if (d.recompute == Recompute::kFull) {
+    // The layer input saved by the attention block is all this layer keeps.
+    cost.activation_bytes = 0;
+    recompute_whole_forward(cost);
+  } else {
+    cost.activation_bytes = saved_all;  // selective recompute targets attention only
+  }
+  return cost;
+}
+
+ModuleCost moe_cost(const Dims& d, int layer) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kMoe;
+  cost.layer = layer;
+  cost.params = d.per_gpu(moe_params(d.model), norm_params(d.model) + d.model.hidden * d.model.moe.experts);
+  cost.tensors = norm_tensors(d.model) + 1 + d.model.moe.experts * mlp_tensors(d.model);
+  cost.large_tensors = large(d.model.hidden * d.model.moe.experts) +
+                       d.model.moe.experts * mlp_large_tensors(d.model, d.model.moe.expert_ffn_hidden);
+  cost.expert_params = d.per_gpu(d.model.moe.experts * mlp_params(d.model, d.model.moe.expert_ffn_hidden), 0);
+  const double t = d.tokens;
+  const double experts = d.model.moe.experts;
+  const double k = d.model.moe.top_k;
+  const double f = static_cast<double>(d.model.moe.expert_ffn_hidden);
+  const bool swiglu = d.model.family == ModelFamily::kLlama;
+  const double routed = t * k;  // token copies processed by experts
+
+  add_traffic(cost, norm_traffic(d), d.outside);
+  // Router: logits, then softmax + top-k in fp32 (read logits, write probabilities). Real work but outside
+  // the MFU numerator of docs/model_math.md, so fwd/bwd FLOPs only.
+  add_matmul(cost, d.outside, t, d.h, experts, /*in_model_flops=*/false);
+  add_traffic(cost, {2 * t * experts * 4, 3 * t * experts * 4}, d.outside);
+  // Permute: each token is copied to its k experts' contiguous input buffers; backward moves the gradients
+  // back the same way. (The all-to-all between GPUs is communication, scheduled elsewhere.)
+  add_traffic(cost, {2 * routed * d.h * d.e, 2 * routed * d.h * d.e}, d.outside);
+
+  // Each expert is the family's MLP; together they see t·k rows.
+  add_linear(cost, d, d.split, routed, d.h, swiglu ? 2 * f : f, d.local_experts);
+  add_traffic(cost, activation_fn_traffic(d, routed * f), d.split);
+  add_linear(cost, d, d.split, routed, f, d.h, d.local_experts);
+
+  // Combine: gate-weighted sum of each token's k expert outputs. Backward reads dy and the expert outputs
+  // (for the gate gradient) and writes the k output gradients.
+  add_traffic(cost, {routed * d.h * d.e + t * d.h * d.e, t * d.h * d.e + 2 * routed * d.h * d.e}, d.outside);
+  add_traffic(cost, residual_traffic(d), d.outside);
+  add_traffic(cost, hidden_dropout_traffic(d), d.outside);
+
+  // Norm input, norm output (router input), fp32 router probabilities, the permuted expert inputs, the
+  // experts' intermediates, and their outputs (the combine's gate gradient needs them). Routing indices
+  // are a few bytes per token and ignored.
+  const double saved_all = (2 * t * d.h * d.e + t * experts * 4 + 2 * routed * d.h * d.e) * d.outside +
+                           mlp_saved_bytes(d, routed, f) * d.split + hidden_dropout_mask_bytes(d);
+  if (d.recompute == Recompute::kFull) {
+    cost.activation_bytes = 0;
+    recompute_whole_forward(cost);
+  } else {
+    cost.activation_bytes = saved_all;
+  }
+  return cost;
+}
+
+ModuleCost head_cost(const Dims& d) {
+  ModuleCost cost;
+  cost.kind = ModuleKind::kHead;
+  cost.params = d.per_gpu(head_params(d.model), norm_params(d.model));  // vocabulary-parallel
+  cost.tensors = norm_tensors(d.model) + (d.model.tied_embeddings ? 0 : 1);
+  cost.large_tensors = d.model.tied_embeddings ? 0 : large(d.model.vocab * d.model.hidden);
+  const double t = d.tokens;
+
+  add_traffic(cost, norm_traffic(d), d.outside);
+  add_matmul(cost, d.split, t, d.h, d.vocab);
+  // Cross-entropy in fp32 over t x V logits: forward reads them and writes log-probabilities; backward reads
+  // those and writes the logit gradients.
+  const double logits_fp32 = t * d.vocab * 4;
+  add_traffic(cost, {2 * logits_fp32, 2 * logits_fp32}, d.split);
+
+  // Final-norm input and the logits matmul input. The head is never checkpointed; its fp32 logits live only
+  // from the loss to the head's backward and are counted in ModelCost::transient_bytes.
+  cost.activation_bytes = 2 * t * d.h * d.e * d.outside;
+  return cost;
+}
+
+ModuleCost mlp_or_moe_cost(const Dims& d, int layer) {
+  return d.model.is_moe_layer(layer) ? moe_cost(d, layer) : dense_mlp_cost(d, layer);
+}
+
+}  // namespace
+
+std::int64_t parameter_count(const ModelSpec& model) {
+  std::int64_t params = embedding_params(model) + head_params(model);
+  for (int layer = 0; layer < model.layers; ++layer) {
+    params += attention_params(model) + (model.is_moe_layer(layer) ? moe_params(model) : dense_mlp_params(model));
+  }
+  return params;
+}
+
+ModelCost model_cost(const ModelSpec& model, const TrainingSpec& training, const ParallelSpec& parallel,
+                     int expert_parallel) {
+  Dims d(model, training, parallel);
+  d.local_experts = model.has_moe ? std::max(1.0, static_cast<double>(model.moe.experts) / expert_parallel) : 0;
+  ModelCost out;
+  out.modules.push_back(embedding_cost(d));
+  for (int layer = 0; layer < model.layers; ++layer) {
+    out.modules.push_back(attention_cost(d, layer));
+    out.modules.push_back(mlp_or_moe_cost(d, layer));
+  }
+  out.modules.push_back(head_cost(d));
+
+  for (const ModuleCost& m : out.modules) {
+    out.params += m.params;
+    out.model_flops += m.model_flops;
+    out.activation_bytes += m.activation_bytes;
+  }
+
+  // Scratch that exists only while one module runs backward: the fp32 logits between loss and head
+  // backward; under full recompute, one layer's rebuilt activations (all but the checkpointed input);
+  // under selective recompute without flash, one layer's rebuilt probabilities.
+  double transient = d.tokens * d.vocab * 4 * d.split;
+  if (training.recompute != Recompute::kNone) {
+    TrainingSpec no_recompute = training;
+    no_recompute.recompute = Recompute::kNone;
+    const Dims full_set(model, no_recompute, parallel);
+    for (int layer = 0; layer < model.layers; ++layer) {
+      const double attention_all = attention_cost(full_set, layer).activation_bytes;
+      const double rebuilt =
+          training.recompute == Recompute::kFull
+              ? attention_all + mlp_or_moe_cost(full_set, layer).activation_bytes - d.tokens * d.h * d.e
+              : attention_all - attention_cost(d, layer).activation_bytes;
+      transient = std::max(transient, rebuilt);
+    }
+  }
+  out.transient_bytes = transient;
+  return out;
+}
+
+ModelCost scenario_cost(const Scenario& scenario) {
+  return model_cost(scenario.model, scenario.training, scenario.policy.parallel, scenario.policy.expert_parallel);
+}
+
+double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::int64_t seq_len) {
+  const double big_b = static_cast<double>(sequences);
+  const double s = static_cast<double>(seq_len);
+  const double layers = model.layers;
+  const double h = static_cast<double>(model.hidden);
+  const double n_h = model.heads;
+  const double n_kv = model.kv_heads;
+  const double d_head = static_cast<double>(model.head_dim());
+  const double vocab = static_cast<double>(model.vocab);
+  // The closed form writes (3/2) for SwiGLU's three matrices; GELU's two give (2/2), so the closed form also holds
+  // for the GPT family.
+  const double matrices = model.family == ModelFamily::kLlama ? 3 : 2;
+
+  // (f/h)·topk·(matrices/2) averaged over layers: dense layers use (ffn_hidden, 1), MoE layers
+  // (expert_ffn_hidden, top_k).
+  double mlp_term = 0;
+  for (int layer = 0; layer < model.layers; ++layer) {
+    const bool moe = model.is_moe_layer(layer);
+    const double f = static_cast<double>(moe ? model.moe.expert_ffn_hidden : model.ffn_hidden);
+    const double topk = moe ? model.moe.top_k : 1;
+    mlp_term += (f / h) * topk * (matrices / 2);
+  }
+  if (model.layers > 0) mlp_term /= layers;
+
+  const double attention_term = (1 + n_kv / n_h + s / h) * (n_h * d_head / h);
+  return 12 * big_b * s * layers * h * h * (attention_term + mlp_term + vocab / (2 * layers * h));
+}
+
+}  // namespace hzp

@@ -1,0 +1,140 @@
+// Preset comparison for `hzp plan`: one analytic estimate per registered policy.
+#include "shared/plan/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "shared/ir/schedule_validator.h"
+#include "shared/model/model_math.h"
+#include "shared/policy/policy_registry.h"
+#include "shared/scenario/presets.h"
+#include "shared/schedule/schedule_builder.h"
+#include "shared/schedule/sharding.h"
+
+namespace hzp {
+
+Result<Scenario> with_policy(const Scenario& scenario, const std::string& policy) {
+  HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(scenario.cluster, scenario.policy.parallel));
+  HZP_ASSIGN_OR_RETURN(ShardingSpec sharding, sharding_preset(policy, axis.ranks_per_node, axis.nodes));
+  Scenario out = scenario;
+  out.policy.preset = policy;
+  out.policy.sharding = sharding;
+  return out;
+}
+
+Result<Estimate> evaluate(const Scenario& scenario) {
+  const ModelCost cost = scenario_cost(scenario);
+  HZP_ASSIGN_OR_RETURN(Schedule schedule, build_schedule(scenario, cost));
+  HZP_RETURN_IF_ERROR(validate_schedule(schedule));
+  return estimate(scenario, cost, schedule);
+}
+
+Result<Plan> plan_presets(const Scenario& scenario) {
+  Plan plan;
+  std::vector<Scenario> variants;
+  bool scenario_is_listed = false;
+  for (const PolicyEntry& entry : policy_registry()) {
+    if (!entry.in_plan) continue;
+    HZP_ASSIGN_OR_RETURN(Scenario variant, with_policy(scenario, entry.name));
+    scenario_is_listed = scenario_is_listed || variant.policy.sharding == scenario.policy.sharding;
+    variants.push_back(std::move(variant));
+  }
+  if (!scenario_is_listed &&
+      policy_registry().end() != std::find_if(policy_registry().begin(), policy_registry().end(),
+                                              [&](const PolicyEntry& e) { return scenario.policy.preset == e.name; }))
+    variants.insert(variants.begin(), scenario);
+
+  for (const Scenario& variant : variants) {
+    HZP_ASSIGN_OR_RETURN(Estimate est, evaluate(variant));
+    est.timings.clear();
+    plan.candidates.push_back({variant.policy.preset, variant.policy.sharding, std::move(est)});
+  }
+  // Ranked: what fits, fastest first, then what does not fit (its speed is moot), fastest first.
+  std::stable_sort(plan.candidates.begin(), plan.candidates.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.estimate.fits_memory != b.estimate.fits_memory) return a.estimate.fits_memory;
+    return a.estimate.step_time_s < b.estimate.step_time_s;
+  });
+  if (!plan.candidates.empty() && plan.candidates.front().estimate.fits_memory) plan.best = 0;
+  return plan;
+}
+
+namespace {
+nlohmann::json group_json(ShardGroup g) {
+  return nlohmann::json::array({g.s0, g.s1});
+}
+}  // namespace
+
+nlohmann::json plan_to_json(const Scenario& scenario, const Plan& plan) {
+  nlohmann::json candidates = nlohmann::json::array();
+  for (const PlanCandidate& c : plan.candidates) {
+    const Estimate& e = c.estimate;
+    candidates.push_back({
+        {"policy", c.policy},
+        {"sharding",
+         {{"params", group_json(c.sharding.params)},
+          {"grads", group_json(c.sharding.grads)},
+          {"optimizer", group_json(c.sharding.optimizer)}}},
+        {"memory_bytes_per_gpu",
+         {{"params", e.memory.params},
+          {"grads", e.memory.grads},
+          {"optimizer", e.memory.optimizer},
+          {"activations", e.memory.activations},
+          {"buffers", e.memory.buffers},
+          {"total", e.memory.total()}}},
+        {"comm_bytes_per_gpu", e.comm_bytes_per_gpu},
+        {"comm_bytes_per_gpu_intra_node", e.comm_bytes_intra},
+        {"comm_bytes_per_gpu_inter_node", e.comm_bytes_inter},
+        {"estimated_step_time_s", e.step_time_s},
+        {"estimated_exposed_comm_s", e.exposed_comm_s},
+        {"estimated_mfu", e.mfu},
+        {"fits_memory", e.fits_memory},
+    });
+  }
+  nlohmann::json out = {{"scenario", scenario.name},
+                        {"gpus", scenario.cluster.world_size()},
+                        {"gpu_memory_bytes", scenario.cluster.gpu.memory_bytes},
+                        {"candidates", candidates}};
+  out["best"] = plan.best >= 0 ? nlohmann::json(plan.candidates[plan.best].policy) : nlohmann::json(nullptr);
+  return out;
+}
+
+std::string plan_table(const Scenario& scenario, const Plan& plan) {
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  std::string out;
+  char line[512];
+  std::snprintf(
+      line, sizeof line, "scenario %s: %s on %d x %d %s (%s), seq %lld, micro-batch %lld, %lld micro-batches/step\n",
+      scenario.name.c_str(), scenario.model.name.c_str(), scenario.cluster.nodes, scenario.cluster.gpus_per_node,
+      scenario.cluster.gpu.type.c_str(), scenario.mesh().describe().c_str(),
+      static_cast<long long>(scenario.training.seq_len), static_cast<long long>(scenario.training.micro_batch),
+      static_cast<long long>(scenario.grad_accum_steps()));
+  out += line;
+  out += std::string(kShardingLegend) + "; memory in GiB (2^30 bytes) per GPU of " +
+         std::to_string(static_cast<int>(scenario.cluster.gpu.memory_bytes / GiB)) +
+         " GiB, communication in GB (10^9 bytes) sent per GPU per step; policies that do not fit are ranked "
+         "last, their step time and MFU in parentheses\n";
+  std::snprintf(line, sizeof line, "%-8s %-24s %8s %8s %8s %8s %8s %8s %5s %10s %9s %9s %8s\n", "policy", "sharding",
+                "P GiB", "G GiB", "OS GiB", "act GiB", "buf GiB", "tot GiB", "fits", "comm GB", "step s", "exposed s",
+                "MFU");
+  out += line;
+  for (size_t i = 0; i < plan.candidates.size(); ++i) {
+    const PlanCandidate& c = plan.candidates[i];
+    const Estimate& e = c.estimate;
+    char step[32], mfu[32];
+    std::snprintf(step, sizeof step, e.fits_memory ? "%.3f" : "(%.3f)", e.step_time_s);
+    std::snprintf(mfu, sizeof mfu, e.fits_memory ? "%.1f%%" : "(%.1f%%)", 100 * e.mfu);
+    std::snprintf(line, sizeof line, "%-8s %-24s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %5s %10.2f %9s %9.3f %8s%s\n",
+                  c.policy.c_str(), sharding_notation(c.sharding).c_str(), e.memory.params / GiB, e.memory.grads / GiB,
+                  e.memory.optimizer / GiB, e.memory.activations / GiB, e.memory.buffers / GiB, e.memory.total() / GiB,
+                  e.fits_memory ? "yes" : "NO", e.comm_bytes_per_gpu / 1e9, step, e.exposed_comm_s, mfu,
+                  static_cast<int>(i) == plan.best ? "  <- best" : "");
+    out += line;
+  }
+  if (plan.best < 0) {
+    std::snprintf(line, sizeof line, "no policy fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / GiB);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace hzp

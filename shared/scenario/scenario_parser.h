@@ -1,0 +1,37 @@
+// Scenario JSON -> typed Scenario. Strict: unknown keys, wrong types, out-of-range values and broken
+// sharding rules are errors (StatusCode::kInvalidInput) whose message starts with the JSON path, e.g.
+//   policy.sharding.grads: group 3 does not divide data-parallel size 1024
+// The field reference, with defaults and units, is scenarios/README.md.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "shared/base/status.h"
+#include "shared/scenario/scenario.h"
+
+namespace hzp {
+
+// Parse an already-decoded JSON document. `name` is used when the document has no "name" key.
+Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name);
+
+// Decode text and parse it; malformed JSON is an error naming the byte offset.
+Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name);
+
+// Read a file and parse it; a missing/unreadable file is an error naming the path.
+Result<Scenario> load_scenario_file(const std::string& path);
+
+// The parallel mesh of a scenario, checked once (the parser calls it last): every degree at least 1, their
+// product the cluster's GPUs, expert dividing data. The message prints every degree.
+Status validate_mesh(const Scenario& scenario);
+
+// The fully resolved form (presets expanded, every field explicit, units as in the JSON keys).
+// parse_scenario(scenario_to_json(s)) reproduces s.
+nlohmann::json scenario_to_json(const Scenario& scenario);
+
+// policy.parallel as the scenario format spells it (every field).
+nlohmann::json parallel_to_json(const ParallelSpec& parallel);
+
+}  // namespace hzp

@@ -1,0 +1,545 @@
+// PyTorch profiler traces into hzp traces (kineto.h).
+#include "shared/trace/import/kineto.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <variant>
+
+#include "shared/base/files.h"
+#include "shared/base/json_io.h"
+#include "shared/base/text.h"
+
+namespace hzp {
+namespace {
+
+using nlohmann::json;
+
+struct Range {
+  double start = 0;
+  double end = 0;
+};
+
+// One "X" (complete) event, its fields checked.
+struct Span {
+  std::string cat;
+  std::string name;
+  double start = 0;
+  double end = 0;
+  const json* args = nullptr;
+};
+
+std::string at_event(const std::string& source, std::size_t index, const char* field) {
+  return printable(source, 200) + ": traceEvents[" + std::to_string(index) + "]." + field + ": ";
+}
+
+Result<double> number_field(const json& e, const char* key, const std::string& source, std::size_t index) {
+  auto it = e.find(key);
+  if (it == e.end() || !it->is_number())
+    return Status::InvalidInput(at_event(source, index, key) + "missing or not a number");
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < 0 || v > 1e18)
+    return Status::InvalidInput(at_event(source, index, key) + "must be a finite time in [0, 1e18] us");
+  return v;
+}
+
+std::optional<std::int64_t> int_arg(const json* args, const char* key) {
+  if (args == nullptr) return std::nullopt;
+  auto it = args->find(key);
+  if (it == args->end() || !it->is_number_integer()) return std::nullopt;
+  return it->get<std::int64_t>();
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+bool starts_with(const std::string& s, const std::string& head) {
+  return s.rfind(head, 0) == 0;
+}
+bool contains(const std::string& s, const char* part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::optional<KinetoPhase> phase_of_annotation(const std::string& name) {
+  if (name == "forward" || ends_with(name, ".forward") || name == "## forward ##") return KinetoPhase::kForward;
+  if (name == "backward" || ends_with(name, ".backward") || name == "## backward ##") return KinetoPhase::kBackward;
+  if (name == "optimizer" || starts_with(name, "Optimizer.step") || starts_with(name, "Optimizer.zero_grad"))
+    return KinetoPhase::kOptimizer;
+  return std::nullopt;
+}
+
+std::optional<TraceKind> nccl_kind(const std::string& kernel) {
+  if (contains(kernel, "AllReduce")) return TraceKind::kAllReduce;
+  if (contains(kernel, "AllGather")) return TraceKind::kAllGather;
+  if (contains(kernel, "ReduceScatter")) return TraceKind::kReduceScatter;
+  if (contains(kernel, "Broadcast")) return TraceKind::kBroadcast;
+  if (contains(kernel, "SendRecv") || contains(kernel, "AllToAll")) return TraceKind::kAllToAll;
+  return std::nullopt;
+}
+
+std::optional<TraceKind> gloo_kind(const std::string& op) {
+  if (op == "all_reduce" || op == "allreduce") return TraceKind::kAllReduce;
+  if (op == "all_gather" || op == "allgather" || op == "all_gather_into_tensor") return TraceKind::kAllGather;
+  if (op == "reduce_scatter" || op == "reduce_scatter_tensor") return TraceKind::kReduceScatter;
+  if (op == "broadcast") return TraceKind::kBroadcast;
+  if (op == "all_to_all" || op == "alltoall" || op == "alltoall_base") return TraceKind::kAllToAll;
+  return std::nullopt;
+}
+
+int dtype_bytes(const std::string& dtype) {
+  if (dtype == "Double" || dtype == "Long" || dtype == "ComplexFloat") return 8;
+  if (dtype == "Float" || dtype == "Int") return 4;
+  if (dtype == "BFloat16" || dtype == "Half" || dtype == "Short") return 2;
+  if (dtype == "Byte" || dtype == "Char" || dtype == "Bool" || starts_with(dtype, "Float8")) return 1;
+  return 0;
+}
+
+// Ranges of one phase merged where they overlap or nest, by start.
+std::vector<Range> merged(std::vector<Range> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.start < b.start; });
+  std::vector<Range> out;
+  for (const Range& r : ranges) {
+    if (!out.empty() && r.start <= out.back().end)
+      out.back().end = std::max(out.back().end, r.end);
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+bool inside(const std::vector<Range>& ranges, double t) {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), t, [](double v, const Range& r) { return v < r.start; });
+  return it != ranges.begin() && t <= std::prev(it)->end;
+}
+
+// The first range starting at or after `t` (ranges by start), or nullptr.
+const Range* first_from(const std::vector<Range>& ranges, double t) {
+  auto it = std::lower_bound(ranges.begin(), ranges.end(), t, [](const Range& r, double v) { return r.start < v; });
+  return it == ranges.end() ? nullptr : &*it;
+}
+
+}  // namespace
+
+const char* to_string(KinetoPhase phase) {
+  switch (phase) {
+    case KinetoPhase::kForward:
+      return "forward";
+    case KinetoPhase::kBackward:
+      return "backward";
+    case KinetoPhase::kOptimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
+  const std::string shown = printable(source, 200);
+  if (!doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
+    return Status::InvalidInput(shown + ": not a PyTorch profiler trace (no traceEvents array)");
+  const json& events = doc["traceEvents"];
+  if (static_cast<std::int64_t>(events.size()) > kMaxKinetoEvents)
+    return Status::InvalidInput(shown + ": " + std::to_string(events.size()) + " events, more than the " +
+                                std::to_string(kMaxKinetoEvents) + " accepted");
+  KinetoProfile p;
+  p.source = source;
+  if (auto d = doc.find("distributedInfo"); d != doc.end() && d->is_object()) {
+    if (auto r = d->find("rank"); r != d->end() && r->is_number_integer()) p.rank = r->get<int>();
+    if (auto w = d->find("world_size"); w != d->end() && w->is_number_integer()) p.world_size = w->get<int>();
+    if (p.rank < -1 || p.rank > 1'000'000 || p.world_size < -1 || p.world_size > 1'000'000 ||
+        (p.rank >= 0 && p.world_size > 0 && p.rank >= p.world_size))
+      return Status::InvalidInput(shown + ": distributedInfo: rank " + std::to_string(p.rank) + " of world_size " +
+                                  std::to_string(p.world_size) + " is not a rank of that world");
+  }
+  if (auto d = doc.find("deviceProperties"); d != doc.end() && d->is_array() && !d->empty() && (*d)[0].is_object())
+    if (auto n = (*d)[0].find("name"); n != (*d)[0].end() && n->is_string())
+      p.device = printable(n->get<std::string>(), 80);
+
+  std::vector<Span> gpu, gpu_annotations, comms, gloo;
+  std::vector<Range> steps, phase_ranges[kKinetoPhases];
+  std::map<std::int64_t, double> launch;  // correlation -> CPU launch time
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const json& e = events[i];
+    if (!e.is_object()) return Status::InvalidInput(at_event(source, i, "") + "not an object");
+    auto ph = e.find("ph");
+    if (ph == e.end() || !ph->is_string() || *ph != "X") continue;  // metadata, flows, instants
+    Span s;
+    if (auto c = e.find("cat"); c != e.end() && c->is_string()) s.cat = c->get<std::string>();
+    auto name = e.find("name");
+    if (name == e.end() || !name->is_string()) return Status::InvalidInput(at_event(source, i, "name") + "missing");
+    s.name = name->get<std::string>();
+    HZP_ASSIGN_OR_RETURN(s.start, number_field(e, "ts", source, i));
+    HZP_ASSIGN_OR_RETURN(double dur, number_field(e, "dur", source, i));
+    s.end = s.start + dur;
+    if (auto a = e.find("args"); a != e.end() && a->is_object()) s.args = &*a;
+    if (s.cat == "kernel" || s.cat == "gpu_memcpy" || s.cat == "gpu_memset") {
+      if (!int_arg(s.args, "correlation"))
+        return Status::InvalidInput(at_event(source, i, "args.correlation") + "missing on GPU work");
+      gpu.push_back(std::move(s));
+    } else if (s.cat == "cuda_runtime" || s.cat == "cuda_driver") {
+      if (auto c = int_arg(s.args, "correlation")) launch[*c] = s.start;
+    } else if (s.cat == "user_annotation") {
+      if (starts_with(s.name, "ProfilerStep#")) {
+        steps.push_back({s.start, s.end});
+      } else if (starts_with(s.name, "gloo:")) {
+        gloo.push_back(std::move(s));
+      } else if (auto phase = phase_of_annotation(s.name)) {
+        phase_ranges[static_cast<int>(*phase)].push_back({s.start, s.end});
+      }
+    } else if (s.cat == "gpu_user_annotation") {
+      if (starts_with(s.name, "gloo:")) gpu_annotations.push_back(std::move(s));
+    } else if (s.cat == "cpu_op" && s.name == "record_param_comms") {
+      comms.push_back(std::move(s));
+    }
+  }
+  for (auto& r : phase_ranges) r = merged(std::move(r));
+  const std::vector<Range>& forward = phase_ranges[0];
+  const std::vector<Range>& backward = phase_ranges[1];
+  const std::vector<Range>& optimizer = phase_ranges[2];
+  if (steps.empty()) {
+    for (std::size_t k = 0; k < forward.size(); ++k)
+      steps.push_back(
+          {forward[k].start, k + 1 < forward.size() ? forward[k + 1].start : std::numeric_limits<double>::infinity()});
+  } else {
+    steps = merged(std::move(steps));
+  }
+  if (steps.empty() || forward.empty())
+    return Status::InvalidInput(
+        shown +
+        ": no training step found: the trace needs forward ranges (record_function(\"forward\") "
+        "or DistributedDataParallel.forward / FullyShardedDataParallel.forward)");
+  p.steps.resize(steps.size());
+
+  // The step of a CPU time (-1: none), then its phase, if any: forward / optimizer / backward ranges;
+  // between a step's forward end and its optimizer start, backward.
+  auto step_of = [&](double t) -> int {
+    auto it = std::upper_bound(steps.begin(), steps.end(), t, [](double v, const Range& r) { return v < r.start; });
+    if (it == steps.begin() || t > std::prev(it)->end) return -1;
+    return static_cast<int>(std::prev(it) - steps.begin());
+  };
+  auto locate = [&](double t) -> std::optional<std::pair<int, KinetoPhase>> {
+    const int step = step_of(t);
+    if (step < 0) return std::nullopt;
+    if (inside(forward, t)) return std::pair{step, KinetoPhase::kForward};
+    if (inside(optimizer, t)) return std::pair{step, KinetoPhase::kOptimizer};
+    if (inside(backward, t)) return std::pair{step, KinetoPhase::kBackward};
+    const Range& st = steps[step];
+    const Range* fwd = first_from(forward, st.start);
+    if (fwd == nullptr || fwd->start > st.end || t < fwd->end) return std::nullopt;
+    const Range* opt = first_from(optimizer, fwd->end);
+    if (opt != nullptr && opt->start <= st.end && t > opt->start) return std::nullopt;  // after the optimizer
+    return std::pair{step, KinetoPhase::kBackward};
+  };
+
+  std::sort(comms.begin(), comms.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  for (const Span& s : gpu) {
+    ++p.gpu_events;
+    const std::int64_t correlation = *int_arg(s.args, "correlation");
+    auto l = launch.find(correlation);
+    const double at = l != launch.end() ? l->second : s.start;
+    const bool nccl = s.cat == "kernel" && (starts_with(s.name, "nccl") || contains(s.name, "ncclDevKernel"));
+    if (nccl) {
+      auto kind = nccl_kind(s.name);
+      const int step = step_of(at);
+      if (!kind || step < 0) continue;
+      KinetoCollective c{*kind, -1, s.start, s.end, "nccl"};
+      // The record_param_comms call that launched it: the latest one starting at or before the launch.
+      auto it = std::upper_bound(comms.begin(), comms.end(), at, [](double v, const Span& x) { return v < x.start; });
+      if (it != comms.begin() && std::prev(it)->end >= at) {
+        const Span& call = *std::prev(it);
+        const bool out = c.kind == TraceKind::kAllGather;
+        auto n = int_arg(call.args, out ? "Out msg nelems" : "In msg nelems");
+        std::string dtype;
+        if (auto d = call.args != nullptr ? call.args->find("dtype") : json::const_iterator{};
+            call.args != nullptr && d != call.args->end() && d->is_string())
+          dtype = d->get<std::string>();
+        if (n && *n >= 0 && dtype_bytes(dtype) > 0) c.bytes = *n * dtype_bytes(dtype);
+      }
+      p.steps[step].collectives.push_back(c);
+      continue;
+    }
+    const bool host_copy = s.cat == "gpu_memcpy" && !contains(s.name, "DtoD");
+    if (host_copy) continue;
+    auto where = locate(at);
+    if (!where) {
+      ++p.unattributed;
+      p.unattributed_us += s.end - s.start;
+      continue;
+    }
+    KinetoStep& st = p.steps[where->first];
+    const int ph = static_cast<int>(where->second);
+    st.busy_us[ph] += s.end - s.start;
+    if (st.first_us[ph] == 0 || s.start < st.first_us[ph]) st.first_us[ph] = s.start;
+    st.last_us[ph] = std::max(st.last_us[ph], s.end);
+    if (s.cat == "kernel") st.kernel_us += s.end - s.start;
+  }
+
+  // gloo: the k-th CPU range of a name pairs with the k-th GPU range of that name, whose host-to-device
+  // copies are the collective's result.
+  std::map<std::string, std::vector<const Span*>> gpu_by_name;
+  std::sort(gpu_annotations.begin(), gpu_annotations.end(),
+            [](const Span& a, const Span& b) { return a.start < b.start; });
+  for (const Span& a : gpu_annotations) gpu_by_name[a.name].push_back(&a);
+  std::sort(gloo.begin(), gloo.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  std::map<std::string, std::size_t> seen;
+  std::vector<const Span*> host_copies;
+  for (const Span& s : gpu)
+    if (s.cat == "gpu_memcpy" && contains(s.name, "HtoD")) host_copies.push_back(&s);
+  for (const Span& s : gloo) {
+    const std::size_t k = seen[s.name]++;
+    auto kind = gloo_kind(s.name.substr(5));
+    const int step = step_of(s.start);
+    if (!kind) {
+      ++p.collectives_unknown;
+      continue;
+    }
+    if (step < 0) continue;
+    KinetoCollective c{*kind, -1, s.start, s.end, "gloo"};
+    auto g = gpu_by_name.find(s.name);
+    if (g != gpu_by_name.end() && k < g->second.size()) {
+      const Span& range = *g->second[k];
+      const std::int64_t stream = int_arg(range.args, "stream").value_or(-1);
+      std::int64_t bytes = 0;
+      for (const Span* copy : host_copies)
+        if (copy->start >= range.start && copy->start <= range.end &&
+            (stream < 0 || int_arg(copy->args, "stream").value_or(-2) == stream || !int_arg(copy->args, "stream")))
+          bytes += int_arg(copy->args, "bytes").value_or(0);
+      if (bytes > 0) c.bytes = bytes;
+    }
+    p.steps[step].collectives.push_back(c);
+  }
+  for (KinetoStep& st : p.steps)
+    std::sort(st.collectives.begin(), st.collectives.end(),
+              [](const KinetoCollective& a, const KinetoCollective& b) { return a.start_us < b.start_us; });
+  // A trailing step with no GPU work (the profile ended inside it) is not a step.
+  while (!p.steps.empty()) {
+    const KinetoStep& last = p.steps.back();
+    if (last.busy_us[0] + last.busy_us[1] + last.busy_us[2] > 0) break;
+    p.steps.pop_back();
+  }
+  if (p.steps.empty()) return Status::InvalidInput(shown + ": its steps hold no GPU work (a CPU-only profile?)");
+  return p;
+}
+
+Result<KinetoProfile> load_kineto_file(const std::string& path) {
+  HZP_ASSIGN_OR_RETURN(std::string text, read_maybe_gzip_file(path, kMaxKinetoBytes));
+  const auto objects = std::count(text.begin(), text.end(), '{');
+  if (objects > 3 * kMaxKinetoEvents)
+    return Status::InvalidInput(printable(path, 200) + ": " + std::to_string(objects) +
+                                " JSON objects, more than a trace of at most " + std::to_string(kMaxKinetoEvents) +
+                                " events holds (refused before parsing)");
+  Result<json> doc = parse_json_strict(text, static_cast<std::size_t>(kMaxKinetoBytes));
+  if (!doc.ok()) return Status::InvalidInput(printable(path, 200) + ": " + doc.status().message());
+  text.clear();
+  text.shrink_to_fit();
+  return read_kineto(*doc, path);
+}
+
+namespace {
+
+KinetoPhase kineto_phase(Phase phase) {
+  return phase == Phase::kForward ? KinetoPhase::kForward : KinetoPhase::kBackward;
+}
+
+// The i-th recorded instance of a kind in a step: the members' latest start and latest end.
+struct Instance {
+  double start = 0;
+  double end = 0;
+  std::int64_t bytes = -1;
+};
+
+}  // namespace
+
+Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const Scenario& scenario,
+                                     const Schedule& schedule, const DurationModel& weights, bool include_idle) {
+  const int world = schedule.world_size;
+  if (static_cast<int>(profiles.size()) != world)
+    return Status::InvalidInput("the scenario has " + std::to_string(world) + " rank" + (world == 1 ? "" : "s") + "; " +
+                                std::to_string(profiles.size()) + " profiler file" +
+                                (profiles.size() == 1 ? " was" : "s were") + " given (one per rank)");
+  const bool ranked = std::all_of(profiles.begin(), profiles.end(), [](const KinetoProfile& p) { return p.rank >= 0; });
+  if (ranked) {
+    std::sort(profiles.begin(), profiles.end(),
+              [](const KinetoProfile& a, const KinetoProfile& b) { return a.rank < b.rank; });
+    for (int r = 0; r < world; ++r)
+      if (profiles[r].rank != r)
+        return Status::InvalidInput(printable(profiles[r].source, 200) + ": distributedInfo.rank " +
+                                    std::to_string(profiles[r].rank) + " where rank " + std::to_string(r) +
+                                    " was expected (the files must be ranks 0.." + std::to_string(world - 1) + ")");
+  }
+  KinetoImport out;
+  out.steps = static_cast<int>(profiles[0].steps.size());
+  for (const KinetoProfile& p : profiles) out.steps = std::min(out.steps, static_cast<int>(p.steps.size()));
+  // Clocks: files of one host share one; across hosts, align on the end of the first collective.
+  std::vector<double> shift(world, 0);
+  auto first_end = [](const KinetoProfile& p) -> std::optional<double> {
+    for (const KinetoStep& s : p.steps)
+      if (!s.collectives.empty()) return s.collectives.front().end_us;
+    return std::nullopt;
+  };
+  if (const auto reference = first_end(profiles[0]); reference && world > 1)
+    for (int r = 1; r < world; ++r)
+      if (auto e = first_end(profiles[r])) shift[r] = *reference - *e;
+  double t0 = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < world; ++r)
+    for (const KinetoStep& s : profiles[r].steps)
+      for (int ph = 0; ph < kKinetoPhases; ++ph)
+        if (s.busy_us[ph] > 0) t0 = std::min(t0, s.first_us[ph] + shift[r]);
+  auto note_once = [&out](const std::string& text) {
+    if (std::find(out.notes.begin(), out.notes.end(), text) == out.notes.end()) out.notes.push_back(text);
+  };
+
+  Trace& trace = out.trace;
+  trace = trace_header(scenario, schedule);
+  for (int step = 0; step < out.steps; ++step) {
+    // Recorded instances per kind: the k-th collective of a kind on every rank is one instance.
+    std::map<TraceKind, std::vector<Instance>> recorded;
+    std::map<TraceKind, std::size_t> count;  // the fewest any rank recorded
+    for (int r = 0; r < world; ++r)
+      for (const KinetoCollective& c : profiles[r].steps[step].collectives) count[c.kind] = 0;
+    for (auto& [kind, k] : count) {
+      k = std::numeric_limits<std::size_t>::max();
+      for (int r = 0; r < world; ++r) {
+        const auto& list = profiles[r].steps[step].collectives;
+        k = std::min<std::size_t>(k, std::count_if(list.begin(), list.end(), [kind = kind](const KinetoCollective& c) {
+                                    return c.kind == kind;
+                                  }));
+      }
+    }
+    for (const auto& [kind, k] : count) {
+      std::vector<Instance>& list = recorded[kind];
+      list.assign(k, Instance{-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), -1});
+      for (int r = 0; r < world; ++r) {
+        std::size_t i = 0;
+        for (const KinetoCollective& c : profiles[r].steps[step].collectives) {
+          if (c.kind != kind || i >= k) continue;
+          list[i].start = std::max(list[i].start, c.start_us + shift[r]);
+          list[i].end = std::max(list[i].end, c.end_us + shift[r]);
+          list[i].bytes = std::max(list[i].bytes, c.bytes);
+          ++i;
+        }
+      }
+      // Collectives of a kind that ran at once (gloo's two threads, NCCL's streams) replay one after the
+      // other on the schedule's stream: each keeps only the time after the previous one ended, so their
+      // total is the time the kind was in flight.
+      for (std::size_t i = 1; i < list.size(); ++i) {
+        list[i].start = std::max(list[i].start, list[i - 1].end);
+        list[i].end = std::max(list[i].end, list[i].start);
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      const KinetoStep& st = profiles[r].steps[step];
+      const auto& ops = schedule.program_of(r).ops;
+      std::array<double, kKinetoPhases> total_weight{};
+      std::map<TraceKind, std::vector<int>> collective_ops;
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        if (const auto* c = std::get_if<ComputeOp>(&ops[i].body))
+          total_weight[static_cast<int>(kineto_phase(c->phase))] += weights.compute_s(r, *c);
+        else if (const auto* o = std::get_if<OptimizerStepOp>(&ops[i].body))
+          total_weight[2] += weights.optimizer_s(r, *o);
+        else if (const auto* c = std::get_if<CollectiveOp>(&ops[i].body))
+          collective_ops[trace_kind(c->kind)].push_back(i);
+      }
+      std::array<double, kKinetoPhases> time{}, cursor{};
+      for (int ph = 0; ph < kKinetoPhases; ++ph) {
+        const double span = st.busy_us[ph] > 0 ? st.last_us[ph] - st.first_us[ph] : 0;
+        time[ph] = include_idle ? std::max(span, st.busy_us[ph]) : st.busy_us[ph];
+        cursor[ph] = st.busy_us[ph] > 0 ? st.first_us[ph] + shift[r] - t0 : 0;
+        if (st.busy_us[ph] > 0 && total_weight[ph] <= 0)
+          note_once(std::string("the trace's ") + to_string(static_cast<KinetoPhase>(ph)) +
+                    " GPU time has no op of the schedule to go to: left out");
+      }
+      // Phases that recorded nothing start where the previous one ended.
+      for (int ph = 1; ph < kKinetoPhases; ++ph)
+        if (st.busy_us[ph] <= 0) cursor[ph] = cursor[ph - 1] + time[ph - 1];
+      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+        const Op& op = ops[i];
+        double w = -1;
+        int ph = 0;
+        if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
+          ph = static_cast<int>(kineto_phase(c->phase));
+          w = weights.compute_s(r, *c);
+        } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
+          ph = 2;
+          w = weights.optimizer_s(r, *o);
+        }
+        if (w < 0) continue;
+        const double d = total_weight[ph] > 0 ? time[ph] * w / total_weight[ph] : 0;
+        trace.events.push_back(trace_event(schedule, r, i, step, op.stream, cursor[ph], cursor[ph] + d, -1));
+        cursor[ph] += d;
+      }
+      for (const auto& [kind, indices] : collective_ops) {
+        auto rec = recorded.find(kind);
+        if (rec == recorded.end() || rec->second.empty()) {
+          note_once(std::string("the schedule's ") + to_string(kind) +
+                    "s were not recorded: a replay simulates them on the scenario's network");
+          continue;
+        }
+        const std::vector<Instance>& list = rec->second;
+        if (list.size() == indices.size()) {
+          for (std::size_t k = 0; k < indices.size(); ++k) {
+            const Op& op = ops[indices[k]];
+            const double start = list[k].start - t0, end = list[k].end - t0;
+            const std::int64_t bytes = list[k].bytes > 0 ? list[k].bytes : std::get<CollectiveOp>(op.body).bytes;
+            trace.events.push_back(trace_event(schedule, r, indices[k], step, op.stream, start, end, bytes));
+          }
+          continue;
+        }
+        // Counts differ (other buckets): the kind's time in flight, spread by the schedule's bytes.
+        double total = 0, first = std::numeric_limits<double>::infinity(), bytes = 0;
+        for (const Instance& in : list) {
+          total += std::max(0.0, in.end - in.start);
+          first = std::min(first, in.start);
+        }
+        for (int i : indices) bytes += static_cast<double>(std::get<CollectiveOp>(ops[i].body).bytes);
+        note_once(std::to_string(list.size()) + " " + to_string(kind) + "s per step recorded, " +
+                  std::to_string(indices.size()) +
+                  " in the schedule (other buckets): their recorded time is spread over the schedule's by bytes");
+        double at = first - t0;
+        for (int i : indices) {
+          const CollectiveOp& c = std::get<CollectiveOp>(ops[i].body);
+          const double d = bytes > 0 ? total * static_cast<double>(c.bytes) / bytes : total / indices.size();
+          trace.events.push_back(trace_event(schedule, r, i, step, ops[i].stream, at, at + d, c.bytes));
+          at += d;
+        }
+      }
+    }
+    for (const auto& [kind, list] : recorded) {
+      bool in_schedule = false;
+      for (const Op& op : schedule.program_of(0).ops)
+        if (const auto* c = std::get_if<CollectiveOp>(&op.body); c != nullptr && trace_kind(c->kind) == kind)
+          in_schedule = true;
+      if (!in_schedule && !list.empty())
+        note_once(std::to_string(list.size()) + " " + to_string(kind) +
+                  " per step recorded that the schedule does not have: not replayed");
+    }
+  }
+  // A stream runs one op at a time: where the layout made two overlap, the later one waits.
+  std::map<std::pair<int, int>, std::vector<TraceEvent*>> by_stream;
+  for (TraceEvent& e : trace.events) by_stream[{e.rank, e.stream}].push_back(&e);
+  long long moved = 0;
+  for (auto& [key, list] : by_stream) {
+    std::stable_sort(list.begin(), list.end(), [](const TraceEvent* a, const TraceEvent* b) {
+      return a->start_us < b->start_us || (a->start_us == b->start_us && a->step < b->step);
+    });
+    double free_at = 0;
+    for (TraceEvent* e : list) {
+      if (e->start_us < free_at) {
+        const double d = e->end_us - e->start_us;
+        e->start_us = free_at;
+        e->end_us = free_at + d;
+        ++moved;
+      }
+      free_at = e->end_us;
+    }
+  }
+  if (moved > 0)
+    out.notes.push_back(std::to_string(moved) + " op" + (moved == 1 ? "" : "s") +
+                        " moved later so that no stream runs two at once (durations kept)");
+  std::stable_sort(trace.events.begin(), trace.events.end(),
+                   [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+  return out;
+}
+
+}  // namespace hzp

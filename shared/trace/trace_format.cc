@@ -1,0 +1,384 @@
+// hzp trace format, version 1 (trace_format.h, traces/README.md).
+#include "shared/trace/trace_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <map>
+#include <variant>
+
+#include "shared/base/files.h"
+#include "shared/base/json_io.h"
+#include "shared/base/text.h"
+#include "shared/scenario/scenario_parser.h"
+
+namespace hzp {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::initializer_list<TraceKind> kKinds = {
+    TraceKind::kCompute,       TraceKind::kAllGather, TraceKind::kReduceScatter,
+    TraceKind::kAllReduce,     TraceKind::kBroadcast, TraceKind::kAllToAll,
+    TraceKind::kOptimizerStep, TraceKind::kAcquire,   TraceKind::kRelease};
+
+bool is_collective(TraceKind k) {
+  return k == TraceKind::kAllGather || k == TraceKind::kReduceScatter || k == TraceKind::kAllReduce ||
+         k == TraceKind::kBroadcast || k == TraceKind::kAllToAll;
+}
+
+// Field readers of one JSON object; errors are kInvalidInput "WHERE.key: what, got VALUE".
+class Fields {
+ public:
+  Fields(const json& obj, std::string where) : obj_(obj), where_(std::move(where)) {}
+
+  Status bad(const std::string& key, const std::string& what) const {
+    const json* v = find(key);
+    return Status::InvalidInput(where_ + "." + key + ": " + what + (v ? ", got " + printable(v->dump(), 60) : ""));
+  }
+  const json* find(const std::string& key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() ? nullptr : &*it;
+  }
+  Result<std::int64_t> integer(const std::string& key, std::int64_t min, std::int64_t max) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::InvalidInput(where_ + "." + key + ": missing");
+    if (!v->is_number_integer()) return bad(key, "must be an integer");
+    if (v->is_number_unsigned() ? v->get<std::uint64_t>() > static_cast<std::uint64_t>(max)
+                                : v->get<std::int64_t>() < min || v->get<std::int64_t>() > max)
+      return bad(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    return v->get<std::int64_t>();
+  }
+  Result<double> number(const std::string& key) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::InvalidInput(where_ + "." + key + ": missing");
+    if (!v->is_number() || !std::isfinite(v->get<double>())) return bad(key, "must be a finite number");
+    return v->get<double>();
+  }
+  Result<std::string> string(const std::string& key) const {
+    const json* v = find(key);
+    if (v == nullptr) return Status::InvalidInput(where_ + "." + key + ": missing");
+    if (!v->is_string()) return bad(key, "must be a string");
+    return v->get<std::string>();
+  }
+  // A string that must be one of `names` (spelled as to_string spells them); returns its index.
+  template <typename E>
+  Result<E> name(const std::string& key, std::initializer_list<E> values) const {
+    HZP_ASSIGN_OR_RETURN(std::string s, string(key));
+    for (E e : values)
+      if (s == to_string(e)) return e;
+    std::vector<std::string> names;
+    for (E e : values) names.push_back(to_string(e));
+    return bad(key, "must be one of " + join(names));
+  }
+
+ private:
+  const json& obj_;
+  std::string where_;
+};
+
+}  // namespace
+
+const char* to_string(TraceKind kind) {
+  switch (kind) {
+    case TraceKind::kCompute:
+      return "compute";
+    case TraceKind::kAllGather:
+      return "all_gather";
+    case TraceKind::kReduceScatter:
+      return "reduce_scatter";
+    case TraceKind::kAllReduce:
+      return "all_reduce";
+    case TraceKind::kBroadcast:
+      return "broadcast";
+    case TraceKind::kAllToAll:
+      return "all_to_all";
+    case TraceKind::kOptimizerStep:
+      return "optimizer_step";
+    case TraceKind::kAcquire:
+      return "acquire";
+    case TraceKind::kRelease:
+      return "release";
+  }
+  return "?";
+}
+
+TraceKind trace_kind(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllGather:
+      return TraceKind::kAllGather;
+    case CollectiveKind::kReduceScatter:
+      return TraceKind::kReduceScatter;
+    case CollectiveKind::kAllReduce:
+      return TraceKind::kAllReduce;
+    case CollectiveKind::kBroadcast:
+      return TraceKind::kBroadcast;
+    case CollectiveKind::kAllToAll:
+      return TraceKind::kAllToAll;
+  }
+  return TraceKind::kAllReduce;
+}
+
+Trace trace_header(const Scenario& scenario, const Schedule& schedule) {
+  Trace t;
+  t.scenario = scenario.name;
+  t.scenario_config = scenario_to_json(scenario);
+  t.policy = schedule.policy;
+  t.world_size = schedule.world_size;
+  t.gpus_per_node = schedule.gpus_per_node;
+  t.streams = schedule.streams;
+  for (const ProcessGroup& g : schedule.groups) t.groups.push_back({to_string(g.role), g.ranks});
+  for (const BufferPool& p : schedule.pools) t.pools.push_back(p.name);
+  return t;
+}
+
+TraceEvent trace_event(const Schedule& schedule, int rank, int op, std::int64_t step, int stream, double start_us,
+                       double end_us, std::int64_t bytes) {
+  const Op& body = schedule.program_of(rank).ops[op];
+  TraceEvent e;
+  e.rank = rank;
+  e.step = step;
+  e.op = op;
+  e.stream = stream;
+  e.start_us = start_us;
+  e.end_us = end_us;
+  if (const auto* c = std::get_if<ComputeOp>(&body.body)) {
+    e.kind = TraceKind::kCompute;
+    e.module = c->module;
+    e.phase = c->phase;
+    e.layer = c->layer;
+    e.micro_batch = c->micro_batch;
+  } else if (const auto* c = std::get_if<CollectiveOp>(&body.body)) {
+    e.kind = trace_kind(c->kind);
+    e.payload = c->payload;
+    e.layer = c->layer;
+    e.micro_batch = c->micro_batch;
+    e.bytes = bytes;
+    e.group = schedule.rank_groups[rank][c->role];
+  } else if (const auto* o = std::get_if<OptimizerStepOp>(&body.body)) {
+    e.kind = TraceKind::kOptimizerStep;
+    e.layer = o->layer;
+    e.bucket = o->bucket;
+  } else if (const auto* a = std::get_if<BufferAcquireOp>(&body.body)) {
+    e.kind = TraceKind::kAcquire;
+    e.pool = a->pool;
+    e.layer = a->layer;
+  } else if (const auto* r = std::get_if<BufferReleaseOp>(&body.body)) {
+    e.kind = TraceKind::kRelease;
+    e.pool = r->pool;
+    e.layer = r->layer;
+  }
+  return e;
+}
+
+json trace_to_json(const Trace& t) {
+  json groups = json::array();
+  for (std::size_t g = 0; g < t.groups.size(); ++g)
+    groups.push_back({{"index", g}, {"role", t.groups[g].role}, {"ranks", t.groups[g].ranks}});
+  json events = json::array();
+  for (const TraceEvent& e : t.events) {
+    json j = {{"rank", e.rank},
+              {"step", e.step},
+              {"op", e.op},
+              {"stream", t.streams[e.stream]},
+              {"kind", to_string(e.kind)},
+              {"start_us", e.start_us},
+              {"end_us", e.end_us},
+              {"layer", e.layer}};
+    if (e.kind == TraceKind::kCompute) {
+      j["module"] = to_string(e.module);
+      j["phase"] = to_string(e.phase);
+      j["micro_batch"] = e.micro_batch;
+    } else if (is_collective(e.kind)) {
+      j["micro_batch"] = e.micro_batch;
+      j["bytes"] = e.bytes;
+      j["payload"] = to_string(e.payload);
+      j["group"] = e.group;
+      j["role"] = t.groups[e.group].role;
+    } else if (e.kind == TraceKind::kOptimizerStep) {
+      j["bucket"] = e.bucket;
+    } else {
+      j["pool"] = t.pools[e.pool];
+    }
+    events.push_back(std::move(j));
+  }
+  // Summaries for readers, from the scenario as recorded (whatever its fields hold: null when not an integer).
+  const json& sc = t.scenario_config;
+  auto field = [&](const char* object, const char* key) -> json {
+    if (!sc.is_object() || !sc.contains(object) || !sc[object].is_object() || !sc[object].contains(key)) return nullptr;
+    const json& v = sc[object][key];
+    return v.is_number_integer() ? v : json(nullptr);
+  };
+  const bool moe = sc.is_object() && sc.contains("model") && sc["model"].is_object() && sc["model"].contains("moe") &&
+                   !sc["model"]["moe"].is_null();
+  const json model = {{"layers", field("model", "layers")}, {"hidden", field("model", "hidden")}, {"moe", moe}};
+  const json training = {{"seq_len", field("training", "seq_len")},
+                         {"micro_batch", field("training", "micro_batch")},
+                         {"global_batch_sequences", field("training", "global_batch_sequences")}};
+  return {{"format", kTraceFormat},
+          {"version", kTraceVersion},
+          {"scenario", t.scenario},
+          {"scenario_config", t.scenario_config},
+          {"policy", t.policy},
+          {"world_size", t.world_size},
+          {"gpus_per_node", t.gpus_per_node},
+          {"model", model},
+          {"training", training},
+          {"streams", t.streams},
+          {"groups", groups},
+          {"pools", t.pools},
+          {"events", events}};
+}
+
+Result<Trace> trace_from_json(const json& doc) {
+  if (!doc.is_object()) return Status::InvalidInput("trace: must be a JSON object");
+  const Fields top(doc, "trace");
+  Trace t;
+  HZP_ASSIGN_OR_RETURN(std::string format, top.string("format"));
+  if (format != kTraceFormat) return top.bad("format", "must be \"hzp-trace\"");
+  HZP_ASSIGN_OR_RETURN(std::int64_t version, top.integer("version", 0, 1 << 20));
+  if (version != kTraceVersion)
+    return top.bad("version", "this hzp reads version " + std::to_string(kTraceVersion) + " only");
+  HZP_ASSIGN_OR_RETURN(t.scenario, top.string("scenario"));
+  HZP_ASSIGN_OR_RETURN(t.policy, top.string("policy"));
+  if (const json* sc = top.find("scenario_config"); sc == nullptr || !sc->is_object())
+    return top.bad("scenario_config", "must be the resolved scenario object");
+  t.scenario_config = doc["scenario_config"];
+  HZP_ASSIGN_OR_RETURN(std::int64_t world, top.integer("world_size", 1, 1 << 20));
+  HZP_ASSIGN_OR_RETURN(std::int64_t per_node, top.integer("gpus_per_node", 1, world));
+  if (world % per_node != 0) return top.bad("gpus_per_node", "must divide world_size (" + std::to_string(world) + ")");
+  t.world_size = static_cast<int>(world);
+  t.gpus_per_node = static_cast<int>(per_node);
+
+  const json* streams = top.find("streams");
+  if (streams == nullptr || !streams->is_array() || streams->empty() || streams->size() > 64)
+    return top.bad("streams", "must be an array of 1 to 64 stream names");
+  for (std::size_t i = 0; i < streams->size(); ++i) {
+    if (!(*streams)[i].is_string()) return top.bad("streams", "element " + std::to_string(i) + " is not a string");
+    t.streams.push_back((*streams)[i].get<std::string>());
+  }
+  const json* groups = top.find("groups");
+  if (groups == nullptr || !groups->is_array()) return top.bad("groups", "must be an array");
+  for (std::size_t g = 0; g < groups->size(); ++g) {
+    const json& gj = (*groups)[g];
+    const std::string where = "trace.groups[" + std::to_string(g) + "]";
+    if (!gj.is_object()) return Status::InvalidInput(where + ": must be an object");
+    const Fields f(gj, where);
+    HZP_ASSIGN_OR_RETURN(std::int64_t index, f.integer("index", 0, static_cast<std::int64_t>(groups->size()) - 1));
+    if (index != static_cast<std::int64_t>(g))
+      return f.bad("index", "must equal the group's position " + std::to_string(g));
+    TraceGroup group;
+    HZP_ASSIGN_OR_RETURN(group.role, f.string("role"));
+    const json* ranks = f.find("ranks");
+    if (ranks == nullptr || !ranks->is_array() || ranks->empty() || ranks->size() > static_cast<std::size_t>(world))
+      return f.bad("ranks", "must be an array of 1 to world_size ranks");
+    for (const json& r : *ranks) {
+      if (!r.is_number_integer() || r.get<std::int64_t>() < 0 || r.get<std::int64_t>() >= world)
+        return f.bad("ranks", "holds " + printable(r.dump(), 20) + ", not a rank of the world");
+      group.ranks.push_back(r.get<int>());
+    }
+    t.groups.push_back(std::move(group));
+  }
+  if (const json* pools = top.find("pools")) {
+    if (!pools->is_array() || pools->size() > 64) return top.bad("pools", "must be an array of at most 64 names");
+    for (const json& p : *pools) {
+      if (!p.is_string()) return top.bad("pools", "holds a non-string");
+      t.pools.push_back(p.get<std::string>());
+    }
+  }
+
+  const json* events = top.find("events");
+  if (events == nullptr || !events->is_array()) return top.bad("events", "must be an array");
+  if (static_cast<std::int64_t>(events->size()) > kMaxTraceEvents)
+    return top.bad("events", "holds " + std::to_string(events->size()) + " events, more than the " +
+                                 std::to_string(kMaxTraceEvents) + " a trace may hold");
+  std::map<std::string, int> stream_index, pool_index;
+  for (std::size_t i = 0; i < t.streams.size(); ++i) stream_index[t.streams[i]] = static_cast<int>(i);
+  // Version 1 traces written before the `pools` table named pools per event: collect them as they come.
+  const bool pool_table = top.find("pools") != nullptr;
+  for (std::size_t i = 0; i < t.pools.size(); ++i) pool_index[t.pools[i]] = static_cast<int>(i);
+  t.events.reserve(events->size());
+  for (std::size_t i = 0; i < events->size(); ++i) {
+    const json& ej = (*events)[i];
+    const std::string where = "trace.events[" + std::to_string(i) + "]";
+    if (!ej.is_object()) return Status::InvalidInput(where + ": must be an object");
+    const Fields f(ej, where);
+    TraceEvent e;
+    HZP_ASSIGN_OR_RETURN(std::int64_t rank, f.integer("rank", 0, world - 1));
+    e.rank = static_cast<int>(rank);
+    HZP_ASSIGN_OR_RETURN(e.step, f.integer("step", 0, 1'000'000'000));
+    HZP_ASSIGN_OR_RETURN(std::int64_t op, f.integer("op", 0, 100'000'000));
+    e.op = static_cast<int>(op);
+    HZP_ASSIGN_OR_RETURN(std::string stream, f.string("stream"));
+    auto s = stream_index.find(stream);
+    if (s == stream_index.end()) return f.bad("stream", "is not one of the trace's streams");
+    e.stream = s->second;
+    HZP_ASSIGN_OR_RETURN(e.kind, f.name("kind", kKinds));
+    HZP_ASSIGN_OR_RETURN(e.start_us, f.number("start_us"));
+    HZP_ASSIGN_OR_RETURN(e.end_us, f.number("end_us"));
+    if (e.end_us < e.start_us) return f.bad("end_us", "is before start_us (" + std::to_string(e.start_us) + ")");
+    HZP_ASSIGN_OR_RETURN(std::int64_t layer, f.integer("layer", -1, 1 << 20));
+    e.layer = static_cast<int>(layer);
+    if (e.kind == TraceKind::kCompute) {
+      HZP_ASSIGN_OR_RETURN(e.module, f.name("module", {ModuleKind::kEmbedding, ModuleKind::kAttention, ModuleKind::kMlp,
+                                                       ModuleKind::kMoe, ModuleKind::kHead}));
+      HZP_ASSIGN_OR_RETURN(e.phase, f.name("phase", {Phase::kForward, Phase::kBackward, Phase::kRecompute}));
+      HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
+      e.micro_batch = static_cast<int>(mb);
+    } else if (is_collective(e.kind)) {
+      HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
+      e.micro_batch = static_cast<int>(mb);
+      HZP_ASSIGN_OR_RETURN(e.bytes, f.integer("bytes", 0, std::int64_t{1} << 50));
+      HZP_ASSIGN_OR_RETURN(
+          e.payload, f.name("payload", {Payload::kParams, Payload::kGrads, Payload::kActivations, Payload::kGradNorm}));
+      HZP_ASSIGN_OR_RETURN(std::int64_t group, f.integer("group", 0, static_cast<std::int64_t>(t.groups.size()) - 1));
+      e.group = static_cast<int>(group);
+      const std::vector<int>& members = t.groups[e.group].ranks;
+      if (std::find(members.begin(), members.end(), e.rank) == members.end())
+        return f.bad("group", "names a group rank " + std::to_string(e.rank) + " is not a member of");
+    } else if (e.kind == TraceKind::kOptimizerStep) {
+      HZP_ASSIGN_OR_RETURN(std::int64_t bucket, f.integer("bucket", 0, 1 << 20));
+      e.bucket = static_cast<int>(bucket);
+    } else {
+      HZP_ASSIGN_OR_RETURN(std::string pool, f.string("pool"));
+      auto p = pool_index.find(pool);
+      if (p == pool_index.end()) {
+        if (pool_table || pool_index.size() >= 64) return f.bad("pool", "is not one of the trace's pools");
+        p = pool_index.emplace(pool, static_cast<int>(t.pools.size())).first;
+        t.pools.push_back(pool);
+      }
+      e.pool = p->second;
+    }
+    t.events.push_back(e);
+  }
+  // A stream runs one op at a time: events of one (rank, stream) must not overlap (1 ns of slack for
+  // rounding of the microsecond timestamps).
+  std::vector<std::size_t> order(t.events.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const TraceEvent &x = t.events[a], &y = t.events[b];
+    if (x.rank != y.rank) return x.rank < y.rank;
+    if (x.stream != y.stream) return x.stream < y.stream;
+    return x.start_us < y.start_us;
+  });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const TraceEvent &prev = t.events[order[k - 1]], &cur = t.events[order[k]];
+    if (prev.rank == cur.rank && prev.stream == cur.stream && cur.start_us < prev.end_us - 1e-3)
+      return Status::InvalidInput("trace.events[" + std::to_string(order[k]) + "].start_us: starts at " +
+                                  std::to_string(cur.start_us) + " us, before event " + std::to_string(order[k - 1]) +
+                                  " on the same rank " + std::to_string(cur.rank) + " and stream " +
+                                  quoted(t.streams[cur.stream], 40) + " ends (" + std::to_string(prev.end_us) +
+                                  " us): a stream runs one op at a time");
+  }
+  return t;
+}
+
+Result<Trace> load_trace_file(const std::string& path) {
+  // Depth 8: the format nests four levels (events -> event -> scenario_config -> model/moe).
+  HZP_ASSIGN_OR_RETURN(json doc, load_json_file(path, kMaxTraceBytes, 8));
+  Result<Trace> t = trace_from_json(doc);
+  if (!t.ok()) return Status::InvalidInput(printable(path, 200) + ": " + t.status().message());
+  return t;
+}
+
+}  // namespace hzp
