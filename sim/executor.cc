@@ -358,8 +358,10 @@ std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks) {
   return ranks;
 }
 
-Result<SimResult> simulate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
-                           const SimOptions& options) {
+Result<SimResult> simulate(const Compiled& compiled, const SimOptions& options) {
+  const Scenario& scenario = compiled.scenario;
+  const ModelCost& cost = compiled.cost;
+  const Schedule& schedule = compiled.schedule;
   if (g_engine_used) return Status::Internal("simulate: one SimGrid simulation per process (SimGrid keeps its clock)");
   if (options.steps < 1)
     return Status::InvalidInput("--steps: must be at least 1, got " + std::to_string(options.steps));

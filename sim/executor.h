@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/base/status.h"
+#include "shared/compile/compile.h"
 #include "shared/cost/duration_model.h"
 #include "shared/cost/performance.h"
 #include "shared/ir/schedule.h"
@@ -60,8 +61,8 @@ struct SimResult : StepPerformance {  // memory: of the rank with the highest pe
 };
 
 // Runs the simulation. One SimGrid engine per process: a second call in the same process is refused.
-Result<SimResult> simulate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
-                           const SimOptions& options);
+// Runs a compiled scenario (compile/compile.h): its schedule on its cluster.
+Result<SimResult> simulate(const Compiled& compiled, const SimOptions& options);
 
 // The ranks recorded in the timeline: all up to `max_ranks`; above, every GPU of node 0 and then the
 // first GPU of evenly spaced nodes, `max_ranks` in all.

@@ -66,7 +66,7 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
   const int R = scenario.cluster.gpus_per_node;
   for (int rank : r.timeline_ranks) {
     // Pipelined, the process name says the stage too (and the timeline groups GPUs by stage).
-    const std::string stage = schedule.programs.size() > 1 && scenario.policy.parallel.pipeline > 1
+    const std::string stage = schedule.programs.size() > 1 && scenario.mesh.pipeline > 1
                                   ? ", stage " + std::to_string(schedule.rank_program[rank])
                                   : "";
     timeline.process(rank, "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + stage + ")");

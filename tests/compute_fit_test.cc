@@ -1,7 +1,7 @@
 // Calibrating compute from one node against closed forms: on one GPU a step is pure compute, so scaling both
 // efficiencies by k divides it by exactly k; the fit reproduces the measurement in every unit it accepts and
 // refuses what one node cannot tell (several nodes) or what the GPU cannot do (faster than its peak).
-#include "shared/estimate/compute_fit.h"
+#include "shared/calibrate/compute_fit.h"
 
 #include "shared/cost/collective_cost.h"
 #include "shared/cost/duration_model.h"
@@ -102,11 +102,12 @@ Trace roofline_trace(const Scenario& s, const Schedule& schedule, Efficiency tru
 
 TEST_CASE("calibrate --trace: recovers the efficiencies that timed the ops, and the step", "[calibrate]") {
   const Scenario s = one_gpu();
-  const Schedule schedule = build(s).schedule;
+  const Compiled b = build(s);
+  const Schedule& schedule = b.schedule;
   Efficiency truth = s.cluster.efficiency;
   truth.gemm = 0.31;
   truth.memory_bound = 0.57;
-  auto fit = fit_compute_to_trace(s, schedule, roofline_trace(s, schedule, truth));
+  auto fit = fit_compute_to_trace(b, roofline_trace(s, schedule, truth));
   REQUIRE(fit.ok());
   CHECK(fit->both);
   CHECK(fit->efficiency.gemm == Approx(0.31).epsilon(1e-9));
@@ -119,8 +120,8 @@ TEST_CASE("calibrate --trace: recovers the efficiencies that timed the ops, and 
   CHECK(estimate_of(build(fitted)).compute_s == Approx(fit->recorded_s).epsilon(1e-9));
 
   // Noisy times: the total per step still matches exactly, the efficiencies come out near the truth.
-  auto noisy = fit_compute_to_trace(s, schedule,
-                                    roofline_trace(s, schedule, truth, [](int i) { return i % 2 == 0 ? 1.05 : 0.97; }));
+  auto noisy =
+      fit_compute_to_trace(b, roofline_trace(s, schedule, truth, [](int i) { return i % 2 == 0 ? 1.05 : 0.97; }));
   REQUIRE(noisy.ok());
   CHECK(noisy->fitted_s == Approx(noisy->recorded_s).epsilon(1e-12));
   CHECK(noisy->efficiency.gemm == Approx(0.31).epsilon(0.06));
@@ -129,13 +130,13 @@ TEST_CASE("calibrate --trace: recovers the efficiencies that timed the ops, and 
 
 TEST_CASE("calibrate --trace: a trace the GPU's peak cannot explain is refused", "[calibrate]") {
   const Scenario s = one_gpu();
-  const Schedule schedule = build(s).schedule;
+  const Compiled b = build(s);
+  const Schedule& schedule = b.schedule;
   Efficiency impossible = s.cluster.efficiency;
   impossible.gemm = 3;  // three times the peak
   impossible.memory_bound = 3;
-  auto fit = fit_compute_to_trace(s, schedule, roofline_trace(s, schedule, impossible));
+  auto fit = fit_compute_to_trace(b, roofline_trace(s, schedule, impossible));
   REQUIRE_FALSE(fit.ok());
   CHECK(fit.status().message().find("set cluster.gpu") != std::string::npos);
-  CHECK(fit_compute_to_trace(s, schedule, trace_header(s, schedule)).status().message().find("no compute") !=
-        std::string::npos);
+  CHECK(fit_compute_to_trace(b, trace_header(s, schedule)).status().message().find("no compute") != std::string::npos);
 }

@@ -41,7 +41,7 @@ int chunks_in_flight(const Schedule& s, int program, int layers_per_chunk) {
 TEST_CASE("policy.parallel resolves the mesh and lays the ZeRO presets over the data axis", "[nd]") {
   // 4 nodes x 8 GPUs, tensor 4 x pipeline 2: data = 32 / 8 = 4, two data ranks per node, a stage per 2 nodes.
   const Scenario s = scenario_from(nd_json("llama2-7b", 4, "zero3", {{"tensor", 4}, {"pipeline", 2}}, 64));
-  const ParallelMesh m = s.mesh();
+  const ParallelMesh m = s.mesh;
   CHECK(m.data == 4);
   CHECK(m.tensor == 4);
   CHECK(m.pipeline == 2);
@@ -239,7 +239,7 @@ TEST_CASE("context parallelism: ranks tensor, context, data, with states sharded
   // 2 nodes x 8 GPUs, tensor 2, context 2: the replica axis has 8 ranks (4 per node), data = 4.
   const Built b = build(scenario_from(nd_json("llama2-7b", 2, "zero3", {{"tensor", 2}, {"context", 2}}, 64)));
   const Scenario& sc = b.scenario;
-  const ParallelMesh m = sc.mesh();
+  const ParallelMesh m = sc.mesh;
   CHECK(m.data == 4);
   CHECK(m.context == 2);
   CHECK(sc.grad_accum_steps() == 16);                    // 64 sequences over 4 data replicas

@@ -719,7 +719,7 @@ namespace {
 
 TEST_CASE("the parallel mesh prints every degree and multiplies to the world", "[scenario][mesh]") {
   Scenario s = parse_ok(base_doc());
-  const ParallelMesh m = s.mesh();
+  const ParallelMesh m = s.mesh;
   CHECK(m.data == 32);
   CHECK(m.world() == s.cluster.world_size());
   CHECK(s.data_parallel() == 32);
@@ -727,7 +727,7 @@ TEST_CASE("the parallel mesh prints every degree and multiplies to the world", "
   CHECK(validate_mesh(s).ok());
 
   // Expert parallelism lives inside the data axis and must divide it; the message names every degree.
-  s.policy.expert_parallel = 3;
+  s.mesh.expert = 3;
   const Status bad = validate_mesh(s);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.message() ==

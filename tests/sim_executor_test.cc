@@ -18,7 +18,7 @@ namespace {
 sim::SimResult run_sim(const Built& b, int steps = 1) {
   sim::SimOptions options;
   options.steps = steps;
-  auto r = sim::simulate(b.scenario, b.cost, b.schedule, options);
+  auto r = sim::simulate(b, options);
   if (!r.ok()) FAIL(r.status().message());
   return *r;
 }
@@ -129,7 +129,7 @@ TEST_CASE("sim: several steps run back to back", "[sim]") {
 TEST_CASE("sim: a second simulation in the same process is refused", "[sim]") {
   const Built b = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 1, "ddp", 64)));
   run_sim(b);
-  auto again = sim::simulate(b.scenario, b.cost, b.schedule, sim::SimOptions{});
+  auto again = sim::simulate(b, sim::SimOptions{});
   REQUIRE_FALSE(again.ok());
   CHECK_THAT(again.status().message(), Catch::Contains("one SimGrid simulation per process"));
 }
@@ -193,7 +193,7 @@ TEST_CASE("sim: the executor takes compute times from the DurationModel it is gi
   const ScaledComputeDurations slow(b.scenario.cluster, 2.0);
   sim::SimOptions options;
   options.durations = &slow;
-  auto r = sim::simulate(b.scenario, b.cost, b.schedule, options);
+  auto r = sim::simulate(b, options);
   REQUIRE(r.ok());
   auto e = estimate(b.scenario, b.cost, b.schedule, &slow);
   REQUIRE(e.ok());

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "shared/compile/compile.h"
 #include "shared/cost/duration_model.h"
 #include "shared/estimate/estimator.h"
 #include "shared/ir/schedule_validator.h"
@@ -12,7 +13,6 @@
 #include "shared/plan/plan.h"
 #include "shared/policy/policy_registry.h"
 #include "shared/scenario/scenario_parser.h"
-#include "shared/schedule/schedule_builder.h"
 
 namespace hzp::test {
 
@@ -52,20 +52,12 @@ inline nlohmann::json idle_pipeline_json(int stages, int virtual_stages, long lo
   return doc;
 }
 
-struct Built {
-  Scenario scenario;
-  ModelCost cost;
-  Schedule schedule;
-};
-
-inline Built build(const Scenario& scenario) {
-  Built b{scenario, scenario_cost(scenario), {}};
-  auto schedule = build_schedule(scenario, b.cost);
-  if (!schedule.ok()) FAIL(schedule.status().message());
-  b.schedule = std::move(schedule).value();
-  Status valid = validate_schedule(b.schedule);
-  if (!valid.ok()) FAIL(valid.message());
-  return b;
+// A scenario compiled (compile/compile.h); fails the test with the first stage's message.
+using Built = Compiled;
+inline Compiled build(const Scenario& scenario) {
+  auto compiled = compile(scenario);
+  if (!compiled.ok()) FAIL(compiled.status().message());
+  return std::move(compiled).value();
 }
 
 inline Estimate estimate_of(const Built& b) {

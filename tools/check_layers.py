@@ -15,8 +15,8 @@ import sys
 
 # Bottom-up. A folder's sub-folders (e.g. shared/trace/import) belong to its layer.
 LAYERS = {
-    "shared": ["base", "policy", "scenario", "model", "ir", "schedule", "cost", "compile", "trace", "estimate",
-               "plan"],
+    "shared": ["base", "policy", "scenario", "model", "ir", "schedule", "cost", "trace", "estimate", "compile",
+               "calibrate", "plan"],
     "runtime": ["store", "device", "backends", "model", "train", "launch"],
     "sim": ["collectives"],
 }

@@ -14,15 +14,14 @@
 #include "shared/base/files.h"
 #include "shared/base/json_io.h"
 #include "shared/base/text.h"
-#include "shared/estimate/compute_fit.h"
+#include "shared/calibrate/compute_fit.h"
+#include "shared/compile/compile.h"
 #include "shared/estimate/estimator.h"
-#include "shared/ir/schedule_validator.h"
 #include "shared/model/model_math.h"
 #include "shared/plan/plan.h"
 #include "shared/plan/planner.h"
 #include "shared/policy/policy_registry.h"
 #include "shared/scenario/scenario_parser.h"
-#include "shared/schedule/schedule_builder.h"
 #include "shared/schedule/sharding.h"
 #include "shared/trace/import/kineto.h"
 #include "shared/trace/trace_format.h"
@@ -91,17 +90,18 @@ int write_sim_outputs(const std::string& dir, const nlohmann::json& summary, con
   return 0;
 }
 
-// Every command reads scenarios through here: parse, then let the planner fill in "sharding": "auto".
+// Every command reads scenarios through here: parse, then resolve "sharding": "auto" (compile's first
+// stage), saying what it picked.
 Result<Scenario> load(const std::string& path) {
-  HZP_ASSIGN_OR_RETURN(Scenario scenario, load_scenario_file(path));
-  if (scenario.policy.auto_sharding) {
-    HZP_RETURN_IF_ERROR(resolve_auto_sharding(scenario));
+  HZP_ASSIGN_OR_RETURN(Scenario parsed, load_scenario_file(path));
+  const bool was_auto = parsed.policy.auto_sharding;
+  HZP_ASSIGN_OR_RETURN(Scenario scenario, resolve(std::move(parsed)));
+  if (was_auto)
     std::fprintf(stderr,
                  "hzp: policy.sharding \"auto\" -> %s, prefetch %d (the planner's analytic pick; `hzp plan "
                  "--search` also simulates the top candidates; %s)\n",
                  sharding_notation(scenario.policy.sharding).c_str(), scenario.policy.overlap.prefetch_depth,
                  kShardingLegend);
-  }
   return scenario;
 }
 
@@ -111,19 +111,18 @@ int run_validate(const std::vector<std::string>& argv) {
   auto scenario = load(*args->scenario);
   if (!scenario.ok()) return fail(scenario.status());
   std::printf("%s\n", scenario_to_json(*scenario).dump(2).c_str());
-  const ModelCost cost = scenario_cost(*scenario);
-  auto schedule = build_schedule(*scenario, cost);
-  if (!schedule.ok()) {
-    if (schedule.status().code() != StatusCode::kUnimplemented) return fail(schedule.status());
-    std::fprintf(stderr, "hzp validate: scenario is valid; note: %s\n", schedule.status().message().c_str());
+  auto compiled = compile(*scenario);
+  if (!compiled.ok()) {
+    if (compiled.status().code() != StatusCode::kUnimplemented) return fail(compiled.status());
+    std::fprintf(stderr, "hzp validate: scenario is valid; note: %s\n", compiled.status().message().c_str());
     return 0;
   }
-  if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
+  const Schedule* schedule = &compiled->schedule;
   std::fprintf(stderr,
                "hzp validate: ok — %s, %lld parameters, mesh %s, %lld micro-batches/step, schedule of %zu "
                "ops per rank (stage 0) on %zu streams, %zu process groups, no deadlock\n",
                scenario->name.c_str(), static_cast<long long>(parameter_count(scenario->model)),
-               scenario->mesh().describe().c_str(), static_cast<long long>(scenario->grad_accum_steps()),
+               scenario->mesh.describe().c_str(), static_cast<long long>(scenario->grad_accum_steps()),
                schedule->programs[0].ops.size(), schedule->streams.size(), schedule->groups.size());
   return 0;
 }
@@ -134,9 +133,9 @@ int calibrate_from_trace(const std::string& path, const std::optional<std::strin
   if (!trace.ok()) return fail(trace.status());
   auto recorded = parse_scenario(trace->scenario_config, trace->scenario);
   if (!recorded.ok()) return fail(Status::InvalidInput("trace scenario_config: " + recorded.status().message()));
-  auto schedule = build_schedule(*recorded, scenario_cost(*recorded));
-  if (!schedule.ok()) return fail(schedule.status());
-  auto fit = fit_compute_to_trace(*recorded, *schedule, *trace);
+  auto compiled = compile(*recorded);
+  if (!compiled.ok()) return fail(compiled.status());
+  auto fit = fit_compute_to_trace(*compiled, *trace);
   if (!fit.ok()) return fail(fit.status());
   const Efficiency& table = recorded->cluster.efficiency;
   std::printf("calibrated %s from %s (%d rank%s, %lld timed ops): compute + optimizer per rank and step\n",
@@ -266,11 +265,9 @@ int run_schedule(const std::vector<std::string>& argv) {
       rank = static_cast<int>(*n);
     }
   }
-  const ModelCost cost = scenario_cost(*scenario);
-  auto schedule = build_schedule(*scenario, cost);
-  if (!schedule.ok()) return fail(schedule.status());
-  if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
-  std::printf("%s", dump_schedule(*schedule, rank).c_str());
+  auto compiled = compile(*scenario);
+  if (!compiled.ok()) return fail(compiled.status());
+  std::printf("%s", dump_schedule(compiled->schedule, rank).c_str());
   return 0;
 }
 
@@ -300,16 +297,15 @@ int run_simulate(const std::vector<std::string>& argv) {
   if (!scenario.ok()) return fail(scenario.status());
   const std::string out_dir = args->get("--out").value_or("out/" + safe_file_name(scenario->name));
   if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
-  const ModelCost cost = scenario_cost(*scenario);
-  auto schedule = build_schedule(*scenario, cost);
-  if (!schedule.ok()) return fail(schedule.status());
-  if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
-  auto analytic = estimate(*scenario, cost, *schedule);
+  auto compiled = compile(*scenario);
+  if (!compiled.ok()) return fail(compiled.status());
+  const Schedule* schedule = &compiled->schedule;
+  auto analytic = estimate(*scenario, compiled->cost, *schedule);
   if (!analytic.ok()) return fail(analytic.status());
   std::fprintf(stderr, "sim: %s — %s, %s on %d GPUs, %zu ops per rank per step\n", scenario->name.c_str(),
                scenario->model.name.c_str(), scenario->policy.preset.c_str(), scenario->cluster.world_size(),
                schedule->programs[0].ops.size());
-  auto result = sim::simulate(*scenario, cost, *schedule, options);
+  auto result = sim::simulate(*compiled, options);
   if (!result.ok()) return fail(result.status());
   const sim::SimResult& r = *result;
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
@@ -323,7 +319,7 @@ int run_simulate(const std::vector<std::string>& argv) {
   std::printf("  throughput    %.0f tokens/s, %.0f tokens/s/GPU, %.1f TFLOP/s/GPU, MFU %.1f %%%s\n", r.tokens_per_s,
               r.tokens_per_gpu_per_s, r.tflops_per_gpu, 100 * r.mfu,
               r.fits_memory ? "" : "  -- NOT RUNNABLE: does not fit in GPU memory");
-  std::printf("  mesh          %s\n", scenario->mesh().describe().c_str());
+  std::printf("  mesh          %s\n", scenario->mesh.describe().c_str());
   std::printf("  sharding      %s (%s)\n", sharding_notation(scenario->policy.sharding).c_str(), kShardingLegend);
   std::printf("  memory        %s (params %.2f, grads %.2f, optimizer %.2f, activations %.2f, buffers %.2f GiB)\n",
               r.memory_verdict.c_str(), m.params / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
@@ -343,12 +339,12 @@ int run_import(const std::vector<std::string>& argv) {
   if (parsed->positional.empty()) return usage_error("import", "missing the profiler trace file(s)");
   auto scenario_path = parsed->get("--scenario");
   if (!scenario_path) return usage_error("import", "missing --scenario (the model, cluster and policy the traces ran)");
-  auto scenario = load_scenario_file(*scenario_path);
-  if (!scenario.ok()) return fail(scenario.status());
-  const ModelCost cost = scenario_cost(*scenario);
-  auto schedule = build_schedule(*scenario, cost);
-  if (!schedule.ok()) return fail(schedule.status());
-  if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
+  auto loaded = load_scenario_file(*scenario_path);
+  if (!loaded.ok()) return fail(loaded.status());
+  auto compiled = compile(*loaded);
+  if (!compiled.ok()) return fail(compiled.status());
+  const Scenario* scenario = &compiled->scenario;
+  const Schedule* schedule = &compiled->schedule;
   if (static_cast<int>(parsed->positional.size()) != schedule->world_size)
     return fail(Status::InvalidInput("the scenario has " + std::to_string(schedule->world_size) + " ranks; " +
                                      std::to_string(parsed->positional.size()) +
@@ -415,10 +411,9 @@ int run_replay(const std::vector<std::string>& argv) {
   auto recorded_scenario = parse_scenario(trace->scenario_config, trace->scenario);
   if (!recorded_scenario.ok())
     return fail(Status::InvalidInput("trace scenario_config: " + recorded_scenario.status().message()));
-  const ModelCost recorded_cost = scenario_cost(*recorded_scenario);
-  auto recorded_schedule = build_schedule(*recorded_scenario, recorded_cost);
-  if (!recorded_schedule.ok()) return fail(recorded_schedule.status());
-  if (Status s = validate_schedule(*recorded_schedule); !s.ok()) return fail(s);
+  auto recorded_run = compile(*recorded_scenario);
+  if (!recorded_run.ok()) return fail(recorded_run.status());
+  const Schedule* recorded_schedule = &recorded_run->schedule;
   const std::vector<double> before = recorded_step_times(*trace);
   double recorded_mean = 0;
   for (double t : before) recorded_mean += t / static_cast<double>(before.size());
@@ -442,16 +437,15 @@ int run_replay(const std::vector<std::string>& argv) {
     }
     const std::string out_dir = args->get("--out").value_or("out/what-if-" + safe_file_name(scenario->name));
     if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
-    const ModelCost cost = scenario_cost(*scenario);
-    auto schedule = build_schedule(*scenario, cost);
-    if (!schedule.ok()) return fail(schedule.status());
-    if (Status s = validate_schedule(*schedule); !s.ok()) return fail(s);
+    auto compiled = compile(*scenario);
+    if (!compiled.ok()) return fail(compiled.status());
+    const Schedule* schedule = &compiled->schedule;
     const RooflineDurations recorded_roofline(recorded_scenario->cluster);
     auto rates = TraceRates::make(*trace, *recorded_schedule, recorded_roofline, scenario->cluster.gpu);
     if (!rates.ok()) return fail(rates.status());
     options.durations = &*rates;
     options.progress = true;
-    auto result = sim::simulate(*scenario, cost, *schedule, options);
+    auto result = sim::simulate(*compiled, options);
     if (!result.ok()) return fail(result.status());
     const sim::SimResult& r = *result;
     std::printf("what-if from %s (recorded: %s, %d ranks, %.6f s per step)\n", args->scenario->c_str(),
@@ -481,10 +475,11 @@ int run_replay(const std::vector<std::string>& argv) {
   if (args->get("--steps")) return usage_error("replay", "--steps applies to a what-if (--scenario) only");
   // The recorded times already hold each GPU's own speed and the slowdown of the communication that ran
   // beside its compute: no modelled variability or interference on top.
-  Scenario scenario = *recorded_scenario;
-  scenario.cluster.compute_spread = 0;
-  scenario.cluster.overlap_slowdown = 0;
-  const Schedule& schedule = *recorded_schedule;
+  Compiled replayed = *recorded_run;
+  replayed.scenario.cluster.compute_spread = 0;
+  replayed.scenario.cluster.overlap_slowdown = 0;
+  const Scenario& scenario = replayed.scenario;
+  const Schedule& schedule = replayed.schedule;
   const std::string out_dir = args->get("--out").value_or("out/replay-" + safe_file_name(scenario.name));
   if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
   const RooflineDurations roofline(scenario.cluster);
@@ -495,7 +490,7 @@ int run_replay(const std::vector<std::string>& argv) {
   options.timeline_max_ranks = static_cast<int>(std::min<long long>(trace->world_size, kMaxTimelineRanks));
   options.durations = &*recorded;
   options.collectives = &*recorded;
-  auto result = sim::simulate(scenario, recorded_cost, schedule, options);
+  auto result = sim::simulate(replayed, options);
   if (!result.ok()) return fail(result.status());
   const sim::SimResult& r = *result;
 

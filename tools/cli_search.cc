@@ -18,11 +18,11 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/base/files.h"
+#include "shared/compile/compile.h"
 #include "shared/plan/plan.h"
 #include "shared/plan/planner.h"
 #include "shared/policy/policy_registry.h"
 #include "shared/scenario/scenario_parser.h"
-#include "shared/schedule/schedule_builder.h"
 #include "shared/schedule/sharding.h"
 
 extern char** environ;
@@ -44,8 +44,7 @@ struct Simulation {
 
 std::string describe(const Scenario& s) {
   // An ND candidate: its mesh, micro-batch and recomputation say more than its data-axis sharding.
-  if (s.policy.parallel.tensor > 1 || s.policy.parallel.pipeline > 1 || s.policy.parallel.context > 1)
-    return describe_nd(s);
+  if (s.mesh.tensor > 1 || s.mesh.pipeline > 1 || s.mesh.context > 1) return describe_nd(s);
   return sharding_notation(s.policy.sharding) + " prefetch " + std::to_string(s.policy.overlap.prefetch_depth) +
          (s.policy.overlap.separate_streams ? "" : " one-stream") + " mb " + std::to_string(s.training.micro_batch) +
          " rc " + to_string(s.training.recompute);

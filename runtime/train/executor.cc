@@ -97,7 +97,7 @@ Status Executor::Impl::setup() {
   if (expert_parallel()) {
     const ProcessGroup& g = schedule.group_of(rank, schedule.role_expert_parallel);
     ep_position = static_cast<int>(std::find(g.ranks.begin(), g.ranks.end(), rank) - g.ranks.begin());
-    if (static_cast<int>(g.ranks.size()) != scenario.policy.expert_parallel)
+    if (static_cast<int>(g.ranks.size()) != scenario.mesh.expert)
       return Status::Internal("runtime: expert_parallel group size differs from policy.expert_parallel");
   }
   HZP_ASSIGN_OR_RETURN(layout, StateLayout::build(schedule, cfg, rank, ep_position));
@@ -171,7 +171,7 @@ Status Executor::Impl::allocate_all(MemoryPool& p) {
 
   // The model: its blocks' saved activations and the shared backward scratch.
   Kernels& ck = *kernels[compute_stream()];
-  const int ep = expert_parallel() ? scenario.policy.expert_parallel : 1;
+  const int ep = expert_parallel() ? scenario.mesh.expert : 1;
   workspace = Workspace();
   embedding = std::make_unique<Embedding>(cfg);
   attention.clear();

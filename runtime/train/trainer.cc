@@ -25,12 +25,8 @@
 #include "shared/base/files.h"
 #include "shared/base/json_io.h"
 #include "shared/base/text.h"
-#include "shared/ir/schedule_validator.h"
 #include "shared/model/model_math.h"
-#include "shared/plan/planner.h"
-#include "shared/policy/policy_registry.h"
 #include "shared/scenario/scenario_parser.h"
-#include "shared/schedule/schedule_builder.h"
 #include "shared/schedule/sharding.h"
 #include "shared/trace/trace_format.h"
 
@@ -169,50 +165,38 @@ Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const L
 Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size) {
   auto loaded = load_json_file(options.scenario_path, kMaxScenarioBytes);
   if (!loaded.ok()) return loaded.status();
-  nlohmann::json doc = std::move(loaded).value();
-  if (!doc.is_object())
-    return Status::InvalidInput(printable(options.scenario_path, 200) + ": scenario: must be an object");
   const int g = options.gpus_per_node > 0 ? options.gpus_per_node : world_size;
   if (world_size % g != 0)
     return Status::InvalidInput("--gpus-per-node " + std::to_string(g) + " does not divide --nproc " +
                                 std::to_string(world_size));
-  if (!doc.contains("cluster") || !doc["cluster"].is_object())
-    return Status::InvalidInput("cluster: must be an object (hzp train replaces its nodes and gpus_per_node)");
-  doc["cluster"]["nodes"] = world_size / g;
-  doc["cluster"]["gpus_per_node"] = g;
-  // One emulated NIC per rank unless the scenario says otherwise (a preset's 8 NICs cannot rail-map 3 ranks).
-  if (!doc["cluster"].contains("nic")) doc["cluster"]["nic"] = nlohmann::json::object();
-  if (doc["cluster"]["nic"].is_object() && !doc["cluster"]["nic"].contains("per_node"))
-    doc["cluster"]["nic"]["per_node"] = g;
-  auto parsed = parse_scenario(doc, fs::path(options.scenario_path).stem().string());
+  // The scenario runs on this job's ranks, whatever cluster size it names.
+  const ClusterOverride ranks{world_size / g, g};
+  auto parsed = parse_scenario(*loaded, fs::path(options.scenario_path).stem().string(), ranks);
   if (!parsed.ok())
     return Status::InvalidInput(printable(options.scenario_path, 200) + " (with " + std::to_string(world_size / g) +
                                 " nodes x " + std::to_string(g) + " ranks): " + parsed.status().message());
   Scenario s = std::move(parsed).value();
-  if (s.policy.auto_sharding) HZP_RETURN_IF_ERROR(resolve_auto_sharding(s));
   if (options.steps > 0) s.run.steps = options.steps;
   return s;
 }
 
 Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
   PreparedRun run;
-  HZP_ASSIGN_OR_RETURN(run.scenario, load_train_scenario(options, world_size));
-  run.cost = scenario_cost(run.scenario);
-  HZP_ASSIGN_OR_RETURN(run.schedule, build_schedule(run.scenario, run.cost));
-  HZP_RETURN_IF_ERROR(validate_schedule(run.schedule));
-  HZP_RETURN_IF_ERROR(runtime_supports(run.scenario));
+  HZP_ASSIGN_OR_RETURN(const Scenario scenario, load_train_scenario(options, world_size));
+  HZP_ASSIGN_OR_RETURN(run.compiled, compile(scenario));
+  HZP_RETURN_IF_ERROR(runtime_supports(run.compiled.scenario));
   if (options.data_path == ByteDataset::kRandom) {
-    run.data = ByteDataset::random_tokens(run.scenario.model.vocab, run.scenario.training.seq_len);
+    run.data = ByteDataset::random_tokens(run.compiled.scenario.model.vocab, run.compiled.scenario.training.seq_len);
   } else {
-    HZP_ASSIGN_OR_RETURN(run.data, ByteDataset::load(options.data_path, run.scenario.training.seq_len));
+    HZP_ASSIGN_OR_RETURN(run.data, ByteDataset::load(options.data_path, run.compiled.scenario.training.seq_len));
   }
-  if (run.data.vocab() != run.scenario.model.vocab)
+  if (run.data.vocab() != run.compiled.scenario.model.vocab)
     return Status::InvalidInput("model.vocab: the byte-level tokenizer of --data has " +
                                 std::to_string(run.data.vocab()) + " tokens, the model says " +
-                                std::to_string(run.scenario.model.vocab) +
+                                std::to_string(run.compiled.scenario.model.vocab) +
                                 " (--data random trains on random tokens of any vocabulary)");
-  const std::int64_t steps =
-      options.stop_after > 0 ? std::min(options.stop_after, run.scenario.run.steps) : run.scenario.run.steps;
+  const std::int64_t steps = options.stop_after > 0 ? std::min(options.stop_after, run.compiled.scenario.run.steps)
+                                                    : run.compiled.scenario.run.steps;
   if ((!options.trace_path.empty() || !options.perfetto_path.empty()) && steps > kMaxTracedSteps)
     return Status::InvalidInput("--trace / --perfetto record every op of every step: at most " +
                                 std::to_string(kMaxTracedSteps) + " steps (this run has " + std::to_string(steps) +
@@ -248,18 +232,20 @@ class RankRun {
   RankRun(const TrainOptions& options, const LaunchEnv& env, const PreparedRun& prepared, FatalHandler on_fatal)
       : options_(options),
         env_(env),
-        scenario_(prepared.scenario),
-        cost_(prepared.cost),
-        schedule_(prepared.schedule),
+        scenario_(prepared.compiled.scenario),
+        cost_(prepared.compiled.cost),
+        schedule_(prepared.compiled.schedule),
         prepared_(prepared),
         on_fatal_(std::move(on_fatal)),
         lead_(env.rank == 0),
         timeout_(static_cast<long long>(options.timeout_s) * 1000),
-        tokens_per_step_(prepared.scenario.training.global_batch * prepared.scenario.training.seq_len),
+        tokens_per_step_(prepared.compiled.scenario.training.global_batch *
+                         prepared.compiled.scenario.training.seq_len),
         // MFU against the scenario's GPU type (model FLOPs per rank per step / (step time x peak)), as the
         // simulator reports it, so a CPU run and its simulated GPU cluster read on one scale.
-        flops_per_rank_step_(prepared.cost.model_flops * static_cast<double>(prepared.scenario.grad_accum_steps())),
-        peak_(prepared.scenario.cluster.gpu.peak_flops) {}
+        flops_per_rank_step_(prepared.compiled.cost.model_flops *
+                             static_cast<double>(prepared.compiled.scenario.grad_accum_steps())),
+        peak_(prepared.compiled.scenario.cluster.gpu.peak_flops) {}
 
   int join();
   int train();

@@ -11,6 +11,7 @@
 #include "runtime/store/launch_env.h"
 #include "runtime/train/data.h"
 #include "shared/base/status.h"
+#include "shared/compile/compile.h"
 #include "shared/ir/schedule.h"
 #include "shared/model/model_math.h"
 #include "shared/scenario/scenario.h"
@@ -35,17 +36,15 @@ struct TrainOptions {
   std::string backend = "cpu";  // the device the ranks run on (runtime/device/registry.h)
 };
 
-// The scenario as the ranks run it: the file with cluster.nodes x cluster.gpus_per_node replaced by the
-// emulated world (nproc ranks, gpus_per_node per node), auto sharding resolved.
+// The scenario as the ranks run it: the file parsed with cluster.nodes x cluster.gpus_per_node replaced by
+// the emulated world (nproc ranks, gpus_per_node per node; scenario_parser.h ClusterOverride).
 Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size);
 
 // Everything a rank needs that can be checked before any rank starts: the scenario, its model cost, the
 // validated schedule, the runtime's support for it, and the training text. The launcher calls this once
 // so that a bad scenario or flag is reported once, before ranks exist; each rank calls it again.
 struct PreparedRun {
-  Scenario scenario;
-  ModelCost cost;
-  Schedule schedule;
+  Compiled compiled;  // the scenario compiled (compile/compile.h): auto sharding resolved, schedule validated
   ByteDataset data;
 };
 Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size);

@@ -12,7 +12,7 @@ void derive_performance(const Scenario& scenario, const ModelCost& cost, StepPer
   // cost.model_flops is a tensor rank's share of one micro-batch through the whole model; a pipeline stage
   // runs 1 / pipeline of the model.
   perf.model_flops_per_gpu =
-      cost.model_flops * static_cast<double>(scenario.grad_accum_steps()) / scenario.policy.parallel.pipeline;
+      cost.model_flops * static_cast<double>(scenario.grad_accum_steps()) / scenario.mesh.pipeline;
   if (perf.step_time_s > 0) {
     perf.tflops_per_gpu = perf.model_flops_per_gpu / perf.step_time_s / 1e12;
     perf.mfu = perf.model_flops_per_gpu / (perf.step_time_s * scenario.cluster.gpu.peak_flops);

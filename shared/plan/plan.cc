@@ -4,29 +4,20 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "shared/ir/schedule_validator.h"
-#include "shared/model/model_math.h"
+#include "shared/compile/compile.h"
 #include "shared/policy/policy_registry.h"
 #include "shared/scenario/presets.h"
-#include "shared/schedule/schedule_builder.h"
 #include "shared/schedule/sharding.h"
 
 namespace hzp {
 
 Result<Scenario> with_policy(const Scenario& scenario, const std::string& policy) {
-  HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(scenario.cluster, scenario.policy.parallel));
+  const ReplicaAxis& axis = scenario.mesh.replica;
   HZP_ASSIGN_OR_RETURN(ShardingSpec sharding, sharding_preset(policy, axis.ranks_per_node, axis.nodes));
   Scenario out = scenario;
   out.policy.preset = policy;
   out.policy.sharding = sharding;
   return out;
-}
-
-Result<Estimate> evaluate(const Scenario& scenario) {
-  const ModelCost cost = scenario_cost(scenario);
-  HZP_ASSIGN_OR_RETURN(Schedule schedule, build_schedule(scenario, cost));
-  HZP_RETURN_IF_ERROR(validate_schedule(schedule));
-  return estimate(scenario, cost, schedule);
 }
 
 Result<Plan> plan_presets(const Scenario& scenario) {
@@ -105,7 +96,7 @@ std::string plan_table(const Scenario& scenario, const Plan& plan) {
   std::snprintf(
       line, sizeof line, "scenario %s: %s on %d x %d %s (%s), seq %lld, micro-batch %lld, %lld micro-batches/step\n",
       scenario.name.c_str(), scenario.model.name.c_str(), scenario.cluster.nodes, scenario.cluster.gpus_per_node,
-      scenario.cluster.gpu.type.c_str(), scenario.mesh().describe().c_str(),
+      scenario.cluster.gpu.type.c_str(), scenario.mesh.describe().c_str(),
       static_cast<long long>(scenario.training.seq_len), static_cast<long long>(scenario.training.micro_batch),
       static_cast<long long>(scenario.grad_accum_steps()));
   out += line;

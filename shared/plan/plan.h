@@ -26,9 +26,6 @@ struct Plan {
 // The scenario with its policy replaced by `policy`'s preset sharding (overlap settings kept).
 Result<Scenario> with_policy(const Scenario& scenario, const std::string& policy);
 
-// Model cost, schedule, validation and estimate for one scenario.
-Result<Estimate> evaluate(const Scenario& scenario);
-
 Result<Plan> plan_presets(const Scenario& scenario);
 
 // {"candidates": [...], "best": name | null} as documented in README.md.

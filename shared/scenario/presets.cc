@@ -169,19 +169,6 @@ std::vector<std::string> cluster_preset_names() {
   return names;
 }
 
-Result<DataAxis> data_axis(const ClusterSpec& cluster, const ParallelSpec& parallel) {
-  const int R = cluster.gpus_per_node, N = cluster.nodes, t = parallel.tensor, p = parallel.pipeline;
-  if (t < 1 || R % t != 0)
-    return Status::InvalidInput("policy.parallel.tensor: " + std::to_string(t) + " must divide the " +
-                                std::to_string(R) + " GPUs of a node (tensor parallelism stays inside a node)");
-  if (p >= 1 && N % p == 0) return DataAxis{R / t, N / p};
-  // Several stages per node: each takes R / (p / N) GPUs of it.
-  if (p >= 1 && p % N == 0 && R % (p / N) == 0 && (R / (p / N)) % t == 0) return DataAxis{R / (p / N) / t, 1};
-  return Status::InvalidInput("policy.parallel.pipeline: " + std::to_string(p) + " stages must divide the " +
-                              std::to_string(N) + " nodes, or split each node into equal parts of a multiple of " +
-                              std::to_string(t) + " GPUs (tensor)");
-}
-
 Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes) {
   const PolicyEntry* row = find_policy(policy);
   if (row == nullptr || !row->is_preset)

@@ -36,10 +36,6 @@ InterNodeSpec default_inter_node();
 // "amsp" has no fixed sharding (explicit groups, or the planner's pick) and returns kInvalidInput here.
 Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes);
 
-// The data axis of a cluster under ND parallelism (scenario.h: DataAxis), the "cluster" every sharding is
-// laid out on: tensor parallelism must divide the GPUs of a node, and pipeline stages must be whole nodes
-// or divide one node evenly. Errors name policy.parallel's field.
-Result<DataAxis> data_axis(const ClusterSpec& cluster, const ParallelSpec& parallel);
 std::vector<std::string> policy_preset_names();
 
 // AMSP's validity rules (arXiv 2311.00257 §III) for explicit sharding on a gpus_per_node x nodes data-parallel group.

@@ -10,17 +10,6 @@
 
 namespace hzp {
 
-ParallelMesh Scenario::mesh() const {
-  ParallelMesh m;
-  m.tensor = policy.parallel.tensor;
-  m.pipeline = policy.parallel.pipeline;
-  m.context = policy.parallel.context;
-  const long long model_parallel = static_cast<long long>(m.tensor) * m.pipeline * m.context;
-  m.data = static_cast<int>(cluster.world_size() / std::max(1LL, model_parallel));
-  m.expert = policy.expert_parallel;
-  return m;
-}
-
 std::string ParallelMesh::describe() const {
   std::string s = "data " + std::to_string(data) + " x tensor " + std::to_string(tensor) + " x pipeline " +
                   std::to_string(pipeline) + " x context " + std::to_string(context) + " = " + std::to_string(world()) +

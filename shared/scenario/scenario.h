@@ -277,7 +277,7 @@ struct CommSpec {
 // kAllToAll ("a2a": DeepSpeed-Ulysses, queries, keys and values re-split from sequence to heads before the
 // attention core and the output back after it, on the compute path).
 // D = GPUs / (tensor * context * pipeline) replicas see different samples; every ZeRO-family sharding
-// applies to the D x context ranks of the replica axis (DataAxis).
+// applies to the D x context ranks of the replica axis (ParallelMesh::replica).
 enum class ContextComm { kRing, kAllToAll };
 
 struct ParallelSpec {
@@ -295,7 +295,7 @@ struct ParallelSpec {
 // gpus_per_node / t of them; a pipeline stage spans nodes / pipeline nodes (or a part of one node when it is
 // smaller). Sharding groups (AMSP's s0 x s1) are counted in these units; a context group is `context`
 // consecutive ones.
-struct DataAxis {
+struct ReplicaAxis {
   int ranks_per_node = 1;  // data-parallel ranks of one (tensor, pipeline) coordinate per node
   int nodes = 1;           // nodes one such coordinate's data-parallel ranks span
   int size() const { return ranks_per_node * nodes; }
@@ -311,28 +311,30 @@ struct PolicySpec {
   // the ranks that hold the same experts (the expert-data-parallel group, D / expert_parallel ranks).
   int expert_parallel = 1;
   ParallelSpec parallel;
-  // "sharding": "auto" (amsp): the groups are the planner's analytic pick, filled in by
-  // resolve_auto_sharding (planner.h) before anything else uses the scenario.
+  // "sharding": "auto" (amsp): the groups are the planner's analytic pick, filled in by compile()
+  // (compile/compile.h) before anything uses them; until then `sharding` is a placeholder.
   bool auto_sharding = false;
 };
 
 // The parallel mesh: named axes whose degrees multiply to the world. The data x context ranks hold the ZeRO
 // family's sharding and expert parallelism; tensor, context and pipeline come from policy.parallel. Rank
 // order, innermost first: tensor, context, data, pipeline (Megatron's), so global rank
-// g = tensor + T·(context + C·(data + D·stage)). Derived from the scenario, never stored, so it cannot go stale.
+// g = tensor + T·(context + C·(data + D·stage)). Computed once, by the parser (make_mesh, mesh.h), and stored
+// in Scenario::mesh: a scenario with other cluster or parallel fields is a new scenario (parse it).
 struct ParallelMesh {
   int data = 1;
   int tensor = 1;
   int pipeline = 1;
   int context = 1;
-  int expert = 1;  // divides data x context: experts spread over this many consecutive replica-axis ranks
+  int expert = 1;       // divides data x context: experts spread over this many consecutive replica-axis ranks
+  ReplicaAxis replica;  // the data x context ranks of one (tensor, stage) coordinate, seen as a cluster
   long long world() const { return static_cast<long long>(data) * tensor * pipeline * context; }
   // Coordinates of a global rank, and back.
   int tensor_rank(int rank) const { return rank % tensor; }
   int context_rank(int rank) const { return rank / tensor % context; }
   int data_rank(int rank) const { return rank / (tensor * context) % data; }
   int stage(int rank) const { return rank / (tensor * context * data); }
-  // The position on the replica axis (DataAxis): context + C·data.
+  // The position on the replica axis: context + C·data.
   int replica_rank(int rank) const { return rank / tensor % (context * data); }
   int global_rank(int tensor_index, int replica_index, int stage_index) const {
     return tensor_index + tensor * (replica_index + context * data * stage_index);
@@ -349,8 +351,9 @@ struct Scenario {
   PolicySpec policy;
   RunSpec run;
 
-  ParallelMesh mesh() const;
-  int data_parallel() const { return mesh().data; }
+  ParallelMesh mesh;  // set by the parser from cluster and policy (see ParallelMesh)
+
+  int data_parallel() const { return mesh.data; }
   // Micro-batches per optimizer step on each GPU: global_batch / (micro_batch * D).
   std::int64_t grad_accum_steps() const { return training.global_batch / (training.micro_batch * data_parallel()); }
 };

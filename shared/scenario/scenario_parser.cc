@@ -19,6 +19,7 @@
 #include "shared/base/json_io.h"
 #include "shared/base/text.h"
 #include "shared/scenario/calibration.h"
+#include "shared/scenario/mesh.h"
 #include "shared/scenario/presets.h"
 
 namespace hzp {
@@ -390,61 +391,37 @@ Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& g
       gpu.at("type"));
 }
 
-Result<ClusterSpec> parse_cluster(const json& value) {
-  HZP_ASSIGN_OR_RETURN(
-      ObjectReader r,
-      ObjectReader::open(value, "cluster",
-                         {"name", "preset", "nodes", "gpus_per_node", "gpu", "intra_node", "nic", "inter_node",
-                          "efficiency", "collective_algorithm", "protocol", "compute_spread", "overlap_slowdown"}));
-  ClusterSpec c;
-  const bool from_preset = r.has("preset");
-  if (from_preset) {
-    HZP_ASSIGN_OR_RETURN(c, read_preset<ClusterSpec>(r, cluster_preset, cluster_preset_names(), "cluster preset"));
-  } else {
-    for (const char* key : {"nodes", "gpus_per_node", "gpu", "intra_node", "nic"})
-      HZP_RETURN_IF_ERROR(r.require(key, "the cluster has no preset"));
-    c.name = "custom";
-    c.inter = default_inter_node();
-  }
-  HZP_RETURN_IF_ERROR(r.read_label("name", c.name));
-  HZP_RETURN_IF_ERROR(r.read_int("nodes", c.nodes, 1, range::kNodes));
-  HZP_RETURN_IF_ERROR(r.read_int("gpus_per_node", c.gpus_per_node, 1, range::kGpusPerNode));
-  if (static_cast<std::int64_t>(c.nodes) * c.gpus_per_node > range::kWorld)
-    return invalid(r.path_of("nodes"),
-                   "times gpus_per_node (" + std::to_string(c.gpus_per_node) + ") is " +
-                       std::to_string(static_cast<std::int64_t>(c.nodes) * c.gpus_per_node) + " GPUs, more than the " +
-                       std::to_string(range::kWorld) + " hzp models",
-                   c.nodes);
-
-  if (r.has("gpu")) {
-    HZP_ASSIGN_OR_RETURN(ObjectReader g,
-                         r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps", "fp8_peak_tflops", "arch"}));
-    if (!from_preset) HZP_RETURN_IF_ERROR(g.require("type", "the cluster has no preset"));
-    // The type comes first: a new type brings its calibrated numbers, which explicit fields then override.
-    if (g.has("type")) {
-      std::string type;
-      HZP_RETURN_IF_ERROR(g.read_string("type", type));
-      Result<CalibrationEntry> cal = calibration_for(type);
-      if (cal.ok()) {
-        c.gpu = cal->gpu;
-        c.efficiency = cal->efficiency;
-        if (!from_preset) {
-          c.intra.latency_s = cal->intra_latency_s;
-          c.nic.latency_s = cal->nic_latency_s;
-        }
-      } else {
-        HZP_RETURN_IF_ERROR(check_uncalibrated_gpu(r, g, from_preset));
-        c.gpu = GpuSpec{type, 0, 0, 0};
+// cluster.gpu: the type first (a known type brings its calibrated numbers, which explicit fields override).
+Status parse_gpu(const ObjectReader& r, bool from_preset, ClusterSpec& c) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader g,
+                       r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps", "fp8_peak_tflops", "arch"}));
+  if (!from_preset) HZP_RETURN_IF_ERROR(g.require("type", "the cluster has no preset"));
+  if (g.has("type")) {
+    std::string type;
+    HZP_RETURN_IF_ERROR(g.read_string("type", type));
+    Result<CalibrationEntry> cal = calibration_for(type);
+    if (cal.ok()) {
+      c.gpu = cal->gpu;
+      c.efficiency = cal->efficiency;
+      if (!from_preset) {
+        c.intra.latency_s = cal->intra_latency_s;
+        c.nic.latency_s = cal->nic_latency_s;
       }
+    } else {
+      HZP_RETURN_IF_ERROR(check_uncalibrated_gpu(r, g, from_preset));
+      c.gpu = GpuSpec{type, 0, 0, 0};
     }
-    HZP_RETURN_IF_ERROR(g.read_number("peak_tflops", c.gpu.peak_flops, kTflops, {0.001, 1e6}));
-    HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB, {0.001, 1e6}));
-    HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps, {0.1, 1e6}));
-    HZP_RETURN_IF_ERROR(g.read_number("fp8_peak_tflops", c.gpu.fp8_peak_flops, kTflops, {0.001, 1e6}));
-    HZP_RETURN_IF_ERROR(
-        g.read_enum("arch", c.gpu.arch, {GpuArch::kVolta, GpuArch::kAmpere, GpuArch::kHopper, GpuArch::kBlackwell}));
   }
+  HZP_RETURN_IF_ERROR(g.read_number("peak_tflops", c.gpu.peak_flops, kTflops, {0.001, 1e6}));
+  HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB, {0.001, 1e6}));
+  HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps, {0.1, 1e6}));
+  HZP_RETURN_IF_ERROR(g.read_number("fp8_peak_tflops", c.gpu.fp8_peak_flops, kTflops, {0.001, 1e6}));
+  return g.read_enum("arch", c.gpu.arch, {GpuArch::kVolta, GpuArch::kAmpere, GpuArch::kHopper, GpuArch::kBlackwell});
+}
 
+// cluster.intra_node and cluster.nic. `nic_per_node_required`: false when hzp train runs the scenario on its
+// own ranks and the scenario names no NIC count (one emulated NIC per rank then).
+Status parse_links(const ObjectReader& r, bool from_preset, bool nic_per_node_required, ClusterSpec& c) {
   if (r.has("intra_node")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader in, r.child("intra_node", {"topology", "bandwidth_GBps", "latency_us"}));
     if (!from_preset) {
@@ -456,11 +433,10 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(in.read_number("bandwidth_GBps", c.intra.bytes_per_s, kGBps, {0.1, 1e5}));
     HZP_RETURN_IF_ERROR(in.read_number("latency_us", c.intra.latency_s, kUs, {0, 1e6}));
   }
-
   if (r.has("nic")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader nic, r.child("nic", {"per_node", "bandwidth_Gbps", "latency_us", "mapping"}));
     if (!from_preset) {
-      HZP_RETURN_IF_ERROR(nic.require("per_node", "the cluster has no preset"));
+      if (nic_per_node_required) HZP_RETURN_IF_ERROR(nic.require("per_node", "the cluster has no preset"));
       HZP_RETURN_IF_ERROR(nic.require("bandwidth_Gbps", "the cluster has no preset"));
     }
     HZP_RETURN_IF_ERROR(nic.read_int("per_node", c.nic.per_node, 1, range::kNics));
@@ -468,27 +444,31 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(nic.read_number("latency_us", c.nic.latency_s, kUs, {0, 1e6}));
     HZP_RETURN_IF_ERROR(nic.read_enum("mapping", c.nic.mapping, {NicMapping::kRail, NicMapping::kShared}));
   }
+  return Status::Ok();
+}
 
-  if (r.has("inter_node")) {
-    HZP_ASSIGN_OR_RETURN(ObjectReader inter, r.child("inter_node", {"topology", "leaf_size", "oversubscription",
-                                                                    "switch_latency_us", "routing", "rail_optimized",
-                                                                    "qps_per_connection", "placement", "seed"}));
-    std::string topology = "fat_tree";
-    HZP_RETURN_IF_ERROR(inter.read_string("topology", topology));
-    if (topology != "fat_tree")
-      return invalid(inter.path_of("topology"), "must be \"fat_tree\" (the only inter-node topology modelled)",
-                     inter.at("topology"));
-    HZP_RETURN_IF_ERROR(inter.read_int("leaf_size", c.inter.leaf_size, 1, range::kLeafSize));
-    HZP_RETURN_IF_ERROR(inter.read_number("oversubscription", c.inter.oversubscription, kOne, {1, 1000}));
-    HZP_RETURN_IF_ERROR(inter.read_number("switch_latency_us", c.inter.switch_latency_s, kUs, {0, 1e6}));
-    HZP_RETURN_IF_ERROR(inter.read_enum("routing", c.inter.routing, {Routing::kBalanced, Routing::kEcmp}));
-    HZP_RETURN_IF_ERROR(inter.read_bool("rail_optimized", c.inter.rail_optimized));
-    HZP_RETURN_IF_ERROR(inter.read_int("qps_per_connection", c.inter.qps_per_connection, 1, range::kQpsPerConnection));
-    HZP_RETURN_IF_ERROR(
-        inter.read_enum("placement", c.inter.placement, {Placement::kContiguous, Placement::kScattered}));
-    HZP_RETURN_IF_ERROR(inter.read_int("seed", c.inter.seed, 0, kIntMax));
-  }
+// cluster.inter_node: the fat tree above the NICs.
+Status parse_inter_node(const ObjectReader& r, InterNodeSpec& inter) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader o,
+                       r.child("inter_node", {"topology", "leaf_size", "oversubscription", "switch_latency_us",
+                                              "routing", "rail_optimized", "qps_per_connection", "placement", "seed"}));
+  std::string topology = "fat_tree";
+  HZP_RETURN_IF_ERROR(o.read_string("topology", topology));
+  if (topology != "fat_tree")
+    return invalid(o.path_of("topology"), "must be \"fat_tree\" (the only inter-node topology modelled)",
+                   o.at("topology"));
+  HZP_RETURN_IF_ERROR(o.read_int("leaf_size", inter.leaf_size, 1, range::kLeafSize));
+  HZP_RETURN_IF_ERROR(o.read_number("oversubscription", inter.oversubscription, kOne, {1, 1000}));
+  HZP_RETURN_IF_ERROR(o.read_number("switch_latency_us", inter.switch_latency_s, kUs, {0, 1e6}));
+  HZP_RETURN_IF_ERROR(o.read_enum("routing", inter.routing, {Routing::kBalanced, Routing::kEcmp}));
+  HZP_RETURN_IF_ERROR(o.read_bool("rail_optimized", inter.rail_optimized));
+  HZP_RETURN_IF_ERROR(o.read_int("qps_per_connection", inter.qps_per_connection, 1, range::kQpsPerConnection));
+  HZP_RETURN_IF_ERROR(o.read_enum("placement", inter.placement, {Placement::kContiguous, Placement::kScattered}));
+  return o.read_int("seed", inter.seed, 0, kIntMax);
+}
 
+// cluster.efficiency, collective_algorithm, protocol, compute_spread, overlap_slowdown.
+Status parse_cluster_tuning(const ObjectReader& r, ClusterSpec& c) {
   if (r.has("efficiency")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader eff, r.child("efficiency", {"gemm", "memory_bound", "intra_node", "inter_node"}));
     HZP_RETURN_IF_ERROR(eff.read_number("gemm", c.efficiency.gemm, kOne, kFraction));
@@ -496,7 +476,6 @@ Result<ClusterSpec> parse_cluster(const json& value) {
     HZP_RETURN_IF_ERROR(eff.read_number("intra_node", c.efficiency.intra_node, kOne, kFraction));
     HZP_RETURN_IF_ERROR(eff.read_number("inter_node", c.efficiency.inter_node, kOne, kFraction));
   }
-
   HZP_RETURN_IF_ERROR(r.read_enum(
       "collective_algorithm", c.collective_algorithm,
       {CollectiveAlgorithmChoice::kAuto, CollectiveAlgorithmChoice::kRing, CollectiveAlgorithmChoice::kHierarchical}));
@@ -511,8 +490,11 @@ Result<ClusterSpec> parse_cluster(const json& value) {
                        std::string(to_string(c.protocol)) + "\": NCCL's LL bandwidth cap depends on it");
   HZP_RETURN_IF_ERROR(r.read_number("compute_spread", c.compute_spread, kOne, {0, 0.2}));
   c.overlap_slowdown = kOverlapSlowdown;
-  HZP_RETURN_IF_ERROR(r.read_number("overlap_slowdown", c.overlap_slowdown, kOne, {0, 1}));
+  return r.read_number("overlap_slowdown", c.overlap_slowdown, kOne, {0, 1});
+}
 
+// The rules that tie cluster fields together.
+Status check_cluster(const ClusterSpec& c) {
   if (c.intra.topology == IntraNodeTopology::kFullMesh && c.gpus_per_node > range::kFullMeshGpus)
     return invalid("cluster.gpus_per_node",
                    "must be at most " + std::to_string(range::kFullMeshGpus) +
@@ -544,6 +526,51 @@ Result<ClusterSpec> parse_cluster(const json& value) {
         "cluster.nic.per_node",
         "with \"rail\" mapping must divide or be a multiple of gpus_per_node (" + std::to_string(c.gpus_per_node) + ")",
         c.nic.per_node);
+  return Status::Ok();
+}
+
+Result<ClusterSpec> parse_cluster(const json& value, const ClusterOverride& run_on) {
+  HZP_ASSIGN_OR_RETURN(
+      ObjectReader r,
+      ObjectReader::open(value, "cluster",
+                         {"name", "preset", "nodes", "gpus_per_node", "gpu", "intra_node", "nic", "inter_node",
+                          "efficiency", "collective_algorithm", "protocol", "compute_spread", "overlap_slowdown"}));
+  ClusterSpec c;
+  const bool from_preset = r.has("preset");
+  const bool overridden = run_on.nodes > 0;
+  if (from_preset) {
+    HZP_ASSIGN_OR_RETURN(c, read_preset<ClusterSpec>(r, cluster_preset, cluster_preset_names(), "cluster preset"));
+  } else {
+    for (const char* key : {"gpu", "intra_node", "nic"})
+      HZP_RETURN_IF_ERROR(r.require(key, "the cluster has no preset"));
+    if (!overridden)
+      for (const char* key : {"nodes", "gpus_per_node"})
+        HZP_RETURN_IF_ERROR(r.require(key, "the cluster has no preset"));
+    c.name = "custom";
+    c.inter = default_inter_node();
+  }
+  HZP_RETURN_IF_ERROR(r.read_label("name", c.name));
+  HZP_RETURN_IF_ERROR(r.read_int("nodes", c.nodes, 1, range::kNodes));
+  HZP_RETURN_IF_ERROR(r.read_int("gpus_per_node", c.gpus_per_node, 1, range::kGpusPerNode));
+  if (overridden) {
+    c.nodes = run_on.nodes;
+    c.gpus_per_node = run_on.gpus_per_node;
+  }
+  if (static_cast<std::int64_t>(c.nodes) * c.gpus_per_node > range::kWorld)
+    return invalid(r.path_of("nodes"),
+                   "times gpus_per_node (" + std::to_string(c.gpus_per_node) + ") is " +
+                       std::to_string(static_cast<std::int64_t>(c.nodes) * c.gpus_per_node) + " GPUs, more than the " +
+                       std::to_string(range::kWorld) + " hzp models",
+                   c.nodes);
+  if (r.has("gpu")) HZP_RETURN_IF_ERROR(parse_gpu(r, from_preset, c));
+  // Run on other ranks, one emulated NIC per rank unless the scenario says otherwise (a preset's 8 NICs
+  // cannot rail-map 3 ranks).
+  const bool nic_count_given = r.has("nic") && r.at("nic").is_object() && r.at("nic").contains("per_node");
+  if (overridden && !nic_count_given) c.nic.per_node = run_on.gpus_per_node;
+  HZP_RETURN_IF_ERROR(parse_links(r, from_preset, !overridden, c));
+  if (r.has("inter_node")) HZP_RETURN_IF_ERROR(parse_inter_node(r, c.inter));
+  HZP_RETURN_IF_ERROR(parse_cluster_tuning(r, c));
+  HZP_RETURN_IF_ERROR(check_cluster(c));
   return c;
 }
 
@@ -703,31 +730,35 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
                    "pipeline x virtual_stages (" + std::to_string(chunks) + ") must divide the " +
                        std::to_string(model.layers) + " layers",
                    p.virtual_stages > 1 ? p.virtual_stages : p.pipeline);
-  if (p.context > 1) {
-    // A context group is `context` consecutive ranks of the replica axis; it must tile the axis and its nodes.
-    const Result<DataAxis> axis = data_axis(cluster, p);
-    if (!axis.ok()) return axis.status();
-    const int c = p.context, per_node = axis->ranks_per_node;
-    if (axis->size() % c != 0 || (per_node % c != 0 && c % per_node != 0))
-      return invalid(r.path_of("context"),
-                     "must divide the " + std::to_string(axis->size()) + " GPUs that hold the same parameters (" +
-                         std::to_string(per_node) + " per node x " + std::to_string(axis->nodes) +
-                         " nodes after tensor and pipeline), in whole nodes or equal parts of one",
-                     c);
-    // Ulysses re-splits the attention heads of a tensor rank over the context group.
-    if (p.context_comm == ContextComm::kAllToAll)
-      if (const char* what = ulysses_unsplit_heads(model, t, c)) {
-        const std::int64_t n = std::string_view(what) == "model.heads" ? model.heads : model.kv_heads;
-        return invalid(r.path_of("context"),
-                       "must divide " + std::string(what) + " / tensor (" + std::to_string(n) + " / " +
-                           std::to_string(t) + ") with context_comm \"all_to_all\" (it splits the heads)",
-                       c);
-      }
-  }
   return p;
 }
 
-Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster) {
+// policy.parallel.context on the replica axis: a context group is `context` consecutive ranks of the axis;
+// it must tile the axis and its nodes (and, for Ulysses, split the heads of a tensor rank).
+Status check_context(const ParallelSpec& p, const ModelSpec& model, const ReplicaAxis& axis) {
+  const std::string at = "policy.parallel.context";
+  const int c = p.context, t = p.tensor, per_node = axis.ranks_per_node;
+  if (axis.size() % c != 0 || (per_node % c != 0 && c % per_node != 0))
+    return invalid(at,
+                   "must divide the " + std::to_string(axis.size()) + " GPUs that hold the same parameters (" +
+                       std::to_string(per_node) + " per node x " + std::to_string(axis.nodes) +
+                       " nodes after tensor and pipeline), in whole nodes or equal parts of one",
+                   c);
+  // Ulysses re-splits the attention heads of a tensor rank over the context group.
+  if (p.context_comm == ContextComm::kAllToAll)
+    if (const char* what = ulysses_unsplit_heads(model, t, c)) {
+      const std::int64_t n = std::string_view(what) == "model.heads" ? model.heads : model.kv_heads;
+      return invalid(at,
+                     "must divide " + std::string(what) + " / tensor (" + std::to_string(n) + " / " +
+                         std::to_string(t) + ") with context_comm \"all_to_all\" (it splits the heads)",
+                     c);
+    }
+  return Status::Ok();
+}
+
+// policy, and the parallel mesh it makes on the cluster (`mesh`, the one computation of it).
+Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster,
+                                ParallelMesh& mesh) {
   HZP_ASSIGN_OR_RETURN(
       ObjectReader r,
       ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "comm", "expert_parallel", "parallel"}));
@@ -737,11 +768,11 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
   if (r.has("parallel")) {
     HZP_ASSIGN_OR_RETURN(p.parallel, parse_parallel(r, model, cluster));
   }
-  // Shardings are laid out on the data axis: its ranks per node and nodes stand in for the cluster's.
-  const Result<DataAxis> axis = data_axis(cluster, p.parallel);
-  if (!axis.ok()) return axis.status();
-  const int gpus_per_node = axis->ranks_per_node;
-  const int nodes = axis->nodes;
+  HZP_ASSIGN_OR_RETURN(mesh, make_mesh(cluster, p.parallel));
+  if (p.parallel.context > 1) HZP_RETURN_IF_ERROR(check_context(p.parallel, model, mesh.replica));
+  // Shardings are laid out on the replica axis: its ranks per node and nodes stand in for the cluster's.
+  const int gpus_per_node = mesh.replica.ranks_per_node;
+  const int nodes = mesh.replica.nodes;
 
   // Without a default sharding (no preset, or amsp) every state's group must be explicit.
   bool need_all_groups = true;
@@ -825,6 +856,7 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
                          " nodes",
                      ep);
   }
+  mesh.expert = ep;
   return p;
 }
 
@@ -862,7 +894,7 @@ void apply_precision_defaults(const json& policy, Scenario& s) {
 
 }  // namespace
 
-Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name) {
+Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name, const ClusterOverride& run_on) {
   HZP_ASSIGN_OR_RETURN(ObjectReader r,
                        ObjectReader::open(doc, "", {"name", "model", "cluster", "training", "policy", "run"}));
   for (const char* key : {"model", "cluster", "training", "policy"}) HZP_RETURN_IF_ERROR(r.require(key));
@@ -870,8 +902,8 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
   s.name = std::string(name);
   HZP_RETURN_IF_ERROR(r.read_label("name", s.name));
   HZP_ASSIGN_OR_RETURN(s.model, parse_model(r.at("model")));
-  HZP_ASSIGN_OR_RETURN(s.cluster, parse_cluster(r.at("cluster")));
-  HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster));
+  HZP_ASSIGN_OR_RETURN(s.cluster, parse_cluster(r.at("cluster"), run_on));
+  HZP_ASSIGN_OR_RETURN(s.policy, parse_policy(r.at("policy"), s.model, s.cluster, s.mesh));
   HZP_ASSIGN_OR_RETURN(s.training,
                        parse_training(r.at("training"), s.model, s.data_parallel(), s.policy.parallel.pipeline));
   apply_precision_defaults(r.at("policy"), s);
@@ -910,7 +942,7 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
 }
 
 Status validate_mesh(const Scenario& scenario) {
-  const ParallelMesh m = scenario.mesh();
+  const ParallelMesh& m = scenario.mesh;
   const ClusterSpec& c = scenario.cluster;
   const auto bad = [&](const std::string& what) {
     return Status::InvalidInput("parallel mesh (" + m.describe() + "): " + what);

@@ -14,8 +14,16 @@
 
 namespace hzp {
 
+// Where `hzp train` runs a scenario: its own ranks instead of the scenario's cluster size. nodes and
+// gpus_per_node replace the scenario's (which then need not give them), and a scenario that names no NIC
+// count gets one NIC per rank (a preset's 8 NICs cannot rail-map 3 ranks). nodes == 0: no override.
+struct ClusterOverride {
+  int nodes = 0;
+  int gpus_per_node = 0;
+};
+
 // Parse an already-decoded JSON document. `name` is used when the document has no "name" key.
-Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name);
+Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name, const ClusterOverride& run_on = {});
 
 // Decode text and parse it; malformed JSON is an error naming the byte offset.
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name);

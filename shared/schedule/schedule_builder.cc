@@ -102,7 +102,7 @@ class DataParallelBuilder {
         cost_(cost),
         options_(options),
         overlap_(scenario.policy.overlap),
-        ep_(scenario.policy.expert_parallel),
+        ep_(scenario.mesh.expert),
         num_kinds_(ep_ > 1 ? 2 : 1),
         state_(state_bytes_per_param(scenario.training.precision, scenario.policy.comm.grad_reduce_in_fp32)),
         dtype_(scenario.training.precision == Precision::kFp32   ? DType::kFp32
@@ -112,10 +112,11 @@ class DataParallelBuilder {
         // The secondary copy only helps when parameters are sharded beyond the node.
         secondary_(options.secondary_param_copy && scenario.policy.sharding.params.s1 > 1),
         refresh_stream_(options.dedicated_refresh_stream ? "param_refresh" : "replica_sync"),
-        par_(scenario.policy.parallel),
+        mesh_(scenario.mesh),
+        parallel_(scenario.policy.parallel),
         stage_(stage),
-        chunks_(par_.pipeline * par_.virtual_stages),
-        act_bytes_(static_cast<std::int64_t>(scenario.training.micro_batch * scenario.training.seq_len / par_.context *
+        chunks_(mesh_.pipeline * parallel_.virtual_stages),
+        act_bytes_(static_cast<std::int64_t>(scenario.training.micro_batch * scenario.training.seq_len / mesh_.context *
                                              scenario.model.hidden * dtype_bytes(dtype_))),
         schedule_(schedule),
         bucket_base_(static_cast<int>(schedule.buckets.size())) {}
@@ -151,7 +152,7 @@ class DataParallelBuilder {
     if (unit == layers + 1) return chunks_ - 1;
     return (unit - 1) / (layers / chunks_);
   }
-  bool on_stage(int unit) const { return chunk_of(unit) % par_.pipeline == stage_; }
+  bool on_stage(int unit) const { return chunk_of(unit) % mesh_.pipeline == stage_; }
   int first_unit(int chunk) const { return chunk == 0 ? 0 : unit_of_layer(chunk * (scenario_.model.layers / chunks_)); }
   int last_unit(int chunk) const {
     return chunk == chunks_ - 1 ? scenario_.model.layers + 1
@@ -173,8 +174,8 @@ class DataParallelBuilder {
     // Pipelined with tied embeddings, the last stage keeps its own copy of the word embeddings for the
     // logits (Megatron); tied_embedding_sync adds the two copies' gradients.
     const int head = scenario_.model.layers + 1;
-    if (par_.pipeline > 1 && scenario_.model.tied_embeddings && on_stage(head))
-      units_[head].params[kDense] += (scenario_.model.vocab * scenario_.model.hidden + par_.tensor - 1) / par_.tensor;
+    if (mesh_.pipeline > 1 && scenario_.model.tied_embeddings && on_stage(head))
+      units_[head].params[kDense] += (scenario_.model.vocab * scenario_.model.hidden + mesh_.tensor - 1) / mesh_.tensor;
     if (schedule_.units.empty()) {  // every unit, whichever stage runs it
       std::vector<UnitInfo> all(units_.size());
       for (std::size_t u = 0; u < all.size(); ++u) all[u].layer = units_[u].layer;
@@ -322,7 +323,7 @@ class DataParallelBuilder {
     int mb;
   };
   std::vector<Pass> pipeline_order() const {
-    const int p = par_.pipeline, v = par_.virtual_stages, m = static_cast<int>(micro_batches_);
+    const int p = mesh_.pipeline, v = parallel_.virtual_stages, m = static_cast<int>(micro_batches_);
     std::vector<Pass> order;
     if (p == 1) {
       for (int mb = 0; mb < m; ++mb) {
@@ -353,8 +354,8 @@ class DataParallelBuilder {
                                scenario_.training.recompute == Recompute::kNone;
     for (const Pass& pass : pipeline_order()) {
       const int mb = pass.mb;
-      const int begin = par_.pipeline == 1 ? 0 : first_unit(pass.chunk);
-      const int end = par_.pipeline == 1 ? static_cast<int>(units_.size()) - 1 : last_unit(pass.chunk);
+      const int begin = mesh_.pipeline == 1 ? 0 : first_unit(pass.chunk);
+      const int end = mesh_.pipeline == 1 ? static_cast<int>(units_.size()) - 1 : last_unit(pass.chunk);
       if (pass.phase == Phase::kForward) {
         for (int u = begin; u <= end; ++u)
           visits_.push_back({u, Phase::kForward, mb, units_[u].modules, units_[u].params, true, true});
@@ -427,7 +428,7 @@ class DataParallelBuilder {
   int all_to_all(CollectivePurpose purpose, int unit, int mb, std::vector<int> deps) {
     const double act_bytes = scenario_.training.precision == Precision::kFp32 ? 4 : 2;
     const auto bytes = static_cast<std::int64_t>(
-        static_cast<double>(scenario_.training.micro_batch * scenario_.training.seq_len / par_.context) *
+        static_cast<double>(scenario_.training.micro_batch * scenario_.training.seq_len / mesh_.context) *
         scenario_.model.moe.top_k * scenario_.model.hidden * act_bytes);
     return prog_->add("compute", std::move(deps),
                       collective(CollectiveKind::kAllToAll, purpose, kDense, schedule_.role_expert_parallel, bytes,
@@ -461,8 +462,8 @@ class DataParallelBuilder {
   };
   TensorComm tensor_comm(ModuleKind kind, Phase phase) const {
     TensorComm t;
-    if (par_.tensor == 1 || (phase == Phase::kRecompute && scenario_.training.recompute != Recompute::kFull)) return t;
-    const bool bwd = phase == Phase::kBackward, sp = par_.sequence_parallel;
+    if (mesh_.tensor == 1 || (phase == Phase::kRecompute && scenario_.training.recompute != Recompute::kFull)) return t;
+    const bool bwd = phase == Phase::kBackward, sp = parallel_.sequence_parallel;
     const bool embedding = kind == ModuleKind::kEmbedding, head = kind == ModuleKind::kHead;
     t.after = sp ? CollectiveKind::kReduceScatter : CollectiveKind::kAllReduce;
     t.gather_before = sp && !(embedding && !bwd) && !(head && bwd);
@@ -517,7 +518,7 @@ class DataParallelBuilder {
     }
     if (tp.loss)
       op = tensor_collective(CollectiveKind::kAllReduce, m, unit, phase, mb, {op},
-                             3 * scenario_.training.micro_batch * scenario_.training.seq_len / par_.context * 4,
+                             3 * scenario_.training.micro_batch * scenario_.training.seq_len / mesh_.context * 4,
                              DType::kFp32);
     return op;
   }
@@ -531,14 +532,14 @@ class DataParallelBuilder {
   // compute, which they overlap (ring attention's point); what follows the attention waits for both
   // (context_tail_). The ring's first block and its per-step synchronisation are not modelled.
   void context_exchange(const ModuleCost* m, int unit, Phase phase, int mb, const std::vector<int>& deps) {
-    if (par_.context == 1 || m->kind != ModuleKind::kAttention || par_.context_comm != ContextComm::kRing) return;
+    if (mesh_.context == 1 || m->kind != ModuleKind::kAttention || parallel_.context_comm != ContextComm::kRing) return;
     if (phase == Phase::kRecompute && scenario_.training.recompute != Recompute::kFull) return;
     const bool bwd = phase == Phase::kBackward;
     const ModelSpec& model = scenario_.model;
     // K and V of the whole sequence, this tensor rank's heads.
     const auto bytes =
         static_cast<std::int64_t>(scenario_.training.micro_batch * scenario_.training.seq_len * 2 *
-                                  (model.kv_heads / par_.tensor) * model.head_dim() * dtype_bytes(dtype_));
+                                  (model.kv_heads / mesh_.tensor) * model.head_dim() * dtype_bytes(dtype_));
     const int role = schedule_.role_index(GroupRole::kContext);
     const CollectivePurpose purpose = bwd ? CollectivePurpose::kContextBackward : CollectivePurpose::kContextForward;
     CollectiveOp gather =
@@ -562,7 +563,7 @@ class DataParallelBuilder {
   // repeats the forward's. On the compute path: the attention core needs their result. (Modelled around the
   // attention module, whose projections run on the compute stream with them either way.)
   bool ulysses_applies(const ModuleCost* m, Phase phase) const {
-    if (par_.context == 1 || par_.context_comm != ContextComm::kAllToAll || m->kind != ModuleKind::kAttention)
+    if (mesh_.context == 1 || parallel_.context_comm != ContextComm::kAllToAll || m->kind != ModuleKind::kAttention)
       return false;
     return phase != Phase::kRecompute || scenario_.training.recompute == Recompute::kFull;
   }
@@ -571,8 +572,8 @@ class DataParallelBuilder {
     const bool bwd = phase == Phase::kBackward;
     // Q, K and V cross before the core forward and after it backward; the output the other way round.
     const bool qkv = before != bwd;
-    const std::int64_t heads = qkv ? (model.heads + 2 * model.kv_heads) / par_.tensor : model.heads / par_.tensor;
-    const std::int64_t bytes = scenario_.training.micro_batch * scenario_.training.seq_len / par_.context * heads *
+    const std::int64_t heads = qkv ? (model.heads + 2 * model.kv_heads) / mesh_.tensor : model.heads / mesh_.tensor;
+    const std::int64_t bytes = scenario_.training.micro_batch * scenario_.training.seq_len / mesh_.context * heads *
                                model.head_dim() * dtype_bytes(dtype_);
     CollectiveOp c = collective(CollectiveKind::kAllToAll,
                                 bwd ? CollectivePurpose::kContextBackward : CollectivePurpose::kContextForward, kDense,
@@ -652,7 +653,7 @@ class DataParallelBuilder {
   // not modelled.
   int pipe_transfer(CollectivePurpose purpose, int from, int mb, bool send, std::vector<int> deps) {
     const bool act = purpose == CollectivePurpose::kPipeActivations;
-    const int p = par_.pipeline;
+    const int p = mesh_.pipeline;
     const int from_stage = from % p;
     // The link's lower end (activations flow from it, gradients to it).
     const int link = act ? from_stage : (from_stage + p - 1) % p;
@@ -661,7 +662,7 @@ class DataParallelBuilder {
     const int colour = pipe_link_colour(link, p);
     const int role = schedule_.role_index(act ? kAct[colour] : kGrad[colour]);
     const int unit = act ? last_unit(from) : first_unit(from);
-    CollectiveOp c = collective(CollectiveKind::kBroadcast, purpose, kDense, role, act_bytes_ / par_.tensor,
+    CollectiveOp c = collective(CollectiveKind::kBroadcast, purpose, kDense, role, act_bytes_ / mesh_.tensor,
                                 act ? Payload::kActivations : Payload::kGrads, unit, mb, -1);
     c.root = 0;  // the group lists the sender first
     return prog_->add(send ? "compute" : (act ? "pipe_recv_act" : "pipe_recv_grad"), std::move(deps), c);
@@ -718,12 +719,12 @@ class DataParallelBuilder {
   // once a step, after the data-parallel reduction and before clipping and the optimizer, on the compute
   // stream (Megatron-LM's _allreduce_word_embedding_grads in finalize_model_grads).
   void tied_embedding_sync() {
-    if (par_.pipeline == 1 || !scenario_.model.tied_embeddings) return;
+    if (mesh_.pipeline == 1 || !scenario_.model.tied_embeddings) return;
     const int head = static_cast<int>(units_.size()) - 1;
     const int unit = on_stage(0) ? 0 : on_stage(head) ? head : -1;
     if (unit < 0) return;
     const int b = bucket_of_[unit][kDense];
-    const std::int64_t params = (scenario_.model.vocab * scenario_.model.hidden + par_.tensor - 1) / par_.tensor;
+    const std::int64_t params = (scenario_.model.vocab * scenario_.model.hidden + mesh_.tensor - 1) / mesh_.tensor;
     CollectiveOp c = collective(CollectiveKind::kAllReduce, CollectivePurpose::kEmbeddingGrads, kDense,
                                 schedule_.role_index(GroupRole::kEmbedding), grad_bytes(params), Payload::kGrads, 0,
                                 static_cast<int>(micro_batches_) - 1, -1);  // the embedding's, on both ends
@@ -801,7 +802,8 @@ class DataParallelBuilder {
   const long long micro_batches_;
   const bool secondary_;
   const std::string refresh_stream_;
-  const ParallelSpec par_;
+  const ParallelMesh& mesh_;      // degrees of the axes
+  const ParallelSpec parallel_;   // how they run: virtual stages, sequence parallelism, context exchange
   const int stage_;               // the pipeline stage this program runs
   const int chunks_;              // model chunks: pipeline x virtual_stages
   const std::int64_t act_bytes_;  // one micro-batch's activations between blocks (b·s·h / context elements)
@@ -832,14 +834,14 @@ class DataParallelBuilder {
 // The process groups of every role (sharding.h), each rank's program (its pipeline stage), and each kind of
 // state's group sizes.
 Status lay_out_groups(const Scenario& scenario, const SchedulerOptions& options, Schedule& schedule) {
-  const int ep = scenario.policy.expert_parallel;
+  const ParallelMesh& mesh = scenario.mesh;
+  const int ep = mesh.expert;
   // The secondary copy only helps when parameters are sharded beyond the node.
   const bool secondary = options.secondary_param_copy && scenario.policy.sharding.params.s1 > 1;
-  HZP_ASSIGN_OR_RETURN(
-      ShardingLayout layout,
-      build_sharding_layout(scenario.cluster, scenario.policy.sharding,
-                            LayoutOptions{ep, secondary, scenario.policy.parallel, scenario.model.tied_embeddings}));
-  const ParallelMesh mesh = scenario.mesh();
+  HZP_ASSIGN_OR_RETURN(ShardingLayout layout,
+                       build_sharding_layout(scenario.cluster, mesh, scenario.policy.sharding,
+                                             LayoutOptions{secondary, scenario.policy.parallel.virtual_stages > 1,
+                                                           scenario.model.tied_embeddings}));
   const int world = scenario.cluster.world_size();
   schedule.world_size = world;
   schedule.gpus_per_node = scenario.cluster.gpus_per_node;
@@ -879,7 +881,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
   Schedule schedule;
   schedule.policy = policy_name;
   HZP_RETURN_IF_ERROR(lay_out_groups(scenario, options, schedule));
-  for (int stage = 0; stage < scenario.policy.parallel.pipeline; ++stage)
+  for (int stage = 0; stage < scenario.mesh.pipeline; ++stage)
     DataParallelBuilder(scenario, cost, options, schedule, stage).build();
   return schedule;
 }

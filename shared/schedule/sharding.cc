@@ -167,7 +167,8 @@ ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster,
 }
 
 // The layout of data parallelism alone (every rank a data-parallel rank).
-Result<ShardingLayout> data_layout(const ClusterSpec& cluster, const ShardingSpec& s, const LayoutOptions& options) {
+Result<ShardingLayout> data_layout(const ClusterSpec& cluster, int ep, const ShardingSpec& s,
+                                   const LayoutOptions& options) {
   const int R = cluster.gpus_per_node, N = cluster.nodes, world = cluster.world_size();
   for (ShardGroup g : {s.params, s.grads, s.optimizer}) {
     if (g.s0 < 1 || g.s1 < 1 || R % g.s0 != 0 || N % g.s1 != 0)
@@ -182,7 +183,6 @@ Result<ShardingLayout> data_layout(const ClusterSpec& cluster, const ShardingSpe
   if (!(s.grads == s.params || s.grads == s.optimizer))
     return Status::InvalidInput("policy.sharding.grads: must be sharded like params or like optimizer");
 
-  const int ep = options.expert_parallel;
   if (ep < 1 || world % ep != 0)
     return Status::InvalidInput("policy.expert_parallel: " + std::to_string(ep) + " does not divide " +
                                 std::to_string(world) + " GPUs");
@@ -242,25 +242,18 @@ Result<ShardingLayout> data_layout(const ClusterSpec& cluster, const ShardingSpe
 
 }  // namespace
 
-Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
-                                             const LayoutOptions& options) {
-  const ParallelSpec& parallel = options.parallel;
-  if (parallel.tensor == 1 && parallel.pipeline == 1 && parallel.context == 1)
-    return data_layout(cluster, sharding, options);
-  HZP_ASSIGN_OR_RETURN(const DataAxis axis, data_axis(cluster, parallel));
-  ClusterSpec data_cluster = cluster;
-  data_cluster.gpus_per_node = axis.ranks_per_node;
-  data_cluster.nodes = axis.nodes;
-  HZP_ASSIGN_OR_RETURN(const ShardingLayout data, data_layout(data_cluster, sharding, options));
-  if (axis.size() % parallel.context != 0)
-    return Status::InvalidInput("policy.parallel.context: " + std::to_string(parallel.context) +
-                                " does not divide the " + std::to_string(axis.size()) + " replica-axis ranks");
-  ParallelMesh mesh;
-  mesh.context = parallel.context;
-  mesh.data = axis.size() / parallel.context;
-  mesh.tensor = parallel.tensor;
-  mesh.pipeline = parallel.pipeline;
-  return nd_layout(data, cluster, mesh, parallel.virtual_stages > 1, options.tied_embeddings);
+Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ParallelMesh& mesh,
+                                             const ShardingSpec& sharding, const LayoutOptions& options) {
+  if (mesh.tensor == 1 && mesh.pipeline == 1 && mesh.context == 1)
+    return data_layout(cluster, mesh.expert, sharding, options);
+  ClusterSpec replica_cluster = cluster;
+  replica_cluster.gpus_per_node = mesh.replica.ranks_per_node;
+  replica_cluster.nodes = mesh.replica.nodes;
+  HZP_ASSIGN_OR_RETURN(const ShardingLayout data, data_layout(replica_cluster, mesh.expert, sharding, options));
+  if (mesh.replica.size() != mesh.context * mesh.data)
+    return Status::InvalidInput("policy.parallel.context: " + std::to_string(mesh.context) + " does not divide the " +
+                                std::to_string(mesh.replica.size()) + " replica-axis ranks");
+  return nd_layout(data, cluster, mesh, options.interleaved, options.tied_embeddings);
 }
 
 StateBytes state_bytes_per_param(Precision precision) {

@@ -24,7 +24,7 @@
 //
 // ND parallelism (policy.parallel, Megatron's rank order: global rank = tensor + T·(context + C·(data +
 // D·stage))): the layout above is built for the replica axis alone (the C·D ranks that hold the same
-// parameters, DataAxis::ranks_per_node per node, in presets.h's data_axis) and copied to every (tensor,
+// parameters, ParallelMesh::replica: ranks_per_node per node x nodes) and copied to every (tensor,
 // stage) coordinate, replica rank r becoming global rank tensor + T·(r + C·D·stage). Added roles: kTensor
 // (T consecutive ranks), kContext (C consecutive replica ranks), the pipeline links and, with tied
 // embeddings, kEmbedding (schedule.h).
@@ -54,10 +54,10 @@ struct ShardingLayout {
   int role(GroupRole r) const { return index[static_cast<int>(r)]; }
 };
 
+// The mesh decides the rest: expert > 1 adds the expert roles; tensor / pipeline / context > 1 the ND layout.
 struct LayoutOptions {
-  int expert_parallel = 1;            // > 1 adds the expert roles
   bool secondary_param_copy = false;  // adds kParamSecondary
-  ParallelSpec parallel;              // tensor / pipeline / context > 1: the ND layout below
+  bool interleaved = false;           // pipelined with virtual stages: adds the last stage's wrap link
   bool tied_embeddings = false;       // pipelined: adds kEmbedding (first and last stage)
 };
 
@@ -67,8 +67,8 @@ inline constexpr const char* kShardingLegend =
     "P/G/OS[s0,s1]: parameters / gradients / optimizer states, each sharded over s0 GPUs of a node x s1 nodes "
     "([1,1] = replicated)";
 
-Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ShardingSpec& sharding,
-                                             const LayoutOptions& options = {});
+Result<ShardingLayout> build_sharding_layout(const ClusterSpec& cluster, const ParallelMesh& mesh,
+                                             const ShardingSpec& sharding, const LayoutOptions& options = {});
 
 // The colour of pipeline link stage -> stage + 1 (2: the last stage's link back to the first): which of
 // the kPipe*Even / *Odd / *Wrap roles carries it.

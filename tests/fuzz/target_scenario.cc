@@ -1,5 +1,5 @@
 // Target "scenario": mutated scenario JSON through everything `hzp validate`, `hzp schedule` and `hzp plan`
-// do in-process: parse_scenario_text, resolve_auto_sharding, model_cost, build_schedule, validate_schedule,
+// do in-process: parse_scenario_text, resolve and compile (compile.h: model cost, schedule, validation),
 // estimate, dump_schedule, the resolved form (scenario_to_json, which must parse back) and plan_presets.
 //
 // Target "scenario_doc": the same documents decoded by parse_json_strict (json_io.h) and given to
@@ -7,20 +7,16 @@
 // document before parsing it); it stops after the resolved form, the rest being scenario's.
 //
 // Seeds: every *.json under scenarios/ and tests/data/ (good, bad and golden scenarios).
-// Pass: every stage returns ok, or the first that does not returns kInvalidInput (build_schedule: or
+// Pass: every stage returns ok, or the first that does not returns kInvalidInput (compile: or
 // kUnimplemented) with a clean message (checks.h); a schedule the validator refuses is a failure (kInternal:
 // the builder made a schedule that deadlocks), and so is a resolved form that does not parse back.
 #include <exception>
 
 #include "shared/base/json_io.h"
+#include "shared/compile/compile.h"
 #include "shared/estimate/estimator.h"
-#include "shared/ir/schedule_validator.h"
-#include "shared/model/model_math.h"
 #include "shared/plan/plan.h"
-#include "shared/plan/planner.h"
-#include "shared/policy/policy_registry.h"
 #include "shared/scenario/scenario_parser.h"
-#include "shared/schedule/schedule_builder.h"
 #include "tests/fuzz/checks.h"
 #include "tests/fuzz/files.h"
 #include "tests/fuzz/fuzz_target.h"
@@ -59,10 +55,9 @@ class ScenarioTarget : public FuzzTarget {
       parsed = parse_scenario(*doc, "fuzz");
       if (auto stop = stop_on_error("parse_scenario", parsed.status())) return *stop;
     }
-    Scenario scenario = std::move(parsed).value();
-    if (scenario.policy.auto_sharding) {
-      if (auto stop = stop_on_error("resolve_auto_sharding", resolve_auto_sharding(scenario))) return *stop;
-    }
+    Result<Scenario> resolved_scenario = resolve(std::move(parsed).value());
+    if (auto stop = stop_on_error("resolve", resolved_scenario.status())) return *stop;
+    const Scenario& scenario = *resolved_scenario;
 
     // The resolved form `hzp validate` prints; it must serialise and parse back.
     std::string resolved;
@@ -76,13 +71,11 @@ class ScenarioTarget : public FuzzTarget {
       return Verdict::fail("the resolved form does not parse back | " + printable(again.status().message(), 300));
     if (!from_text_) return Verdict::pass();
 
-    const ModelCost cost = scenario_cost(scenario);
-    auto schedule = build_schedule(scenario, cost);
-    if (auto stop = stop_on_error("build_schedule", schedule.status(), /*unimplemented_ok=*/true)) return *stop;
-    if (auto stop = stop_on_error("validate_schedule", validate_schedule(*schedule))) return *stop;
-    auto analytic = estimate(scenario, cost, *schedule);
+    auto compiled = compile(scenario);
+    if (auto stop = stop_on_error("compile", compiled.status(), /*unimplemented_ok=*/true)) return *stop;
+    auto analytic = estimate(compiled->scenario, compiled->cost, compiled->schedule);
     if (auto stop = stop_on_error("estimate", analytic.status())) return *stop;
-    (void)dump_schedule(*schedule, 0);
+    (void)dump_schedule(compiled->schedule, 0);
     auto plan = plan_presets(scenario);
     if (auto stop = stop_on_error("plan_presets", plan.status())) return *stop;
     return Verdict::pass();

@@ -16,7 +16,7 @@ std::string FuzzTarget::describe(const std::string& input) const {
 const std::vector<TargetEntry>& target_registry() {
   static const std::vector<TargetEntry> table = {
       {"scenario",
-       "scenario JSON mutations through parse_scenario_text, auto sharding, build_schedule, validate_schedule, "
+       "scenario JSON mutations through parse_scenario_text, resolve and compile, "
        "estimate, plan_presets and the resolved form",
        make_scenario_target},
       {"scenario_doc",

@@ -1,5 +1,5 @@
 // Fitting compute efficiencies to a one-node measurement (see compute_fit.h).
-#include "shared/estimate/compute_fit.h"
+#include "shared/calibrate/compute_fit.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +11,6 @@
 #include "shared/cost/duration_model.h"
 #include "shared/estimate/estimator.h"
 #include "shared/model/model_math.h"
-#include "shared/policy/policy_registry.h"
-#include "shared/schedule/schedule_builder.h"
 #include "shared/trace/trace_replay.h"
 
 namespace hzp {
@@ -45,8 +43,9 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   if (measured.kind == MeasureKind::kMfu && measured.value >= 1)
     return Status::InvalidInput("calibrate: --mfu is a fraction below 1, got " + number(measured.value));
 
-  const ModelCost cost = scenario_cost(one_node);
-  HZP_ASSIGN_OR_RETURN(const Schedule schedule, build_schedule(one_node, cost));
+  HZP_ASSIGN_OR_RETURN(const Compiled compiled, compile(one_node));
+  const ModelCost& cost = compiled.cost;
+  const Schedule& schedule = compiled.schedule;
   ComputeFit fit;
   const double gpus = c.world_size();
   const double tokens = static_cast<double>(one_node.training.global_batch * one_node.training.seq_len);
@@ -107,7 +106,9 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   return fit;
 }
 
-Result<TraceFit> fit_compute_to_trace(const Scenario& recorded, const Schedule& schedule, const Trace& trace) {
+Result<TraceFit> fit_compute_to_trace(const Compiled& compiled, const Trace& trace) {
+  const Scenario& recorded = compiled.scenario;
+  const Schedule& schedule = compiled.schedule;
   HZP_RETURN_IF_ERROR(check_trace_against(trace, schedule));
   const ClusterSpec& c = recorded.cluster;
   // Per point: x = seconds at 100 % of peak FLOP/s, y = seconds at 100 % of HBM bandwidth, t = recorded.

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "shared/base/status.h"
+#include "shared/compile/compile.h"
 #include "shared/ir/schedule.h"
 #include "shared/scenario/scenario.h"
 #include "shared/trace/trace_format.h"
@@ -53,6 +54,6 @@ struct TraceFit {
 // `recorded` and `schedule` are the trace's own (its scenario_config, rebuilt); the trace is checked
 // against the schedule first. Errors: no compute op in the trace; efficiencies outside the [0.01, 1] a
 // scenario accepts (the trace ran faster than cluster.gpu's peak, or at under 1 % of it).
-Result<TraceFit> fit_compute_to_trace(const Scenario& recorded, const Schedule& schedule, const Trace& trace);
+Result<TraceFit> fit_compute_to_trace(const Compiled& recorded, const Trace& trace);
 
 }  // namespace hzp

@@ -1,0 +1,111 @@
+// The sharding search (search.h).
+#include "shared/compile/search.h"
+
+#include <algorithm>
+
+#include "shared/compile/compile.h"
+#include "shared/model/model_math.h"
+#include "shared/scenario/presets.h"
+#include "shared/schedule/sharding.h"
+
+namespace hzp {
+
+std::vector<ShardGroup> candidate_groups(int gpus_per_node, int nodes) {
+  std::vector<ShardGroup> groups;
+  for (int s0 = 1; s0 <= gpus_per_node; ++s0)
+    if (gpus_per_node % s0 == 0) groups.push_back({s0, 1});
+  for (int s1 = 2; s1 <= nodes; ++s1)
+    if (nodes % s1 == 0) groups.push_back({gpus_per_node, s1});  // fill the node first
+  return groups;
+}
+
+std::vector<ShardingSpec> valid_shardings(int gpus_per_node, int nodes) {
+  const std::vector<ShardGroup> groups = candidate_groups(gpus_per_node, nodes);
+  std::vector<ShardingSpec> out;
+  for (const ShardGroup& p : groups)
+    for (const ShardGroup& os : groups)
+      for (int which = 0; which < (p == os ? 1 : 2); ++which) {  // grads sharded like params, or like OS
+        const ShardingSpec s{p, which == 0 ? p : os, os};
+        if (check_sharding(s, gpus_per_node, nodes, "").ok()) out.push_back(s);
+      }
+  return out;
+}
+
+Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptions& options,
+                                     const std::function<void(long long, long long)>& progress) {
+  const ClusterSpec& c = scenario.cluster;
+  const ReplicaAxis& axis = scenario.mesh.replica;
+  const std::vector<ShardingSpec> shardings = valid_shardings(axis.ranks_per_node, axis.nodes);
+  const ModelCost cost = scenario_cost(scenario);
+  const StateBytes bytes = state_bytes_per_param(scenario.training.precision, scenario.policy.comm.grad_reduce_in_fp32);
+  const long long total =
+      static_cast<long long>(shardings.size() * options.prefetch_depths.size() * options.separate_streams.size());
+  SearchResult result;
+  result.candidates = total;
+  result.shardings = shardings.size();
+  long long done = 0;
+  for (const ShardingSpec& sharding : shardings) {
+    // Model states plus activations must fit before anything else is worth building (buffers come later,
+    // from the schedule). Without expert parallelism this is exact; with it, the expert part shards
+    // further, so the dense formula only over-estimates and the check stays a safe filter when EP = 1.
+    const double psi = static_cast<double>(cost.params);
+    const double states = bytes.param * psi / sharding.params.size() + bytes.grad * psi / sharding.grads.size() +
+                          bytes.optimizer * psi / sharding.optimizer.size();
+    // Pipeline stages hold different layers and micro-batches in flight: the schedule decides (below).
+    if (scenario.mesh.expert == 1 && scenario.mesh.pipeline == 1 &&
+        states + cost.activation_bytes + cost.transient_bytes > c.gpu.memory_bytes) {
+      result.rejected_memory +=
+          static_cast<long long>(options.prefetch_depths.size() * options.separate_streams.size());
+      done += static_cast<long long>(options.prefetch_depths.size() * options.separate_streams.size());
+      continue;
+    }
+    for (int depth : options.prefetch_depths)
+      for (bool streams : options.separate_streams) {
+        Scenario candidate = scenario;
+        candidate.policy.preset = "amsp";
+        candidate.policy.sharding = sharding;
+        candidate.policy.overlap.prefetch_depth = depth;
+        candidate.policy.overlap.separate_streams = streams;
+        ++done;
+        if (progress && done % 64 == 0) progress(done, total);
+        auto est = evaluate(candidate);
+        if (!est.ok()) {
+          if (est.status().code() == StatusCode::kInternal) return est.status();
+          ++result.rejected_invalid;
+          continue;
+        }
+        ++result.estimated;
+        if (!est->fits_memory) {
+          ++result.rejected_memory;
+          continue;
+        }
+        est->timings.clear();
+        result.ranked.push_back({std::move(candidate), std::move(est).value()});
+      }
+  }
+  if (progress) progress(total, total);
+  rank_candidates(result.ranked);
+  // A deeper prefetch that buys nothing estimates the same time with more memory: keep the shallowest, so
+  // the top K the CLI simulates are distinct policies.
+  std::vector<SearchCandidate> distinct;
+  for (SearchCandidate& c : result.ranked) {
+    const bool redundant = std::any_of(distinct.begin(), distinct.end(), [&](const SearchCandidate& d) {
+      return d.scenario.policy.sharding == c.scenario.policy.sharding &&
+             d.scenario.policy.overlap.separate_streams == c.scenario.policy.overlap.separate_streams &&
+             d.estimate.step_time_s == c.estimate.step_time_s;
+    });
+    if (!redundant) distinct.push_back(std::move(c));
+  }
+  result.redundant = static_cast<long long>(result.ranked.size() - distinct.size());
+  result.ranked = std::move(distinct);
+  return result;
+}
+
+void rank_candidates(std::vector<SearchCandidate>& candidates) {
+  std::stable_sort(candidates.begin(), candidates.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
+    if (a.estimate.step_time_s != b.estimate.step_time_s) return a.estimate.step_time_s < b.estimate.step_time_s;
+    return a.estimate.comm_bytes_per_gpu < b.estimate.comm_bytes_per_gpu;
+  });
+}
+
+}  // namespace hzp
