@@ -109,7 +109,7 @@ class Executor {
     for (int r = 0; r < schedule_.world_size; ++r)
       for (size_t s = 0; s < schedule_.streams.size(); ++s) {
         if (stream_ops_[schedule_.rank_program[r]][s].empty()) continue;
-        sg4::Actor::create("r" + std::to_string(r) + "." + schedule_.streams[s], platform_.gpus[r],
+        sg4::Actor::create("r" + std::to_string(r) + "." + to_string(schedule_.streams[s]), platform_.gpus[r],
                            [this, r, s] { run_stream(r, static_cast<int>(s)); });
       }
   }

@@ -13,7 +13,7 @@ nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
   const MemoryBreakdown& m = r.memory;
   return {
       {"scenario", scenario.name},
-      {"policy", scenario.policy.preset},
+      {"policy", to_string(scenario.policy.preset)},
       {"gpus", r.gpus},
       {"steps", r.steps},
       {"step_time_s", r.step_time_s},
@@ -71,7 +71,7 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
                                   : "";
     timeline.process(rank, "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + stage + ")");
     for (size_t s = 0; s < schedule.streams.size(); ++s)
-      timeline.thread(rank, static_cast<int>(s), schedule.streams[s]);
+      timeline.thread(rank, static_cast<int>(s), to_string(schedule.streams[s]));
   }
   for (const OpSpan& span : r.spans) {
     const Op& op = schedule.program_of(span.rank).ops[span.op];
@@ -103,7 +103,7 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
                   std::move(args));
   }
   return std::move(timeline).to_json({{"scenario", scenario.name},
-                                      {"policy", scenario.policy.preset},
+                                      {"policy", to_string(scenario.policy.preset)},
                                       {"gpus", r.gpus},
                                       {"recorded_ranks", r.timeline_ranks.size()}});
 }

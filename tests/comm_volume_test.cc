@@ -25,7 +25,7 @@ double bytes_sent(const Built& b, int rank = 0) {
 // The IR dump of a scenario's schedule without the policy name: equal dumps = the same schedule.
 std::string ir_of(const nlohmann::json& doc) {
   Schedule s = build(scenario_from(doc)).schedule;
-  s.policy = "";
+  s.policy = Policy::kCustom;
   return dump_schedule(s, -1);
 }
 
@@ -126,7 +126,7 @@ TEST_CASE("AsyncHZP with its async features off is the same sharding run synchro
   const Built on = build(scenario_from(doc));
   CHECK(on.scenario.policy.sharding.params == ShardGroup{8, 1});
   CHECK(on.scenario.policy.sharding.optimizer == ShardGroup{8, 2});
-  CHECK(std::find(on.schedule.streams.begin(), on.schedule.streams.end(), "param_refresh") !=
+  CHECK(std::find(on.schedule.streams.begin(), on.schedule.streams.end(), StreamKind::kParamRefresh) !=
         on.schedule.streams.end());
 }
 

@@ -298,7 +298,7 @@ TEST_CASE("context parallelism divides FLOPs and activations by context and all-
         if (c->purpose != CollectivePurpose::kContextForward && c->purpose != CollectivePurpose::kContextBackward)
           continue;
         CHECK(c->bytes == kv_bytes);
-        CHECK(built.schedule.streams[op.stream] == "context");
+        CHECK(built.schedule.streams[op.stream] == StreamKind::kContext);
         const bool fwd = c->purpose == CollectivePurpose::kContextForward;
         if (fwd) CHECK(c->kind == CollectiveKind::kAllGather);
         forward += fwd;
@@ -366,7 +366,7 @@ TEST_CASE("context parallelism by all-to-all (Ulysses): its rules, traffic and p
         if (c->purpose != CollectivePurpose::kContextForward && c->purpose != CollectivePurpose::kContextBackward)
           continue;
         CHECK(c->kind == CollectiveKind::kAllToAll);
-        CHECK(s.streams[op.stream] == "compute");
+        CHECK(s.streams[op.stream] == StreamKind::kCompute);
         CHECK(s.group_of(0, c->role).ranks == std::vector<int>{0, 2, 4, 6});  // tensor 2: every other GPU
         const bool fwd = c->purpose == CollectivePurpose::kContextForward;
         CHECK((c->bytes == qkv || c->bytes == out));
@@ -380,7 +380,7 @@ TEST_CASE("context parallelism by all-to-all (Ulysses): its rules, traffic and p
     CHECK(bwd_qkv == passes);
     CHECK(bwd_out == passes);
     CHECK(bwd_order == std::vector<std::int64_t>{out, qkv});
-    CHECK(s.streams.end() == std::find(s.streams.begin(), s.streams.end(), "context"));
+    CHECK(s.streams.end() == std::find(s.streams.begin(), s.streams.end(), StreamKind::kContext));
   }
 
   // On an idle network it costs nothing: the same step as without context parallelism.

@@ -55,7 +55,7 @@ TEST_CASE("search: every fitting preset is a candidate, ranking is by estimated 
   REQUIRE(!ranked.empty());
   for (size_t i = 1; i < ranked.size(); ++i)
     CHECK(ranked[i - 1].estimate.step_time_s <= ranked[i].estimate.step_time_s);
-  for (const char* preset : {"zero1", "zero2", "zero3", "hsdp"}) {
+  for (Policy preset : {Policy::kZero1, Policy::kZero2, Policy::kZero3, Policy::kHsdp}) {
     auto sharding = sharding_preset(preset, 8, 4);
     REQUIRE(sharding.ok());
     const Estimate preset_estimate = *evaluate(*with_policy(s, preset));
@@ -63,7 +63,7 @@ TEST_CASE("search: every fitting preset is a candidate, ranking is by estimated 
     for (const SearchCandidate& c : ranked)
       // Any prefetch depth: a deeper one that estimates the same as a shallower one is dropped.
       found = found || (c.scenario.policy.sharding == *sharding && c.scenario.policy.overlap.separate_streams);
-    INFO(preset);
+    INFO(to_string(preset));
     CHECK(found);
     CHECK(ranked.front().estimate.step_time_s <= preset_estimate.step_time_s);
   }
@@ -85,7 +85,7 @@ TEST_CASE("the ND search takes the least recomputation that fits and accounts fo
     const SearchCandidate& c = r.ranked[i];
     INFO(describe_nd(c.scenario));
     CHECK(c.estimate.fits_memory);
-    CHECK(c.scenario.policy.preset == "zero1");
+    CHECK(c.scenario.policy.preset == Policy::kZero1);
     if (i > 0) CHECK(c.estimate.step_time_s >= r.ranked[i - 1].estimate.step_time_s);
     // Less recomputation would not have fitted.
     if (c.scenario.training.recompute != Recompute::kNone) {

@@ -245,13 +245,13 @@ TEST_CASE("every policy preset resolves to its groups in AMSP notation", "[scena
     json doc = base_doc();
     doc["policy"] = {{"preset", name}};
     if (name == "amsp") {
-      CHECK_FALSE(sharding_preset(name, r, n).ok());
+      CHECK_FALSE(sharding_preset(Policy::kAmsp, r, n).ok());
       CHECK(parse_error(doc).rfind("policy.sharding: ", 0) == 0);
       continue;
     }
     REQUIRE(expected.count(name) == 1);
     const PolicySpec p = parse_ok(doc).policy;
-    CHECK(p.preset == name);  // "fsdp" stays "fsdp"
+    CHECK(to_string(p.preset) == name);  // "fsdp" stays "fsdp"
     CHECK(p.sharding == expected.at(name));
     CHECK(p.overlap.prefetch_depth == 1);
     CHECK(p.overlap.bucket_bytes == 25 * 1024 * 1024);
@@ -266,7 +266,7 @@ TEST_CASE("explicit sharding entries override the preset's", "[scenario][policy]
   doc["policy"] = json::parse(R"({"preset": "zero3", "sharding": {"params": [8, 1]},
                                   "overlap": {"prefetch_depth": 0, "bucket_MiB": 0.5, "separate_streams": false}})");
   const PolicySpec p = parse_ok(doc).policy;
-  CHECK(p.preset == "zero3");
+  CHECK(p.preset == Policy::kZero3);
   CHECK(p.sharding.params == ShardGroup{8, 1});
   CHECK(p.sharding.grads == ShardGroup{8, 4});
   CHECK(p.sharding.optimizer == ShardGroup{8, 4});
@@ -275,7 +275,7 @@ TEST_CASE("explicit sharding entries override the preset's", "[scenario][policy]
   CHECK_FALSE(p.overlap.separate_streams);
 
   doc["policy"] = json::parse(R"({"sharding": {"params": [1, 1], "grads": [8, 4], "optimizer": [8, 4]}})");
-  CHECK(parse_ok(doc).policy.preset == "custom");
+  CHECK(parse_ok(doc).policy.preset == Policy::kCustom);
 }
 
 TEST_CASE("check_sharding names the offending state", "[scenario][policy]") {

@@ -64,14 +64,19 @@ TEST_CASE("the dump is deterministic", "[schedule]") {
 TEST_CASE("validator: a planted out-of-order collective is reported as a deadlock", "[schedule][validator]") {
   Schedule s = two_rank_schedule();
   REQUIRE(validate_schedule(s).ok());
-  // Rank 1 gets its own copy of the program with two parameter all-gathers swapped.
+  // Rank 1 gets its own copy of the program, with two parameter all-gathers traded.
   Program swapped = s.programs[0];
   std::vector<int> gathers;
   for (size_t i = 0; i < swapped.ops.size(); ++i)
     if (const auto* c = std::get_if<CollectiveOp>(&swapped.ops[i].body); c && c->kind == CollectiveKind::kAllGather)
       gathers.push_back(static_cast<int>(i));
   REQUIRE(gathers.size() >= 2);
-  std::swap(swapped.ops[gathers[0]].body, swapped.ops[gathers[1]].body);
+  // Rank 1 issues the second gather's collective first: each op keeps the slot and unit it gathers for (the
+  // pools stay consistent), but the collectives the two ranks issue on param_shard no longer match.
+  auto& first = std::get<CollectiveOp>(swapped.ops[gathers[0]].body);
+  auto& second = std::get<CollectiveOp>(swapped.ops[gathers[1]].body);
+  REQUIRE(first.bytes != second.bytes);
+  std::swap(first.bytes, second.bytes);
   s.programs.push_back(swapped);
   s.rank_program[1] = 1;
   const Status st = validate_schedule(s);
@@ -83,10 +88,10 @@ TEST_CASE("validator: collectives matched per group but crossed by stream order 
   // Two ranks, two groups with the same members, one stream: rank 0 issues x then y, rank 1 y then x.
   // Each group sees one collective per member (orders agree), yet neither rank can make progress.
   Schedule s;
-  s.policy = "planted";
+  s.policy = Policy::kCustom;  // planted
   s.world_size = 2;
   s.gpus_per_node = 2;
-  s.streams = {"comm"};
+  s.streams = {StreamKind::kReplicaSync};
   s.roles = {GroupRole::kOsReplica, GroupRole::kWorld};
   s.groups = {{GroupRole::kOsReplica, {0, 1}, true, 2, 1}, {GroupRole::kWorld, {0, 1}, true, 2, 1}};
   s.rank_groups = {{0, 1}, {0, 1}};
@@ -115,11 +120,33 @@ TEST_CASE("validator: structural and pool errors", "[schedule][validator]") {
   SECTION("acquire of a held slot") {
     Schedule s = two_rank_schedule();
     for (Op& op : s.programs[0].ops)  // turn the first release into a no-op compute: its slot stays held
-      if (std::holds_alternative<BufferReleaseOp>(op.body)) {
-        op.body = ComputeOp{};
+      if (const auto* r = std::get_if<BufferReleaseOp>(&op.body)) {
+        ComputeOp reads;
+        reads.unit = r->unit;
+        reads.gather_slot = r->slot;
+        op.body = reads;
         break;
       }
     CHECK_THAT(validate_schedule(s).message(), Catch::Contains("still held"));
+  }
+  // Executors read a compute op's parameters from the gather slot it names: the slot must hold its unit.
+  SECTION("compute op naming no gather slot") {
+    Schedule s = two_rank_schedule();
+    for (Op& op : s.programs[0].ops)
+      if (auto* c = std::get_if<ComputeOp>(&op.body)) {
+        c->gather_slot = -1;
+        break;
+      }
+    CHECK_THAT(validate_schedule(s).message(), Catch::Contains("names no gather slot"));
+  }
+  SECTION("compute op reading a gather slot it does not hold") {
+    Schedule s = two_rank_schedule();
+    for (Op& op : s.programs[0].ops)
+      if (auto* c = std::get_if<ComputeOp>(&op.body)) {
+        c->gather_slot = (c->gather_slot + 1) % s.pools[0].slots;  // the next unit's, not yet acquired
+        break;
+      }
+    CHECK_THAT(validate_schedule(s).message(), Catch::Contains("not held") || Catch::Contains("another unit"));
   }
   SECTION("rank bound to a group it is not in") {
     Schedule s = two_rank_schedule();

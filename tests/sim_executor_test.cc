@@ -143,7 +143,7 @@ TEST_CASE("sim: the event log of a tiny scenario matches its golden file", "[sim
   char line[256];
   for (const sim::OpSpan& s : r.spans) {
     std::snprintf(line, sizeof line, "%.9f %.9f rank=%d step=%d op=%d [%s]\n", s.start, s.end, s.rank, s.step, s.op,
-                  b.schedule.streams[b.schedule.program_of(s.rank).ops[s.op].stream].c_str());
+                  to_string(b.schedule.streams[b.schedule.program_of(s.rank).ops[s.op].stream]));
     log << line;
   }
   const std::string path = std::string(HZP_SOURCE_DIR) + "/tests/golden/sim_zero3_events.txt";

@@ -303,7 +303,7 @@ int run_simulate(const std::vector<std::string>& argv) {
   auto analytic = estimate(*scenario, compiled->cost, *schedule);
   if (!analytic.ok()) return fail(analytic.status());
   std::fprintf(stderr, "sim: %s — %s, %s on %d GPUs, %zu ops per rank per step\n", scenario->name.c_str(),
-               scenario->model.name.c_str(), scenario->policy.preset.c_str(), scenario->cluster.world_size(),
+               scenario->model.name.c_str(), to_string(scenario->policy.preset), scenario->cluster.world_size(),
                schedule->programs[0].ops.size());
   auto result = sim::simulate(*compiled, options);
   if (!result.ok()) return fail(result.status());
@@ -311,7 +311,7 @@ int run_simulate(const std::vector<std::string>& argv) {
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
   const MemoryBreakdown& m = r.memory;
   std::printf("simulated %s: %s, %s on %d GPUs (%d x %d %s), %d step%s\n", scenario->name.c_str(),
-              scenario->model.name.c_str(), scenario->policy.preset.c_str(), r.gpus, scenario->cluster.nodes,
+              scenario->model.name.c_str(), to_string(scenario->policy.preset), r.gpus, scenario->cluster.nodes,
               scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(), r.steps, r.steps > 1 ? "s" : "");
   std::printf("  step time     %.4f s  (compute %.4f s, exposed communication %.4f s, overlap %.1f %%)\n",
               r.step_time_s, r.compute_s, r.exposed_comm_s, 100 * r.overlap_fraction);
@@ -390,7 +390,7 @@ int run_import(const std::vector<std::string>& argv) {
     if (e.kind == TraceKind::kCompute || e.kind == TraceKind::kOptimizerStep)
       compute[e.rank] += (e.end_us - e.start_us) / 1e3 / imported->steps;
   std::printf("trace of %s (%s, %d rank%s, %d step%s): compute + optimizer per step, rank 0: %.3f ms%s\n",
-              scenario->name.c_str(), schedule->policy.c_str(), schedule->world_size,
+              scenario->name.c_str(), to_string(schedule->policy), schedule->world_size,
               schedule->world_size == 1 ? "" : "s", imported->steps, imported->steps == 1 ? "" : "s", compute[0],
               parsed->has("--include-idle") ? " (GPU idle gaps inside each phase included)" : "");
   if (Status s = write_file_atomic(out, trace_to_json(imported->trace).dump()); !s.ok()) return fail(s);
@@ -451,7 +451,7 @@ int run_replay(const std::vector<std::string>& argv) {
     std::printf("what-if from %s (recorded: %s, %d ranks, %.6f s per step)\n", args->scenario->c_str(),
                 trace->policy.c_str(), trace->world_size, recorded_mean);
     std::printf("  now           %s, %s on %d GPUs (%d x %d %s), micro-batch %lld x %lld tokens\n",
-                scenario->model.name.c_str(), scenario->policy.preset.c_str(), r.gpus, scenario->cluster.nodes,
+                scenario->model.name.c_str(), to_string(scenario->policy.preset), r.gpus, scenario->cluster.nodes,
                 scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(),
                 static_cast<long long>(scenario->training.micro_batch),
                 static_cast<long long>(scenario->training.seq_len));

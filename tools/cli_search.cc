@@ -32,15 +32,33 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Where a simulated candidate comes from: the sharding search (rank = its analytic rank), the ND search,
+// or a preset for comparison.
+enum class Origin { kSearch, kNd, kPreset };
+
 struct Simulation {
-  std::string label;  // "#3" for a searched candidate, the preset name for a preset
+  Origin origin = Origin::kPreset;
+  int rank = 0;  // 1-based analytic rank in its search
   Scenario scenario;
   Estimate estimate;
   double simulated_step_s = -1;
   double simulated_mfu = 0;
   bool simulated_fits = false;
-  std::string error;
+  std::string error = {};  // why the simulation failed; empty when it ran
 };
+
+// "#3" (the sharding search's third), "nd#1", or the preset's name.
+std::string label(const Simulation& sim) {
+  switch (sim.origin) {
+    case Origin::kSearch:
+      return "#" + std::to_string(sim.rank);
+    case Origin::kNd:
+      return "nd#" + std::to_string(sim.rank);
+    case Origin::kPreset:
+      break;
+  }
+  return to_string(sim.scenario.policy.preset);
+}
 
 std::string describe(const Scenario& s) {
   // An ND candidate: its mesh, micro-batch and recomputation say more than its data-axis sharding.
@@ -62,13 +80,9 @@ std::string folder_name(const Simulation& sim) {
                 par.virtual_stages, par.sequence_parallel ? "sp" : "", par.context,
                 par.context_comm == ContextComm::kAllToAll ? "a2a" : "",
                 static_cast<long long>(sim.scenario.training.micro_batch));
-  std::string label = sim.label;
-  if (label.rfind('#', 0) == 0) {
-    char rank[16];
-    std::snprintf(rank, sizeof rank, "%02d", std::atoi(label.c_str() + 1));
-    label = rank;
-  }
-  return safe_file_name(label + "-" + buf);
+  char rank[16];
+  std::snprintf(rank, sizeof rank, "%02d", sim.rank);
+  return safe_file_name((sim.origin == Origin::kSearch ? std::string(rank) : label(sim)) + "-" + buf);
 }
 
 std::string self_exe() {
@@ -104,7 +118,7 @@ void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir, 
         sim.simulated_fits = summary.value("fits_memory", false);
       }
     }
-    if (interactive) std::fprintf(stderr, "plan: simulated %zu/%zu (%s)\n", finished, sims.size(), sim.label.c_str());
+    if (interactive) std::fprintf(stderr, "plan: simulated %zu/%zu (%s)\n", finished, sims.size(), label(sim).c_str());
   };
   for (; next < sims.size(); ++next) {
     while (static_cast<int>(running.size()) >= jobs) reap_one();
@@ -140,103 +154,112 @@ nlohmann::json sharding_json(const ShardingSpec& s) {
   return {{"params", g(s.params)}, {"grads", g(s.grads)}, {"optimizer", g(s.optimizer)}};
 }
 
-}  // namespace
+// Both searches' results, as ranked.
+struct Searches {
+  SearchResult zero;  // the sharding search under every micro-batch and recomputation setting
+  SearchResult nd;    // the ND search
+  double zero_s = 0, nd_s = 0;
+};
 
-int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir) {
-  // Where results go is checked before any work: a run that cannot write its plan is refused up front.
-  const fs::path dir = fs::path(out_dir) / "candidates";
-  if (Status st = ensure_writable_dir(dir.string(), "--out"); !st.ok()) {
-    std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
-    return 2;
-  }
-  // A progress line rewritten in place (\r) only on a terminal; a log file gets the summary lines only.
-  const bool interactive = ::isatty(STDERR_FILENO) == 1;
-  const auto t0 = std::chrono::steady_clock::now();
-  SearchOptions options;
+std::string list_of(const std::vector<long long>& values) {
+  std::string list;
+  for (long long v : values) list += (list.empty() ? "" : "/") + std::to_string(v);
+  return list;
+}
+
+// Runs both analytic searches and prints what each considered; kInvalidInput etc. as the search says.
+Result<Searches> search_both(const Scenario& scenario, int top_k, bool interactive) {
+  Searches out;
+  const SearchOptions options;
   const NdSearchOptions nd_options;
-  auto found = search_policies_and_training(
-      scenario, options, nd_options.micro_batches, [interactive](long long done, long long total) {
-        if (interactive) std::fprintf(stderr, "plan: searched %lld/%lld training settings\r", done, total);
-      });
+  auto t0 = std::chrono::steady_clock::now();
+  HZP_ASSIGN_OR_RETURN(out.zero, search_policies_and_training(scenario, options, nd_options.micro_batches,
+                                                              [interactive](long long done, long long total) {
+                                                                if (interactive)
+                                                                  std::fprintf(stderr,
+                                                                               "plan: searched %lld/%lld training "
+                                                                               "settings\r",
+                                                                               done, total);
+                                                              }));
   if (interactive) std::fprintf(stderr, "\n");
-  if (!found.ok()) {
-    std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
-    return found.status().code() == StatusCode::kInvalidInput ? 2 : 1;
-  }
-  const double search_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const SearchResult& r = *found;
+  out.zero_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const SearchResult& r = out.zero;
   std::printf(
       "search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings, under every micro-batch "
       "of %s and recomputation that the batch allows): %lld do not fit in "
       "memory, %lld are invalid, %lld equal a shallower prefetch of the same policy, %zu ranked by the analytic "
       "estimator in %.3f s\n",
       r.candidates, r.shardings, options.prefetch_depths.size(), options.separate_streams.size(),
-      [&] {
-        std::string list;
-        for (long long mb : nd_options.micro_batches) list += (list.empty() ? "" : "/") + std::to_string(mb);
-        return list;
-      }()
-          .c_str(),
-      r.rejected_memory, r.rejected_invalid, r.redundant, r.ranked.size(), search_s);
+      list_of(nd_options.micro_batches).c_str(), r.rejected_memory, r.rejected_invalid, r.redundant, r.ranked.size(),
+      out.zero_s);
   std::printf("%s\n", kShardingLegend);
 
   // ND parallelism (Megatron-style), searched with micro-batch and recomputation; the best is simulated
   // next to the ZeRO family's candidates.
-  const auto t_nd = std::chrono::steady_clock::now();
-  auto nd_found = search_nd(scenario, nd_options, [interactive](long long done, long long total) {
-    if (interactive) std::fprintf(stderr, "plan: estimated %lld/%lld ND candidates\r", done, total);
-  });
+  t0 = std::chrono::steady_clock::now();
+  HZP_ASSIGN_OR_RETURN(out.nd, search_nd(scenario, nd_options, [interactive](long long done, long long total) {
+                         if (interactive)
+                           std::fprintf(stderr, "plan: estimated %lld/%lld ND candidates\r", done, total);
+                       }));
   if (interactive) std::fprintf(stderr, "\n");
-  if (!nd_found.ok()) {
-    std::fprintf(stderr, "hzp: error: %s\n", nd_found.status().message().c_str());
-    return 1;
-  }
-  const SearchResult& nd = *nd_found;
+  out.nd_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const SearchResult& nd = out.nd;
   std::printf(
       "ND search: %lld candidates (tensor x pipeline x virtual stages x sequence parallel x context x micro-batch, "
       "each with "
       "the least recomputation that fits, ZeRO-1 on the data axis): %lld do not fit even with full recomputation, %lld "
       "are "
       "invalid, %zu ranked in %.3f s\n",
-      nd.candidates, nd.rejected_memory, nd.rejected_invalid, nd.ranked.size(),
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_nd).count());
+      nd.candidates, nd.rejected_memory, nd.rejected_invalid, nd.ranked.size(), out.nd_s);
   for (size_t i = 0; i < nd.ranked.size() && static_cast<int>(i) < top_k; ++i)
     std::printf("  nd#%-3zu %-80s est %.4f s, MFU %.1f%%, %.1f GiB\n", i + 1,
                 describe_nd(nd.ranked[i].scenario).c_str(), nd.ranked[i].estimate.step_time_s,
                 100 * nd.ranked[i].estimate.mfu, nd.ranked[i].estimate.memory.total() / (1024.0 * 1024 * 1024));
-  if (r.ranked.empty() && nd.ranked.empty()) {
-    std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
-    return 0;
-  }
+  return out;
+}
 
-  // The top K searched candidates, the best ND plan, then every preset for comparison.
+// The top K searched candidates, the best ND plan, then every preset that fits, for comparison.
+std::vector<Simulation> to_simulate(const Scenario& scenario, const Searches& found, int top_k) {
   std::vector<Simulation> sims;
-  for (size_t i = 0; i < r.ranked.size() && static_cast<int>(i) < top_k; ++i)
-    sims.push_back({"#" + std::to_string(i + 1), r.ranked[i].scenario, r.ranked[i].estimate, -1, 0, false, ""});
-  if (!nd.ranked.empty()) sims.push_back({"nd#1", nd.ranked[0].scenario, nd.ranked[0].estimate, -1, 0, false, ""});
+  for (size_t i = 0; i < found.zero.ranked.size() && static_cast<int>(i) < top_k; ++i)
+    sims.push_back(
+        {Origin::kSearch, static_cast<int>(i + 1), found.zero.ranked[i].scenario, found.zero.ranked[i].estimate});
+  if (!found.nd.ranked.empty())
+    sims.push_back({.origin = Origin::kNd,
+                    .rank = 1,
+                    .scenario = found.nd.ranked[0].scenario,
+                    .estimate = found.nd.ranked[0].estimate});
   for (const PolicyEntry& entry : policy_registry()) {
     if (!entry.in_plan) continue;
-    auto variant = with_policy(scenario, entry.name);
+    auto variant = with_policy(scenario, entry.id);
     if (!variant.ok()) continue;
     auto est = evaluate(*variant);
     if (!est.ok() || !est->fits_memory) continue;
-    sims.push_back({entry.name, *variant, *est, -1, 0, false, ""});
+    sims.push_back({.origin = Origin::kPreset, .scenario = *variant, .estimate = *est});
   }
-  const auto t1 = std::chrono::steady_clock::now();
-  simulate_all(sims, jobs, dir, interactive);
-  const double sim_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  return sims;
+}
 
-  // Ranked by simulated step time: what ran and fits first, then what does not fit in memory (its speed is
-  // moot), then what failed. The presets are points of the search space too: the pick is the fastest
-  // simulated candidate that fits, so it is never slower than a preset that fits.
+int tier(const Simulation& s) {
+  return !s.error.empty() ? 2 : s.simulated_fits ? 0 : 1;
+}
+
+// Ranked by simulated step time: what ran and fits first, then what does not fit in memory (its speed is
+// moot), then what failed. The presets are points of the search space too: the pick is the fastest
+// simulated candidate that fits, so it is never slower than a preset that fits.
+std::vector<size_t> simulated_order(const std::vector<Simulation>& sims) {
   std::vector<size_t> order(sims.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  auto tier = [&](const Simulation& s) { return !s.error.empty() ? 2 : s.simulated_fits ? 0 : 1; };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     if (tier(sims[a]) != tier(sims[b])) return tier(sims[a]) < tier(sims[b]);
     return sims[a].simulated_step_s < sims[b].simulated_step_s;
   });
-  const int best = !order.empty() && tier(sims[order.front()]) == 0 ? static_cast<int>(order.front()) : -1;
+  return order;
+}
+
+// The table of simulated candidates, and the comparison AsyncHZP's claim is about: the best ND plan
+// against the best ZeRO-family plan, simulated.
+void print_simulated(const std::vector<Simulation>& sims, const std::vector<size_t>& order, int best) {
   std::printf("\n%-8s %-60s %10s %10s %8s %s\n", "analytic", "policy (mb: micro-batch, rc: recompute)", "est s",
               "sim s", "MFU", "");
   for (size_t i : order) {
@@ -250,83 +273,115 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
                              : !s.error.empty()          ? s.error
                              : !s.simulated_fits         ? "NOT RUNNABLE: does not fit in memory when simulated"
                                                          : "";
-    std::printf("%-8s %-60s %10.4f %10s %8s %s\n", s.label.c_str(), describe(s.scenario).c_str(),
+    std::printf("%-8s %-60s %10.4f %10s %8s %s\n", label(s).c_str(), describe(s.scenario).c_str(),
                 s.estimate.step_time_s, simulated, mfu, note.c_str());
   }
-  // The comparison AsyncHZP's claim is about: the best ND plan against the best ZeRO-family plan, simulated.
   int best_nd = -1, best_zero = -1;
   for (size_t i : order) {
     if (tier(sims[i]) != 0) continue;
-    int& slot = sims[i].label.rfind("nd#", 0) == 0 ? best_nd : best_zero;
+    int& slot = sims[i].origin == Origin::kNd ? best_nd : best_zero;
     if (slot < 0) slot = static_cast<int>(i);
   }
   if (best_nd >= 0 && best_zero >= 0)
     std::printf(
         "best ND plan %s (%s): %.4f s; best ZeRO-family plan %s (%s): %.4f s; ND / ZeRO-family step time %.2fx\n",
-        sims[best_nd].label.c_str(), describe(sims[best_nd].scenario).c_str(), sims[best_nd].simulated_step_s,
-        sims[best_zero].label.c_str(), describe(sims[best_zero].scenario).c_str(), sims[best_zero].simulated_step_s,
+        label(sims[best_nd]).c_str(), describe(sims[best_nd].scenario).c_str(), sims[best_nd].simulated_step_s,
+        label(sims[best_zero]).c_str(), describe(sims[best_zero].scenario).c_str(), sims[best_zero].simulated_step_s,
         sims[best_nd].simulated_step_s / sims[best_zero].simulated_step_s);
+}
+
+nlohmann::json candidate_json(const Simulation& s) {
+  const MemoryBreakdown& m = s.estimate.memory;
+  return {{"policy", to_string(s.scenario.policy.preset)},
+          {"rank", label(s)},
+          {"folder", (fs::path("candidates") / folder_name(s)).string()},
+          {"sharding", sharding_json(s.scenario.policy.sharding)},
+          {"parallel", parallel_to_json(s.scenario.policy.parallel)},
+          {"micro_batch", s.scenario.training.micro_batch},
+          {"recompute", to_string(s.scenario.training.recompute)},
+          {"overlap",
+           {{"prefetch_depth", s.scenario.policy.overlap.prefetch_depth},
+            {"separate_streams", s.scenario.policy.overlap.separate_streams}}},
+          {"memory_bytes_per_gpu",
+           {{"params", m.params},
+            {"grads", m.grads},
+            {"optimizer", m.optimizer},
+            {"activations", m.activations},
+            {"buffers", m.buffers},
+            {"total", m.total()}}},
+          {"comm_bytes_per_gpu", s.estimate.comm_bytes_per_gpu},
+          {"estimated_step_time_s", s.estimate.step_time_s},
+          {"estimated_mfu", s.estimate.mfu},
+          {"fits_memory", s.estimate.fits_memory},
+          {"simulated_step_time_s", s.error.empty() ? nlohmann::json(s.simulated_step_s) : nlohmann::json()},
+          {"simulated_mfu", s.simulated_mfu},
+          {"simulated_fits_memory", s.error.empty() ? nlohmann::json(s.simulated_fits) : nlohmann::json()},
+          {"error", s.error}};
+}
+
+// plan.json (README.md documents it).
+nlohmann::json plan_json(const Scenario& scenario, const Searches& found, const std::vector<Simulation>& sims,
+                         const std::vector<size_t>& order, int best, int jobs, double sim_s) {
+  nlohmann::json candidates = nlohmann::json::array();
+  for (size_t i : order) candidates.push_back(candidate_json(sims[i]));
+  const SearchResult &r = found.zero, &nd = found.nd;
+  return {{"scenario", scenario.name},
+          {"gpus", scenario.cluster.world_size()},
+          {"search",
+           {{"candidates", r.candidates},
+            {"estimated", r.estimated},
+            {"rejected_memory", r.rejected_memory},
+            {"rejected_invalid", r.rejected_invalid},
+            {"redundant", r.redundant},
+            {"ranked", r.ranked.size()},
+            {"analytic_ranking_s", found.zero_s},
+            {"simulated", sims.size()},
+            {"simulation_wall_s", sim_s},
+            {"jobs", jobs}}},
+          {"nd_search",
+           {{"candidates", nd.candidates},
+            {"estimated", nd.estimated},
+            {"rejected_memory", nd.rejected_memory},
+            {"rejected_invalid", nd.rejected_invalid},
+            {"ranked", nd.ranked.size()},
+            {"best", nd.ranked.empty() ? nlohmann::json() : nlohmann::json(describe_nd(nd.ranked[0].scenario))},
+            {"best_estimated_step_time_s",
+             nd.ranked.empty() ? nlohmann::json() : nlohmann::json(nd.ranked[0].estimate.step_time_s)}}},
+          {"candidates", candidates},
+          {"best", best >= 0 ? nlohmann::json(label(sims[best])) : nlohmann::json()}};
+}
+
+}  // namespace
+
+int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir) {
+  // Where results go is checked before any work: a run that cannot write its plan is refused up front.
+  const fs::path dir = fs::path(out_dir) / "candidates";
+  if (Status st = ensure_writable_dir(dir.string(), "--out"); !st.ok()) {
+    std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
+    return 2;
+  }
+  // A progress line rewritten in place (\r) only on a terminal; a log file gets the summary lines only.
+  const bool interactive = ::isatty(STDERR_FILENO) == 1;
+  auto found = search_both(scenario, top_k, interactive);
+  if (!found.ok()) {
+    std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
+    return found.status().code() == StatusCode::kInvalidInput ? 2 : 1;
+  }
+  if (found->zero.ranked.empty() && found->nd.ranked.empty()) {
+    std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
+    return 0;
+  }
+  std::vector<Simulation> sims = to_simulate(scenario, *found, top_k);
+  const auto t1 = std::chrono::steady_clock::now();
+  simulate_all(sims, jobs, dir, interactive);
+  const double sim_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const std::vector<size_t> order = simulated_order(sims);
+  const int best = !order.empty() && tier(sims[order.front()]) == 0 ? static_cast<int>(order.front()) : -1;
+  print_simulated(sims, order, best);
   std::printf("simulated %zu scenarios with %d parallel processes in %.1f s; each in %s/<candidate>/\n", sims.size(),
               jobs, sim_s, dir.c_str());
 
-  nlohmann::json candidates = nlohmann::json::array();
-  for (size_t i : order) {
-    const Simulation& s = sims[i];
-    const MemoryBreakdown& m = s.estimate.memory;
-    candidates.push_back(
-        {{"policy", s.label.rfind('#', 0) == 0     ? "amsp"
-                    : s.label.rfind("nd#", 0) == 0 ? "zero1"
-                                                   : s.label},
-         {"rank", s.label},
-         {"folder", (fs::path("candidates") / folder_name(s)).string()},
-         {"sharding", sharding_json(s.scenario.policy.sharding)},
-         {"parallel", parallel_to_json(s.scenario.policy.parallel)},
-         {"micro_batch", s.scenario.training.micro_batch},
-         {"recompute", to_string(s.scenario.training.recompute)},
-         {"overlap",
-          {{"prefetch_depth", s.scenario.policy.overlap.prefetch_depth},
-           {"separate_streams", s.scenario.policy.overlap.separate_streams}}},
-         {"memory_bytes_per_gpu",
-          {{"params", m.params},
-           {"grads", m.grads},
-           {"optimizer", m.optimizer},
-           {"activations", m.activations},
-           {"buffers", m.buffers},
-           {"total", m.total()}}},
-         {"comm_bytes_per_gpu", s.estimate.comm_bytes_per_gpu},
-         {"estimated_step_time_s", s.estimate.step_time_s},
-         {"estimated_mfu", s.estimate.mfu},
-         {"fits_memory", s.estimate.fits_memory},
-         {"simulated_step_time_s", s.error.empty() ? nlohmann::json(s.simulated_step_s) : nlohmann::json()},
-         {"simulated_mfu", s.simulated_mfu},
-         {"simulated_fits_memory", s.error.empty() ? nlohmann::json(s.simulated_fits) : nlohmann::json()},
-         {"error", s.error}});
-  }
-  nlohmann::json plan = {
-      {"scenario", scenario.name},
-      {"gpus", scenario.cluster.world_size()},
-      {"search",
-       {{"candidates", r.candidates},
-        {"estimated", r.estimated},
-        {"rejected_memory", r.rejected_memory},
-        {"rejected_invalid", r.rejected_invalid},
-        {"redundant", r.redundant},
-        {"ranked", r.ranked.size()},
-        {"analytic_ranking_s", search_s},
-        {"simulated", sims.size()},
-        {"simulation_wall_s", sim_s},
-        {"jobs", jobs}}},
-      {"nd_search",
-       {{"candidates", nd.candidates},
-        {"estimated", nd.estimated},
-        {"rejected_memory", nd.rejected_memory},
-        {"rejected_invalid", nd.rejected_invalid},
-        {"ranked", nd.ranked.size()},
-        {"best", nd.ranked.empty() ? nlohmann::json() : nlohmann::json(describe_nd(nd.ranked[0].scenario))},
-        {"best_estimated_step_time_s",
-         nd.ranked.empty() ? nlohmann::json() : nlohmann::json(nd.ranked[0].estimate.step_time_s)}}},
-      {"candidates", candidates},
-      {"best", best >= 0 ? nlohmann::json(sims[best].label) : nlohmann::json()}};
+  const nlohmann::json plan = plan_json(scenario, *found, sims, order, best, jobs, sim_s);
   if (Status st = write_file_atomic((fs::path(out_dir) / "plan.json").string(), plan.dump(2) + "\n"); !st.ok()) {
     std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
     return 2;

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <numeric>
 #include <sstream>
 
@@ -65,7 +64,7 @@ Status runtime_supports(const Scenario& scenario) {
 
 int Executor::Impl::compute_stream() const {
   for (std::size_t i = 0; i < schedule.streams.size(); ++i)
-    if (schedule.streams[i] == "compute") return static_cast<int>(i);
+    if (schedule.streams[i] == StreamKind::kCompute) return static_cast<int>(i);
   return 0;
 }
 
@@ -121,8 +120,8 @@ Status Executor::Impl::setup() {
 }
 
 Status Executor::Impl::setup_streams() {
-  for (const std::string& name : schedule.streams) {
-    streams.push_back(device->create_stream(name));
+  for (StreamKind kind : schedule.streams) {
+    streams.push_back(device->create_stream(to_string(kind)));
     kernels.push_back(device->create_kernels(*streams.back()));
   }
   host_stream = device->create_stream("host");
@@ -281,7 +280,7 @@ Status Executor::Impl::setup_comms() {
     std::ostringstream name;
     name << to_string(g.role) << "[";
     for (std::size_t i = 0; i < g.ranks.size(); ++i) name << (i ? "," : "") << g.ranks[i];
-    name << "] on stream " << schedule.streams[stream];
+    name << "] on stream " << to_string(schedule.streams[stream]);
     HZP_ASSIGN_OR_RETURN(
         auto c, device->create_communicator(g.ranks, "g" + std::to_string(group) + "/s" + std::to_string(stream),
                                             name.str(), *streams[stream]));
@@ -316,11 +315,13 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
   const std::vector<Op>& ops = program->ops;
   std::vector<EventPtr> events(ops.size()), begins(tracing ? ops.size() : 0);
   std::vector<std::int64_t> op_bytes(tracing ? ops.size() : 0);
-  // Host-side bookkeeping in program order: the gather slots of the visits in flight (FIFO) and the
-  // gradient slot of every bucket.
-  Buffer last_gather;  // the slot acquired for the gathers that follow it
+  // Host-side bookkeeping in program order: the gradient slot of every bucket. (Gather slots are named by the
+  // ops that fill and read them.)
   std::vector<Buffer> bucket_slot(schedule.buckets.size());
-  std::deque<Buffer> compute_gather;  // the slot the next compute visit reads (front), in visit order
+  int gather_pool = -1;
+  for (std::size_t p = 0; p < schedule.pools.size(); ++p)
+    if (schedule.pools[p].kind == PoolKind::kParamGather) gather_pool = static_cast<int>(p);
+  auto gather_slot = [&](int slot) { return slot >= 0 && gather_pool >= 0 ? pool_slots[gather_pool][slot] : Buffer{}; };
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     Stream& stream = *streams[op.stream];
@@ -335,9 +336,7 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
     if (const auto* a = std::get_if<BufferAcquireOp>(&op.body)) {
       const Buffer slot = pool_slots[a->pool][a->slot];
       if (schedule.pools[a->pool].kind == PoolKind::kParamGather) {
-        last_gather = slot;
-        compute_gather.push_back(slot);
-        work = [] { return Status::Ok(); };
+        work = [] { return Status::Ok(); };  // the gathers that follow fill it
       } else {
         bucket_slot[a->bucket] = slot;
         const Buffer used = slot.slice(0, layout.bucket_floats(a->bucket));
@@ -346,23 +345,17 @@ Status Executor::Impl::run_step(std::int64_t step_index) {
           return k.status();
         };
       }
-    } else if (const auto* r = std::get_if<BufferReleaseOp>(&op.body)) {
-      if (schedule.pools[r->pool].kind == PoolKind::kParamGather) {
-        if (compute_gather.empty()) return Status::Internal("runtime: release of a gather slot never acquired");
-        compute_gather.pop_front();
-      }
+    } else if (std::holds_alternative<BufferReleaseOp>(op.body)) {
       work = [] { return Status::Ok(); };
     } else if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
-      const Buffer slot = compute_gather.empty() ? Buffer{} : compute_gather.front();
+      const Buffer slot = gather_slot(c->gather_slot);  // empty: the parameters are replicated
       work = [this, &k, body = *c, slot, buckets = bucket_slot] { return compute(k, body, slot, buckets); };
     } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-      Buffer slot;
-      if (c->purpose == CollectivePurpose::kGatherParams || c->purpose == CollectivePurpose::kGatherSecondary) {
-        if (last_gather.empty()) return Status::Internal("runtime: parameter all-gather without an acquired slot");
-        slot = last_gather;  // the slot acquired for this unit's gathers
-      } else if (c->kind == CollectiveKind::kAllToAll && !compute_gather.empty()) {
-        slot = compute_gather.front();  // the MoE unit's router parameters
-      }
+      // The slot a parameter all-gather fills, or whose parameters a MoE all-to-all reads (the router's).
+      const Buffer slot = gather_slot(c->gather_slot);
+      if (slot.empty() &&
+          (c->purpose == CollectivePurpose::kGatherParams || c->purpose == CollectivePurpose::kGatherSecondary))
+        return Status::Internal("runtime: parameter all-gather names no gather slot");
       // Bytes as executed: the IR's element count in the type the runtime moves this payload in.
       bytes = c->bytes / dtype_bytes(c->dtype) * scalar_bytes(payload_type(c->payload));
       work = [this, &k, body = *c, s = op.stream, slot, buckets = bucket_slot] {
@@ -627,7 +620,7 @@ CheckpointHeader Executor::Impl::checkpoint_header(std::int64_t next_step) const
   CheckpointHeader h;
   h.rank = rank;
   h.world_size = world;
-  h.policy = schedule.policy;
+  h.policy = to_string(schedule.policy);
   h.precision = to_string(scenario.training.precision);
   h.next_step = next_step;
   h.adam_steps = adam_t;

@@ -376,7 +376,7 @@ int RankRun::join() {
     std::printf(
         "hzp train: %s, policy %s %s, %d ranks (%d per node), %lld params, %lld tokens/step, steps %lld..%lld "
         "of %lld; MFU against %s (%.0f TFLOP/s)\n",
-        scenario_.name.c_str(), schedule_.policy.c_str(), sharding_notation(scenario_.policy.sharding).c_str(),
+        scenario_.name.c_str(), to_string(schedule_.policy), sharding_notation(scenario_.policy.sharding).c_str(),
         env_.world_size, scenario_.cluster.gpus_per_node, static_cast<long long>(cost_.params),
         static_cast<long long>(tokens_per_step_), static_cast<long long>(first_step_ + 1),
         static_cast<long long>(end_step_), static_cast<long long>(run.steps), scenario_.cluster.gpu.type.c_str(),

@@ -17,7 +17,7 @@ Result<Scenario> resolve(Scenario scenario) {
   if (found.ranked.empty())
     return Status::InvalidInput("policy.sharding: \"auto\" found no sharding that fits in GPU memory");
   scenario.policy = found.ranked.front().scenario.policy;
-  scenario.policy.preset = "amsp";
+  scenario.policy.preset = Policy::kAmsp;
   scenario.policy.auto_sharding = false;
   return scenario;
 }

@@ -62,7 +62,7 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
     for (int depth : options.prefetch_depths)
       for (bool streams : options.separate_streams) {
         Scenario candidate = scenario;
-        candidate.policy.preset = "amsp";
+        candidate.policy.preset = Policy::kAmsp;
         candidate.policy.sharding = sharding;
         candidate.policy.overlap.prefetch_depth = depth;
         candidate.policy.overlap.separate_streams = streams;

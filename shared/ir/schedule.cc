@@ -66,51 +66,21 @@ int dtype_bytes(DType v) {
   return v == DType::kFp32 ? 4 : 2;
 }
 
+#define HZP_NAME_CASE(name, text) \
+  case name:                      \
+    return text;
 const char* to_string(GroupRole role) {
-  switch (role) {
-    case GroupRole::kParamShard:
-      return "param_shard";
-    case GroupRole::kGradShard:
-      return "grad_shard";
-    case GroupRole::kParamRefresh:
-      return "param_refresh";
-    case GroupRole::kOsReplica:
-      return "os_replica";
-    case GroupRole::kExpertParallel:
-      return "expert_parallel";
-    case GroupRole::kExpertParamShard:
-      return "expert_param_shard";
-    case GroupRole::kExpertGradShard:
-      return "expert_grad_shard";
-    case GroupRole::kExpertParamRefresh:
-      return "expert_param_refresh";
-    case GroupRole::kExpertOsReplica:
-      return "expert_os_replica";
-    case GroupRole::kParamSecondary:
-      return "param_secondary";
-    case GroupRole::kWorld:
-      return "world";
-    case GroupRole::kTensor:
-      return "tensor";
-    case GroupRole::kPipeActEven:
-      return "pipe_act_even";
-    case GroupRole::kPipeActOdd:
-      return "pipe_act_odd";
-    case GroupRole::kPipeActWrap:
-      return "pipe_act_wrap";
-    case GroupRole::kPipeGradEven:
-      return "pipe_grad_even";
-    case GroupRole::kPipeGradOdd:
-      return "pipe_grad_odd";
-    case GroupRole::kPipeGradWrap:
-      return "pipe_grad_wrap";
-    case GroupRole::kContext:
-      return "context";
-    case GroupRole::kEmbedding:
-      return "embedding";
-  }
+  using enum GroupRole;
+  switch (role) { HZP_GROUP_ROLES(HZP_NAME_CASE) }
   return "?";
 }
+
+const char* to_string(StreamKind stream) {
+  using enum StreamKind;
+  switch (stream) { HZP_STREAM_KINDS(HZP_NAME_CASE) }
+  return "?";
+}
+#undef HZP_NAME_CASE
 
 const char* to_string(StateKind v) {
   return v == StateKind::kDense ? "dense" : "expert";
@@ -230,10 +200,10 @@ struct BodyPrinter {
 
 std::string dump_schedule(const Schedule& schedule, int rank) {
   std::ostringstream os;
-  os << "# hzp schedule v2 policy=" << schedule.policy << " world=" << schedule.world_size
+  os << "# hzp schedule v2 policy=" << to_string(schedule.policy) << " world=" << schedule.world_size
      << " gpus_per_node=" << schedule.gpus_per_node << " programs=" << schedule.programs.size() << "\n";
   os << "streams:";
-  for (size_t i = 0; i < schedule.streams.size(); ++i) os << " " << i << "=" << schedule.streams[i];
+  for (size_t i = 0; i < schedule.streams.size(); ++i) os << " " << i << "=" << to_string(schedule.streams[i]);
   os << "\npools:";
   for (const BufferPool& p : schedule.pools)
     os << " " << p.name << "(slots=" << p.slots << ",slot_bytes=" << p.slot_bytes << ")";
@@ -271,7 +241,7 @@ std::string dump_schedule(const Schedule& schedule, int rank) {
     const Program& prog = schedule.programs[p];
     for (size_t i = 0; i < prog.ops.size(); ++i) {
       const Op& op = prog.ops[i];
-      os << "  " << i << " [" << schedule.streams[op.stream] << "] ";
+      os << "  " << i << " [" << to_string(schedule.streams[op.stream]) << "] ";
       std::visit(BodyPrinter{schedule, rank, os}, op.body);
       if (!op.deps.empty()) os << " deps=" << fmt_ranks(op.deps);
       if (!op.prev_step_deps.empty()) os << " prev_step_deps=" << fmt_ranks(op.prev_step_deps);

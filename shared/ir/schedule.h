@@ -28,48 +28,89 @@
 #include <vector>
 
 #include "shared/model/model_math.h"
+#include "shared/policy/policy_registry.h"
 
 namespace hzp {
 
 enum class Phase { kForward, kBackward, kRecompute };
-// The process group a collective runs over, by the state it serves (sharding.h lays them out).
-enum class GroupRole {
-  kParamShard,
-  kGradShard,
-  kParamRefresh,
-  kOsReplica,
-  // Only with expert parallelism (policy.expert_parallel > 1):
-  kExpertParallel,  // the EP consecutive ranks that together hold every expert: all-to-all of tokens
-  kExpertParamShard,
-  kExpertGradShard,
-  kExpertParamRefresh,
-  kExpertOsReplica,  // the dense roles' groups restricted to the ranks holding the same experts
-  // Only with a secondary parameter copy (ZeRO++ hpZ): the GPUs of my node, which hold the copy sharded
-  // among themselves and all-gather it in backward.
-  kParamSecondary,
-  kWorld,  // every rank: the gradient-norm all-reduce of training.grad_clip
-  // Only with ND parallelism (policy.parallel):
-  kTensor,  // the `tensor` consecutive ranks of a node that split each layer: per-layer all-reduces
-  // Pipeline links: the two ranks (same tensor and data coordinates) of consecutive stages, members in
-  // sending order. Activations flow stage s -> s+1, gradients s+1 -> s; each direction is its own group so
-  // that its transfers match in issue order. A rank binds one group per role, so links are coloured by the
-  // parity of their lower stage, and the interleaved schedule's link from the last stage back to the first
-  // (its next model chunk) gets a role of its own.
-  kPipeActEven,
-  kPipeActOdd,
-  kPipeActWrap,
-  kPipeGradEven,
-  kPipeGradOdd,
-  kPipeGradWrap,
-  // Only with context parallelism: the `context` consecutive replica-axis ranks that split each sequence
-  // (same tensor and stage coordinates): per-layer all-gather of keys and values, reduce-scatter of their
-  // gradients.
-  kContext,
-  // Only pipelined with tied embeddings: the first and the last stage's ranks of one (tensor, replica)
-  // coordinate, which hold the word embeddings and the head's copy of them.
-  kEmbedding,
-};
-inline constexpr int kNumGroupRoles = 20;
+// The process group a collective runs over, by the state it serves (sharding.h lays them out). One list
+// makes the enum, its names (to_string) and its count (kNumGroupRoles):
+//   param_shard .. os_replica    the dense states' groups (AMSP's s_p, s_g, the refresh group, the replicas)
+//   expert_parallel              only with expert parallelism (policy.expert_parallel > 1): the EP consecutive
+//                                ranks that together hold every expert (all-to-all of tokens)
+//   expert_param_shard ..        the dense roles' groups restricted to the ranks holding the same experts
+//   param_secondary              ZeRO++ hpZ: the GPUs of my node, which hold the secondary parameter copy
+//                                sharded among themselves and all-gather it in backward
+//   world                        every rank: the gradient-norm all-reduce of training.grad_clip
+//   tensor                       ND parallelism: the `tensor` consecutive ranks of a node that split each
+//                                layer (per-layer all-reduces)
+//   pipe_*                       pipeline links: the two ranks (same tensor and data coordinates) of
+//                                consecutive stages, members in sending order. Activations flow stage s -> s+1,
+//                                gradients s+1 -> s; each direction is its own group so that its transfers
+//                                match in issue order. A rank binds one group per role, so links are coloured
+//                                by the parity of their lower stage, and the interleaved schedule's link from
+//                                the last stage back to the first (its next model chunk) gets a role of its own
+//   context                      context parallelism: the `context` consecutive replica-axis ranks that split
+//                                each sequence (same tensor and stage): per-layer all-gather of keys and
+//                                values, reduce-scatter of their gradients
+//   embedding                    pipelined with tied embeddings: the first and the last stage's ranks of one
+//                                (tensor, replica) coordinate, which hold the word embeddings and the head's copy
+#define HZP_GROUP_ROLES(X)                       \
+  X(kParamShard, "param_shard")                  \
+  X(kGradShard, "grad_shard")                    \
+  X(kParamRefresh, "param_refresh")              \
+  X(kOsReplica, "os_replica")                    \
+  X(kExpertParallel, "expert_parallel")          \
+  X(kExpertParamShard, "expert_param_shard")     \
+  X(kExpertGradShard, "expert_grad_shard")       \
+  X(kExpertParamRefresh, "expert_param_refresh") \
+  X(kExpertOsReplica, "expert_os_replica")       \
+  X(kParamSecondary, "param_secondary")          \
+  X(kWorld, "world")                             \
+  X(kTensor, "tensor")                           \
+  X(kPipeActEven, "pipe_act_even")               \
+  X(kPipeActOdd, "pipe_act_odd")                 \
+  X(kPipeActWrap, "pipe_act_wrap")               \
+  X(kPipeGradEven, "pipe_grad_even")             \
+  X(kPipeGradOdd, "pipe_grad_odd")               \
+  X(kPipeGradWrap, "pipe_grad_wrap")             \
+  X(kContext, "context")                         \
+  X(kEmbedding, "embedding")
+
+// The streams of a schedule, each an in-order queue (a CUDA stream; one of AsyncHZP's background threads):
+//   compute        compute, the optimizer, and the collectives on the compute path (tensor parallelism, MoE
+//                  all-to-all, pipeline sends, the gradient norm)
+//   param_gather   parameter all-gathers into the gather pool
+//   grad_reduce    per-micro-batch gradient reduce-scatters
+//   replica_sync   once-a-step gradient sync (and the parameter refresh, unless it has its own stream)
+//   param_refresh  AsyncHZP: last step's parameter refresh, never queued behind this step's sync
+//   context        context parallelism: ring attention's key / value exchange beside the attention
+//   pipe_recv_*    pipeline receives (activations, gradients): posted on their own streams even when a
+//                  policy puts every other op on compute (own_queue), so that two neighbouring stages never
+//                  both block in a send that waits for the other's receive
+#define HZP_STREAM_KINDS(X)         \
+  X(kCompute, "compute")            \
+  X(kParamGather, "param_gather")   \
+  X(kGradReduce, "grad_reduce")     \
+  X(kReplicaSync, "replica_sync")   \
+  X(kParamRefresh, "param_refresh") \
+  X(kContext, "context")            \
+  X(kPipeRecvAct, "pipe_recv_act")  \
+  X(kPipeRecvGrad, "pipe_recv_grad")
+
+#define HZP_ENUMERATOR(name, text) name,
+#define HZP_COUNT_ONE(name, text) +1
+enum class GroupRole { HZP_GROUP_ROLES(HZP_ENUMERATOR) };
+inline constexpr int kNumGroupRoles = 0 HZP_GROUP_ROLES(HZP_COUNT_ONE);
+enum class StreamKind { HZP_STREAM_KINDS(HZP_ENUMERATOR) };
+inline constexpr int kNumStreamKinds = 0 HZP_STREAM_KINDS(HZP_COUNT_ONE);
+#undef HZP_ENUMERATOR
+#undef HZP_COUNT_ONE
+// Whether a stream keeps its own queue when the policy runs everything else on compute
+// (policy.overlap.separate_streams false): the pipeline receives (see above).
+inline bool own_queue(StreamKind s) {
+  return s == StreamKind::kPipeRecvAct || s == StreamKind::kPipeRecvGrad;
+}
 // Model states are sharded per kind: the dense parameters, and (with expert parallelism) the experts'.
 enum class StateKind { kDense, kExpert };
 // What a fixed buffer pool holds.
@@ -108,6 +149,7 @@ enum class Payload { kParams, kGrads, kActivations, kGradNorm };
 
 const char* to_string(Phase v);
 const char* to_string(GroupRole v);
+const char* to_string(StreamKind v);
 const char* to_string(StateKind v);
 const char* to_string(PoolKind v);
 const char* to_string(CollectivePurpose v);
@@ -141,6 +183,9 @@ struct ComputeOp {
   double fp8_flops = 0;   // of `flops`, those run at the GPU's FP8 peak (TrainingSpec::fp8)
   double core_flops = 0;  // of `flops`, the unfused attention core's (ModuleCost::fwd_core_flops) ...
   double core_bytes = 0;  // ... and its GEMMs' operand bytes: timed as max(FLOPs, bytes)
+  // The slot of the param_gather pool (PoolKind::kParamGather) holding the parameters this op reads,
+  // acquired and filled before it; -1 when the schedule gathers nothing (parameters replicated).
+  int gather_slot = -1;
 };
 
 // A collective over the group bound to `role`. `bytes` is the size of the full (unsharded) buffer the
@@ -162,6 +207,9 @@ struct CollectiveOp {
                     // order: 0 attention, 1 MLP/MoE); -1 = the whole unit
   int root = -1;    // broadcast: the sending member's index in the group (policy.comm.param_refresh
                     // "broadcast": one per owner, bucket -1 = the owner's share of the whole model)
+  // The param_gather slot this op fills (kGatherParams, kGatherSecondary) or whose parameters it reads (the
+  // MoE all-to-alls: the router's); -1 for every other collective and when nothing is gathered.
+  int gather_slot = -1;
 };
 
 // The AdamW update of this rank's optimizer shard of one unit: memory-bound.
@@ -252,11 +300,11 @@ struct StateBytesPerRank {
 };
 
 struct Schedule {
-  std::string policy;
+  Policy policy = Policy::kCustom;             // the scenario's policy.preset
   std::vector<StateBytesPerRank> state_bytes;  // per program (pipeline stages hold different layers)
   int world_size = 0;
   int gpus_per_node = 0;
-  std::vector<std::string> streams;  // e.g. {"compute", "allgather", "reduce_scatter", "allreduce"}
+  std::vector<StreamKind> streams;   // the streams the programs use; stream 0 is compute
   std::vector<GroupRole> roles;      // group roles used by collectives
   std::vector<ProcessGroup> groups;  // every concrete group, deterministic order
   std::vector<BufferPool> pools;

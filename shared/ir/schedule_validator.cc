@@ -11,7 +11,7 @@ namespace {
 std::string describe(const Schedule& s, int rank, int op_index) {
   const Op& op = s.program_of(rank).ops[op_index];
   std::string out =
-      "rank " + std::to_string(rank) + " op " + std::to_string(op_index) + " [" + s.streams[op.stream] + "]";
+      "rank " + std::to_string(rank) + " op " + std::to_string(op_index) + " [" + to_string(s.streams[op.stream]) + "]";
   if (const auto* c = std::get_if<CollectiveOp>(&op.body))
     out += std::string(" ") + to_string(c->kind) + " role=" + to_string(s.roles[c->role]) +
            " unit=" + std::to_string(c->unit) + " mb=" + std::to_string(c->micro_batch) +
@@ -70,7 +70,39 @@ Status check_structure(const Schedule& s) {
   return Status::Ok();
 }
 
+// The gather slot an op names (ComputeOp / CollectiveOp::gather_slot) is held when the op is issued, by
+// an acquire for the op's own unit; and with a param_gather pool every compute op and parameter gather
+// names one (the executors read the parameters from it).
+Status check_gather_slot(const Schedule& s, const std::vector<Op>& ops, const std::vector<std::vector<int>>& holder,
+                         int gather_pool, std::size_t i, const std::string& where) {
+  int slot = -1, unit = 0;
+  bool needs = false;
+  if (const auto* c = std::get_if<ComputeOp>(&ops[i].body)) {
+    slot = c->gather_slot, unit = c->unit, needs = true;
+  } else if (const auto* c = std::get_if<CollectiveOp>(&ops[i].body)) {
+    slot = c->gather_slot, unit = c->unit;
+    needs = c->purpose == CollectivePurpose::kGatherParams || c->purpose == CollectivePurpose::kGatherSecondary;
+  } else {
+    return Status::Ok();
+  }
+  if (slot < 0) {
+    if (needs && gather_pool >= 0) return Status::Internal(where + ": names no gather slot");
+    return Status::Ok();
+  }
+  if (gather_pool < 0 || slot >= s.pools[gather_pool].slots)
+    return Status::Internal(where + ": names gather slot " + std::to_string(slot) + ", which does not exist");
+  const int acquire = holder[gather_pool][slot];
+  if (acquire < 0) return Status::Internal(where + ": reads gather slot " + std::to_string(slot) + ", not held");
+  if (std::get<BufferAcquireOp>(ops[acquire].body).unit != unit)
+    return Status::Internal(where + ": reads gather slot " + std::to_string(slot) + ", held for another unit (op " +
+                            std::to_string(acquire) + ")");
+  return Status::Ok();
+}
+
 Status check_pools(const Schedule& s) {
+  int gather_pool = -1;
+  for (std::size_t k = 0; k < s.pools.size(); ++k)
+    if (s.pools[k].kind == PoolKind::kParamGather) gather_pool = static_cast<int>(k);
   for (size_t p = 0; p < s.programs.size(); ++p) {
     std::vector<std::vector<int>> holder(s.pools.size());  // acquire op holding each slot, -1 free
     std::vector<std::vector<int>> last_release(s.pools.size());
@@ -100,6 +132,8 @@ Status check_pools(const Schedule& s) {
         if (holder[r->pool][r->slot] < 0) return Status::Internal(where + ": releases a slot it does not hold");
         holder[r->pool][r->slot] = -1;
         last_release[r->pool][r->slot] = static_cast<int>(i);
+      } else {
+        HZP_RETURN_IF_ERROR(check_gather_slot(s, ops, holder, gather_pool, i, where));
       }
     }
   }

@@ -11,7 +11,7 @@
 
 namespace hzp {
 
-Result<Scenario> with_policy(const Scenario& scenario, const std::string& policy) {
+Result<Scenario> with_policy(const Scenario& scenario, Policy policy) {
   const ReplicaAxis& axis = scenario.mesh.replica;
   HZP_ASSIGN_OR_RETURN(ShardingSpec sharding, sharding_preset(policy, axis.ranks_per_node, axis.nodes));
   Scenario out = scenario;
@@ -26,14 +26,11 @@ Result<Plan> plan_presets(const Scenario& scenario) {
   bool scenario_is_listed = false;
   for (const PolicyEntry& entry : policy_registry()) {
     if (!entry.in_plan) continue;
-    HZP_ASSIGN_OR_RETURN(Scenario variant, with_policy(scenario, entry.name));
+    HZP_ASSIGN_OR_RETURN(Scenario variant, with_policy(scenario, entry.id));
     scenario_is_listed = scenario_is_listed || variant.policy.sharding == scenario.policy.sharding;
     variants.push_back(std::move(variant));
   }
-  if (!scenario_is_listed &&
-      policy_registry().end() != std::find_if(policy_registry().begin(), policy_registry().end(),
-                                              [&](const PolicyEntry& e) { return scenario.policy.preset == e.name; }))
-    variants.insert(variants.begin(), scenario);
+  if (!scenario_is_listed) variants.insert(variants.begin(), scenario);
 
   for (const Scenario& variant : variants) {
     HZP_ASSIGN_OR_RETURN(Estimate est, evaluate(variant));
@@ -60,7 +57,7 @@ nlohmann::json plan_to_json(const Scenario& scenario, const Plan& plan) {
   for (const PlanCandidate& c : plan.candidates) {
     const Estimate& e = c.estimate;
     candidates.push_back({
-        {"policy", c.policy},
+        {"policy", to_string(c.policy)},
         {"sharding",
          {{"params", group_json(c.sharding.params)},
           {"grads", group_json(c.sharding.grads)},
@@ -85,7 +82,7 @@ nlohmann::json plan_to_json(const Scenario& scenario, const Plan& plan) {
                         {"gpus", scenario.cluster.world_size()},
                         {"gpu_memory_bytes", scenario.cluster.gpu.memory_bytes},
                         {"candidates", candidates}};
-  out["best"] = plan.best >= 0 ? nlohmann::json(plan.candidates[plan.best].policy) : nlohmann::json(nullptr);
+  out["best"] = plan.best >= 0 ? nlohmann::json(to_string(plan.candidates[plan.best].policy)) : nlohmann::json(nullptr);
   return out;
 }
 
@@ -115,10 +112,10 @@ std::string plan_table(const Scenario& scenario, const Plan& plan) {
     std::snprintf(step, sizeof step, e.fits_memory ? "%.3f" : "(%.3f)", e.step_time_s);
     std::snprintf(mfu, sizeof mfu, e.fits_memory ? "%.1f%%" : "(%.1f%%)", 100 * e.mfu);
     std::snprintf(line, sizeof line, "%-8s %-24s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %5s %10.2f %9s %9.3f %8s%s\n",
-                  c.policy.c_str(), sharding_notation(c.sharding).c_str(), e.memory.params / GiB, e.memory.grads / GiB,
-                  e.memory.optimizer / GiB, e.memory.activations / GiB, e.memory.buffers / GiB, e.memory.total() / GiB,
-                  e.fits_memory ? "yes" : "NO", e.comm_bytes_per_gpu / 1e9, step, e.exposed_comm_s, mfu,
-                  static_cast<int>(i) == plan.best ? "  <- best" : "");
+                  to_string(c.policy), sharding_notation(c.sharding).c_str(), e.memory.params / GiB,
+                  e.memory.grads / GiB, e.memory.optimizer / GiB, e.memory.activations / GiB, e.memory.buffers / GiB,
+                  e.memory.total() / GiB, e.fits_memory ? "yes" : "NO", e.comm_bytes_per_gpu / 1e9, step,
+                  e.exposed_comm_s, mfu, static_cast<int>(i) == plan.best ? "  <- best" : "");
     out += line;
   }
   if (plan.best < 0) {

@@ -13,7 +13,7 @@
 namespace hzp {
 
 struct PlanCandidate {
-  std::string policy;
+  Policy policy;
   ShardingSpec sharding;
   Estimate estimate;
 };
@@ -24,7 +24,7 @@ struct Plan {
 };
 
 // The scenario with its policy replaced by `policy`'s preset sharding (overlap settings kept).
-Result<Scenario> with_policy(const Scenario& scenario, const std::string& policy);
+Result<Scenario> with_policy(const Scenario& scenario, Policy policy);
 
 Result<Plan> plan_presets(const Scenario& scenario);
 

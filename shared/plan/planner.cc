@@ -96,7 +96,7 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
         nlohmann::json doc = base;
         doc["training"]["micro_batch"] = mb;
         doc["training"]["recompute"] = to_string(r);
-        doc["policy"]["preset"] = "zero1";
+        doc["policy"]["preset"] = to_string(Policy::kZero1);
         doc["policy"].erase("sharding");
         doc["policy"]["parallel"] = parallel_to_json(par);
         Result<Scenario> candidate = parse_scenario(doc, scenario.name);

@@ -5,6 +5,7 @@
 // for new behaviour, a SchedulerOptions switch), a golden dump in tests/golden/, memory and communication tests.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,33 @@
 #include "shared/base/status.h"
 
 namespace hzp {
+
+// The policies, by name as a scenario spells them (policy.preset). One list makes the enum, its names and
+// its count; the registry (policy_registry.cc) has one row per policy, in this order. "custom" is what a
+// policy with explicit sharding and no preset is called.
+#define HZP_POLICIES(X)    \
+  X(kDdp, "ddp")           \
+  X(kZero1, "zero1")       \
+  X(kZero2, "zero2")       \
+  X(kZero3, "zero3")       \
+  X(kFsdp, "fsdp")         \
+  X(kHsdp, "hsdp")         \
+  X(kMics, "mics")         \
+  X(kZeropp, "zeropp")     \
+  X(kAmsp, "amsp")         \
+  X(kAsyncHzp, "asynchzp") \
+  X(kCustom, "custom")
+
+#define HZP_ENUMERATOR(name, text) name,
+#define HZP_COUNT_ONE(name, text) +1
+enum class Policy { HZP_POLICIES(HZP_ENUMERATOR) };
+inline constexpr int kNumPolicies = 0 HZP_POLICIES(HZP_COUNT_ONE);
+#undef HZP_ENUMERATOR
+#undef HZP_COUNT_ONE
+
+const char* to_string(Policy policy);
+// The policy a scenario names, or nullopt.
+std::optional<Policy> policy_named(std::string_view name);
 
 // Variations of the scheduler's timeline (schedule/schedule_builder.h), each owned by the policy that asks for
 // it (policy_registry.cc).
@@ -39,7 +67,7 @@ enum class ShardScope {
 };
 
 struct PolicyEntry {
-  const char* name;
+  Policy id;
   const char* description;
   ShardScope params, grads, optimizer;
   SchedulerOptions options;
@@ -47,7 +75,8 @@ struct PolicyEntry {
   bool is_preset;  // may be named as policy.preset ("custom" is what a policy without a preset is called)
 };
 
+// Every policy's row, in enum order (row i is Policy i).
 const std::vector<PolicyEntry>& policy_registry();
-const PolicyEntry* find_policy(std::string_view name);
+const PolicyEntry& policy_entry(Policy policy);
 
 }  // namespace hzp

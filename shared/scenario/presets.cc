@@ -169,13 +169,13 @@ std::vector<std::string> cluster_preset_names() {
   return names;
 }
 
-Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes) {
-  const PolicyEntry* row = find_policy(policy);
-  if (row == nullptr || !row->is_preset)
-    return Status::InvalidInput("unknown policy preset \"" + std::string(policy) +
-                                "\"; known: " + join(policy_preset_names()));
+Result<ShardingSpec> sharding_preset(Policy policy, int gpus_per_node, int nodes) {
+  const PolicyEntry* row = &policy_entry(policy);
+  if (!row->is_preset)
+    return Status::InvalidInput("policy \"" + std::string(to_string(policy)) +
+                                "\" is not a preset; known: " + join(policy_preset_names()));
   if (row->params == ShardScope::kExplicit)
-    return Status::InvalidInput("policy \"" + std::string(policy) +
+    return Status::InvalidInput("policy \"" + std::string(to_string(policy)) +
                                 "\" has no default sharding; give params, grads and optimizer groups");
   return ShardingSpec{group_for(row->params, gpus_per_node, nodes), group_for(row->grads, gpus_per_node, nodes),
                       group_for(row->optimizer, gpus_per_node, nodes)};
@@ -184,7 +184,7 @@ Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node,
 std::vector<std::string> policy_preset_names() {
   std::vector<std::string> names;
   for (const PolicyEntry& row : policy_registry())
-    if (row.is_preset) names.emplace_back(row.name);
+    if (row.is_preset) names.emplace_back(to_string(row.id));
   return names;
 }
 

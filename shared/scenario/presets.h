@@ -34,7 +34,7 @@ InterNodeSpec default_inter_node();
 //   hsdp, mics: all in one node      zeropp: all full (its secondary intra-node copy is a schedule feature)
 //   asynchzp: P,G in the node, OS full
 // "amsp" has no fixed sharding (explicit groups, or the planner's pick) and returns kInvalidInput here.
-Result<ShardingSpec> sharding_preset(std::string_view policy, int gpus_per_node, int nodes);
+Result<ShardingSpec> sharding_preset(Policy policy, int gpus_per_node, int nodes);
 
 std::vector<std::string> policy_preset_names();
 

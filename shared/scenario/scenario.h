@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "shared/policy/policy_registry.h"
+
 namespace hzp {
 
 // ---------------------------------------------------------------------------------------------------------
@@ -302,8 +304,8 @@ struct ReplicaAxis {
 };
 
 struct PolicySpec {
-  std::string preset;     // "ddp", "zero1", ..., or "custom" when only explicit sharding given
-  ShardingSpec sharding;  // always resolved (presets are expanded by the parser)
+  Policy preset = Policy::kCustom;  // policy.preset (kCustom: explicit sharding, no preset)
+  ShardingSpec sharding;            // always resolved (presets are expanded by the parser)
   OverlapSpec overlap;
   CommSpec comm;
   // Expert parallelism for MoE layers: each expert lives on one of `expert_parallel` consecutive ranks

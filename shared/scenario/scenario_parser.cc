@@ -763,7 +763,7 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
       ObjectReader r,
       ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "comm", "expert_parallel", "parallel"}));
   PolicySpec p;
-  p.preset = "custom";
+  p.preset = Policy::kCustom;
   p.overlap.bucket_bytes = 25 * 1024 * 1024;
   if (r.has("parallel")) {
     HZP_ASSIGN_OR_RETURN(p.parallel, parse_parallel(r, model, cluster));
@@ -778,24 +778,27 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
   bool need_all_groups = true;
   std::string why_all = "the policy has no preset";
   if (r.has("preset")) {
-    HZP_RETURN_IF_ERROR(r.read_string("preset", p.preset));
-    const std::vector<std::string> names = policy_preset_names();
-    if (std::find(names.begin(), names.end(), p.preset) == names.end())
-      return invalid(r.path_of("preset"), "unknown policy preset (known: " + join(names) + ")", r.at("preset"));
+    std::string name;
+    HZP_RETURN_IF_ERROR(r.read_string("preset", name));
+    const std::optional<Policy> named = policy_named(name);
+    if (!named || !policy_entry(*named).is_preset)
+      return invalid(r.path_of("preset"), "unknown policy preset (known: " + join(policy_preset_names()) + ")",
+                     r.at("preset"));
+    p.preset = *named;
     Result<ShardingSpec> preset = sharding_preset(p.preset, gpus_per_node, nodes);
     need_all_groups = !preset.ok();
     if (preset.ok()) p.sharding = *preset;
-    why_all = "preset \"" + p.preset + "\" has no default sharding";
+    why_all = "preset \"" + name + "\" has no default sharding";
   }
 
   if (r.has("sharding") && r.at("sharding").is_string()) {
     if (r.at("sharding") != "auto")
       return invalid(r.path_of("sharding"), "must be an object of groups or \"auto\"", r.at("sharding"));
-    if (p.preset != "amsp")
+    if (p.preset != Policy::kAmsp)
       return invalid(r.path_of("sharding"), "\"auto\" needs \"preset\": \"amsp\" (the planner picks the groups)",
                      r.at("sharding"));
     p.auto_sharding = true;
-    p.sharding = *sharding_preset("zero3", gpus_per_node, nodes);  // placeholder until resolve_auto_sharding
+    p.sharding = *sharding_preset(Policy::kZero3, gpus_per_node, nodes);  // placeholder until compile() resolves it
   } else if (!r.has("sharding") && need_all_groups) {
     return invalid(r.path_of("sharding"), "missing params, grads and optimizer groups (" + why_all + ")");
   } else if (r.has("sharding")) {
@@ -1104,7 +1107,7 @@ nlohmann::json scenario_to_json(const Scenario& s) {
       {"expert_parallel", p.expert_parallel},
       {"parallel", parallel_to_json(p.parallel)},
   };
-  if (p.preset != "custom") policy["preset"] = p.preset;
+  if (p.preset != Policy::kCustom) policy["preset"] = to_string(p.preset);
 
   return {{"name", s.name},       {"model", model},   {"cluster", cluster},
           {"training", training}, {"policy", policy}, {"run", run}};

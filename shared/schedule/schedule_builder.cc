@@ -47,26 +47,24 @@ struct Visit {
 class ProgramBuilder {
  public:
   ProgramBuilder(Schedule& schedule, bool separate_streams) : schedule_(schedule), separate_(separate_streams) {
-    stream_index("compute");  // stream 0 is always the compute stream
+    stream_index(StreamKind::kCompute);  // stream 0 is always the compute stream
   }
-  int add(const std::string& stream, std::vector<int> deps, OpBody body) {
+  int add(StreamKind stream, std::vector<int> deps, OpBody body) {
     std::sort(deps.begin(), deps.end());
     deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
     deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
-    // Pipeline receives keep their streams even without separate streams: on the compute stream, two
-    // neighbouring stages could each block in a send that waits for the other's receive.
-    const bool own = separate_ || stream.rfind("pipe_recv", 0) == 0;
-    program_.ops.push_back(Op{stream_index(own ? stream : "compute"), std::move(deps), std::move(body), {}});
+    const bool own = separate_ || own_queue(stream);
+    program_.ops.push_back(Op{stream_index(own ? stream : StreamKind::kCompute), std::move(deps), std::move(body), {}});
     return static_cast<int>(program_.ops.size()) - 1;
   }
   Program take() { return std::move(program_); }
   Op& op(int index) { return program_.ops[index]; }
 
  private:
-  int stream_index(const std::string& name) {
-    auto it = std::find(schedule_.streams.begin(), schedule_.streams.end(), name);
+  int stream_index(StreamKind kind) {
+    auto it = std::find(schedule_.streams.begin(), schedule_.streams.end(), kind);
     if (it != schedule_.streams.end()) return static_cast<int>(it - schedule_.streams.begin());
-    schedule_.streams.push_back(name);
+    schedule_.streams.push_back(kind);
     return static_cast<int>(schedule_.streams.size()) - 1;
   }
   Schedule& schedule_;
@@ -111,7 +109,7 @@ class DataParallelBuilder {
         micro_batches_(scenario.grad_accum_steps()),
         // The secondary copy only helps when parameters are sharded beyond the node.
         secondary_(options.secondary_param_copy && scenario.policy.sharding.params.s1 > 1),
-        refresh_stream_(options.dedicated_refresh_stream ? "param_refresh" : "replica_sync"),
+        refresh_stream_(options.dedicated_refresh_stream ? StreamKind::kParamRefresh : StreamKind::kReplicaSync),
         mesh_(scenario.mesh),
         parallel_(scenario.policy.parallel),
         stage_(stage),
@@ -392,7 +390,7 @@ class DataParallelBuilder {
     for (; any_gather_ && next_gather_ <= last && next_gather_ < visits_.size(); ++next_gather_) {
       const Visit& v = visits_[next_gather_];
       const int slot = gather_pool_.next_slot();
-      const int acquire = prog_->add("param_gather", {gather_pool_.last_release(slot)},
+      const int acquire = prog_->add(StreamKind::kParamGather, {gather_pool_.last_release(slot)},
                                      BufferAcquireOp{gather_pool_.pool(), slot, v.unit, units_[v.unit].layer});
       gather_slot_[next_gather_] = slot;
       for (int k = 0; k < num_kinds_; ++k) {
@@ -414,7 +412,8 @@ class DataParallelBuilder {
               from_secondary ? schedule_.role_secondary : kind(k).role_param,
               bytes / pieces + (piece < bytes % pieces ? 1 : 0), Payload::kParams, v.unit, v.micro_batch, -1);
           c.module = v.module;
-          const int gather = prog_->add("param_gather", {acquire, refresh_of(v.unit, k)}, c);
+          c.gather_slot = slot;
+          const int gather = prog_->add(StreamKind::kParamGather, {acquire, refresh_of(v.unit, k)}, c);
           gather_ops_[next_gather_].push_back(gather);
           if (first_read_[v.unit][k] < 0) first_read_[v.unit][k] = gather;
         }
@@ -430,9 +429,10 @@ class DataParallelBuilder {
     const auto bytes = static_cast<std::int64_t>(
         static_cast<double>(scenario_.training.micro_batch * scenario_.training.seq_len / mesh_.context) *
         scenario_.model.moe.top_k * scenario_.model.hidden * act_bytes);
-    return prog_->add("compute", std::move(deps),
-                      collective(CollectiveKind::kAllToAll, purpose, kDense, schedule_.role_expert_parallel, bytes,
-                                 Payload::kActivations, unit, mb, -1));
+    CollectiveOp c = collective(CollectiveKind::kAllToAll, purpose, kDense, schedule_.role_expert_parallel, bytes,
+                                Payload::kActivations, unit, mb, -1);
+    c.gather_slot = visit_slot_;  // the router's parameters
+    return prog_->add(StreamKind::kCompute, std::move(deps), c);
   }
 
   // Tensor parallelism's collectives around one module's pass, on the compute path (Megatron-LM: Shoeybi et
@@ -452,7 +452,7 @@ class DataParallelBuilder {
                                 bwd ? Payload::kGrads : Payload::kActivations, unit, mb, -1);
     c.module = module_slot(m->kind);
     c.dtype = dtype;
-    return prog_->add("compute", std::move(deps), c);
+    return prog_->add(StreamKind::kCompute, std::move(deps), c);
   }
   struct TensorComm {
     bool gather_before = false;
@@ -506,7 +506,9 @@ class DataParallelBuilder {
     if (ulysses) deps = {ulysses_all_to_all(unit, phase, mb, /*before=*/true, std::move(deps))};
     if (a2a)
       deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
-    int op = prog_->add("compute", std::move(deps), work_of(m, unit, phase, mb));
+    ComputeOp work = work_of(m, unit, phase, mb);
+    work.gather_slot = visit_slot_;
+    int op = prog_->add(StreamKind::kCompute, std::move(deps), work);
     if (a2a)
       op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
     if (ulysses) op = ulysses_all_to_all(unit, phase, mb, /*before=*/false, {op});
@@ -545,12 +547,12 @@ class DataParallelBuilder {
     CollectiveOp gather =
         collective(CollectiveKind::kAllGather, purpose, kDense, role, bytes, Payload::kActivations, unit, mb, -1);
     gather.module = module_slot(m->kind);
-    int last = prog_->add("context", deps, gather);
+    int last = prog_->add(StreamKind::kContext, deps, gather);
     if (bwd) {
       CollectiveOp reduce =
           collective(CollectiveKind::kReduceScatter, purpose, kDense, role, bytes, Payload::kGrads, unit, mb, -1);
       reduce.module = module_slot(m->kind);
-      last = prog_->add("context", {last}, reduce);
+      last = prog_->add(StreamKind::kContext, {last}, reduce);
     }
     context_tail_.push_back(last);
   }
@@ -580,12 +582,13 @@ class DataParallelBuilder {
                                 schedule_.role_index(GroupRole::kContext), bytes,
                                 bwd ? Payload::kGrads : Payload::kActivations, unit, mb, -1);
     c.module = module_slot(ModuleKind::kAttention);
-    return prog_->add("compute", std::move(deps), c);
+    return prog_->add(StreamKind::kCompute, std::move(deps), c);
   }
 
   void run_visit(std::size_t i) {
     const Visit& v = visits_[i];
     gather_through(i + overlap_.prefetch_depth);
+    visit_slot_ = any_gather_ ? gather_slot_[i] : -1;
     std::vector<int> deps = gather_ops_[i];
     for (int k = 0; k < num_kinds_; ++k)
       if (kind(k).s_p == 1) deps.push_back(refresh_of(v.unit, k));
@@ -606,7 +609,7 @@ class DataParallelBuilder {
       if (b < 0 || kind(k).s_g <= 1 || v.unit != buckets_[b].units.front() || !v.first_of_unit) continue;
       grad_slot_[b] = grad_pool_.next_slot(k);
       deps.push_back(prog_->add(
-          "compute", {grad_pool_.last_release(grad_slot_[b])},
+          StreamKind::kCompute, {grad_pool_.last_release(grad_slot_[b])},
           BufferAcquireOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b + bucket_base_}));
     }
 
@@ -633,7 +636,7 @@ class DataParallelBuilder {
     done.insert(done.end(), context_tail_.begin(), context_tail_.end());
     if (any_gather_) {
       const int release =
-          prog_->add("compute", {last_compute},
+          prog_->add(StreamKind::kCompute, {last_compute},
                      BufferReleaseOp{gather_pool_.pool(), gather_slot_[i], v.unit, units_[v.unit].layer});
       gather_pool_.set_release(gather_slot_[i], release);
     }
@@ -665,7 +668,8 @@ class DataParallelBuilder {
     CollectiveOp c = collective(CollectiveKind::kBroadcast, purpose, kDense, role, act_bytes_ / mesh_.tensor,
                                 act ? Payload::kActivations : Payload::kGrads, unit, mb, -1);
     c.root = 0;  // the group lists the sender first
-    return prog_->add(send ? "compute" : (act ? "pipe_recv_act" : "pipe_recv_grad"), std::move(deps), c);
+    return prog_->add(send ? StreamKind::kCompute : (act ? StreamKind::kPipeRecvAct : StreamKind::kPipeRecvGrad),
+                      std::move(deps), c);
   }
 
   // --- Gradient reductions of each bucket whose last unit has just finished its backward -----------------
@@ -680,11 +684,11 @@ class DataParallelBuilder {
       // The first reduction waits for everything the visit did; the next ones for the one before.
       const auto after = [&] { return prev == done.front() ? done : std::vector<int>{prev}; };
       if (g.s_g > 1) {  // every micro-batch: a sharded gradient cannot accumulate unsharded
-        prev = prog_->add("grad_reduce", after(),
+        prev = prog_->add(StreamKind::kGradReduce, after(),
                           collective(CollectiveKind::kReduceScatter, CollectivePurpose::kReduceGrads, k, g.role_grad,
                                      bytes, Payload::kGrads, v.unit, v.micro_batch, b));
         const int release = prog_->add(
-            "grad_reduce", {prev},
+            StreamKind::kGradReduce, {prev},
             BufferReleaseOp{grad_pool_.pool(), grad_slot_[b], v.unit, units_[v.unit].layer, b + bucket_base_});
         grad_pool_.set_release(grad_slot_[b], release);
         bytes /= g.s_g;
@@ -696,13 +700,13 @@ class DataParallelBuilder {
         const CollectiveKind how = scenario_.policy.comm.grad_reduce == GradReduce::kAllReduce
                                        ? CollectiveKind::kAllReduce
                                        : CollectiveKind::kReduceScatter;
-        prev = prog_->add("replica_sync", after(),
+        prev = prog_->add(StreamKind::kReplicaSync, after(),
                           collective(how, CollectivePurpose::kReduceToOptimizer, k, g.role_refresh, bytes,
                                      Payload::kGrads, v.unit, v.micro_batch, b));
         bytes /= q_grad;
       }
       if (g.replicas > 1)
-        prev = prog_->add("replica_sync", after(),
+        prev = prog_->add(StreamKind::kReplicaSync, after(),
                           collective(CollectiveKind::kAllReduce, CollectivePurpose::kSyncReplicas, k, g.role_replica,
                                      bytes, Payload::kGrads, v.unit, v.micro_batch, b));
       final_grad_op_[b] = prev;
@@ -728,7 +732,7 @@ class DataParallelBuilder {
     CollectiveOp c = collective(CollectiveKind::kAllReduce, CollectivePurpose::kEmbeddingGrads, kDense,
                                 schedule_.role_index(GroupRole::kEmbedding), grad_bytes(params), Payload::kGrads, 0,
                                 static_cast<int>(micro_batches_) - 1, -1);  // the embedding's, on both ends
-    final_grad_op_[b] = prog_->add("compute", {final_grad_op_[b]}, c);
+    final_grad_op_[b] = prog_->add(StreamKind::kCompute, {final_grad_op_[b]}, c);
   }
 
   // fp16 needs the same all-reduce without clipping: dynamic loss scaling skips the update when any rank's
@@ -741,7 +745,7 @@ class DataParallelBuilder {
         collective(CollectiveKind::kAllReduce, CollectivePurpose::kGradNorm, kDense, schedule_.role_world, 4,
                    Payload::kGradNorm, static_cast<int>(units_.size()) - 1, static_cast<int>(micro_batches_) - 1, -1);
     c.dtype = DType::kFp32;
-    norm_op_ = prog_->add("compute", final_grad_op_, c);
+    norm_op_ = prog_->add(StreamKind::kCompute, final_grad_op_, c);
   }
   void add_world_group() {
     const int world = schedule_.world_size;
@@ -763,7 +767,7 @@ class DataParallelBuilder {
       const std::int64_t shard = buckets_[b].params / kind(buckets_[b].kind).s_os;
       const int u = buckets_[b].units.back();
       const int update = prog_->add(
-          "compute", {norm_op_ >= 0 ? norm_op_ : final_grad_op_[b]},
+          StreamKind::kCompute, {norm_op_ >= 0 ? norm_op_ : final_grad_op_[b]},
           OptimizerStepOp{static_cast<int>(b) + bucket_base_, u, units_[u].layer, shard, shard * kAdamBytesPerParam});
       // The refresh of this bucket (or, broadcasting, the first broadcast of its kind) waits for the update.
       if (refresh_start_[b] >= 0) prog_->op(refresh_start_[b]).prev_step_deps.push_back(update);
@@ -801,7 +805,7 @@ class DataParallelBuilder {
   const DType dtype_;
   const long long micro_batches_;
   const bool secondary_;
-  const std::string refresh_stream_;
+  const StreamKind refresh_stream_;
   const ParallelMesh& mesh_;      // degrees of the axes
   const ParallelSpec parallel_;   // how they run: virtual stages, sequence parallelism, context exchange
   const int stage_;               // the pipeline stage this program runs
@@ -823,6 +827,7 @@ class DataParallelBuilder {
   std::vector<Visit> visits_;
   std::vector<std::vector<int>> gather_ops_;  // per visit
   std::vector<int> gather_slot_;              // per visit
+  int visit_slot_ = -1;                       // the gather slot of the visit being run (its ops read it)
   std::size_t next_gather_ = 0;
   std::vector<int> final_grad_op_;  // per bucket
   std::vector<int> grad_slot_;      // per bucket
@@ -877,9 +882,9 @@ Status lay_out_groups(const Scenario& scenario, const SchedulerOptions& options,
 }  // namespace
 
 Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const ModelCost& cost,
-                                              const std::string& policy_name, const SchedulerOptions& options) {
+                                              const SchedulerOptions& options) {
   Schedule schedule;
-  schedule.policy = policy_name;
+  schedule.policy = scenario.policy.preset;
   HZP_RETURN_IF_ERROR(lay_out_groups(scenario, options, schedule));
   for (int stage = 0; stage < scenario.mesh.pipeline; ++stage)
     DataParallelBuilder(scenario, cost, options, schedule, stage).build();
@@ -887,10 +892,7 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
 }
 
 Result<Schedule> build_schedule(const Scenario& scenario, const ModelCost& cost) {
-  const PolicyEntry* entry = find_policy(scenario.policy.preset);
-  if (entry == nullptr)
-    return Status::InvalidInput("policy.preset: no scheduler for \"" + scenario.policy.preset + "\"");
-  return build_data_parallel_schedule(scenario, cost, entry->name, entry->options);
+  return build_data_parallel_schedule(scenario, cost, policy_entry(scenario.policy.preset).options);
 }
 
 }  // namespace hzp

@@ -36,7 +36,7 @@
 namespace hzp {
 
 Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const ModelCost& cost,
-                                              const std::string& policy_name, const SchedulerOptions& options = {});
+                                              const SchedulerOptions& options = {});
 
 // The schedule for the scenario's policy (its preset name; "custom" = explicit sharding): the policy row's
 // options on the scheduler above.

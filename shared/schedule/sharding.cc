@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <unordered_map>
+#include <utility>
 
 #include "shared/scenario/presets.h"
 
@@ -216,9 +217,13 @@ Result<ShardingLayout> data_layout(const ClusterSpec& cluster, int ep, const Sha
   add_role(
       layout, GroupRole::kExpertParallel, world, R, [=](int r) -> long long { return r / ep; }, rank_order);
   // Expert roles: the dense role's group of r, restricted to the ranks holding r's experts (same r % ep).
-  for (int dense = 0; dense < kNumDenseRoles; ++dense) {
-    const GroupRole role = static_cast<GroupRole>(static_cast<int>(GroupRole::kExpertParamShard) + dense);
-    const int dense_index = layout.role(static_cast<GroupRole>(dense));
+  constexpr std::pair<GroupRole, GroupRole> kExpertRoles[] = {
+      {GroupRole::kParamShard, GroupRole::kExpertParamShard},
+      {GroupRole::kGradShard, GroupRole::kExpertGradShard},
+      {GroupRole::kParamRefresh, GroupRole::kExpertParamRefresh},
+      {GroupRole::kOsReplica, GroupRole::kExpertOsReplica}};
+  for (const auto& [dense, role] : kExpertRoles) {
+    const int dense_index = layout.role(dense);
     std::vector<int> dense_of(world);
     for (int r = 0; r < world; ++r) dense_of[r] = layout.rank_groups[r][dense_index];
     std::vector<long long> order(world);  // keep the dense group's ring order

@@ -42,7 +42,6 @@
 
 namespace hzp {
 
-inline constexpr int kNumDenseRoles = 4;
 // Group membership for every role and rank, deterministic. `groups` is deduplicated: ranks of one group
 // share its index. Built once per (cluster, sharding).
 struct ShardingLayout {

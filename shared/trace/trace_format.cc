@@ -123,10 +123,10 @@ Trace trace_header(const Scenario& scenario, const Schedule& schedule) {
   Trace t;
   t.scenario = scenario.name;
   t.scenario_config = scenario_to_json(scenario);
-  t.policy = schedule.policy;
+  t.policy = to_string(schedule.policy);
   t.world_size = schedule.world_size;
   t.gpus_per_node = schedule.gpus_per_node;
-  t.streams = schedule.streams;
+  for (StreamKind stream : schedule.streams) t.streams.emplace_back(to_string(stream));
   for (const ProcessGroup& g : schedule.groups) t.groups.push_back({to_string(g.role), g.ranks});
   for (const BufferPool& p : schedule.pools) t.pools.push_back(p.name);
   return t;
