@@ -40,238 +40,227 @@ double slowed_compute_end(double start, double work, std::vector<std::pair<doubl
   return t + work;
 }
 
-namespace {
-
-// The collectives a program has scheduled so far, for cluster.overlap_slowdown, kept by end time: a compute op
-// starting at t only meets those ending after t, a handful, where a list of all of them made the estimate
-// quadratic in the ops per rank (1024 micro-batches of ZeRO-3 took minutes).
-class InFlight {
- public:
-  void add(double start, double end) { by_end_.emplace(end, start); }
-  std::vector<std::pair<double, double>> ending_after(double t) const {
-    std::vector<std::pair<double, double>> out;
-    for (auto it = by_end_.upper_bound(t); it != by_end_.end(); ++it) out.emplace_back(it->second, it->first);
-    return out;
-  }
-
- private:
-  std::multimap<double, double> by_end_;  // end -> start
-};
-
-}  // namespace
-
 double op_duration(const Scenario& scenario, const Schedule& schedule, int rank, const Op& op) {
   return op_duration(scenario, schedule, rank, op, RooflineDurations(scenario.cluster));
 }
 
 namespace {
 
-// Whether a collective of `program` on `group` has members running another program (a pipeline transfer,
-// the world's gradient-norm all-reduce under pipelining).
-bool spans_programs(const Schedule& schedule, const ProcessGroup& group, int program) {
-  for (int r : group.ranks)
-    if (schedule.rank_program[r] != program) return true;
-  return false;
-}
+// List scheduling of every program of the schedule together: one representative rank per program (its first
+// rank) runs it. Within a program the next op taken is the ready stream head of smallest index — with one
+// program that is program order, so the collectives a compute op sees in flight (cluster.overlap_slowdown)
+// are those issued before it. A collective whose group spans programs (a pipeline transfer, the gradient
+// norm under pipelining) starts when every other program's representative in the group has it at the head
+// of a stream with its dependencies done; members that are not representatives run a representative's
+// program and are assumed ready with it.
+class ListScheduler {
+ public:
+  ListScheduler(const Scenario& scenario, const Schedule& schedule, const DurationModel& durations)
+      : scenario_(scenario), schedule_(schedule), durations_(durations), slowdown_(scenario.cluster.overlap_slowdown) {}
 
-// Several programs that wait on each other (pipeline stages): one representative rank per program (its
-// first rank), all run together by list scheduling over stream heads. A collective whose group spans
-// programs starts when every representative in it has it at the head of a stream with its dependencies
-// done; members that are not representatives run a representative's program and are assumed ready with it.
-Result<Estimate> estimate_programs(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
-                                   const DurationModel& source) {
-  const int programs = static_cast<int>(schedule.programs.size());
-  const int streams = static_cast<int>(schedule.streams.size());
-  std::vector<int> rep(programs, -1);
-  for (int r = 0; r < schedule.world_size; ++r)
-    if (rep[schedule.rank_program[r]] < 0) rep[schedule.rank_program[r]] = r;
+  Status run() {
+    const int programs = static_cast<int>(schedule_.programs.size());
+    const int streams = static_cast<int>(schedule_.streams.size());
+    rep_.assign(programs, -1);
+    for (int r = 0; r < schedule_.world_size; ++r)
+      if (rep_[schedule_.rank_program[r]] < 0) rep_[schedule_.rank_program[r]] = r;
+    st_.resize(programs);
+    for (int p = 0; p < programs; ++p) {
+      if (rep_[p] < 0) return Status::Internal("estimate: program " + std::to_string(p) + " has no rank");
+      const std::vector<Op>& ops = schedule_.programs[p].ops;
+      State& s = st_[p];
+      s.t.assign(ops.size(), {});
+      s.done.assign(ops.size(), 0);
+      s.stream_ops.assign(streams, {});
+      s.head.assign(streams, 0);
+      s.stream_free.assign(streams, 0.0);
+      for (std::size_t i = 0; i < ops.size(); ++i) s.stream_ops[ops[i].stream].push_back(static_cast<int>(i));
+      remaining_ += static_cast<long long>(ops.size());
+    }
+    bool progress = true;
+    while (progress && remaining_ > 0) {
+      progress = false;
+      for (int p = 0; p < programs; ++p)
+        while (step(p)) progress = true;
+    }
+    if (remaining_ > 0)
+      return Status::Internal("estimate: " + std::to_string(remaining_) +
+                              " ops never became ready (a deadlock the validator did not catch)");
+    return Status::Ok();
+  }
+
+  // The slowest program's times, program 0's op timings.
+  Estimate result() {
+    int slowest = 0;
+    for (int p = 1; p < static_cast<int>(st_.size()); ++p)
+      if (st_[p].end > st_[slowest].end) slowest = p;
+    const State& s = st_[slowest];
+    Estimate est;
+    est.step_time_s = s.end;
+    est.compute_s = s.compute;
+    est.comm_s = s.comm;
+    est.comm_bytes_per_gpu = s.bytes;
+    est.comm_bytes_intra = s.intra;
+    est.comm_bytes_inter = s.inter;
+    est.timings = std::move(st_[0].t);
+    return est;
+  }
+
+ private:
+  // The collectives a program has scheduled so far, for cluster.overlap_slowdown, kept by end time: a compute
+  // op starting at t only meets those ending after t, a handful, where a list of all of them made the
+  // estimate quadratic in the ops per rank (1024 micro-batches of ZeRO-3 took minutes).
+  class InFlight {
+   public:
+    void add(double start, double end) { by_end_.emplace(end, start); }
+    std::vector<std::pair<double, double>> ending_after(double t) const {
+      std::vector<std::pair<double, double>> out;
+      for (auto it = by_end_.upper_bound(t); it != by_end_.end(); ++it) out.emplace_back(it->second, it->first);
+      return out;
+    }
+
+   private:
+    std::multimap<double, double> by_end_;  // end -> start
+  };
+
   struct State {
     std::vector<OpTiming> t;
     std::vector<char> done;
     std::vector<std::vector<int>> stream_ops;
     std::vector<std::size_t> head;
     std::vector<double> stream_free;
-    InFlight in_flight;  // collectives, for cluster.overlap_slowdown
+    std::size_t first_open = 0;  // the smallest op index not done
+    InFlight in_flight;
     double end = 0, compute = 0, comm = 0, bytes = 0, intra = 0, inter = 0;
   };
-  std::vector<State> st(programs);
-  long long remaining = 0;
-  for (int p = 0; p < programs; ++p) {
-    if (rep[p] < 0) return Status::Internal("estimate: program " + std::to_string(p) + " has no rank");
-    const std::vector<Op>& ops = schedule.programs[p].ops;
-    st[p].t.assign(ops.size(), {});
-    st[p].done.assign(ops.size(), 0);
-    st[p].stream_ops.assign(streams, {});
-    st[p].head.assign(streams, 0);
-    st[p].stream_free.assign(streams, 0.0);
-    for (std::size_t i = 0; i < ops.size(); ++i) st[p].stream_ops[ops[i].stream].push_back(static_cast<int>(i));
-    remaining += static_cast<long long>(ops.size());
-  }
-  const double slowdown = scenario.cluster.overlap_slowdown;
-  // The time op `i` of program `p` could start, or -1 while a dependency is not done.
-  auto ready_at = [&](int p, int i) {
-    const Op& op = schedule.programs[p].ops[i];
-    double start = st[p].stream_free[op.stream];
+
+  // The time op `i` of program `p` could start, or -1 while it is not at its stream's head or a dependency
+  // is not done.
+  double ready_at(int p, int i) const {
+    const State& s = st_[p];
+    const Op& op = schedule_.programs[p].ops[i];
+    const std::vector<int>& queue = s.stream_ops[op.stream];
+    if (s.head[op.stream] >= queue.size() || queue[s.head[op.stream]] != i) return -1;
+    double start = s.stream_free[op.stream];
     for (int d : op.deps) {
-      if (!st[p].done[d]) return -1.0;
-      start = std::max(start, st[p].t[d].end);
+      if (!s.done[d]) return -1;
+      start = std::max(start, s.t[d].end);
     }
     return start;
-  };
-  auto finish = [&](int p, int i, double start, double dur) {
-    State& s = st[p];
-    const Op& op = schedule.programs[p].ops[i];
+  }
+
+  // Runs one op of program `p` if one can run: the smallest-index ready stream head that can start now.
+  bool step(int p) {
+    State& s = st_[p];
+    const std::vector<Op>& ops = schedule_.programs[p].ops;
+    while (s.first_open < ops.size() && s.done[s.first_open]) ++s.first_open;
+    if (s.first_open == ops.size()) return false;
+    // The common case (always with one program): the first open op is ready.
+    if (try_run(p, static_cast<int>(s.first_open))) return true;
+    std::vector<int> heads;
+    for (std::size_t stream = 0; stream < s.head.size(); ++stream)
+      if (s.head[stream] < s.stream_ops[stream].size()) heads.push_back(s.stream_ops[stream][s.head[stream]]);
+    std::sort(heads.begin(), heads.end());
+    for (int i : heads)
+      if (i != static_cast<int>(s.first_open) && try_run(p, i)) return true;
+    return false;
+  }
+
+  bool try_run(int p, int i) {
+    double start = ready_at(p, i);
+    if (start < 0) return false;
+    const Op& op = schedule_.programs[p].ops[i];
+    const double dur = op_duration(scenario_, schedule_, rep_[p], op, durations_);
+    const auto* c = std::get_if<CollectiveOp>(&op.body);
+    const int group = c ? schedule_.rank_groups[rep_[p]][c->role] : -1;
+    if (c && spans_programs(schedule_.groups[group], p)) {
+      // Every other program's representative in the group must have its op on this group ready.
+      std::vector<std::pair<int, int>> partners;
+      for (int member : schedule_.groups[group].ranks) {
+        const int q = schedule_.rank_program[member];
+        if (q == p || rep_[q] != member) continue;
+        const int j = head_on_group(q, member, group);
+        const double partner_start = j < 0 ? -1.0 : ready_at(q, j);
+        if (partner_start < 0) return false;
+        start = std::max(start, partner_start);
+        partners.emplace_back(q, j);
+      }
+      for (const auto& [q, j] : partners) finish(q, j, start, dur);
+      finish(p, i, start, dur);
+      return true;
+    }
+    double d = dur;
+    if (slowdown_ > 0 && is_compute(op))
+      d = slowed_compute_end(start, dur, st_[p].in_flight.ending_after(start), slowdown_) - start;
+    finish(p, i, start, d);
+    return true;
+  }
+
+  // Whether a collective of `program` on `group` has members running another program.
+  bool spans_programs(const ProcessGroup& group, int program) const {
+    for (int r : group.ranks)
+      if (schedule_.rank_program[r] != program) return true;
+    return false;
+  }
+
+  // The op at a stream head of program `q` that is a collective on `group` (as `member` binds it), or -1.
+  int head_on_group(int q, int member, int group) const {
+    const State& s = st_[q];
+    for (std::size_t stream = 0; stream < s.head.size(); ++stream) {
+      if (s.head[stream] >= s.stream_ops[stream].size()) continue;
+      const int j = s.stream_ops[stream][s.head[stream]];
+      const auto* mc = std::get_if<CollectiveOp>(&schedule_.programs[q].ops[j].body);
+      if (mc && schedule_.rank_groups[member][mc->role] == group) return j;
+    }
+    return -1;
+  }
+
+  static bool is_compute(const Op& op) {
+    return std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body);
+  }
+
+  void finish(int p, int i, double start, double dur) {
+    State& s = st_[p];
+    const Op& op = schedule_.programs[p].ops[i];
     s.t[i] = {start, start + dur};
     s.done[i] = 1;
     ++s.head[op.stream];
     s.stream_free[op.stream] = start + dur;
     s.end = std::max(s.end, start + dur);
-    --remaining;
-    if (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body))
-      s.compute += dur;
+    --remaining_;
+    if (is_compute(op)) s.compute += dur;
     if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-      if (slowdown > 0 && dur > 0) s.in_flight.add(start, start + dur);
-      const ProcessGroup& g = schedule.group_of(rep[p], c->role);
+      if (slowdown_ > 0 && dur > 0) s.in_flight.add(start, start + dur);
+      const ProcessGroup& g = schedule_.group_of(rep_[p], c->role);
       const double sent =
           collective_bytes_sent(c->kind, static_cast<double>(c->bytes), static_cast<int>(g.ranks.size()));
       s.comm += dur;
       s.bytes += sent;
+      // In a ring spanning n nodes, n of the p hops cross a NIC.
       const double inter_share = g.nodes > 1 ? static_cast<double>(g.nodes) / g.ranks.size() : 0.0;
       s.inter += sent * inter_share;
       s.intra += sent * (1 - inter_share);
     }
-  };
-  bool progress = true;
-  while (progress && remaining > 0) {
-    progress = false;
-    for (int p = 0; p < programs; ++p)
-      for (int stream = 0; stream < streams; ++stream)
-        while (st[p].head[stream] < st[p].stream_ops[stream].size()) {
-          const int i = st[p].stream_ops[stream][st[p].head[stream]];
-          double start = ready_at(p, i);
-          if (start < 0) break;
-          const Op& op = schedule.programs[p].ops[i];
-          const double dur = op_duration(scenario, schedule, rep[p], op, source);
-          const auto* c = std::get_if<CollectiveOp>(&op.body);
-          const int group = c ? schedule.rank_groups[rep[p]][c->role] : -1;
-          if (c && spans_programs(schedule, schedule.groups[group], p)) {
-            // Every other program's representative in the group must have its op on this group ready.
-            std::vector<std::pair<int, int>> partners;
-            bool all_ready = true;
-            for (int member : schedule.groups[group].ranks) {
-              const int q = schedule.rank_program[member];
-              if (q == p || rep[q] != member) continue;
-              int found = -1;
-              for (int ms = 0; ms < streams && found < 0; ++ms) {
-                if (st[q].head[ms] >= st[q].stream_ops[ms].size()) continue;
-                const int j = st[q].stream_ops[ms][st[q].head[ms]];
-                const auto* mc = std::get_if<CollectiveOp>(&schedule.programs[q].ops[j].body);
-                if (mc && schedule.rank_groups[member][mc->role] == group) found = j;
-              }
-              const double partner_start = found < 0 ? -1.0 : ready_at(q, found);
-              if (partner_start < 0) {
-                all_ready = false;
-                break;
-              }
-              start = std::max(start, partner_start);
-              partners.emplace_back(q, found);
-            }
-            if (!all_ready) break;
-            for (const auto& [q, j] : partners) finish(q, j, start, dur);
-            finish(p, i, start, dur);
-            progress = true;
-            continue;
-          }
-          double d = dur;
-          if (slowdown > 0 &&
-              (std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body))) {
-            d = slowed_compute_end(start, dur, st[p].in_flight.ending_after(start), slowdown) - start;
-          }
-          finish(p, i, start, d);
-          progress = true;
-        }
   }
-  if (remaining > 0)
-    return Status::Internal("estimate: " + std::to_string(remaining) +
-                            " ops never became ready (a deadlock the validator did not catch)");
-  Estimate est;
-  int slowest = 0;
-  for (int p = 1; p < programs; ++p)
-    if (st[p].end > st[slowest].end) slowest = p;
-  const State& s = st[slowest];
-  est.step_time_s = s.end;
-  est.compute_s = s.compute;
-  est.comm_s = s.comm;
-  est.comm_bytes_per_gpu = s.bytes;
-  est.comm_bytes_intra = s.intra;
-  est.comm_bytes_inter = s.inter;
-  est.timings = std::move(st[0].t);
-  est.memory = memory_per_gpu(scenario, cost, schedule);
-  derive_performance(scenario, cost, est);
-  return est;
-}
+
+  const Scenario& scenario_;
+  const Schedule& schedule_;
+  const DurationModel& durations_;
+  const double slowdown_;
+  std::vector<int> rep_;  // per program: the rank that runs it
+  std::vector<State> st_;
+  long long remaining_ = 0;
+};
 
 }  // namespace
 
 Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,
                           const DurationModel* durations) {
   if (schedule.programs.empty()) return Status::Internal("estimate: schedule has no program");
-  if (schedule.programs.size() > 1) {
-    const RooflineDurations roofline(scenario.cluster);
-    return estimate_programs(scenario, cost, schedule, durations ? *durations : roofline);
-  }
   const RooflineDurations roofline(scenario.cluster);
-  const DurationModel& source = durations ? *durations : roofline;
-  Estimate est;
-  for (size_t p = 0; p < schedule.programs.size(); ++p) {
-    const int rank =
-        static_cast<int>(std::find(schedule.rank_program.begin(), schedule.rank_program.end(), static_cast<int>(p)) -
-                         schedule.rank_program.begin());
-    const std::vector<Op>& ops = schedule.programs[p].ops;
-    std::vector<OpTiming> t(ops.size());
-    std::vector<double> stream_free(schedule.streams.size(), 0.0);
-    double end = 0, compute = 0, comm = 0, bytes = 0, intra = 0, inter = 0;
-    // Collectives scheduled so far (program order), for cluster.overlap_slowdown: compute overlapping one
-    // issued earlier in program order is slowed; one issued later is not seen (a list schedule's limit).
-    InFlight in_flight;
-    const double slowdown = scenario.cluster.overlap_slowdown;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const Op& op = ops[i];
-      double start = stream_free[op.stream];
-      for (int d : op.deps) start = std::max(start, t[d].end);
-      double dur = op_duration(scenario, schedule, rank, op, source);
-      const bool is_compute =
-          std::holds_alternative<ComputeOp>(op.body) || std::holds_alternative<OptimizerStepOp>(op.body);
-      if (slowdown > 0 && is_compute) {
-        dur = slowed_compute_end(start, dur, in_flight.ending_after(start), slowdown) - start;
-      }
-      t[i] = {start, start + dur};
-      if (slowdown > 0 && std::holds_alternative<CollectiveOp>(op.body) && dur > 0) in_flight.add(t[i].start, t[i].end);
-      stream_free[op.stream] = t[i].end;
-      end = std::max(end, t[i].end);
-      if (is_compute) compute += dur;
-      if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
-        const ProcessGroup& g = schedule.group_of(rank, c->role);
-        const double sent =
-            collective_bytes_sent(c->kind, static_cast<double>(c->bytes), static_cast<int>(g.ranks.size()));
-        comm += dur;
-        bytes += sent;
-        // In a ring spanning n nodes, n of the p hops cross a NIC.
-        const double inter_share = g.nodes > 1 ? static_cast<double>(g.nodes) / g.ranks.size() : 0.0;
-        inter += sent * inter_share;
-        intra += sent * (1 - inter_share);
-      }
-    }
-    if (p == 0 || end > est.step_time_s) {
-      est.step_time_s = end;
-      est.compute_s = compute;
-      est.comm_s = comm;
-      est.comm_bytes_per_gpu = bytes;
-      est.comm_bytes_intra = intra;
-      est.comm_bytes_inter = inter;
-    }
-    if (p == 0) est.timings = std::move(t);
-  }
+  ListScheduler scheduler(scenario, schedule, durations ? *durations : roofline);
+  HZP_RETURN_IF_ERROR(scheduler.run());
+  Estimate est = scheduler.result();
   est.memory = memory_per_gpu(scenario, cost, schedule);
   derive_performance(scenario, cost, est);
   return est;
