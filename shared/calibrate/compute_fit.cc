@@ -106,17 +106,17 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
   return fit;
 }
 
-Result<TraceFit> fit_compute_to_trace(const Compiled& compiled, const Trace& trace) {
-  const Scenario& recorded = compiled.scenario;
-  const Schedule& schedule = compiled.schedule;
-  HZP_RETURN_IF_ERROR(check_trace_against(trace, schedule));
-  const ClusterSpec& c = recorded.cluster;
-  // Per point: x = seconds at 100 % of peak FLOP/s, y = seconds at 100 % of HBM bandwidth, t = recorded.
-  struct Point {
-    double x, y, t;
-  };
+namespace {
+
+// One timed op: x = seconds at 100 % of peak FLOP/s, y = seconds at 100 % of HBM bandwidth, t = recorded.
+struct Point {
+  double x, y, t;
+};
+
+// The trace's compute and optimizer ops as points; `steps` the steps they span.
+std::vector<Point> timed_points(const ClusterSpec& c, const Schedule& schedule, const Trace& trace,
+                                std::int64_t& steps) {
   std::vector<Point> points;
-  std::int64_t steps = 0;
   for (const TraceEvent& e : trace.events) {
     const Op& op = schedule.program_of(e.rank).ops[e.op];
     const double t = (e.end_us - e.start_us) * 1e-6;
@@ -135,6 +135,17 @@ Result<TraceFit> fit_compute_to_trace(const Compiled& compiled, const Trace& tra
       continue;
     steps = std::max(steps, e.step + 1);
   }
+  return points;
+}
+
+}  // namespace
+
+Result<TraceFit> fit_compute_to_trace(const Compiled& compiled, const Trace& trace) {
+  const Scenario& recorded = compiled.scenario;
+  HZP_RETURN_IF_ERROR(check_trace_against(trace, compiled.schedule));
+  const ClusterSpec& c = recorded.cluster;
+  std::int64_t steps = 0;
+  const std::vector<Point> points = timed_points(c, compiled.schedule, trace, steps);
   double total_t = 0, total_table = 0;
   for (const Point& p : points) {
     total_t += p.t;

@@ -196,94 +196,104 @@ Status check_collective_order(const Schedule& s) {
 
 // Abstract execution with zero durations. `ranks` are the ranks executed; collectives of groups with
 // members outside `ranks` are treated as matched (valid when those members run an identical program).
-Status check_progress(const Schedule& s, const std::vector<int>& ranks, bool lockstep) {
+class AbstractRun {
+ public:
+  AbstractRun(const Schedule& s, const std::vector<int>& ranks, bool lockstep)
+      : s_(s), ranks_(ranks), lockstep_(lockstep), st_(ranks.size()) {
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      const Program& prog = s.program_of(ranks[i]);
+      slot_of_rank_[ranks[i]] = static_cast<int>(i);
+      st_[i].done.assign(prog.ops.size(), 0);
+      st_[i].stream_ops.assign(s.streams.size(), {});
+      st_[i].head.assign(s.streams.size(), 0);
+      st_[i].remaining = prog.ops.size();
+      for (size_t k = 0; k < prog.ops.size(); ++k) st_[i].stream_ops[prog.ops[k].stream].push_back(static_cast<int>(k));
+    }
+  }
+
+  // Runs every stream head whose dependencies are done (a collective: once every executed member has it
+  // ready too) until nothing moves; then names the first rank left with ops, and what it waits for.
+  Status run() {
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (size_t i = 0; i < ranks_.size(); ++i)
+        for (size_t stream = 0; stream < s_.streams.size(); ++stream)
+          while (st_[i].head[stream] < st_[i].stream_ops[stream].size() && step(i, stream)) progress = true;
+    }
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (st_[i].remaining == 0) continue;
+      std::string blocked;
+      for (size_t stream = 0; stream < s_.streams.size(); ++stream)
+        if (st_[i].head[stream] < st_[i].stream_ops[stream].size())
+          blocked += "\n  waiting: " + describe(s_, ranks_[i], head_op(i, stream));
+      return Status::Internal("deadlock: rank " + std::to_string(ranks_[i]) + " cannot finish (" +
+                              std::to_string(st_[i].remaining) + " ops left)" + blocked);
+    }
+    return Status::Ok();
+  }
+
+ private:
   struct RankState {
     std::vector<char> done;
     std::vector<std::vector<int>> stream_ops;  // op indices per stream
     std::vector<size_t> head;                  // next position per stream
     size_t remaining = 0;
   };
-  std::vector<RankState> st(ranks.size());
-  std::map<int, int> slot_of_rank;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    const Program& prog = s.program_of(ranks[i]);
-    slot_of_rank[ranks[i]] = static_cast<int>(i);
-    st[i].done.assign(prog.ops.size(), 0);
-    st[i].stream_ops.assign(s.streams.size(), {});
-    st[i].head.assign(s.streams.size(), 0);
-    st[i].remaining = prog.ops.size();
-    for (size_t k = 0; k < prog.ops.size(); ++k) st[i].stream_ops[prog.ops[k].stream].push_back(static_cast<int>(k));
-  }
-  auto head_op = [&](size_t i, size_t stream) { return st[i].stream_ops[stream][st[i].head[stream]]; };
-  auto deps_done = [&](size_t i, int op) {
-    for (int d : s.program_of(ranks[i]).ops[op].deps)
-      if (!st[i].done[d]) return false;
+
+  int head_op(size_t i, size_t stream) const { return st_[i].stream_ops[stream][st_[i].head[stream]]; }
+  bool deps_done(size_t i, int op) const {
+    for (int d : s_.program_of(ranks_[i]).ops[op].deps)
+      if (!st_[i].done[d]) return false;
     return true;
-  };
-  bool progress = true;
-  while (progress) {
-    progress = false;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      for (size_t stream = 0; stream < s.streams.size(); ++stream) {
-        while (st[i].head[stream] < st[i].stream_ops[stream].size()) {
-          const int op = head_op(i, stream);
-          if (!deps_done(i, op)) break;
-          const Op& body = s.program_of(ranks[i]).ops[op];
-          if (const auto* c = std::get_if<CollectiveOp>(&body.body); c && !lockstep) {
-            // Every member executed here must have this same collective ready at the head of its stream.
-            const int group_index = s.rank_groups[ranks[i]][c->role];
-            const ProcessGroup& g = s.groups[group_index];
-            bool all_ready = true;
-            for (int member : g.ranks) {
-              auto it = slot_of_rank.find(member);
-              if (it == slot_of_rank.end() || it->second == static_cast<int>(i)) continue;
-              const size_t j = it->second;
-              bool ready = false;
-              for (size_t ms = 0; ms < s.streams.size() && !ready; ++ms) {
-                if (st[j].head[ms] >= st[j].stream_ops[ms].size()) continue;
-                const int mop = head_op(j, ms);
-                const auto* mc = std::get_if<CollectiveOp>(&s.program_of(member).ops[mop].body);
-                ready = mc && s.rank_groups[member][mc->role] == group_index && deps_done(j, mop);
-              }
-              all_ready = all_ready && ready;
-            }
-            if (!all_ready) break;
-            // Complete the collective on every member at once.
-            for (int member : g.ranks) {
-              auto it = slot_of_rank.find(member);
-              if (it == slot_of_rank.end() || it->second == static_cast<int>(i)) continue;
-              const size_t j = it->second;
-              for (size_t ms = 0; ms < s.streams.size(); ++ms) {
-                if (st[j].head[ms] >= st[j].stream_ops[ms].size()) continue;
-                const int mop = head_op(j, ms);
-                const auto* mc = std::get_if<CollectiveOp>(&s.program_of(member).ops[mop].body);
-                if (mc && s.rank_groups[member][mc->role] == group_index) {
-                  st[j].done[mop] = 1;
-                  ++st[j].head[ms];
-                  --st[j].remaining;
-                  break;
-                }
-              }
-            }
-          }
-          st[i].done[op] = 1;
-          ++st[i].head[stream];
-          --st[i].remaining;
-          progress = true;
-        }
-      }
+  }
+  void complete(size_t i, size_t stream) {
+    st_[i].done[head_op(i, stream)] = 1;
+    ++st_[i].head[stream];
+    --st_[i].remaining;
+  }
+  // The stream of executed rank j (global rank `member`) whose head is a collective on `group`, or -1.
+  int stream_on_group(size_t j, int member, int group) const {
+    for (size_t ms = 0; ms < s_.streams.size(); ++ms) {
+      if (st_[j].head[ms] >= st_[j].stream_ops[ms].size()) continue;
+      const auto* mc = std::get_if<CollectiveOp>(&s_.program_of(member).ops[head_op(j, ms)].body);
+      if (mc && s_.rank_groups[member][mc->role] == group) return static_cast<int>(ms);
     }
+    return -1;
   }
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (st[i].remaining == 0) continue;
-    std::string blocked;
-    for (size_t stream = 0; stream < s.streams.size(); ++stream)
-      if (st[i].head[stream] < st[i].stream_ops[stream].size())
-        blocked += "\n  waiting: " + describe(s, ranks[i], head_op(i, stream));
-    return Status::Internal("deadlock: rank " + std::to_string(ranks[i]) + " cannot finish (" +
-                            std::to_string(st[i].remaining) + " ops left)" + blocked);
+
+  // Runs the head of (rank i, stream) if it can run now.
+  bool step(size_t i, size_t stream) {
+    const int op = head_op(i, stream);
+    if (!deps_done(i, op)) return false;
+    const auto* c = std::get_if<CollectiveOp>(&s_.program_of(ranks_[i]).ops[op].body);
+    if (c != nullptr && !lockstep_) {
+      // Every member executed here must have this same collective ready at the head of its stream.
+      const int group = s_.rank_groups[ranks_[i]][c->role];
+      std::vector<std::pair<size_t, int>> members;  // (executed rank, stream)
+      for (int member : s_.groups[group].ranks) {
+        auto it = slot_of_rank_.find(member);
+        if (it == slot_of_rank_.end() || it->second == static_cast<int>(i)) continue;
+        const size_t j = it->second;
+        const int ms = stream_on_group(j, member, group);
+        if (ms < 0 || !deps_done(j, head_op(j, ms))) return false;
+        members.emplace_back(j, ms);
+      }
+      for (const auto& [j, ms] : members) complete(j, ms);  // the collective completes on every member at once
+    }
+    complete(i, stream);
+    return true;
   }
-  return Status::Ok();
+
+  const Schedule& s_;
+  const std::vector<int>& ranks_;
+  const bool lockstep_;
+  std::vector<RankState> st_;
+  std::map<int, int> slot_of_rank_;  // global rank -> index in ranks_
+};
+
+Status check_progress(const Schedule& s, const std::vector<int>& ranks, bool lockstep) {
+  return AbstractRun(s, ranks, lockstep).run();
 }
 
 }  // namespace

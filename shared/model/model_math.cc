@@ -249,6 +249,104 @@ ModuleCost embedding_cost(const Dims& d) {
   return cost;
 }
 
+// The attention core's work (QKᵀ, core.softmax, P·V) on `cost`, flash or unfused; what the activations need.
+struct AttentionCore {
+  double qk_flops = 0;       // QKᵀ's FLOPs (== P·V's)
+  double scores = 0;         // score elements: queries x keys x heads
+  Traffic softmax;           // the unfused softmax (and attention dropout) pass
+  double dropout_saved = 0;  // attention dropout's output and mask, kept for P·V's backward
+};
+
+AttentionCore add_attention_core(ModuleCost& cost, const Dims& d) {
+  AttentionCore core;
+  // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
+  // Counted in full although causal: the Megatron convention of the MFU numerator.
+  const double head_rows = d.b * d.heads * d.s_local;  // this GPU's queries against all s keys
+  const double head_dim = d.q_width / d.heads;
+  add_matmul(cost, d.split, head_rows, head_dim, d.s);
+  add_matmul(cost, d.split, head_rows, d.s, head_dim);
+  core.qk_flops = 2 * head_rows * head_dim * d.s * d.split;  // == P·V's
+  core.scores = d.b * d.heads * d.s_local * d.s;
+  if (d.flash) {
+    // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
+    // not model work: bwd_flops only. Attention dropout happens inside the kernel (its backward regenerates
+    // the mask from the RNG state): no traffic, nothing saved.
+    cost.bwd_flops += core.qk_flops;
+    if (d.pasa) {
+      // PASA shifts every block of n = 128 keys once per forward, K' = M K with M = (I - beta/n 1 1^T) /
+      // sqrt(d): an (n x n)·(n x head_dim) GEMM per block, 2·n·head_dim FLOPs per key row and kv head. Its
+      // other work (each block's row mean of the scores, one more exponent per row and block) stays in
+      // registers. Hardware work, not model work; the backward works from the recovered log-sum-exp and the
+      // unshifted keys, as flash attention's does.
+      constexpr double kPasaBlock = 128;
+      const double key_rows = d.b * (d.kv_width / head_dim) * d.s;
+      cost.fwd_flops += 2 * key_rows * kPasaBlock * head_dim * d.split;
+    }
+  } else {
+    // Unfused, the core is 2 batched GEMMs forward (QKᵀ writes the scores S, P·V reads P) and 4 backward
+    // (dP = dO·Vᵀ writes dP, dV = Pᵀ·dO reads P, dQ = dS·K and dK = dSᵀ·Q read dS): each moves one s x s
+    // matrix besides its s x d operands, for 2·s²·d FLOPs per head, i.e. e / (2d) bytes per FLOP and more — at or
+    // above the ridge of an A100 (0.0077 at its table efficiencies) for d <= 128: memory-bound.
+    const double keys = d.b * d.heads * d.s;  // K and V rows: every key, whatever the context split
+    const double core_gemm_bytes = (core.scores + (head_rows + keys) * head_dim) * d.e * d.split;
+    cost.fwd_core_flops = 2 * core.qk_flops;
+    cost.fwd_core_bytes = 2 * core_gemm_bytes;
+    cost.bwd_core_flops = 4 * core.qk_flops;
+    cost.bwd_core_bytes = 4 * core_gemm_bytes;
+    // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
+    core.softmax = {2 * core.scores * d.e * d.split, 3 * core.scores * d.e * d.split};
+    if (d.attention_dropout) {
+      // A separate pass: reads P, writes the dropped P' and a 1-byte mask; backward reads dP' and the mask,
+      // writes dP. P·V then reads P' (and keeps it) instead of P.
+      core.softmax.fwd += core.scores * (2 * d.e + 1) * d.split;
+      core.softmax.bwd += core.scores * (2 * d.e + 1) * d.split;
+      core.dropout_saved = core.scores * (d.e + 1) * d.split;
+    }
+    add_traffic(cost, core.softmax, 1);
+  }
+  return core;
+}
+
+// What attention saves for backward, and what recomputation redoes (training.recompute).
+void attention_activations(ModuleCost& cost, const Dims& d, const AttentionCore& core) {
+  const double t = d.tokens;
+  // Saved for backward with nothing recomputed (Korthikanti et al. §4.1): the norm input (= the layer input),
+  // the QKV input, Q and K after rotation, V, the attention output (the projection input; flash also reads
+  // it back), for the core either P (and the attention dropout's output and mask) or flash's logsumexp, and
+  // the hidden dropout's mask. Tensor parallelism splits the core's tensors and Q, K, V, O but not the layer
+  // input, the QKV input or the dropout mask (Korthikanti et al. §4.2.2); sequence parallelism those too.
+  const double layer_input = t * d.h * d.e * d.outside;
+  const double probs = d.flash ? 0 : core.scores * d.e * d.split;
+  const double logsumexp = d.flash ? d.b * d.heads * d.s_local * 4 * d.split : 0;  // fp32, one per query row per head
+  const double qkv_input = t * d.h * d.e * d.outside;
+  const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e * d.split;
+  const double saved_all =
+      layer_input + qkv_input + q_k_v_o + probs + core.dropout_saved + logsumexp + hidden_dropout_mask_bytes(d);
+  switch (d.recompute) {
+    case Recompute::kNone:
+      cost.activation_bytes = saved_all;
+      break;
+    case Recompute::kSelective:
+      // Drop the O(s²) probabilities (and dropout's output and mask) and redo QKᵀ + softmax (+ dropout) + PV
+      // before backward. Flash keeps nothing quadratic and already recomputes inside its backward, so
+      // selective costs it nothing.
+      cost.activation_bytes = saved_all - probs - core.dropout_saved;
+      if (!d.flash) {
+        cost.recompute_flops = 2 * core.qk_flops;
+        cost.recompute_mem_bytes = core.softmax.fwd;
+        cost.recompute_core_flops = cost.fwd_core_flops;
+        cost.recompute_core_bytes = cost.fwd_core_bytes;
+      }
+      break;
+    case Recompute::kFull:
+      // Only the layer input is checkpointed (attributed to this, the layer's first block); the whole
+      // forward runs again before backward.
+      cost.activation_bytes = layer_input;
+      recompute_whole_forward(cost);
+      break;
+  }
+}
+
 ModuleCost attention_cost(const Dims& d, int layer) {
   ModuleCost cost;
   cost.kind = ModuleKind::kAttention;
@@ -269,93 +367,11 @@ ModuleCost attention_cost(const Dims& d, int layer) {
     add_traffic(cost, {2 * qk, 2 * qk}, d.split);
   }
 
-  // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
-  // Counted in full although causal: the Megatron convention of the MFU numerator.
-  const double head_rows = d.b * d.heads * d.s_local;  // this GPU's queries against all s keys
-  const double head_dim = d.q_width / d.heads;
-  add_matmul(cost, d.split, head_rows, head_dim, d.s);
-  add_matmul(cost, d.split, head_rows, d.s, head_dim);
-  const double qk_flops = 2 * head_rows * head_dim * d.s * d.split;  // == P·V's
-  const double scores = d.b * d.heads * d.s_local * d.s;
-  Traffic softmax;
-  double dropout_saved = 0;  // attention dropout's output and mask, kept for P·V's backward
-  if (d.flash) {
-    // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
-    // not model work: bwd_flops only. Attention dropout happens inside the kernel (its backward regenerates
-    // the mask from the RNG state): no traffic, nothing saved.
-    cost.bwd_flops += qk_flops;
-    if (d.pasa) {
-      // PASA shifts every block of n = 128 keys once per forward, K' = M K with M = (I - beta/n 1 1^T) /
-      // sqrt(d): an (n x n)·(n x head_dim) GEMM per block, 2·n·head_dim FLOPs per key row and kv head. Its
-      // other work (each block's row mean of the scores, one more exponent per row and block) stays in
-      // registers. Hardware work, not model work; the backward works from the recovered log-sum-exp and the
-      // unshifted keys, as flash attention's does.
-      constexpr double kPasaBlock = 128;
-      const double key_rows = d.b * (d.kv_width / head_dim) * d.s;
-      cost.fwd_flops += 2 * key_rows * kPasaBlock * head_dim * d.split;
-    }
-  } else {
-    // Unfused, the core is 2 batched GEMMs forward (QKᵀ writes the scores S, P·V reads P) and 4 backward
-    // (dP = dO·Vᵀ writes dP, dV = Pᵀ·dO reads P, dQ = dS·K and dK = dSᵀ·Q read dS): each moves one s x s
-    // matrix besides its s x d operands, for 2·s²·d FLOPs per head, i.e. e / (2d) bytes per FLOP and more — at or
-    // above the ridge of an A100 (0.0077 at its table efficiencies) for d <= 128: memory-bound.
-    const double keys = d.b * d.heads * d.s;  // K and V rows: every key, whatever the context split
-    const double core_gemm_bytes = (scores + (head_rows + keys) * head_dim) * d.e * d.split;
-    cost.fwd_core_flops = 2 * qk_flops;
-    cost.fwd_core_bytes = 2 * core_gemm_bytes;
-    cost.bwd_core_flops = 4 * qk_flops;
-    cost.bwd_core_bytes = 4 * core_gemm_bytes;
-    // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
-    softmax = {2 * scores * d.e * d.split, 3 * scores * d.e * d.split};
-    if (d.attention_dropout) {
-      // A separate pass: reads P, writes the dropped P' and a 1-byte mask; backward reads dP' and the mask,
-      // writes dP. P·V then reads P' (and keeps it) instead of P.
-      softmax.fwd += scores * (2 * d.e + 1) * d.split;
-      softmax.bwd += scores * (2 * d.e + 1) * d.split;
-      dropout_saved = scores * (d.e + 1) * d.split;
-    }
-    add_traffic(cost, softmax, 1);
-  }
-
+  const AttentionCore core = add_attention_core(cost, d);
   add_linear(cost, d, d.split, t, d.q_width, d.h);  // output projection
   add_traffic(cost, residual_traffic(d), d.outside);
   add_traffic(cost, hidden_dropout_traffic(d), d.outside);
-
-  // Saved for backward with nothing recomputed (Korthikanti et al. §4.1): the norm input (= the layer input),
-  // the QKV input, Q and K after rotation, V, the attention output (the projection input; flash also reads
-  // it back), for the core either P (and the attention dropout's output and mask) or flash's logsumexp, and
-  // the hidden dropout's mask. Tensor parallelism splits the core's tensors and Q, K, V, O but not the layer
-  // input, the QKV input or the dropout mask (Korthikanti et al. §4.2.2); sequence parallelism those too.
-  const double layer_input = t * d.h * d.e * d.outside;
-  const double probs = d.flash ? 0 : scores * d.e * d.split;
-  const double logsumexp = d.flash ? d.b * d.heads * d.s_local * 4 * d.split : 0;  // fp32, one per query row per head
-  const double qkv_input = t * d.h * d.e * d.outside;
-  const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e * d.split;
-  const double saved_all =
-      layer_input + qkv_input + q_k_v_o + probs + dropout_saved + logsumexp + hidden_dropout_mask_bytes(d);
-  switch (d.recompute) {
-    case Recompute::kNone:
-      cost.activation_bytes = saved_all;
-      break;
-    case Recompute::kSelective:
-      // Drop the O(s²) probabilities (and dropout's output and mask) and redo QKᵀ + softmax (+ dropout) + PV
-      // before backward. Flash keeps nothing quadratic and already recomputes inside its backward, so
-      // selective costs it nothing.
-      cost.activation_bytes = saved_all - probs - dropout_saved;
-      if (!d.flash) {
-        cost.recompute_flops = 2 * qk_flops;
-        cost.recompute_mem_bytes = softmax.fwd;
-        cost.recompute_core_flops = cost.fwd_core_flops;
-        cost.recompute_core_bytes = cost.fwd_core_bytes;
-      }
-      break;
-    case Recompute::kFull:
-      // Only the layer input is checkpointed (attributed to this, the layer's first block); the whole
-      // forward runs again before backward.
-      cost.activation_bytes = layer_input;
-      recompute_whole_forward(cost);
-      break;
-  }
+  attention_activations(cost, d, core);
   return cost;
 }
 

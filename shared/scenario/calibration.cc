@@ -47,6 +47,7 @@ constexpr const char* kCommonSources =
     "GPU type, kOverlapSlowdown in calibration.h): Lee et al., arXiv 2507.03114 (2025), compute slowed by "
     "18.9 % on average while collectives run beside it on 4-GPU A100, H100, MI250 and MI210 nodes.";
 
+// Long because: one row per GPU type, each with the sources of its numbers; the table reads best whole.
 std::vector<CalibrationEntry> build_table() {
   std::vector<CalibrationEntry> t;
 

@@ -574,13 +574,8 @@ Result<ClusterSpec> parse_cluster(const json& value, const ClusterOverride& run_
   return c;
 }
 
-Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, int data_parallel, int pipeline) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r,
-                       ObjectReader::open(value, "training",
-                                          {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
-                                           "precision", "optimizer", "recompute", "flash_attention", "attention",
-                                           "attention_dropout", "hidden_dropout", "fp8", "grad_clip"}));
-  TrainingSpec t;
+// training's per-sequence fields: lengths, precision, optimizer, recomputation, attention, dropout, FP8, clipping.
+Status parse_training_fields(const ObjectReader& r, TrainingSpec& t) {
   HZP_RETURN_IF_ERROR(r.require("seq_len"));
   HZP_RETURN_IF_ERROR(r.require("micro_batch"));
   HZP_RETURN_IF_ERROR(r.read_int("seq_len", t.seq_len, 1, range::kSeqLen));
@@ -611,13 +606,12 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, i
     return invalid(r.path_of("fp8"),
                    "FP8 linear layers need a 16-bit training.precision (bf16 or fp16) for the rest, not fp32", t.fp8);
   HZP_RETURN_IF_ERROR(r.read_number("grad_clip", t.grad_clip, kOne, {0, 1e9}));
+  return Status::Ok();
+}
 
-  if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
-    return invalid(
-        r.path_of("seq_len"),
-        "exceeds model.max_positions (" + std::to_string(model.max_positions) + ") of the learned position table",
-        t.seq_len);
-
+// training's global batch (in sequences or tokens) against micro_batch x D, and the schedule's size bound.
+Status parse_global_batch(const ObjectReader& r, const ModelSpec& model, int data_parallel, int pipeline,
+                          TrainingSpec& t) {
   if (t.micro_batch * t.seq_len > range::kMicroBatchTokens)
     return invalid(r.path_of("micro_batch"),
                    "times seq_len (" + std::to_string(t.seq_len) + ") is more than the " +
@@ -662,6 +656,24 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, i
                                    std::to_string(stage_units) + " units each, more than the " +
                                    std::to_string(range::kUnitPasses) +
                                    " unit passes a step's schedule holds; raise micro_batch or lower the batch");
+  return Status::Ok();
+}
+
+Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, int data_parallel, int pipeline) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       ObjectReader::open(value, "training",
+                                          {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
+                                           "precision", "optimizer", "recompute", "flash_attention", "attention",
+                                           "attention_dropout", "hidden_dropout", "fp8", "grad_clip"}));
+  TrainingSpec t;
+  HZP_RETURN_IF_ERROR(parse_training_fields(r, t));
+  if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
+    return invalid(
+        r.path_of("seq_len"),
+        "exceeds model.max_positions (" + std::to_string(model.max_positions) + ") of the learned position table",
+        t.seq_len);
+
+  HZP_RETURN_IF_ERROR(parse_global_batch(r, model, data_parallel, pipeline, t));
   return t;
 }
 
@@ -756,24 +768,10 @@ Status check_context(const ParallelSpec& p, const ModelSpec& model, const Replic
   return Status::Ok();
 }
 
-// policy, and the parallel mesh it makes on the cluster (`mesh`, the one computation of it).
-Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster,
-                                ParallelMesh& mesh) {
-  HZP_ASSIGN_OR_RETURN(
-      ObjectReader r,
-      ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "comm", "expert_parallel", "parallel"}));
-  PolicySpec p;
-  p.preset = Policy::kCustom;
-  p.overlap.bucket_bytes = 25 * 1024 * 1024;
-  if (r.has("parallel")) {
-    HZP_ASSIGN_OR_RETURN(p.parallel, parse_parallel(r, model, cluster));
-  }
-  HZP_ASSIGN_OR_RETURN(mesh, make_mesh(cluster, p.parallel));
-  if (p.parallel.context > 1) HZP_RETURN_IF_ERROR(check_context(p.parallel, model, mesh.replica));
-  // Shardings are laid out on the replica axis: its ranks per node and nodes stand in for the cluster's.
-  const int gpus_per_node = mesh.replica.ranks_per_node;
-  const int nodes = mesh.replica.nodes;
-
+// policy.preset and policy.sharding on the replica axis (`axis`): the preset's groups, then the explicit
+// ones over them, or "auto".
+Status parse_sharding(const ObjectReader& r, const ReplicaAxis& axis, PolicySpec& p) {
+  const int gpus_per_node = axis.ranks_per_node, nodes = axis.nodes;
   // Without a default sharding (no preset, or amsp) every state's group must be explicit.
   bool need_all_groups = true;
   std::string why_all = "the policy has no preset";
@@ -790,7 +788,6 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     if (preset.ok()) p.sharding = *preset;
     why_all = "preset \"" + name + "\" has no default sharding";
   }
-
   if (r.has("sharding") && r.at("sharding").is_string()) {
     if (r.at("sharding") != "auto")
       return invalid(r.path_of("sharding"), "must be an object of groups or \"auto\"", r.at("sharding"));
@@ -812,8 +809,11 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
       }
     }
   }
-  HZP_RETURN_IF_ERROR(check_sharding(p.sharding, gpus_per_node, nodes, r.path_of("sharding")));
+  return check_sharding(p.sharding, gpus_per_node, nodes, r.path_of("sharding"));
+}
 
+// policy.comm (a framework's defaults first, then the fields given) and policy.overlap.
+Status parse_comm_and_overlap(const ObjectReader& r, PolicySpec& p) {
   if (r.has("comm")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader c,
                          r.child("comm", {"framework", "grad_reduce", "param_refresh", "refresh_overlap",
@@ -835,7 +835,6 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     HZP_RETURN_IF_ERROR(c.read_enum("param_gather", p.comm.param_gather, {ParamGather::kUnit, ParamGather::kTensor}));
     HZP_RETURN_IF_ERROR(c.read_bool("grad_reduce_in_fp32", p.comm.grad_reduce_in_fp32));
   }
-
   if (r.has("overlap")) {
     HZP_ASSIGN_OR_RETURN(ObjectReader o, r.child("overlap", {"prefetch_depth", "bucket_MiB", "separate_streams"}));
     HZP_RETURN_IF_ERROR(o.read_int("prefetch_depth", p.overlap.prefetch_depth, 0, range::kPrefetch));
@@ -844,22 +843,45 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
     p.overlap.bucket_bytes = std::llround(bucket);
     HZP_RETURN_IF_ERROR(o.read_bool("separate_streams", p.overlap.separate_streams));
   }
+  return Status::Ok();
+}
 
-  HZP_RETURN_IF_ERROR(r.read_int("expert_parallel", p.expert_parallel, 1, range::kExperts));
-  const int ep = p.expert_parallel;
-  if (ep > 1) {
-    const std::string at = r.path_of("expert_parallel");
-    if (!model.has_moe) return invalid(at, "needs a MoE model (the model has no moe block)", ep);
-    if (model.moe.experts % ep != 0)
-      return invalid(at, "does not divide the " + std::to_string(model.moe.experts) + " experts", ep);
-    if (ep <= gpus_per_node ? gpus_per_node % ep != 0 : ep % gpus_per_node != 0 || nodes % (ep / gpus_per_node) != 0)
-      return invalid(at,
-                     "must divide the " + std::to_string(gpus_per_node) +
-                         " GPUs per node, or be a whole number of nodes dividing the " + std::to_string(nodes) +
-                         " nodes",
-                     ep);
+// policy.expert_parallel: a MoE model's experts split evenly, inside a node or over whole nodes.
+Status parse_expert_parallel(const ObjectReader& r, const ModelSpec& model, const ReplicaAxis& axis, int& ep) {
+  HZP_RETURN_IF_ERROR(r.read_int("expert_parallel", ep, 1, range::kExperts));
+  if (ep == 1) return Status::Ok();
+  const int gpus_per_node = axis.ranks_per_node, nodes = axis.nodes;
+  const std::string at = r.path_of("expert_parallel");
+  if (!model.has_moe) return invalid(at, "needs a MoE model (the model has no moe block)", ep);
+  if (model.moe.experts % ep != 0)
+    return invalid(at, "does not divide the " + std::to_string(model.moe.experts) + " experts", ep);
+  if (ep <= gpus_per_node ? gpus_per_node % ep != 0 : ep % gpus_per_node != 0 || nodes % (ep / gpus_per_node) != 0)
+    return invalid(at,
+                   "must divide the " + std::to_string(gpus_per_node) +
+                       " GPUs per node, or be a whole number of nodes dividing the " + std::to_string(nodes) + " nodes",
+                   ep);
+  return Status::Ok();
+}
+
+// policy, and the parallel mesh it makes on the cluster (`mesh`, the one computation of it).
+Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const ClusterSpec& cluster,
+                                ParallelMesh& mesh) {
+  HZP_ASSIGN_OR_RETURN(
+      ObjectReader r,
+      ObjectReader::open(value, "policy", {"preset", "sharding", "overlap", "comm", "expert_parallel", "parallel"}));
+  PolicySpec p;
+  p.preset = Policy::kCustom;
+  p.overlap.bucket_bytes = 25 * 1024 * 1024;
+  if (r.has("parallel")) {
+    HZP_ASSIGN_OR_RETURN(p.parallel, parse_parallel(r, model, cluster));
   }
-  mesh.expert = ep;
+  HZP_ASSIGN_OR_RETURN(mesh, make_mesh(cluster, p.parallel));
+  if (p.parallel.context > 1) HZP_RETURN_IF_ERROR(check_context(p.parallel, model, mesh.replica));
+  // Shardings are laid out on the replica axis: its ranks per node and nodes stand in for the cluster's.
+  HZP_RETURN_IF_ERROR(parse_sharding(r, mesh.replica, p));
+  HZP_RETURN_IF_ERROR(parse_comm_and_overlap(r, p));
+  HZP_RETURN_IF_ERROR(parse_expert_parallel(r, model, mesh.replica, p.expert_parallel));
+  mesh.expert = p.expert_parallel;
   return p;
 }
 
@@ -893,6 +915,139 @@ void apply_precision_defaults(const json& policy, Scenario& s) {
   const Result<FrameworkComm> framework = framework_comm(name->get<std::string>());
   if (framework.ok() && framework->grad_reduce_in_fp32_with_bf16)
     s.policy.comm.grad_reduce_in_fp32 = s.training.precision == Precision::kBf16;
+}
+
+// The resolved form, one section at a time (scenario_to_json).
+json model_json(const ModelSpec& m) {
+  json model = {
+      {"name", m.name},
+      {"family", to_string(m.family)},
+      {"layers", m.layers},
+      {"hidden", m.hidden},
+      {"heads", m.heads},
+      {"kv_heads", m.kv_heads},
+      {"ffn_hidden", m.ffn_hidden},
+      {"vocab", m.vocab},
+      {"tied_embeddings", m.tied_embeddings},
+      {"position", to_string(m.position)},
+      {"max_positions", m.max_positions},
+      {"moe", nullptr},
+  };
+  if (m.has_moe) {
+    const bool all = m.moe.layers == all_layers(m.layers);
+    model["moe"] = {
+        {"experts", m.moe.experts},
+        {"top_k", m.moe.top_k},
+        {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
+        {"layers", all ? json("all") : json(m.moe.layers)},
+    };
+  }
+  return model;
+}
+
+json cluster_json(const ClusterSpec& c) {
+  json cluster = {
+      {"name", c.name},
+      {"nodes", c.nodes},
+      {"gpus_per_node", c.gpus_per_node},
+      {"gpu",
+       {{"type", c.gpu.type},
+        {"peak_tflops", to_unit(c.gpu.peak_flops, kTflops)},
+        {"memory_GiB", to_unit(c.gpu.memory_bytes, kGiB)},
+        {"hbm_GBps", to_unit(c.gpu.hbm_bytes_per_s, kGBps)}}},
+      {"intra_node",
+       {{"topology", to_string(c.intra.topology)},
+        {"bandwidth_GBps", to_unit(c.intra.bytes_per_s, kGBps)},
+        {"latency_us", to_unit(c.intra.latency_s, kUs)}}},
+      {"nic",
+       {{"per_node", c.nic.per_node},
+        {"bandwidth_Gbps", to_unit(c.nic.bytes_per_s, kGbps)},
+        {"latency_us", to_unit(c.nic.latency_s, kUs)},
+        {"mapping", to_string(c.nic.mapping)}}},
+      {"inter_node",
+       {{"topology", "fat_tree"},
+        {"leaf_size", c.inter.leaf_size},
+        {"oversubscription", c.inter.oversubscription},
+        {"switch_latency_us", to_unit(c.inter.switch_latency_s, kUs)},
+        {"routing", to_string(c.inter.routing)},
+        {"rail_optimized", c.inter.rail_optimized},
+        {"qps_per_connection", c.inter.qps_per_connection},
+        {"placement", to_string(c.inter.placement)},
+        {"seed", c.inter.seed}}},
+      {"efficiency",
+       {{"gemm", c.efficiency.gemm},
+        {"memory_bound", c.efficiency.memory_bound},
+        {"intra_node", c.efficiency.intra_node},
+        {"inter_node", c.efficiency.inter_node}}},
+      {"collective_algorithm", to_string(c.collective_algorithm)},
+      {"protocol", to_string(c.protocol)},
+      {"compute_spread", c.compute_spread},
+      {"overlap_slowdown", c.overlap_slowdown},
+  };
+  if (c.gpu.fp8_peak_flops > 0) cluster["gpu"]["fp8_peak_tflops"] = to_unit(c.gpu.fp8_peak_flops, kTflops);
+  if (c.gpu.arch != GpuArch::kUnknown) cluster["gpu"]["arch"] = to_string(c.gpu.arch);
+  return cluster;
+}
+
+json training_json(const TrainingSpec& t) {
+  json training = {
+      {"seq_len", t.seq_len},
+      {"micro_batch", t.micro_batch},
+      {"global_batch_sequences", t.global_batch},
+      {"precision", to_string(t.precision)},
+      {"optimizer", t.optimizer},
+      {"recompute", to_string(t.recompute)},
+      {"flash_attention", t.flash_attention},
+      {"attention", to_string(t.attention)},
+      {"attention_dropout", t.attention_dropout},
+      {"hidden_dropout", t.hidden_dropout},
+      {"fp8", t.fp8},
+      {"grad_clip", t.grad_clip},
+  };
+  return training;
+}
+
+json run_json(const RunSpec& u) {
+  json run = {
+      {"steps", u.steps},
+      {"lr", u.lr},
+      {"min_lr", u.min_lr},
+      {"warmup_steps", u.warmup_steps},
+      {"weight_decay", u.weight_decay},
+      {"beta1", u.beta1},
+      {"beta2", u.beta2},
+      {"eps", u.eps},
+      {"seed", u.seed},
+      {"eval_interval", u.eval_interval},
+      {"eval_batches", u.eval_batches},
+      {"checkpoint_interval", u.checkpoint_interval},
+  };
+  return run;
+}
+
+json policy_json(const PolicySpec& p) {
+  json policy = {
+      {"sharding",
+       {{"params", group_json(p.sharding.params)},
+        {"grads", group_json(p.sharding.grads)},
+        {"optimizer", group_json(p.sharding.optimizer)}}},
+      {"overlap",
+       {{"prefetch_depth", p.overlap.prefetch_depth},
+        {"bucket_MiB", to_unit(static_cast<double>(p.overlap.bucket_bytes), kMiB)},
+        {"separate_streams", p.overlap.separate_streams}}},
+      {"comm",
+       {{"framework", p.comm.framework},
+        {"grad_reduce", to_string(p.comm.grad_reduce)},
+        {"param_refresh", to_string(p.comm.param_refresh)},
+        {"refresh_overlap", p.comm.refresh_overlap},
+        {"grad_reduce_overlap", p.comm.grad_reduce_overlap},
+        {"param_gather", to_string(p.comm.param_gather)},
+        {"grad_reduce_in_fp32", p.comm.grad_reduce_in_fp32}}},
+      {"expert_parallel", p.expert_parallel},
+      {"parallel", parallel_to_json(p.parallel)},
+  };
+  if (p.preset != Policy::kCustom) policy["preset"] = to_string(p.preset);
+  return policy;
 }
 
 }  // namespace
@@ -988,129 +1143,12 @@ nlohmann::json parallel_to_json(const ParallelSpec& p) {
 }
 
 nlohmann::json scenario_to_json(const Scenario& s) {
-  const ModelSpec& m = s.model;
-  json model = {
-      {"name", m.name},
-      {"family", to_string(m.family)},
-      {"layers", m.layers},
-      {"hidden", m.hidden},
-      {"heads", m.heads},
-      {"kv_heads", m.kv_heads},
-      {"ffn_hidden", m.ffn_hidden},
-      {"vocab", m.vocab},
-      {"tied_embeddings", m.tied_embeddings},
-      {"position", to_string(m.position)},
-      {"max_positions", m.max_positions},
-      {"moe", nullptr},
-  };
-  if (m.has_moe) {
-    const bool all = m.moe.layers == all_layers(m.layers);
-    model["moe"] = {
-        {"experts", m.moe.experts},
-        {"top_k", m.moe.top_k},
-        {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
-        {"layers", all ? json("all") : json(m.moe.layers)},
-    };
-  }
-
-  const ClusterSpec& c = s.cluster;
-  json cluster = {
-      {"name", c.name},
-      {"nodes", c.nodes},
-      {"gpus_per_node", c.gpus_per_node},
-      {"gpu",
-       {{"type", c.gpu.type},
-        {"peak_tflops", to_unit(c.gpu.peak_flops, kTflops)},
-        {"memory_GiB", to_unit(c.gpu.memory_bytes, kGiB)},
-        {"hbm_GBps", to_unit(c.gpu.hbm_bytes_per_s, kGBps)}}},
-      {"intra_node",
-       {{"topology", to_string(c.intra.topology)},
-        {"bandwidth_GBps", to_unit(c.intra.bytes_per_s, kGBps)},
-        {"latency_us", to_unit(c.intra.latency_s, kUs)}}},
-      {"nic",
-       {{"per_node", c.nic.per_node},
-        {"bandwidth_Gbps", to_unit(c.nic.bytes_per_s, kGbps)},
-        {"latency_us", to_unit(c.nic.latency_s, kUs)},
-        {"mapping", to_string(c.nic.mapping)}}},
-      {"inter_node",
-       {{"topology", "fat_tree"},
-        {"leaf_size", c.inter.leaf_size},
-        {"oversubscription", c.inter.oversubscription},
-        {"switch_latency_us", to_unit(c.inter.switch_latency_s, kUs)},
-        {"routing", to_string(c.inter.routing)},
-        {"rail_optimized", c.inter.rail_optimized},
-        {"qps_per_connection", c.inter.qps_per_connection},
-        {"placement", to_string(c.inter.placement)},
-        {"seed", c.inter.seed}}},
-      {"efficiency",
-       {{"gemm", c.efficiency.gemm},
-        {"memory_bound", c.efficiency.memory_bound},
-        {"intra_node", c.efficiency.intra_node},
-        {"inter_node", c.efficiency.inter_node}}},
-      {"collective_algorithm", to_string(c.collective_algorithm)},
-      {"protocol", to_string(c.protocol)},
-      {"compute_spread", c.compute_spread},
-      {"overlap_slowdown", c.overlap_slowdown},
-  };
-  if (c.gpu.fp8_peak_flops > 0) cluster["gpu"]["fp8_peak_tflops"] = to_unit(c.gpu.fp8_peak_flops, kTflops);
-  if (c.gpu.arch != GpuArch::kUnknown) cluster["gpu"]["arch"] = to_string(c.gpu.arch);
-
-  const TrainingSpec& t = s.training;
-  json training = {
-      {"seq_len", t.seq_len},
-      {"micro_batch", t.micro_batch},
-      {"global_batch_sequences", t.global_batch},
-      {"precision", to_string(t.precision)},
-      {"optimizer", t.optimizer},
-      {"recompute", to_string(t.recompute)},
-      {"flash_attention", t.flash_attention},
-      {"attention", to_string(t.attention)},
-      {"attention_dropout", t.attention_dropout},
-      {"hidden_dropout", t.hidden_dropout},
-      {"fp8", t.fp8},
-      {"grad_clip", t.grad_clip},
-  };
-  const RunSpec& u = s.run;
-  json run = {
-      {"steps", u.steps},
-      {"lr", u.lr},
-      {"min_lr", u.min_lr},
-      {"warmup_steps", u.warmup_steps},
-      {"weight_decay", u.weight_decay},
-      {"beta1", u.beta1},
-      {"beta2", u.beta2},
-      {"eps", u.eps},
-      {"seed", u.seed},
-      {"eval_interval", u.eval_interval},
-      {"eval_batches", u.eval_batches},
-      {"checkpoint_interval", u.checkpoint_interval},
-  };
-
-  const PolicySpec& p = s.policy;
-  json policy = {
-      {"sharding",
-       {{"params", group_json(p.sharding.params)},
-        {"grads", group_json(p.sharding.grads)},
-        {"optimizer", group_json(p.sharding.optimizer)}}},
-      {"overlap",
-       {{"prefetch_depth", p.overlap.prefetch_depth},
-        {"bucket_MiB", to_unit(static_cast<double>(p.overlap.bucket_bytes), kMiB)},
-        {"separate_streams", p.overlap.separate_streams}}},
-      {"comm",
-       {{"framework", p.comm.framework},
-        {"grad_reduce", to_string(p.comm.grad_reduce)},
-        {"param_refresh", to_string(p.comm.param_refresh)},
-        {"refresh_overlap", p.comm.refresh_overlap},
-        {"grad_reduce_overlap", p.comm.grad_reduce_overlap},
-        {"param_gather", to_string(p.comm.param_gather)},
-        {"grad_reduce_in_fp32", p.comm.grad_reduce_in_fp32}}},
-      {"expert_parallel", p.expert_parallel},
-      {"parallel", parallel_to_json(p.parallel)},
-  };
-  if (p.preset != Policy::kCustom) policy["preset"] = to_string(p.preset);
-
-  return {{"name", s.name},       {"model", model},   {"cluster", cluster},
-          {"training", training}, {"policy", policy}, {"run", run}};
+  return {{"name", s.name},
+          {"model", model_json(s.model)},
+          {"cluster", cluster_json(s.cluster)},
+          {"training", training_json(s.training)},
+          {"policy", policy_json(s.policy)},
+          {"run", run_json(s.run)}};
 }
 
 }  // namespace hzp

@@ -75,6 +75,58 @@ void add_role(ShardingLayout& layout, GroupRole role, int world, int gpus_per_no
   }
 }
 
+// A role whose groups are given as member lists; ranks in none of them get a group of their own.
+void add_groups(ShardingLayout& out, GroupRole role, const std::vector<std::vector<int>>& groups, int gpus_per_node) {
+  const int index = static_cast<int>(out.roles.size());
+  out.index[static_cast<int>(role)] = index;
+  out.roles.push_back(role);
+  for (std::vector<int>& g : out.rank_groups) g.push_back(-1);
+  for (const std::vector<int>& members : groups) {
+    ProcessGroup group{role, members, false, 0, 0};
+    place_group(group, gpus_per_node);
+    for (int r : members) out.rank_groups[r][index] = static_cast<int>(out.groups.size());
+    out.groups.push_back(std::move(group));
+  }
+  for (int r = 0; r < static_cast<int>(out.rank_groups.size()); ++r)
+    if (out.rank_groups[r][index] < 0) {
+      ProcessGroup alone{role, {r}, true, 1, 1};
+      out.rank_groups[r][index] = static_cast<int>(out.groups.size());
+      out.groups.push_back(std::move(alone));
+    }
+}
+
+// The pipeline's links: s -> s+1 (and, interleaved, p-1 -> 0) of every (tensor, data) coordinate, per
+// direction and colour; with tied embeddings, the first and the last stage of each coordinate.
+void add_pipeline_roles(ShardingLayout& out, const ParallelMesh& mesh, bool wrap, bool tied_embeddings,
+                        int gpus_per_node) {
+  const int t = mesh.tensor, p = mesh.pipeline;
+  const GroupRole act[3] = {GroupRole::kPipeActEven, GroupRole::kPipeActOdd, GroupRole::kPipeActWrap};
+  const GroupRole grad[3] = {GroupRole::kPipeGradEven, GroupRole::kPipeGradOdd, GroupRole::kPipeGradWrap};
+  const int colours = wrap ? 3 : std::min(2, p - 1);
+  for (int colour = 0; colour < colours; ++colour)
+    for (int direction = 0; direction < 2; ++direction) {
+      std::vector<std::vector<int>> links;
+      for (int stage = 0; stage < p; ++stage) {
+        const bool last = stage == p - 1;
+        if ((last && !wrap) || pipe_link_colour(stage, p) != colour) continue;
+        for (int d = 0; d < mesh.context * mesh.data; ++d)
+          for (int tensor = 0; tensor < t; ++tensor) {
+            const int from = mesh.global_rank(tensor, d, stage);
+            const int to = mesh.global_rank(tensor, d, last ? 0 : stage + 1);
+            links.push_back(direction == 0 ? std::vector<int>{from, to} : std::vector<int>{to, from});
+          }
+      }
+      add_groups(out, direction == 0 ? act[colour] : grad[colour], links, gpus_per_node);
+    }
+  if (tied_embeddings) {
+    std::vector<std::vector<int>> pairs;
+    for (int d = 0; d < mesh.context * mesh.data; ++d)
+      for (int tensor = 0; tensor < t; ++tensor)
+        pairs.push_back({mesh.global_rank(tensor, d, 0), mesh.global_rank(tensor, d, p - 1)});
+    add_groups(out, GroupRole::kEmbedding, pairs, gpus_per_node);
+  }
+}
+
 // The replica-axis layout of `data` (one tensor x pipeline coordinate's ranks, numbered 0..C·D-1) copied to
 // every coordinate, and the tensor, context and pipeline roles added (sharding.h: ND parallelism).
 ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster, const ParallelMesh& mesh, bool wrap,
@@ -98,32 +150,13 @@ ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster,
           out.groups.push_back(std::move(group));
         }
   }
-  // A role whose groups are given as member lists; ranks in none of them get a group of their own.
-  auto add_groups = [&](GroupRole role, const std::vector<std::vector<int>>& groups) {
-    const int index = static_cast<int>(out.roles.size());
-    out.index[static_cast<int>(role)] = index;
-    out.roles.push_back(role);
-    for (std::vector<int>& g : out.rank_groups) g.push_back(-1);
-    for (const std::vector<int>& members : groups) {
-      ProcessGroup group{role, members, false, 0, 0};
-      place_group(group, cluster.gpus_per_node);
-      for (int r : members) out.rank_groups[r][index] = static_cast<int>(out.groups.size());
-      out.groups.push_back(std::move(group));
-    }
-    for (int r = 0; r < world; ++r)
-      if (out.rank_groups[r][index] < 0) {
-        ProcessGroup alone{role, {r}, true, 1, 1};
-        out.rank_groups[r][index] = static_cast<int>(out.groups.size());
-        out.groups.push_back(std::move(alone));
-      }
-  };
   if (t > 1) {
     std::vector<std::vector<int>> tensor_groups;
     for (int first = 0; first < world; first += t) {
       tensor_groups.emplace_back();
       for (int i = 0; i < t; ++i) tensor_groups.back().push_back(first + i);
     }
-    add_groups(GroupRole::kTensor, tensor_groups);
+    add_groups(out, GroupRole::kTensor, tensor_groups, cluster.gpus_per_node);
   }
   if (mesh.context > 1) {
     std::vector<std::vector<int>> context_groups;
@@ -134,36 +167,9 @@ ShardingLayout nd_layout(const ShardingLayout& data, const ClusterSpec& cluster,
           for (int c = 0; c < mesh.context; ++c)
             context_groups.back().push_back(mesh.global_rank(tensor, first + c, stage));
         }
-    add_groups(GroupRole::kContext, context_groups);
+    add_groups(out, GroupRole::kContext, context_groups, cluster.gpus_per_node);
   }
-  if (p > 1) {
-    // Link s -> s+1 (and, interleaved, p-1 -> 0) of every (tensor, data) coordinate, per direction and colour.
-    const GroupRole act[3] = {GroupRole::kPipeActEven, GroupRole::kPipeActOdd, GroupRole::kPipeActWrap};
-    const GroupRole grad[3] = {GroupRole::kPipeGradEven, GroupRole::kPipeGradOdd, GroupRole::kPipeGradWrap};
-    const int colours = wrap ? 3 : std::min(2, p - 1);
-    for (int colour = 0; colour < colours; ++colour)
-      for (int direction = 0; direction < 2; ++direction) {
-        std::vector<std::vector<int>> links;
-        for (int stage = 0; stage < p; ++stage) {
-          const bool last = stage == p - 1;
-          if ((last && !wrap) || pipe_link_colour(stage, p) != colour) continue;
-          for (int d = 0; d < mesh.context * mesh.data; ++d)
-            for (int tensor = 0; tensor < t; ++tensor) {
-              const int from = mesh.global_rank(tensor, d, stage);
-              const int to = mesh.global_rank(tensor, d, last ? 0 : stage + 1);
-              links.push_back(direction == 0 ? std::vector<int>{from, to} : std::vector<int>{to, from});
-            }
-        }
-        add_groups(direction == 0 ? act[colour] : grad[colour], links);
-      }
-    if (tied_embeddings) {
-      std::vector<std::vector<int>> pairs;
-      for (int d = 0; d < mesh.context * mesh.data; ++d)
-        for (int tensor = 0; tensor < t; ++tensor)
-          pairs.push_back({mesh.global_rank(tensor, d, 0), mesh.global_rank(tensor, d, p - 1)});
-      add_groups(GroupRole::kEmbedding, pairs);
-    }
-  }
+  if (p > 1) add_pipeline_roles(out, mesh, wrap, tied_embeddings, cluster.gpus_per_node);
   return out;
 }
 

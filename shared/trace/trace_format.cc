@@ -230,10 +230,10 @@ json trace_to_json(const Trace& t) {
           {"events", events}};
 }
 
-Result<Trace> trace_from_json(const json& doc) {
-  if (!doc.is_object()) return Status::InvalidInput("trace: must be a JSON object");
-  const Fields top(doc, "trace");
-  Trace t;
+namespace {
+
+// The trace's header: format, version, scenario, policy, world.
+Status read_trace_header(const json& doc, const Fields& top, Trace& t) {
   HZP_ASSIGN_OR_RETURN(std::string format, top.string("format"));
   if (format != kTraceFormat) return top.bad("format", "must be \"hzp-trace\"");
   HZP_ASSIGN_OR_RETURN(std::int64_t version, top.integer("version", 0, 1 << 20));
@@ -249,7 +249,12 @@ Result<Trace> trace_from_json(const json& doc) {
   if (world % per_node != 0) return top.bad("gpus_per_node", "must divide world_size (" + std::to_string(world) + ")");
   t.world_size = static_cast<int>(world);
   t.gpus_per_node = static_cast<int>(per_node);
+  return Status::Ok();
+}
 
+// The streams, groups and pools the events name.
+Status read_trace_tables(const Fields& top, Trace& t) {
+  const std::int64_t world = t.world_size;
   const json* streams = top.find("streams");
   if (streams == nullptr || !streams->is_array() || streams->empty() || streams->size() > 64)
     return top.bad("streams", "must be an array of 1 to 64 stream names");
@@ -286,73 +291,74 @@ Result<Trace> trace_from_json(const json& doc) {
       t.pools.push_back(p.get<std::string>());
     }
   }
+  return Status::Ok();
+}
 
-  const json* events = top.find("events");
-  if (events == nullptr || !events->is_array()) return top.bad("events", "must be an array");
-  if (static_cast<std::int64_t>(events->size()) > kMaxTraceEvents)
-    return top.bad("events", "holds " + std::to_string(events->size()) + " events, more than the " +
-                                 std::to_string(kMaxTraceEvents) + " a trace may hold");
-  std::map<std::string, int> stream_index, pool_index;
-  for (std::size_t i = 0; i < t.streams.size(); ++i) stream_index[t.streams[i]] = static_cast<int>(i);
-  // Version 1 traces written before the `pools` table named pools per event: collect them as they come.
-  const bool pool_table = top.find("pools") != nullptr;
-  for (std::size_t i = 0; i < t.pools.size(); ++i) pool_index[t.pools[i]] = static_cast<int>(i);
-  t.events.reserve(events->size());
-  for (std::size_t i = 0; i < events->size(); ++i) {
-    const json& ej = (*events)[i];
-    const std::string where = "trace.events[" + std::to_string(i) + "]";
-    if (!ej.is_object()) return Status::InvalidInput(where + ": must be an object");
-    const Fields f(ej, where);
-    TraceEvent e;
-    HZP_ASSIGN_OR_RETURN(std::int64_t rank, f.integer("rank", 0, world - 1));
-    e.rank = static_cast<int>(rank);
-    HZP_ASSIGN_OR_RETURN(e.step, f.integer("step", 0, 1'000'000'000));
-    HZP_ASSIGN_OR_RETURN(std::int64_t op, f.integer("op", 0, 100'000'000));
-    e.op = static_cast<int>(op);
-    HZP_ASSIGN_OR_RETURN(std::string stream, f.string("stream"));
-    auto s = stream_index.find(stream);
-    if (s == stream_index.end()) return f.bad("stream", "is not one of the trace's streams");
-    e.stream = s->second;
-    HZP_ASSIGN_OR_RETURN(e.kind, f.name("kind", kKinds));
-    HZP_ASSIGN_OR_RETURN(e.start_us, f.number("start_us"));
-    HZP_ASSIGN_OR_RETURN(e.end_us, f.number("end_us"));
-    if (e.end_us < e.start_us) return f.bad("end_us", "is before start_us (" + std::to_string(e.start_us) + ")");
-    HZP_ASSIGN_OR_RETURN(std::int64_t layer, f.integer("layer", -1, 1 << 20));
-    e.layer = static_cast<int>(layer);
-    if (e.kind == TraceKind::kCompute) {
-      HZP_ASSIGN_OR_RETURN(e.module, f.name("module", {ModuleKind::kEmbedding, ModuleKind::kAttention, ModuleKind::kMlp,
-                                                       ModuleKind::kMoe, ModuleKind::kHead}));
-      HZP_ASSIGN_OR_RETURN(e.phase, f.name("phase", {Phase::kForward, Phase::kBackward, Phase::kRecompute}));
-      HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
-      e.micro_batch = static_cast<int>(mb);
-    } else if (is_collective(e.kind)) {
-      HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
-      e.micro_batch = static_cast<int>(mb);
-      HZP_ASSIGN_OR_RETURN(e.bytes, f.integer("bytes", 0, std::int64_t{1} << 50));
-      HZP_ASSIGN_OR_RETURN(
-          e.payload, f.name("payload", {Payload::kParams, Payload::kGrads, Payload::kActivations, Payload::kGradNorm}));
-      HZP_ASSIGN_OR_RETURN(std::int64_t group, f.integer("group", 0, static_cast<std::int64_t>(t.groups.size()) - 1));
-      e.group = static_cast<int>(group);
-      const std::vector<int>& members = t.groups[e.group].ranks;
-      if (std::find(members.begin(), members.end(), e.rank) == members.end())
-        return f.bad("group", "names a group rank " + std::to_string(e.rank) + " is not a member of");
-    } else if (e.kind == TraceKind::kOptimizerStep) {
-      HZP_ASSIGN_OR_RETURN(std::int64_t bucket, f.integer("bucket", 0, 1 << 20));
-      e.bucket = static_cast<int>(bucket);
-    } else {
-      HZP_ASSIGN_OR_RETURN(std::string pool, f.string("pool"));
-      auto p = pool_index.find(pool);
-      if (p == pool_index.end()) {
-        if (pool_table || pool_index.size() >= 64) return f.bad("pool", "is not one of the trace's pools");
-        p = pool_index.emplace(pool, static_cast<int>(t.pools.size())).first;
-        t.pools.push_back(pool);
-      }
-      e.pool = p->second;
+// Names of streams and pools as the events give them, to indices. Version 1 traces written before the
+// `pools` table named pools per event: those are collected as they come.
+struct EventIndex {
+  std::map<std::string, int> stream, pool;
+  bool pool_table = false;
+};
+
+// trace.events[i], its fields checked against the world and the tables.
+Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& index, Trace& t) {
+  const std::int64_t world = t.world_size;
+  const std::string where = "trace.events[" + std::to_string(i) + "]";
+  if (!ej.is_object()) return Status::InvalidInput(where + ": must be an object");
+  const Fields f(ej, where);
+  TraceEvent e;
+  HZP_ASSIGN_OR_RETURN(std::int64_t rank, f.integer("rank", 0, world - 1));
+  e.rank = static_cast<int>(rank);
+  HZP_ASSIGN_OR_RETURN(e.step, f.integer("step", 0, 1'000'000'000));
+  HZP_ASSIGN_OR_RETURN(std::int64_t op, f.integer("op", 0, 100'000'000));
+  e.op = static_cast<int>(op);
+  HZP_ASSIGN_OR_RETURN(std::string stream, f.string("stream"));
+  auto s = index.stream.find(stream);
+  if (s == index.stream.end()) return f.bad("stream", "is not one of the trace's streams");
+  e.stream = s->second;
+  HZP_ASSIGN_OR_RETURN(e.kind, f.name("kind", kKinds));
+  HZP_ASSIGN_OR_RETURN(e.start_us, f.number("start_us"));
+  HZP_ASSIGN_OR_RETURN(e.end_us, f.number("end_us"));
+  if (e.end_us < e.start_us) return f.bad("end_us", "is before start_us (" + std::to_string(e.start_us) + ")");
+  HZP_ASSIGN_OR_RETURN(std::int64_t layer, f.integer("layer", -1, 1 << 20));
+  e.layer = static_cast<int>(layer);
+  if (e.kind == TraceKind::kCompute) {
+    HZP_ASSIGN_OR_RETURN(e.module, f.name("module", {ModuleKind::kEmbedding, ModuleKind::kAttention, ModuleKind::kMlp,
+                                                     ModuleKind::kMoe, ModuleKind::kHead}));
+    HZP_ASSIGN_OR_RETURN(e.phase, f.name("phase", {Phase::kForward, Phase::kBackward, Phase::kRecompute}));
+    HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
+    e.micro_batch = static_cast<int>(mb);
+  } else if (is_collective(e.kind)) {
+    HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
+    e.micro_batch = static_cast<int>(mb);
+    HZP_ASSIGN_OR_RETURN(e.bytes, f.integer("bytes", 0, std::int64_t{1} << 50));
+    HZP_ASSIGN_OR_RETURN(
+        e.payload, f.name("payload", {Payload::kParams, Payload::kGrads, Payload::kActivations, Payload::kGradNorm}));
+    HZP_ASSIGN_OR_RETURN(std::int64_t group, f.integer("group", 0, static_cast<std::int64_t>(t.groups.size()) - 1));
+    e.group = static_cast<int>(group);
+    const std::vector<int>& members = t.groups[e.group].ranks;
+    if (std::find(members.begin(), members.end(), e.rank) == members.end())
+      return f.bad("group", "names a group rank " + std::to_string(e.rank) + " is not a member of");
+  } else if (e.kind == TraceKind::kOptimizerStep) {
+    HZP_ASSIGN_OR_RETURN(std::int64_t bucket, f.integer("bucket", 0, 1 << 20));
+    e.bucket = static_cast<int>(bucket);
+  } else {
+    HZP_ASSIGN_OR_RETURN(std::string pool, f.string("pool"));
+    auto p = index.pool.find(pool);
+    if (p == index.pool.end()) {
+      if (index.pool_table || index.pool.size() >= 64) return f.bad("pool", "is not one of the trace's pools");
+      p = index.pool.emplace(pool, static_cast<int>(t.pools.size())).first;
+      t.pools.push_back(pool);
     }
-    t.events.push_back(e);
+    e.pool = p->second;
   }
-  // A stream runs one op at a time: events of one (rank, stream) must not overlap (1 ns of slack for
-  // rounding of the microsecond timestamps).
+  return e;
+}
+
+// A stream runs one op at a time: events of one (rank, stream) must not overlap (1 ns of slack for
+// rounding of the microsecond timestamps).
+Status check_streams_serial(const Trace& t) {
   std::vector<std::size_t> order(t.events.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -370,6 +376,32 @@ Result<Trace> trace_from_json(const json& doc) {
                                   quoted(t.streams[cur.stream], 40) + " ends (" + std::to_string(prev.end_us) +
                                   " us): a stream runs one op at a time");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Trace> trace_from_json(const json& doc) {
+  if (!doc.is_object()) return Status::InvalidInput("trace: must be a JSON object");
+  const Fields top(doc, "trace");
+  Trace t;
+  HZP_RETURN_IF_ERROR(read_trace_header(doc, top, t));
+  HZP_RETURN_IF_ERROR(read_trace_tables(top, t));
+  const json* events = top.find("events");
+  if (events == nullptr || !events->is_array()) return top.bad("events", "must be an array");
+  if (static_cast<std::int64_t>(events->size()) > kMaxTraceEvents)
+    return top.bad("events", "holds " + std::to_string(events->size()) + " events, more than the " +
+                                 std::to_string(kMaxTraceEvents) + " a trace may hold");
+  EventIndex index;
+  for (std::size_t i = 0; i < t.streams.size(); ++i) index.stream[t.streams[i]] = static_cast<int>(i);
+  index.pool_table = top.find("pools") != nullptr;
+  for (std::size_t i = 0; i < t.pools.size(); ++i) index.pool[t.pools[i]] = static_cast<int>(i);
+  t.events.reserve(events->size());
+  for (std::size_t i = 0; i < events->size(); ++i) {
+    HZP_ASSIGN_OR_RETURN(TraceEvent e, read_trace_event((*events)[i], i, index, t));
+    t.events.push_back(e);
+  }
+  HZP_RETURN_IF_ERROR(check_streams_serial(t));
   return t;
 }
 

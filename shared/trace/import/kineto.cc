@@ -96,12 +96,12 @@ int dtype_bytes(const std::string& dtype) {
   return 0;
 }
 
-// Ranges of one phase merged where they overlap or nest, by start.
+// Ranges merged where they overlap or nest, by start (back-to-back ProfilerStep ranges stay two steps).
 std::vector<Range> merged(std::vector<Range> ranges) {
   std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.start < b.start; });
   std::vector<Range> out;
   for (const Range& r : ranges) {
-    if (!out.empty() && r.start <= out.back().end)
+    if (!out.empty() && r.start < out.back().end)
       out.back().end = std::max(out.back().end, r.end);
     else
       out.push_back(r);
@@ -134,16 +134,10 @@ const char* to_string(KinetoPhase phase) {
   return "?";
 }
 
-Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
-  const std::string shown = printable(source, 200);
-  if (!doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
-    return Status::InvalidInput(shown + ": not a PyTorch profiler trace (no traceEvents array)");
-  const json& events = doc["traceEvents"];
-  if (static_cast<std::int64_t>(events.size()) > kMaxKinetoEvents)
-    return Status::InvalidInput(shown + ": " + std::to_string(events.size()) + " events, more than the " +
-                                std::to_string(kMaxKinetoEvents) + " accepted");
-  KinetoProfile p;
-  p.source = source;
+namespace {
+
+// distributedInfo (rank, world size) and deviceProperties[0].name.
+Status read_header(const json& doc, const std::string& shown, KinetoProfile& p) {
   if (auto d = doc.find("distributedInfo"); d != doc.end() && d->is_object()) {
     if (auto r = d->find("rank"); r != d->end() && r->is_number_integer()) p.rank = r->get<int>();
     if (auto w = d->find("world_size"); w != d->end() && w->is_number_integer()) p.world_size = w->get<int>();
@@ -155,141 +149,177 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
   if (auto d = doc.find("deviceProperties"); d != doc.end() && d->is_array() && !d->empty() && (*d)[0].is_object())
     if (auto n = (*d)[0].find("name"); n != (*d)[0].end() && n->is_string())
       p.device = printable(n->get<std::string>(), 80);
+  return Status::Ok();
+}
 
-  std::vector<Span> gpu, gpu_annotations, comms, gloo;
-  std::vector<Range> steps, phase_ranges[kKinetoPhases];
-  std::map<std::int64_t, double> launch;  // correlation -> CPU launch time
+// The events of a trace that matter, sorted into what they are.
+struct Spans {
+  std::vector<Span> gpu;                                 // kernels, memcpys, memsets
+  std::vector<Span> gpu_annotations;                     // gloo's GPU ranges
+  std::vector<Span> comms;                               // record_param_comms CPU calls
+  std::vector<Span> gloo;                                // gloo's CPU ranges
+  std::vector<Range> steps;                              // ProfilerStep#N
+  std::array<std::vector<Range>, kKinetoPhases> phases;  // CPU annotations per phase, merged
+  std::map<std::int64_t, double> launch;                 // correlation -> CPU launch time
+};
+
+// One "X" event of traceEvents[i], its fields checked; nullopt for the other phases (metadata, flows).
+Result<std::optional<Span>> read_span(const json& e, const std::string& source, std::size_t i) {
+  if (!e.is_object()) return Status::InvalidInput(at_event(source, i, "") + "not an object");
+  auto ph = e.find("ph");
+  if (ph == e.end() || !ph->is_string() || *ph != "X") return std::optional<Span>();
+  Span s;
+  if (auto c = e.find("cat"); c != e.end() && c->is_string()) s.cat = c->get<std::string>();
+  auto name = e.find("name");
+  if (name == e.end() || !name->is_string()) return Status::InvalidInput(at_event(source, i, "name") + "missing");
+  s.name = name->get<std::string>();
+  HZP_ASSIGN_OR_RETURN(s.start, number_field(e, "ts", source, i));
+  HZP_ASSIGN_OR_RETURN(double dur, number_field(e, "dur", source, i));
+  s.end = s.start + dur;
+  if (auto a = e.find("args"); a != e.end() && a->is_object()) s.args = &*a;
+  return std::optional<Span>(std::move(s));
+}
+
+Result<Spans> collect_spans(const json& events, const std::string& source) {
+  Spans out;
   for (std::size_t i = 0; i < events.size(); ++i) {
-    const json& e = events[i];
-    if (!e.is_object()) return Status::InvalidInput(at_event(source, i, "") + "not an object");
-    auto ph = e.find("ph");
-    if (ph == e.end() || !ph->is_string() || *ph != "X") continue;  // metadata, flows, instants
-    Span s;
-    if (auto c = e.find("cat"); c != e.end() && c->is_string()) s.cat = c->get<std::string>();
-    auto name = e.find("name");
-    if (name == e.end() || !name->is_string()) return Status::InvalidInput(at_event(source, i, "name") + "missing");
-    s.name = name->get<std::string>();
-    HZP_ASSIGN_OR_RETURN(s.start, number_field(e, "ts", source, i));
-    HZP_ASSIGN_OR_RETURN(double dur, number_field(e, "dur", source, i));
-    s.end = s.start + dur;
-    if (auto a = e.find("args"); a != e.end() && a->is_object()) s.args = &*a;
+    HZP_ASSIGN_OR_RETURN(std::optional<Span> span, read_span(events[i], source, i));
+    if (!span) continue;
+    Span& s = *span;
     if (s.cat == "kernel" || s.cat == "gpu_memcpy" || s.cat == "gpu_memset") {
       if (!int_arg(s.args, "correlation"))
         return Status::InvalidInput(at_event(source, i, "args.correlation") + "missing on GPU work");
-      gpu.push_back(std::move(s));
+      out.gpu.push_back(std::move(s));
     } else if (s.cat == "cuda_runtime" || s.cat == "cuda_driver") {
-      if (auto c = int_arg(s.args, "correlation")) launch[*c] = s.start;
+      if (auto c = int_arg(s.args, "correlation")) out.launch[*c] = s.start;
     } else if (s.cat == "user_annotation") {
       if (starts_with(s.name, "ProfilerStep#")) {
-        steps.push_back({s.start, s.end});
+        out.steps.push_back({s.start, s.end});
       } else if (starts_with(s.name, "gloo:")) {
-        gloo.push_back(std::move(s));
+        out.gloo.push_back(std::move(s));
       } else if (auto phase = phase_of_annotation(s.name)) {
-        phase_ranges[static_cast<int>(*phase)].push_back({s.start, s.end});
+        out.phases[static_cast<int>(*phase)].push_back({s.start, s.end});
       }
     } else if (s.cat == "gpu_user_annotation") {
-      if (starts_with(s.name, "gloo:")) gpu_annotations.push_back(std::move(s));
+      if (starts_with(s.name, "gloo:")) out.gpu_annotations.push_back(std::move(s));
     } else if (s.cat == "cpu_op" && s.name == "record_param_comms") {
-      comms.push_back(std::move(s));
+      out.comms.push_back(std::move(s));
     }
   }
-  for (auto& r : phase_ranges) r = merged(std::move(r));
-  const std::vector<Range>& forward = phase_ranges[0];
-  const std::vector<Range>& backward = phase_ranges[1];
-  const std::vector<Range>& optimizer = phase_ranges[2];
-  if (steps.empty()) {
-    for (std::size_t k = 0; k < forward.size(); ++k)
-      steps.push_back(
-          {forward[k].start, k + 1 < forward.size() ? forward[k + 1].start : std::numeric_limits<double>::infinity()});
-  } else {
-    steps = merged(std::move(steps));
-  }
-  if (steps.empty() || forward.empty())
-    return Status::InvalidInput(
-        shown +
-        ": no training step found: the trace needs forward ranges (record_function(\"forward\") "
-        "or DistributedDataParallel.forward / FullyShardedDataParallel.forward)");
-  p.steps.resize(steps.size());
+  for (auto& r : out.phases) r = merged(std::move(r));
+  std::sort(out.comms.begin(), out.comms.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  return out;
+}
 
-  // The step of a CPU time (-1: none), then its phase, if any: forward / optimizer / backward ranges;
-  // between a step's forward end and its optimizer start, backward.
-  auto step_of = [&](double t) -> int {
-    auto it = std::upper_bound(steps.begin(), steps.end(), t, [](double v, const Range& r) { return v < r.start; });
-    if (it == steps.begin() || t > std::prev(it)->end) return -1;
-    return static_cast<int>(std::prev(it) - steps.begin());
-  };
-  auto locate = [&](double t) -> std::optional<std::pair<int, KinetoPhase>> {
+// Where a CPU time falls: its step (ProfilerStep ranges, else one per forward range) and phase.
+class StepLocator {
+ public:
+  StepLocator(std::vector<Range> steps, const std::array<std::vector<Range>, kKinetoPhases>& phases)
+      : forward_(phases[0]), backward_(phases[1]), optimizer_(phases[2]) {
+    if (steps.empty()) {
+      for (std::size_t k = 0; k < forward_.size(); ++k)
+        steps.push_back({forward_[k].start,
+                         k + 1 < forward_.size() ? forward_[k + 1].start : std::numeric_limits<double>::infinity()});
+    } else {
+      steps = merged(std::move(steps));
+    }
+    steps_ = std::move(steps);
+  }
+  std::size_t steps() const { return steps_.size(); }
+  bool has_forward() const { return !forward_.empty(); }
+
+  // The step of a CPU time, -1 when none.
+  int step_of(double t) const {
+    auto it = std::upper_bound(steps_.begin(), steps_.end(), t, [](double v, const Range& r) { return v < r.start; });
+    if (it == steps_.begin() || t > std::prev(it)->end) return -1;
+    return static_cast<int>(std::prev(it) - steps_.begin());
+  }
+
+  // The step and phase of a launch: forward / optimizer / backward ranges; between a step's forward end and
+  // its optimizer start, backward (autograd launches from its own thread).
+  std::optional<std::pair<int, KinetoPhase>> locate(double t) const {
     const int step = step_of(t);
     if (step < 0) return std::nullopt;
-    if (inside(forward, t)) return std::pair{step, KinetoPhase::kForward};
-    if (inside(optimizer, t)) return std::pair{step, KinetoPhase::kOptimizer};
-    if (inside(backward, t)) return std::pair{step, KinetoPhase::kBackward};
-    const Range& st = steps[step];
-    const Range* fwd = first_from(forward, st.start);
+    if (inside(forward_, t)) return std::pair{step, KinetoPhase::kForward};
+    if (inside(optimizer_, t)) return std::pair{step, KinetoPhase::kOptimizer};
+    if (inside(backward_, t)) return std::pair{step, KinetoPhase::kBackward};
+    const Range& st = steps_[step];
+    const Range* fwd = first_from(forward_, st.start);
     if (fwd == nullptr || fwd->start > st.end || t < fwd->end) return std::nullopt;
-    const Range* opt = first_from(optimizer, fwd->end);
+    const Range* opt = first_from(optimizer_, fwd->end);
     if (opt != nullptr && opt->start <= st.end && t > opt->start) return std::nullopt;  // after the optimizer
     return std::pair{step, KinetoPhase::kBackward};
-  };
+  }
 
-  std::sort(comms.begin(), comms.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
-  for (const Span& s : gpu) {
+ private:
+  const std::vector<Range>& forward_;
+  const std::vector<Range>& backward_;
+  const std::vector<Range>& optimizer_;
+  std::vector<Range> steps_;
+};
+
+// An NCCL kernel as a collective, sized by the record_param_comms call that launched it (the latest one
+// starting at or before the launch).
+KinetoCollective nccl_collective(const Span& kernel, TraceKind kind, double launched, const std::vector<Span>& comms) {
+  KinetoCollective c{kind, -1, kernel.start, kernel.end, "nccl"};
+  auto it = std::upper_bound(comms.begin(), comms.end(), launched, [](double v, const Span& x) { return v < x.start; });
+  if (it != comms.begin() && std::prev(it)->end >= launched) {
+    const Span& call = *std::prev(it);
+    auto n = int_arg(call.args, kind == TraceKind::kAllGather ? "Out msg nelems" : "In msg nelems");
+    std::string dtype;
+    if (auto d = call.args != nullptr ? call.args->find("dtype") : json::const_iterator{};
+        call.args != nullptr && d != call.args->end() && d->is_string())
+      dtype = d->get<std::string>();
+    if (n && *n >= 0 && dtype_bytes(dtype) > 0) c.bytes = *n * dtype_bytes(dtype);
+  }
+  return c;
+}
+
+// GPU work into each step's phases (compute) and collectives (NCCL kernels).
+void attribute_gpu_work(const Spans& spans, const StepLocator& where, KinetoProfile& p) {
+  for (const Span& s : spans.gpu) {
     ++p.gpu_events;
-    const std::int64_t correlation = *int_arg(s.args, "correlation");
-    auto l = launch.find(correlation);
-    const double at = l != launch.end() ? l->second : s.start;
+    auto l = spans.launch.find(*int_arg(s.args, "correlation"));
+    const double at = l != spans.launch.end() ? l->second : s.start;
     const bool nccl = s.cat == "kernel" && (starts_with(s.name, "nccl") || contains(s.name, "ncclDevKernel"));
     if (nccl) {
       auto kind = nccl_kind(s.name);
-      const int step = step_of(at);
-      if (!kind || step < 0) continue;
-      KinetoCollective c{*kind, -1, s.start, s.end, "nccl"};
-      // The record_param_comms call that launched it: the latest one starting at or before the launch.
-      auto it = std::upper_bound(comms.begin(), comms.end(), at, [](double v, const Span& x) { return v < x.start; });
-      if (it != comms.begin() && std::prev(it)->end >= at) {
-        const Span& call = *std::prev(it);
-        const bool out = c.kind == TraceKind::kAllGather;
-        auto n = int_arg(call.args, out ? "Out msg nelems" : "In msg nelems");
-        std::string dtype;
-        if (auto d = call.args != nullptr ? call.args->find("dtype") : json::const_iterator{};
-            call.args != nullptr && d != call.args->end() && d->is_string())
-          dtype = d->get<std::string>();
-        if (n && *n >= 0 && dtype_bytes(dtype) > 0) c.bytes = *n * dtype_bytes(dtype);
-      }
-      p.steps[step].collectives.push_back(c);
+      const int step = where.step_of(at);
+      if (kind && step >= 0) p.steps[step].collectives.push_back(nccl_collective(s, *kind, at, spans.comms));
       continue;
     }
-    const bool host_copy = s.cat == "gpu_memcpy" && !contains(s.name, "DtoD");
-    if (host_copy) continue;
-    auto where = locate(at);
-    if (!where) {
+    if (s.cat == "gpu_memcpy" && !contains(s.name, "DtoD")) continue;  // host copies: gloo's or the data's
+    auto located = where.locate(at);
+    if (!located) {
       ++p.unattributed;
       p.unattributed_us += s.end - s.start;
       continue;
     }
-    KinetoStep& st = p.steps[where->first];
-    const int ph = static_cast<int>(where->second);
+    KinetoStep& st = p.steps[located->first];
+    const int ph = static_cast<int>(located->second);
     st.busy_us[ph] += s.end - s.start;
     if (st.first_us[ph] == 0 || s.start < st.first_us[ph]) st.first_us[ph] = s.start;
     st.last_us[ph] = std::max(st.last_us[ph], s.end);
     if (s.cat == "kernel") st.kernel_us += s.end - s.start;
   }
+}
 
-  // gloo: the k-th CPU range of a name pairs with the k-th GPU range of that name, whose host-to-device
-  // copies are the collective's result.
+// gloo: the k-th CPU range of a name pairs with the k-th GPU range of that name, whose host-to-device
+// copies are the collective's result.
+void attribute_gloo(Spans& spans, const StepLocator& where, KinetoProfile& p) {
   std::map<std::string, std::vector<const Span*>> gpu_by_name;
-  std::sort(gpu_annotations.begin(), gpu_annotations.end(),
+  std::sort(spans.gpu_annotations.begin(), spans.gpu_annotations.end(),
             [](const Span& a, const Span& b) { return a.start < b.start; });
-  for (const Span& a : gpu_annotations) gpu_by_name[a.name].push_back(&a);
-  std::sort(gloo.begin(), gloo.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  for (const Span& a : spans.gpu_annotations) gpu_by_name[a.name].push_back(&a);
+  std::sort(spans.gloo.begin(), spans.gloo.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
   std::map<std::string, std::size_t> seen;
   std::vector<const Span*> host_copies;
-  for (const Span& s : gpu)
+  for (const Span& s : spans.gpu)
     if (s.cat == "gpu_memcpy" && contains(s.name, "HtoD")) host_copies.push_back(&s);
-  for (const Span& s : gloo) {
+  for (const Span& s : spans.gloo) {
     const std::size_t k = seen[s.name]++;
     auto kind = gloo_kind(s.name.substr(5));
-    const int step = step_of(s.start);
+    const int step = where.step_of(s.start);
     if (!kind) {
       ++p.collectives_unknown;
       continue;
@@ -309,6 +339,31 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
     }
     p.steps[step].collectives.push_back(c);
   }
+}
+
+}  // namespace
+
+Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
+  const std::string shown = printable(source, 200);
+  if (!doc.is_object() || !doc.contains("traceEvents") || !doc["traceEvents"].is_array())
+    return Status::InvalidInput(shown + ": not a PyTorch profiler trace (no traceEvents array)");
+  const json& events = doc["traceEvents"];
+  if (static_cast<std::int64_t>(events.size()) > kMaxKinetoEvents)
+    return Status::InvalidInput(shown + ": " + std::to_string(events.size()) + " events, more than the " +
+                                std::to_string(kMaxKinetoEvents) + " accepted");
+  KinetoProfile p;
+  p.source = source;
+  HZP_RETURN_IF_ERROR(read_header(doc, shown, p));
+  HZP_ASSIGN_OR_RETURN(Spans spans, collect_spans(events, source));
+  const StepLocator where(std::move(spans.steps), spans.phases);
+  if (where.steps() == 0 || !where.has_forward())
+    return Status::InvalidInput(
+        shown +
+        ": no training step found: the trace needs forward ranges (record_function(\"forward\") "
+        "or DistributedDataParallel.forward / FullyShardedDataParallel.forward)");
+  p.steps.resize(where.steps());
+  attribute_gpu_work(spans, where, p);
+  attribute_gloo(spans, where, p);
   for (KinetoStep& st : p.steps)
     std::sort(st.collectives.begin(), st.collectives.end(),
               [](const KinetoCollective& a, const KinetoCollective& b) { return a.start_us < b.start_us; });
@@ -348,30 +403,30 @@ struct Instance {
   double end = 0;
   std::int64_t bytes = -1;
 };
+using Recorded = std::map<TraceKind, std::vector<Instance>>;
 
-}  // namespace
-
-Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const Scenario& scenario,
-                                     const Schedule& schedule, const DurationModel& weights, bool include_idle) {
-  const int world = schedule.world_size;
+// One profile per rank, in rank order: by distributedInfo.rank when every file has one, else as given.
+Status order_profiles(std::vector<KinetoProfile>& profiles, int world) {
   if (static_cast<int>(profiles.size()) != world)
     return Status::InvalidInput("the scenario has " + std::to_string(world) + " rank" + (world == 1 ? "" : "s") + "; " +
                                 std::to_string(profiles.size()) + " profiler file" +
                                 (profiles.size() == 1 ? " was" : "s were") + " given (one per rank)");
   const bool ranked = std::all_of(profiles.begin(), profiles.end(), [](const KinetoProfile& p) { return p.rank >= 0; });
-  if (ranked) {
-    std::sort(profiles.begin(), profiles.end(),
-              [](const KinetoProfile& a, const KinetoProfile& b) { return a.rank < b.rank; });
-    for (int r = 0; r < world; ++r)
-      if (profiles[r].rank != r)
-        return Status::InvalidInput(printable(profiles[r].source, 200) + ": distributedInfo.rank " +
-                                    std::to_string(profiles[r].rank) + " where rank " + std::to_string(r) +
-                                    " was expected (the files must be ranks 0.." + std::to_string(world - 1) + ")");
-  }
-  KinetoImport out;
-  out.steps = static_cast<int>(profiles[0].steps.size());
-  for (const KinetoProfile& p : profiles) out.steps = std::min(out.steps, static_cast<int>(p.steps.size()));
-  // Clocks: files of one host share one; across hosts, align on the end of the first collective.
+  if (!ranked) return Status::Ok();
+  std::sort(profiles.begin(), profiles.end(),
+            [](const KinetoProfile& a, const KinetoProfile& b) { return a.rank < b.rank; });
+  for (int r = 0; r < world; ++r)
+    if (profiles[r].rank != r)
+      return Status::InvalidInput(printable(profiles[r].source, 200) + ": distributedInfo.rank " +
+                                  std::to_string(profiles[r].rank) + " where rank " + std::to_string(r) +
+                                  " was expected (the files must be ranks 0.." + std::to_string(world - 1) + ")");
+  return Status::Ok();
+}
+
+// Clocks: files of one host share one; across hosts, align on the end of the first collective. Returns the
+// shift of each rank's clock onto rank 0's.
+std::vector<double> clock_shifts(const std::vector<KinetoProfile>& profiles) {
+  const int world = static_cast<int>(profiles.size());
   std::vector<double> shift(world, 0);
   auto first_end = [](const KinetoProfile& p) -> std::optional<double> {
     for (const KinetoStep& s : p.steps)
@@ -381,133 +436,124 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
   if (const auto reference = first_end(profiles[0]); reference && world > 1)
     for (int r = 1; r < world; ++r)
       if (auto e = first_end(profiles[r])) shift[r] = *reference - *e;
-  double t0 = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < world; ++r)
-    for (const KinetoStep& s : profiles[r].steps)
-      for (int ph = 0; ph < kKinetoPhases; ++ph)
-        if (s.busy_us[ph] > 0) t0 = std::min(t0, s.first_us[ph] + shift[r]);
-  auto note_once = [&out](const std::string& text) {
-    if (std::find(out.notes.begin(), out.notes.end(), text) == out.notes.end()) out.notes.push_back(text);
-  };
+  return shift;
+}
 
-  Trace& trace = out.trace;
-  trace = trace_header(scenario, schedule);
-  for (int step = 0; step < out.steps; ++step) {
-    // Recorded instances per kind: the k-th collective of a kind on every rank is one instance.
-    std::map<TraceKind, std::vector<Instance>> recorded;
-    std::map<TraceKind, std::size_t> count;  // the fewest any rank recorded
-    for (int r = 0; r < world; ++r)
-      for (const KinetoCollective& c : profiles[r].steps[step].collectives) count[c.kind] = 0;
-    for (auto& [kind, k] : count) {
-      k = std::numeric_limits<std::size_t>::max();
-      for (int r = 0; r < world; ++r) {
-        const auto& list = profiles[r].steps[step].collectives;
-        k = std::min<std::size_t>(k, std::count_if(list.begin(), list.end(), [kind = kind](const KinetoCollective& c) {
-                                    return c.kind == kind;
-                                  }));
-      }
-    }
-    for (const auto& [kind, k] : count) {
-      std::vector<Instance>& list = recorded[kind];
-      list.assign(k, Instance{-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), -1});
-      for (int r = 0; r < world; ++r) {
-        std::size_t i = 0;
-        for (const KinetoCollective& c : profiles[r].steps[step].collectives) {
-          if (c.kind != kind || i >= k) continue;
-          list[i].start = std::max(list[i].start, c.start_us + shift[r]);
-          list[i].end = std::max(list[i].end, c.end_us + shift[r]);
-          list[i].bytes = std::max(list[i].bytes, c.bytes);
-          ++i;
-        }
-      }
-      // Collectives of a kind that ran at once (gloo's two threads, NCCL's streams) replay one after the
-      // other on the schedule's stream: each keeps only the time after the previous one ended, so their
-      // total is the time the kind was in flight.
-      for (std::size_t i = 1; i < list.size(); ++i) {
-        list[i].start = std::max(list[i].start, list[i - 1].end);
-        list[i].end = std::max(list[i].end, list[i].start);
-      }
-    }
+// Per kind, the step's recorded instances: the k-th collective of a kind on every rank is one instance (as
+// many as the rank that recorded fewest has).
+Recorded recorded_instances(const std::vector<KinetoProfile>& profiles, int step, const std::vector<double>& shift) {
+  const int world = static_cast<int>(profiles.size());
+  std::map<TraceKind, std::size_t> count;
+  for (int r = 0; r < world; ++r)
+    for (const KinetoCollective& c : profiles[r].steps[step].collectives) count[c.kind] = 0;
+  for (auto& [kind, k] : count) {
+    k = std::numeric_limits<std::size_t>::max();
     for (int r = 0; r < world; ++r) {
-      const KinetoStep& st = profiles[r].steps[step];
-      const auto& ops = schedule.program_of(r).ops;
-      std::array<double, kKinetoPhases> total_weight{};
-      std::map<TraceKind, std::vector<int>> collective_ops;
-      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
-        if (const auto* c = std::get_if<ComputeOp>(&ops[i].body))
-          total_weight[static_cast<int>(kineto_phase(c->phase))] += weights.compute_s(r, *c);
-        else if (const auto* o = std::get_if<OptimizerStepOp>(&ops[i].body))
-          total_weight[2] += weights.optimizer_s(r, *o);
-        else if (const auto* c = std::get_if<CollectiveOp>(&ops[i].body))
-          collective_ops[trace_kind(c->kind)].push_back(i);
-      }
-      std::array<double, kKinetoPhases> time{}, cursor{};
-      for (int ph = 0; ph < kKinetoPhases; ++ph) {
-        const double span = st.busy_us[ph] > 0 ? st.last_us[ph] - st.first_us[ph] : 0;
-        time[ph] = include_idle ? std::max(span, st.busy_us[ph]) : st.busy_us[ph];
-        cursor[ph] = st.busy_us[ph] > 0 ? st.first_us[ph] + shift[r] - t0 : 0;
-        if (st.busy_us[ph] > 0 && total_weight[ph] <= 0)
-          note_once(std::string("the trace's ") + to_string(static_cast<KinetoPhase>(ph)) +
-                    " GPU time has no op of the schedule to go to: left out");
-      }
-      // Phases that recorded nothing start where the previous one ended.
-      for (int ph = 1; ph < kKinetoPhases; ++ph)
-        if (st.busy_us[ph] <= 0) cursor[ph] = cursor[ph - 1] + time[ph - 1];
-      for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
-        const Op& op = ops[i];
-        double w = -1;
-        int ph = 0;
-        if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
-          ph = static_cast<int>(kineto_phase(c->phase));
-          w = weights.compute_s(r, *c);
-        } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
-          ph = 2;
-          w = weights.optimizer_s(r, *o);
-        }
-        if (w < 0) continue;
-        const double d = total_weight[ph] > 0 ? time[ph] * w / total_weight[ph] : 0;
-        trace.events.push_back(trace_event(schedule, r, i, step, op.stream, cursor[ph], cursor[ph] + d, -1));
-        cursor[ph] += d;
-      }
-      for (const auto& [kind, indices] : collective_ops) {
-        auto rec = recorded.find(kind);
-        if (rec == recorded.end() || rec->second.empty()) {
-          note_once(std::string("the schedule's ") + to_string(kind) +
-                    "s were not recorded: a replay simulates them on the scenario's network");
-          continue;
-        }
-        const std::vector<Instance>& list = rec->second;
-        if (list.size() == indices.size()) {
-          for (std::size_t k = 0; k < indices.size(); ++k) {
-            const Op& op = ops[indices[k]];
-            const double start = list[k].start - t0, end = list[k].end - t0;
-            const std::int64_t bytes = list[k].bytes > 0 ? list[k].bytes : std::get<CollectiveOp>(op.body).bytes;
-            trace.events.push_back(trace_event(schedule, r, indices[k], step, op.stream, start, end, bytes));
-          }
-          continue;
-        }
-        // Counts differ (other buckets): the kind's time in flight, spread by the schedule's bytes.
-        double total = 0, first = std::numeric_limits<double>::infinity(), bytes = 0;
-        for (const Instance& in : list) {
-          total += std::max(0.0, in.end - in.start);
-          first = std::min(first, in.start);
-        }
-        for (int i : indices) bytes += static_cast<double>(std::get<CollectiveOp>(ops[i].body).bytes);
-        note_once(std::to_string(list.size()) + " " + to_string(kind) + "s per step recorded, " +
-                  std::to_string(indices.size()) +
-                  " in the schedule (other buckets): their recorded time is spread over the schedule's by bytes");
-        double at = first - t0;
-        for (int i : indices) {
-          const CollectiveOp& c = std::get<CollectiveOp>(ops[i].body);
-          const double d = bytes > 0 ? total * static_cast<double>(c.bytes) / bytes : total / indices.size();
-          trace.events.push_back(trace_event(schedule, r, i, step, ops[i].stream, at, at + d, c.bytes));
-          at += d;
-        }
+      const auto& list = profiles[r].steps[step].collectives;
+      k = std::min<std::size_t>(k, std::count_if(list.begin(), list.end(),
+                                                 [kind = kind](const KinetoCollective& c) { return c.kind == kind; }));
+    }
+  }
+  Recorded recorded;
+  for (const auto& [kind, k] : count) {
+    std::vector<Instance>& list = recorded[kind];
+    list.assign(k, Instance{-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(), -1});
+    for (int r = 0; r < world; ++r) {
+      std::size_t i = 0;
+      for (const KinetoCollective& c : profiles[r].steps[step].collectives) {
+        if (c.kind != kind || i >= k) continue;
+        list[i].start = std::max(list[i].start, c.start_us + shift[r]);
+        list[i].end = std::max(list[i].end, c.end_us + shift[r]);
+        list[i].bytes = std::max(list[i].bytes, c.bytes);
+        ++i;
       }
     }
+    // Collectives of a kind that ran at once (gloo's two threads, NCCL's streams) replay one after the
+    // other on the schedule's stream: each keeps only the time after the previous one ended, so their
+    // total is the time the kind was in flight.
+    for (std::size_t i = 1; i < list.size(); ++i) {
+      list[i].start = std::max(list[i].start, list[i - 1].end);
+      list[i].end = std::max(list[i].end, list[i].start);
+    }
+  }
+  return recorded;
+}
+
+// Builds the trace of one rank and step at a time (kineto.h: kineto_to_trace).
+class TraceLayout {
+ public:
+  TraceLayout(const Schedule& schedule, const DurationModel& weights, bool include_idle, double t0, KinetoImport& out)
+      : schedule_(schedule), weights_(weights), include_idle_(include_idle), t0_(t0), out_(out) {}
+
+  void note_once(const std::string& text) {
+    if (std::find(out_.notes.begin(), out_.notes.end(), text) == out_.notes.end()) out_.notes.push_back(text);
+  }
+
+  // Each phase's GPU time over its compute ops (the optimizer's over the optimizer steps) by weight, from
+  // the phase's first GPU start on; phases that recorded nothing start where the previous one ended.
+  void lay_out_compute(int r, int step, const KinetoStep& st, double shift) {
+    const auto& ops = schedule_.program_of(r).ops;
+    std::array<double, kKinetoPhases> total_weight{};
+    for (const Op& op : ops) {
+      int ph = 0;
+      const double w = weight(r, op, ph);
+      if (w >= 0) total_weight[ph] += w;
+    }
+    std::array<double, kKinetoPhases> time{}, cursor{};
+    for (int ph = 0; ph < kKinetoPhases; ++ph) {
+      const double span = st.busy_us[ph] > 0 ? st.last_us[ph] - st.first_us[ph] : 0;
+      time[ph] = include_idle_ ? std::max(span, st.busy_us[ph]) : st.busy_us[ph];
+      cursor[ph] = st.busy_us[ph] > 0 ? st.first_us[ph] + shift - t0_ : 0;
+      if (st.busy_us[ph] > 0 && total_weight[ph] <= 0)
+        note_once(std::string("the trace's ") + to_string(static_cast<KinetoPhase>(ph)) +
+                  " GPU time has no op of the schedule to go to: left out");
+    }
+    for (int ph = 1; ph < kKinetoPhases; ++ph)
+      if (st.busy_us[ph] <= 0) cursor[ph] = cursor[ph - 1] + time[ph - 1];
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
+      int ph = 0;
+      const double w = weight(r, ops[i], ph);
+      if (w < 0) continue;
+      const double d = total_weight[ph] > 0 ? time[ph] * w / total_weight[ph] : 0;
+      out_.trace.events.push_back(trace_event(schedule_, r, i, step, ops[i].stream, cursor[ph], cursor[ph] + d, -1));
+      cursor[ph] += d;
+    }
+  }
+
+  // Each of the schedule's collectives takes the recorded instance of its kind in order when the counts
+  // agree, else the kind's recorded time in flight spread by the schedule's bytes; kinds not recorded are
+  // left out (a replay simulates them).
+  void lay_out_collectives(int r, int step, const Recorded& recorded) {
+    const auto& ops = schedule_.program_of(r).ops;
+    std::map<TraceKind, std::vector<int>> collective_ops;
+    for (int i = 0; i < static_cast<int>(ops.size()); ++i)
+      if (const auto* c = std::get_if<CollectiveOp>(&ops[i].body)) collective_ops[trace_kind(c->kind)].push_back(i);
+    for (const auto& [kind, indices] : collective_ops) {
+      auto rec = recorded.find(kind);
+      if (rec == recorded.end() || rec->second.empty()) {
+        note_once(std::string("the schedule's ") + to_string(kind) +
+                  "s were not recorded: a replay simulates them on the scenario's network");
+        continue;
+      }
+      const std::vector<Instance>& list = rec->second;
+      if (list.size() == indices.size()) {
+        for (std::size_t k = 0; k < indices.size(); ++k) {
+          const Op& op = ops[indices[k]];
+          const std::int64_t bytes = list[k].bytes > 0 ? list[k].bytes : std::get<CollectiveOp>(op.body).bytes;
+          out_.trace.events.push_back(
+              trace_event(schedule_, r, indices[k], step, op.stream, list[k].start - t0_, list[k].end - t0_, bytes));
+        }
+        continue;
+      }
+      spread_by_bytes(r, step, kind, list, indices);
+    }
+  }
+
+  // The recorded kinds the schedule does not have: said once.
+  void note_unscheduled(const Recorded& recorded) {
     for (const auto& [kind, list] : recorded) {
       bool in_schedule = false;
-      for (const Op& op : schedule.program_of(0).ops)
+      for (const Op& op : schedule_.program_of(0).ops)
         if (const auto* c = std::get_if<CollectiveOp>(&op.body); c != nullptr && trace_kind(c->kind) == kind)
           in_schedule = true;
       if (!in_schedule && !list.empty())
@@ -515,29 +561,102 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
                   " per step recorded that the schedule does not have: not replayed");
     }
   }
+
   // A stream runs one op at a time: where the layout made two overlap, the later one waits.
-  std::map<std::pair<int, int>, std::vector<TraceEvent*>> by_stream;
-  for (TraceEvent& e : trace.events) by_stream[{e.rank, e.stream}].push_back(&e);
-  long long moved = 0;
-  for (auto& [key, list] : by_stream) {
-    std::stable_sort(list.begin(), list.end(), [](const TraceEvent* a, const TraceEvent* b) {
-      return a->start_us < b->start_us || (a->start_us == b->start_us && a->step < b->step);
-    });
-    double free_at = 0;
-    for (TraceEvent* e : list) {
-      if (e->start_us < free_at) {
-        const double d = e->end_us - e->start_us;
-        e->start_us = free_at;
-        e->end_us = free_at + d;
-        ++moved;
+  void serialise_streams() {
+    std::map<std::pair<int, int>, std::vector<TraceEvent*>> by_stream;
+    for (TraceEvent& e : out_.trace.events) by_stream[{e.rank, e.stream}].push_back(&e);
+    long long moved = 0;
+    for (auto& [key, list] : by_stream) {
+      std::stable_sort(list.begin(), list.end(), [](const TraceEvent* a, const TraceEvent* b) {
+        return a->start_us < b->start_us || (a->start_us == b->start_us && a->step < b->step);
+      });
+      double free_at = 0;
+      for (TraceEvent* e : list) {
+        if (e->start_us < free_at) {
+          const double d = e->end_us - e->start_us;
+          e->start_us = free_at;
+          e->end_us = free_at + d;
+          ++moved;
+        }
+        free_at = e->end_us;
       }
-      free_at = e->end_us;
+    }
+    if (moved > 0)
+      out_.notes.push_back(std::to_string(moved) + " op" + (moved == 1 ? "" : "s") +
+                           " moved later so that no stream runs two at once (durations kept)");
+  }
+
+ private:
+  // A compute op's or optimizer step's weight and phase (`ph`); -1 for the other ops.
+  double weight(int r, const Op& op, int& ph) const {
+    if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
+      ph = static_cast<int>(kineto_phase(c->phase));
+      return weights_.compute_s(r, *c);
+    }
+    if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
+      ph = static_cast<int>(KinetoPhase::kOptimizer);
+      return weights_.optimizer_s(r, *o);
+    }
+    return -1;
+  }
+
+  // Counts differ (other buckets): the kind's time in flight, spread by the schedule's bytes.
+  void spread_by_bytes(int r, int step, TraceKind kind, const std::vector<Instance>& list,
+                       const std::vector<int>& indices) {
+    const auto& ops = schedule_.program_of(r).ops;
+    double total = 0, first = std::numeric_limits<double>::infinity(), bytes = 0;
+    for (const Instance& in : list) {
+      total += std::max(0.0, in.end - in.start);
+      first = std::min(first, in.start);
+    }
+    for (int i : indices) bytes += static_cast<double>(std::get<CollectiveOp>(ops[i].body).bytes);
+    note_once(std::to_string(list.size()) + " " + to_string(kind) + "s per step recorded, " +
+              std::to_string(indices.size()) +
+              " in the schedule (other buckets): their recorded time is spread over the schedule's by bytes");
+    double at = first - t0_;
+    for (int i : indices) {
+      const CollectiveOp& c = std::get<CollectiveOp>(ops[i].body);
+      const double d = bytes > 0 ? total * static_cast<double>(c.bytes) / bytes : total / indices.size();
+      out_.trace.events.push_back(trace_event(schedule_, r, i, step, ops[i].stream, at, at + d, c.bytes));
+      at += d;
     }
   }
-  if (moved > 0)
-    out.notes.push_back(std::to_string(moved) + " op" + (moved == 1 ? "" : "s") +
-                        " moved later so that no stream runs two at once (durations kept)");
-  std::stable_sort(trace.events.begin(), trace.events.end(),
+
+  const Schedule& schedule_;
+  const DurationModel& weights_;
+  const bool include_idle_;
+  const double t0_;  // the earliest GPU start of any rank: time 0 of the trace
+  KinetoImport& out_;
+};
+
+}  // namespace
+
+Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const Scenario& scenario,
+                                     const Schedule& schedule, const DurationModel& weights, bool include_idle) {
+  const int world = schedule.world_size;
+  HZP_RETURN_IF_ERROR(order_profiles(profiles, world));
+  KinetoImport out;
+  out.steps = static_cast<int>(profiles[0].steps.size());
+  for (const KinetoProfile& p : profiles) out.steps = std::min(out.steps, static_cast<int>(p.steps.size()));
+  const std::vector<double> shift = clock_shifts(profiles);
+  double t0 = std::numeric_limits<double>::infinity();
+  for (int r = 0; r < world; ++r)
+    for (const KinetoStep& s : profiles[r].steps)
+      for (int ph = 0; ph < kKinetoPhases; ++ph)
+        if (s.busy_us[ph] > 0) t0 = std::min(t0, s.first_us[ph] + shift[r]);
+  out.trace = trace_header(scenario, schedule);
+  TraceLayout layout(schedule, weights, include_idle, t0, out);
+  for (int step = 0; step < out.steps; ++step) {
+    const Recorded recorded = recorded_instances(profiles, step, shift);
+    for (int r = 0; r < world; ++r) {
+      layout.lay_out_compute(r, step, profiles[r].steps[step], shift[r]);
+      layout.lay_out_collectives(r, step, recorded);
+    }
+    layout.note_unscheduled(recorded);
+  }
+  layout.serialise_streams();
+  std::stable_sort(out.trace.events.begin(), out.trace.events.end(),
                    [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
   return out;
 }
