@@ -276,6 +276,14 @@ TEST_CASE("explicit sharding entries override the preset's", "[scenario][policy]
 
   doc["policy"] = json::parse(R"({"sharding": {"params": [1, 1], "grads": [8, 4], "optimizer": [8, 4]}})");
   CHECK(parse_ok(doc).policy.preset == Policy::kCustom);
+  // "custom", the documented name of "no preset", may be written; it needs every group as the absence does.
+  doc["policy"]["preset"] = "custom";
+  const PolicySpec custom = parse_ok(doc).policy;
+  CHECK(custom.preset == Policy::kCustom);
+  CHECK(custom.sharding.params == ShardGroup{1, 1});
+  CHECK(scenario_to_json(parse_ok(doc)) == scenario_to_json(parse_ok(json::parse(doc.dump()))));
+  doc["policy"] = json::parse(R"({"preset": "custom", "sharding": {"params": [8, 1]}})");
+  CHECK_THAT(parse_error(doc), Catch::StartsWith("policy.sharding.grads: missing"));
 }
 
 TEST_CASE("check_sharding names the offending state", "[scenario][policy]") {

@@ -21,6 +21,7 @@
 #include "shared/plan/plan.h"
 #include "shared/plan/planner.h"
 #include "shared/policy/policy_registry.h"
+#include "shared/scenario/overrides.h"
 #include "shared/scenario/scenario_parser.h"
 #include "shared/schedule/sharding.h"
 #include "shared/trace/import/kineto.h"
@@ -423,9 +424,9 @@ int run_replay(const std::vector<std::string>& argv) {
     if (!overrides.ok()) return fail(Status::InvalidInput("--scenario: " + overrides.status().message()));
     if (!overrides->is_object())
       return fail(Status::InvalidInput("--scenario: " + printable(*overrides_path, 200) + " is not a JSON object"));
-    nlohmann::json merged = trace->scenario_config;
-    merged.merge_patch(*overrides);
-    auto scenario = parse_scenario(merged, trace->scenario + "-what-if");
+    auto merged = apply_overrides(trace->scenario_config, *overrides);
+    if (!merged.ok()) return fail(Status::InvalidInput("--scenario: " + merged.status().message()));
+    auto scenario = parse_scenario(*merged, trace->scenario + "-what-if");
     if (!scenario.ok())
       return fail(
           Status::InvalidInput("--scenario (merged into the trace's scenario): " + scenario.status().message()));

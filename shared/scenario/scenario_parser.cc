@@ -779,8 +779,10 @@ Status parse_sharding(const ObjectReader& r, const ReplicaAxis& axis, PolicySpec
     std::string name;
     HZP_RETURN_IF_ERROR(r.read_string("preset", name));
     const std::optional<Policy> named = policy_named(name);
-    if (!named || !policy_entry(*named).is_preset)
-      return invalid(r.path_of("preset"), "unknown policy preset (known: " + join(policy_preset_names()) + ")",
+    // "custom" is what a policy without a preset is called: naming it is the same as leaving it out.
+    if (!named || !(policy_entry(*named).is_preset || *named == Policy::kCustom))
+      return invalid(r.path_of("preset"),
+                     "unknown policy preset (known: " + join(policy_preset_names()) + ", or \"custom\")",
                      r.at("preset"));
     p.preset = *named;
     Result<ShardingSpec> preset = sharding_preset(p.preset, gpus_per_node, nodes);

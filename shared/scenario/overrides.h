@@ -1,0 +1,29 @@
+// Overrides on a scenario that has already been resolved (a trace's scenario_config, scenario_to_json's
+// output): `hzp replay --scenario W.json` and every other place that edits a scenario. They resolve as the
+// same fields would in a scenario file — presets first, then explicit fields — not as a plain JSON merge
+// patch, where the resolved scenario's explicit fields would shadow what a new preset or GPU type brings:
+//
+//   a section's "preset" (model, cluster)  the section is the override's: the preset fills what it omits
+//                                           (cluster.nodes stays the scenario's unless given)
+//   cluster.gpu.type                        the GPU's numbers and the efficiencies come from the new type's
+//                                           calibration unless the override gives them
+//   policy.preset                           the sharding comes from the preset unless given; a sharding
+//                                           that was the preset's follows a new cluster or parallel layout
+//   policy.comm.framework                   that framework's collectives and bucket size unless given
+//   training.precision                      a framework's precision default (grad_reduce_in_fp32) re-applies
+//   training.global_batch_tokens / _sequences  replaces the other
+//
+// Everything else merges as RFC 7386 merge patch (an object merges key by key, null deletes a key).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "shared/base/status.h"
+
+namespace hzp {
+
+// `resolved` with `overrides` applied; kInvalidInput when `overrides` (or one of its sections) is not an
+// object where the scenario has one.
+Result<nlohmann::json> apply_overrides(const nlohmann::json& resolved, const nlohmann::json& overrides);
+
+}  // namespace hzp
