@@ -182,6 +182,19 @@ TEST_CASE("runtime: checkpoint resume continues the loss curve bit for bit", "[t
     INFO("step " << step);
     CHECK(resumed.loss.at(step) == loss);  // exact
   }
+  const json summary = json::parse(std::ifstream(dir / "part" / "summary.json"));
+  CHECK(summary["policy"] == "asynchzp");
+  CHECK(summary["steps_run"] == 5);
+  // Resuming the finished run again: nothing to train, said so, and no line or file claims otherwise.
+  const auto metrics_size = fs::file_size(dir / "part" / "metrics.jsonl");
+  const auto summary_time = fs::last_write_time(dir / "part" / "summary.json");
+  const RunResult again =
+      run(train_cmd(scen, 4, 2, dir / "part", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"));
+  CHECK(again.code == 0);
+  CHECK_THAT(again.output, Catch::Contains("the checkpoint is at step 10 and the run ends at step 10") &&
+                               Catch::Contains("nothing to train") && !Catch::Contains("final loss"));
+  CHECK(fs::file_size(dir / "part" / "metrics.jsonl") == metrics_size);
+  CHECK(fs::last_write_time(dir / "part" / "summary.json") == summary_time);
   // A checkpoint of another layout is refused with a clear error.
   json other = doc;
   other["policy"] = {{"preset", "zero3"}};

@@ -296,6 +296,7 @@ class RankRun {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_{nullptr, &std::fclose};
   std::int64_t first_step_ = 0;
   std::int64_t end_step_ = 0;
+  bool nothing_to_train_ = false;  // resumed at the last step: no step, no output
   double train_seconds_ = 0;
   std::int64_t trained_ = 0;
   StepMetrics last_;
@@ -372,6 +373,16 @@ int RankRun::join() {
   }
   const RunSpec& run = scenario_.run;
   end_step_ = options_.stop_after > 0 ? std::min(run.steps, options_.stop_after) : run.steps;
+  if (first_step_ >= end_step_) {  // resumed at (or past) the last step: say so, write nothing
+    nothing_to_train_ = true;
+    if (lead_)
+      std::printf(
+          "hzp train: the checkpoint is at step %lld and the run ends at step %lld (%s): nothing to train, "
+          "nothing written\n",
+          static_cast<long long>(first_step_), static_cast<long long>(end_step_),
+          options_.stop_after > 0 && options_.stop_after < run.steps ? "--stop-after" : "run.steps");
+    return 0;
+  }
   if (lead_) {
     std::printf(
         "hzp train: %s, policy %s %s, %d ranks (%d per node), %lld params, %lld tokens/step, steps %lld..%lld "
@@ -421,6 +432,7 @@ int RankRun::checkpoint(std::int64_t steps_done) {
 }
 
 int RankRun::train() {
+  if (nothing_to_train_) return 0;
   const RunSpec& run = scenario_.run;
   // Fault injection for tests: HZP_FAULT_KILL_RANK / _STEP pick the victim and the step, HZP_FAULT_SIGNAL
   // "STOP" freezes it instead of killing it (a hung rank); HZP_FAULT_NAN_STEP makes that step's loss NaN on
@@ -531,6 +543,7 @@ int RankRun::write_traces() {
 }
 
 int RankRun::write_outputs() {
+  if (nothing_to_train_) return 0;
   const std::string& out_dir = options_.out_dir;
   // Per-rank memory: measured buffers next to the core's model of them.
   if (!out_dir.empty()) {
@@ -556,7 +569,7 @@ int RankRun::write_outputs() {
   if (lead_ && !out_dir.empty()) {
     nlohmann::json summary = {
         {"scenario", scenario_.name},
-        {"policy", schedule_.policy},
+        {"policy", to_string(schedule_.policy)},
         {"sharding", sharding_notation(scenario_.policy.sharding)},
         {"world_size", env_.world_size},
         {"gpus_per_node", scenario_.cluster.gpus_per_node},
