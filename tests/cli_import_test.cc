@@ -152,6 +152,15 @@ TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as
   const json summary = json::parse(slurp(replayed / "summary.json"));
   CHECK(summary["replay"]["ops_not_in_trace"] == 0);
   CHECK(summary["replay"]["ranks"][0]["replayed_step_s"].get<double>() == Approx(156e-6).epsilon(1e-6));
+  // The replay runs the ops back to back: it equals the trace's busy time, and the idle rest of the recorded
+  // step is named, with the flag that keeps it.
+  CHECK(summary["replay"]["ranks"][0]["recorded_busy_s"].get<double>() == Approx(156e-6).epsilon(1e-6));
+  CHECK(summary["replay"]["max_idle_fraction"].get<double>() > 0.05);
+  CHECK_THAT(rep.output, Catch::Contains("busy = the part of it in which an") && Catch::Contains("--include-idle"));
+  // The profiler's own file given to replay: recognised, and pointed to hzp import.
+  const RunResult raw = hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + file + "'");
+  CHECK(raw.code == 2);
+  CHECK_THAT(raw.output, Catch::Contains("a PyTorch profiler trace, not an hzp trace") && Catch::Contains("hzp import"));
 
   // calibrate --trace: the imported trace's scenario with efficiencies that give its compute per step.
   const std::string calibrated = (scratch() / "calibrated.json").string();

@@ -407,8 +407,17 @@ Result<Trace> trace_from_json(const json& doc) {
 
 Result<Trace> load_trace_file(const std::string& path) {
   // Depth 8: the format nests four levels (events -> event -> scenario_config -> model/moe).
-  HZP_ASSIGN_OR_RETURN(json doc, load_json_file(path, kMaxTraceBytes, 8));
-  Result<Trace> t = trace_from_json(doc);
+  Result<json> doc = load_json_file(path, kMaxTraceBytes, 8);
+  if (!doc.ok() || !doc->is_object() || !doc->contains("format")) {
+    // A PyTorch profiler trace (Chrome trace JSON: "traceEvents") is not one: say what turns it into one.
+    if (Result<std::string> text = read_maybe_gzip_file(path, kMaxTraceBytes);
+        text.ok() && text->find("\"traceEvents\"") != std::string::npos)
+      return Status::InvalidInput(printable(path, 200) +
+                                  ": a PyTorch profiler trace, not an hzp trace: make one of it with `hzp import " +
+                                  printable(path, 200) + " --scenario SCENARIO.json` (traces/README.md)");
+    if (!doc.ok()) return doc.status();
+  }
+  Result<Trace> t = trace_from_json(*doc);
   if (!t.ok()) return Status::InvalidInput(printable(path, 200) + ": " + t.status().message());
   return t;
 }

@@ -164,6 +164,27 @@ std::vector<double> recorded_step_times(const Trace& trace) {
   return out;
 }
 
+std::vector<double> recorded_busy_times(const Trace& trace) {
+  std::vector<std::vector<std::pair<double, double>>> spans(trace.world_size);
+  std::int64_t steps = 0;
+  for (const TraceEvent& e : trace.events) {
+    spans[e.rank].emplace_back(e.start_us, e.end_us);
+    steps = std::max(steps, e.step + 1);
+  }
+  std::vector<double> out(trace.world_size, 0);
+  for (int r = 0; r < trace.world_size; ++r) {
+    std::sort(spans[r].begin(), spans[r].end());
+    double busy = 0, covered_to = -std::numeric_limits<double>::infinity();
+    for (const auto& [start, end] : spans[r]) {
+      if (end <= covered_to) continue;
+      busy += end - std::max(start, covered_to);
+      covered_to = end;
+    }
+    if (steps > 0) out[r] = busy * 1e-6 / static_cast<double>(steps);
+  }
+  return out;
+}
+
 Result<TraceRates> TraceRates::make(const Trace& trace, const Schedule& recorded, const DurationModel& fallback,
                                     const GpuSpec& gpu) {
   HZP_RETURN_IF_ERROR(check_trace_against(trace, recorded));

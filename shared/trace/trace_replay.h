@@ -57,6 +57,9 @@ class TraceDurations : public DurationModel, public CollectiveDurations {
 
 // Per rank, the recorded time per step: (last event end - first event start) / steps, in seconds.
 std::vector<double> recorded_step_times(const Trace& trace);
+// Per rank, seconds per step during which at least one of its ops ran (the union of its events): the step
+// time minus the rank's idle time (host work, launch gaps), which a replay, running ops back to back, lacks.
+std::vector<double> recorded_busy_times(const Trace& trace);
 
 // What-ifs: a trace's compute speed carried to another configuration (cluster, scale, policy, micro-batch,
 // sequence, layers). Each (module, phase) gets the rate it ran at in the trace — recorded seconds per FLOP
