@@ -160,7 +160,8 @@ TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as
   // The profiler's own file given to replay: recognised, and pointed to hzp import.
   const RunResult raw = hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + file + "'");
   CHECK(raw.code == 2);
-  CHECK_THAT(raw.output, Catch::Contains("a PyTorch profiler trace, not an hzp trace") && Catch::Contains("hzp import"));
+  CHECK_THAT(raw.output,
+             Catch::Contains("a PyTorch profiler trace, not an hzp trace") && Catch::Contains("hzp import"));
 
   // calibrate --trace: the imported trace's scenario with efficiencies that give its compute per step.
   const std::string calibrated = (scratch() / "calibrated.json").string();
