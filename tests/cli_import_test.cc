@@ -181,6 +181,17 @@ TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as
   const json with_idle = json::parse(slurp(out));
   CHECK(summed(with_idle, 0, 1, "compute", "fwd") == Approx(50));
   CHECK(summed(with_idle, 0, 1, "optimizer_step") == Approx(7));
+
+  // The same dense trace with a MoE scenario: refused, saying why (it used to import silently); and with
+  // --no-check, imported as asked.
+  json moe = json::parse(slurp(scenario(1)));
+  moe["name"] = "tiny-moe-import";
+  moe["model"]["moe"] = {{"experts", 4}, {"top_k", 2}, {"expert_ffn_hidden", 176}};
+  const std::string moe_path = write("scenario-moe.json", moe.dump());
+  const RunResult mismatch = hzp_import({file}, moe_path, out);
+  CHECK(mismatch.code == 2);
+  CHECK_THAT(mismatch.output, Catch::Contains("MoE layers but the trace shows no token routing"));
+  CHECK(hzp_import({file}, moe_path, out, " --no-check").code == 0);
 }
 
 TEST_CASE("import: NCCL kernels with their record_param_comms size, rank files ordered by rank", "[cli][import]") {

@@ -3,7 +3,8 @@
 # $HZP_KINETO_TRACES; skipped, exit 77, where they are missing): each imported trace, replayed, must come
 # back within 3 % of the GPU kernel time per step the recording script measured (61.0 ms dense, 110 ms
 # MoE; ../shared/traces/README.md); the two DDP/gloo rank files merge into one 2-rank trace whose replay
-# is within 3 % of its own recorded step; the one-GPU dense trace's what-ifs at 8 and 1024 GPUs run.
+# is within 3 % of its own recorded step; the one-GPU dense trace's what-ifs at 8 and 1024 GPUs run; each
+# trace given the other model's scenario is refused.
 # Usage: bash tests/kineto_import_test.sh HZP_BINARY
 case "${1:-}" in -h|--help|"") sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; [ -n "${1:-}" ]; exit $? ;; esac
 set -euo pipefail
@@ -48,4 +49,13 @@ for what in h100-8-zero3 h100-1024-hsdp; do
   python3 -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['what_if']['ops_not_in_trace']==0 and s['step_time_s']>0, s" \
     "$out/$what/summary.json"
 done
+# A trace with the other model's scenario is refused, saying what disagrees (dense <-> MoE token routing).
+mismatch() {  # TRACE SCENARIO EXPECTED_TEXT
+  if "$hzp" import "$traces/$1" --scenario "$root/scenarios/kineto/$2.json" --out "$out/mismatch.json" >"$out/log" 2>&1; then
+    echo "FAIL: $1 with $2 was imported"; exit 1
+  fi
+  grep -q "$3" "$out/log" || { echo "FAIL: $1 with $2:"; cat "$out/log"; exit 1; }
+}
+mismatch kineto_llama134m_b16_t1024.json.gz moe-e8top2-h100 "shows no token routing"
+mismatch kineto_moe_e8top2_b16_t1024.json.gz llama134m-h100 "routes tokens as a MoE does"
 echo "kineto import: all checks passed"

@@ -217,3 +217,41 @@ TEST_CASE("kineto_to_trace: other counts are spread by bytes (with a note), and 
   REQUIRE_FALSE(missing.ok());
   CHECK_THAT(missing.status().message(), Catch::Contains("one per rank"));
 }
+
+TEST_CASE("kineto: a trace is checked against the scenario it is said to record", "[kineto]") {
+  const Compiled dense = ddp_two_ranks();
+  KinetoProfile p = profile(0, 1000, 2000, 300, 0);
+  p.device = "NVIDIA H100 80GB HBM3";
+  CHECK(check_kineto_against({p}, dense.scenario).ok());
+  p.device = "NVIDIA A100-SXM4-80GB";
+  Status other_gpu = check_kineto_against({p}, dense.scenario);
+  REQUIRE_FALSE(other_gpu.ok());
+  CHECK_THAT(other_gpu.message(), Catch::Contains("ran on NVIDIA A100") && Catch::Contains("h100-sxm"));
+  p.device = "an accelerator hzp does not know";  // unknown names are not held against the scenario
+  CHECK(check_kineto_against({p}, dense.scenario).ok());
+  // Token routing: a dense model has about none; 2 layers x 1 micro-batch x 1 step here.
+  p.steps[0].routing_kernels = 20;
+  Status routed = check_kineto_against({p}, dense.scenario);
+  REQUIRE_FALSE(routed.ok());
+  CHECK_THAT(routed.message(), Catch::Contains("routes tokens as a MoE does"));
+  json moe_doc = scenario_to_json(dense.scenario);
+  moe_doc["model"]["moe"] = {{"experts", 4}, {"top_k", 2}, {"expert_ffn_hidden", 512}, {"layers", "all"}};
+  const Scenario moe = scenario_from(moe_doc);
+  CHECK(check_kineto_against({p}, moe).ok());
+  p.steps[0].routing_kernels = 0;
+  CHECK_THAT(check_kineto_against({p}, moe).message(), Catch::Contains("shows no token routing"));
+}
+
+TEST_CASE("kineto: GEMM and routing kernels are counted per step", "[kineto]") {
+  json e = json::array();
+  e.push_back(ev("user_annotation", "forward", 0, 100));
+  gpu_work(e, "kernel", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 10, 20, 5, 1);
+  gpu_work(e, "kernel", "void cutlass::Kernel<cutlass_80_tensorop_bf16_s16816gemm>", 11, 30, 5, 2);
+  gpu_work(e, "kernel", "void cublasLt::splitKreduce_kernel", 12, 40, 1, 3);  // part of a GEMM, not one
+  gpu_work(e, "kernel", "void at::native::vectorized_gather_kernel", 13, 50, 1, 4);
+  gpu_work(e, "kernel", "void at::native::index_elementwise_kernel", 14, 60, 1, 5);
+  auto p = read_kineto(doc_of(e), "synthetic");
+  REQUIRE(p.ok());
+  CHECK(p->steps[0].gemm_kernels == 2);
+  CHECK(p->steps[0].routing_kernels == 2);
+}

@@ -335,7 +335,8 @@ int run_simulate(const std::vector<std::string>& argv) {
 // `hzp import KINETO... --scenario S`: PyTorch profiler traces (one per rank) as an hzp trace of S's
 // schedule (shared/trace/import/kineto.h), for `hzp replay` and its what-ifs.
 int run_import(const std::vector<std::string>& argv) {
-  auto parsed = parse_flags(argv, {{"--scenario", true}, {"--out", true}, {"--include-idle", false}}, 1 << 16);
+  auto parsed = parse_flags(
+      argv, {{"--scenario", true}, {"--out", true}, {"--include-idle", false}, {"--no-check", false}}, 1 << 16);
   if (!parsed.ok()) return usage_error("import", parsed.status().message());
   if (parsed->positional.empty()) return usage_error("import", "missing the profiler trace file(s)");
   auto scenario_path = parsed->get("--scenario");
@@ -382,6 +383,8 @@ int run_import(const std::vector<std::string>& argv) {
                   p->unattributed, p->unattributed == 1 ? "" : "s", p->unattributed_us / 1e3);
     profiles.push_back(std::move(*p));
   }
+  if (!parsed->has("--no-check"))
+    if (Status s = check_kineto_against(profiles, *scenario); !s.ok()) return fail(s);
   const RooflineDurations roofline(scenario->cluster);
   auto imported = kineto_to_trace(std::move(profiles), *scenario, *schedule, roofline, parsed->has("--include-idle"));
   if (!imported.ok()) return fail(imported.status());
@@ -622,7 +625,7 @@ const std::vector<Command>& commands() {
        run_replay},
       {"import", "PyTorch profiler (Kineto) traces in: an hzp trace that hzp replay runs",
        "usage: hzp import KINETO.json[.gz] [KINETO...] --scenario SCENARIO.json [--out TRACE.json]\n"
-       "                  [--include-idle]\n\n"
+       "                  [--include-idle] [--no-check]\n\n"
        "Reads PyTorch profiler Chrome traces (plain or gzipped; one file per rank, ordered by their\n"
        "distributedInfo.rank when recorded, else as given) of the run SCENARIO describes (its model,\n"
        "micro-batch, cluster and policy; as many ranks as files). Steps come from ProfilerStep# ranges, else\n"
@@ -634,7 +637,9 @@ const std::vector<Command>& commands() {
        "their recorded time is spread by bytes (a note says so). --include-idle also spreads each phase's GPU\n"
        "idle gaps (a launch-bound run). Prints each file's steps (kernel time, compute per phase, idle,\n"
        "collectives) and writes TRACE.json (traces/README.md, format v1; default out/import-<scenario>.json)\n"
-       "for hzp replay, as recorded or as a what-if (--scenario OVERRIDES.json).\n",
+       "for hzp replay, as recorded or as a what-if (--scenario OVERRIDES.json). The traces are checked\n"
+       "against SCENARIO first: the GPU they ran on against cluster.gpu, and token routing (gather, scatter\n"
+       "and index kernels per layer) against whether the model has MoE layers; --no-check skips that.\n",
        run_import},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
        run_collective_command},

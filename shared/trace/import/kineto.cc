@@ -2,6 +2,7 @@
 #include "shared/trace/import/kineto.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -94,6 +95,18 @@ int dtype_bytes(const std::string& dtype) {
   if (dtype == "BFloat16" || dtype == "Half" || dtype == "Short") return 2;
   if (dtype == "Byte" || dtype == "Char" || dtype == "Bool" || starts_with(dtype, "Float8")) return 1;
   return 0;
+}
+
+// Kernel families by name, as cuBLAS, cuBLASLt (nvjet), CUTLASS and PyTorch's ATen name them.
+bool is_gemm(const std::string& kernel) {
+  std::string lower = kernel;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return (contains(lower, "gemm") || starts_with(lower, "nvjet") || contains(lower, "cutlass") ||
+          contains(lower, "xmma")) &&
+         !contains(lower, "splitkreduce");
+}
+bool is_routing(const std::string& kernel) {
+  return contains(kernel, "gather") || contains(kernel, "scatter") || contains(kernel, "index");
 }
 
 // Ranges merged where they overlap or nest, by start (back-to-back ProfilerStep ranges stay two steps).
@@ -300,7 +313,11 @@ void attribute_gpu_work(const Spans& spans, const StepLocator& where, KinetoProf
     st.busy_us[ph] += s.end - s.start;
     if (st.first_us[ph] == 0 || s.start < st.first_us[ph]) st.first_us[ph] = s.start;
     st.last_us[ph] = std::max(st.last_us[ph], s.end);
-    if (s.cat == "kernel") st.kernel_us += s.end - s.start;
+    if (s.cat == "kernel") {
+      st.kernel_us += s.end - s.start;
+      st.gemm_kernels += is_gemm(s.name) ? 1 : 0;
+      st.routing_kernels += is_routing(s.name) ? 1 : 0;
+    }
   }
 }
 
@@ -375,6 +392,46 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
   }
   if (p.steps.empty()) return Status::InvalidInput(shown + ": its steps hold no GPU work (a CPU-only profile?)");
   return p;
+}
+
+namespace {
+
+// The GPU family a name holds ("NVIDIA H100 80GB HBM3", "h100-sxm" -> "h100"), empty when none is known.
+std::string gpu_family(std::string name) {
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const char* family : {"a100", "a800", "h100", "h800", "h200", "b200", "gb200", "l40", "v100", "mi250", "mi300"})
+    if (contains(name, family)) return family;
+  return "";
+}
+
+}  // namespace
+
+Status check_kineto_against(const std::vector<KinetoProfile>& profiles, const Scenario& scenario) {
+  const std::string expected = gpu_family(scenario.cluster.gpu.type);
+  long long routing = 0, steps = 0;
+  for (const KinetoProfile& p : profiles) {
+    const std::string recorded = gpu_family(p.device);
+    if (!expected.empty() && !recorded.empty() && recorded != expected)
+      return Status::InvalidInput(printable(p.source, 200) + " ran on " + p.device +
+                                  ", the scenario's cluster.gpu is \"" + scenario.cluster.gpu.type +
+                                  "\": give the scenario of the recorded run (hzp import --no-check skips this check)");
+    for (const KinetoStep& s : p.steps) routing += s.routing_kernels;
+    steps += static_cast<long long>(p.steps.size());
+  }
+  if (steps == 0) return Status::Ok();
+  // Per layer, micro-batch and step: a MoE routes tokens with several gathers, scatters and index kernels per
+  // layer (forward and backward), a dense model has about none (the embedding's).
+  const double per_layer = static_cast<double>(routing) / static_cast<double>(steps) /
+                           static_cast<double>(scenario.model.layers * scenario.grad_accum_steps());
+  const std::string why = " (" + std::to_string(per_layer).substr(0, 4) +
+                          " gather / scatter / index kernels per layer, micro-batch and step; hzp import --no-check "
+                          "skips this check)";
+  if (scenario.model.has_moe && per_layer < 1)
+    return Status::InvalidInput("the scenario's model has MoE layers but the trace shows no token routing" + why);
+  if (!scenario.model.has_moe && per_layer >= 4)
+    return Status::InvalidInput("the trace routes tokens as a MoE does but the scenario's model has no MoE layers" +
+                                why);
+  return Status::Ok();
 }
 
 Result<KinetoProfile> load_kineto_file(const std::string& path) {

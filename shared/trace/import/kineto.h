@@ -57,6 +57,8 @@ struct KinetoStep {
   std::array<double, kKinetoPhases> first_us{};  // first start / last end of that work (0 when none)
   std::array<double, kKinetoPhases> last_us{};
   double kernel_us = 0;                       // kernels alone, NCCL's excluded: the profiler's "GPU kernel time"
+  long long gemm_kernels = 0;                 // matrix multiplies (cuBLAS / cuBLASLt / CUTLASS / nvjet kernels)
+  long long routing_kernels = 0;              // gathers, scatters and index kernels: a MoE's token routing
   std::vector<KinetoCollective> collectives;  // by start
 };
 
@@ -71,6 +73,12 @@ struct KinetoProfile {
   double unattributed_us = 0;
   long long collectives_unknown = 0;  // gloo ranges of other kinds (barrier, send, ...): ignored
 };
+
+// Whether the profiles can be a run of `scenario`, from what they show: the device they ran on against
+// cluster.gpu.type (when both name a known GPU), and token routing (gather / scatter / index kernels, several
+// per layer and step in a MoE, about none in a dense model) against whether the model has MoE layers.
+// kInvalidInput saying what disagrees; `hzp import --no-check` skips it.
+Status check_kineto_against(const std::vector<KinetoProfile>& profiles, const Scenario& scenario);
 
 // Reads one profiler document. Errors name the source, the event index and the field.
 Result<KinetoProfile> read_kineto(const nlohmann::json& doc, const std::string& source);
