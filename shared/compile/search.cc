@@ -2,6 +2,7 @@
 #include "shared/compile/search.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "shared/compile/compile.h"
 #include "shared/model/model_math.h"
@@ -85,27 +86,62 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
   }
   if (progress) progress(total, total);
   rank_candidates(result.ranked);
-  // A deeper prefetch that buys nothing estimates the same time with more memory: keep the shallowest, so
-  // the top K the CLI simulates are distinct policies.
-  std::vector<SearchCandidate> distinct;
-  for (SearchCandidate& c : result.ranked) {
-    const bool redundant = std::any_of(distinct.begin(), distinct.end(), [&](const SearchCandidate& d) {
-      return d.scenario.policy.sharding == c.scenario.policy.sharding &&
-             d.scenario.policy.overlap.separate_streams == c.scenario.policy.overlap.separate_streams &&
-             d.estimate.step_time_s == c.estimate.step_time_s;
-    });
-    if (!redundant) distinct.push_back(std::move(c));
-  }
-  result.redundant = static_cast<long long>(result.ranked.size() - distinct.size());
-  result.ranked = std::move(distinct);
+  // A deeper prefetch that buys nothing estimates (about) the same time with more memory: fold it into the
+  // shallower one, so the top K the CLI simulates are distinct plans.
+  result.redundant = fold_equivalent(result.ranked);
   return result;
 }
+
+namespace {
+
+bool ties(double a, double b) {
+  return std::abs(a - b) <= kEstimateTie * std::min(a, b);
+}
+
+// The same plan up to a setting that only moves time: prefetch depth, recomputation.
+bool same_plan(const Scenario& a, const Scenario& b) {
+  return a.policy.sharding == b.policy.sharding &&
+         a.policy.overlap.separate_streams == b.policy.overlap.separate_streams &&
+         a.policy.parallel == b.policy.parallel && a.training.micro_batch == b.training.micro_batch;
+}
+
+}  // namespace
 
 void rank_candidates(std::vector<SearchCandidate>& candidates) {
   std::stable_sort(candidates.begin(), candidates.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
     if (a.estimate.step_time_s != b.estimate.step_time_s) return a.estimate.step_time_s < b.estimate.step_time_s;
     return a.estimate.comm_bytes_per_gpu < b.estimate.comm_bytes_per_gpu;
   });
+  // Runs of ties (each within kEstimateTie of the run's fastest): less memory first.
+  for (std::size_t begin = 0; begin < candidates.size();) {
+    std::size_t end = begin + 1;
+    while (end < candidates.size() &&
+           ties(candidates[begin].estimate.step_time_s, candidates[end].estimate.step_time_s))
+      ++end;
+    std::stable_sort(candidates.begin() + static_cast<std::ptrdiff_t>(begin),
+                     candidates.begin() + static_cast<std::ptrdiff_t>(end),
+                     [](const SearchCandidate& a, const SearchCandidate& b) {
+                       return a.estimate.memory.total() < b.estimate.memory.total();
+                     });
+    begin = end;
+  }
+}
+
+long long fold_equivalent(std::vector<SearchCandidate>& ranked) {
+  std::vector<SearchCandidate> distinct;
+  for (SearchCandidate& c : ranked) {
+    auto same = std::find_if(distinct.begin(), distinct.end(), [&](const SearchCandidate& kept) {
+      return same_plan(kept.scenario, c.scenario) && ties(kept.estimate.step_time_s, c.estimate.step_time_s);
+    });
+    if (same == distinct.end())
+      distinct.push_back(std::move(c));
+    else if (c.estimate.memory.total() < same->estimate.memory.total())
+      *same = std::move(c);  // the variant needing less memory stands for the plan, in its place
+  }
+  const auto folded = static_cast<long long>(ranked.size() - distinct.size());
+  ranked = std::move(distinct);
+  rank_candidates(ranked);  // a replacement may be slower by a tie than the place it took
+  return folded;
 }
 
 }  // namespace hzp

@@ -39,14 +39,24 @@ struct SearchResult {
   long long estimated = 0;         // built and estimated (the rest failed on model states alone)
   long long rejected_memory = 0;   // do not fit: model states alone, or the estimate's peak
   long long rejected_invalid = 0;  // refused by the scheduler (e.g. uneven expert groups)
-  long long redundant = 0;         // fit, but estimate the same as a shallower prefetch of the same policy
+  long long redundant = 0;         // fit, but fold into an equivalent plan ranked before them (fold_equivalent)
 };
 
 // `progress(done, total)` is called now and then (may be empty).
 Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptions& options,
                                      const std::function<void(long long, long long)>& progress = {});
 
-// Fastest first; ties: fewer bytes per GPU, then the order given (stable).
+// Two estimated step times within this fraction of each other are a tie: the estimate cannot tell them apart
+// (its inputs are far coarser), so the plan needing less memory ranks first.
+inline constexpr double kEstimateTie = 1e-3;
+
+// Fastest first (equal times: fewer bytes per GPU); within a run of ties, less memory per GPU first.
 void rank_candidates(std::vector<SearchCandidate>& candidates);
+
+// Folds, in a ranked list, each candidate into the same plan ranked before it (the same groups, streams,
+// parallel layout and micro-batch: it differs only in prefetch depth or recomputation) when their step
+// times tie; of the two, the one needing less memory stays. What remains is ranked again. Returns how many
+// were folded. The top of the list is then distinct plans.
+long long fold_equivalent(std::vector<SearchCandidate>& ranked);
 
 }  // namespace hzp

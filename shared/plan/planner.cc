@@ -38,6 +38,7 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
     for (SearchCandidate& c : r.ranked) all.ranked.push_back(std::move(c));
   }
   rank_candidates(all.ranked);
+  all.redundant += fold_equivalent(all.ranked);  // e.g. selective recomputation that changes nothing (flash)
   return all;
 }
 
