@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
+#include "shared/base/text.h"
 #include "shared/compile/compile.h"
 #include "shared/policy/policy_registry.h"
+#include "shared/scenario/overrides.h"
 #include "shared/scenario/presets.h"
+#include "shared/scenario/scenario_parser.h"
 #include "shared/schedule/sharding.h"
 
 namespace hzp {
@@ -18,6 +22,65 @@ Result<Scenario> with_policy(const Scenario& scenario, Policy policy) {
   out.policy.preset = policy;
   out.policy.sharding = sharding;
   return out;
+}
+
+namespace {
+
+// `scenario` on `nodes` nodes under `recompute`, with the same micro-batches per GPU per step; an error when
+// the layout does not divide there (e.g. pipeline stages that are not whole nodes).
+Result<Scenario> resized(const Scenario& scenario, int nodes, Recompute recompute) {
+  const std::int64_t global_batch = scenario.training.global_batch / scenario.cluster.nodes * nodes;
+  const nlohmann::json patch = {
+      {"cluster", {{"nodes", nodes}}},
+      {"training", {{"global_batch_sequences", global_batch}, {"recompute", to_string(recompute)}}}};
+  HZP_ASSIGN_OR_RETURN(nlohmann::json doc, apply_overrides(scenario_to_json(scenario), patch));
+  return parse_scenario(doc, scenario.name);
+}
+
+// Memory per GPU of `policy` on `nodes` nodes, if it fits there.
+std::optional<MemoryBreakdown> fits_at(const Scenario& scenario, Policy policy, int nodes, Recompute recompute) {
+  auto sized = resized(scenario, nodes, recompute);
+  if (!sized.ok()) return std::nullopt;
+  auto variant = with_policy(*sized, policy);
+  if (!variant.ok()) return std::nullopt;
+  auto estimate = evaluate(*variant);
+  if (!estimate.ok() || !estimate->fits_memory) return std::nullopt;
+  return estimate->memory;
+}
+
+}  // namespace
+
+Result<std::vector<FitAdvice>> what_would_fit(const Scenario& scenario) {
+  std::vector<FitAdvice> advice;
+  if (scenario.training.global_batch % scenario.cluster.nodes != 0) return advice;  // cannot keep the batch per GPU
+  const int base = scenario.cluster.nodes;
+  for (const PolicyEntry& entry : policy_registry()) {
+    if (!entry.in_plan) continue;
+    for (Recompute recompute : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
+      if (recompute < scenario.training.recompute) continue;
+      FitAdvice a{entry.id, recompute, 0, 0, {}};
+      // Double until it fits, then halve the gap: memory per GPU only falls as the shards spread, so the
+      // first fitting size is found in a few dozen estimates.
+      int fail = base, fit = 0;
+      for (int nodes = 2 * base; nodes <= kMaxAdviceNodes && fit == 0; nodes *= 2) {
+        if (fits_at(scenario, entry.id, nodes, recompute))
+          fit = nodes;
+        else
+          fail = nodes;
+      }
+      while (fit != 0 && fit - fail > 1) {
+        const int mid = fail + (fit - fail) / 2;
+        (fits_at(scenario, entry.id, mid, recompute) ? fit : fail) = mid;
+      }
+      if (fit != 0) {
+        a.nodes = fit;
+        a.gpus = fit * scenario.cluster.gpus_per_node;
+        a.memory = *fits_at(scenario, entry.id, fit, recompute);
+      }
+      advice.push_back(a);
+    }
+  }
+  return advice;
 }
 
 Result<Plan> plan_presets(const Scenario& scenario) {
@@ -43,6 +106,9 @@ Result<Plan> plan_presets(const Scenario& scenario) {
     return a.estimate.step_time_s < b.estimate.step_time_s;
   });
   if (!plan.candidates.empty() && plan.candidates.front().estimate.fits_memory) plan.best = 0;
+  if (plan.best < 0) {
+    HZP_ASSIGN_OR_RETURN(plan.would_fit, what_would_fit(scenario));
+  }
   return plan;
 }
 
@@ -83,6 +149,53 @@ nlohmann::json plan_to_json(const Scenario& scenario, const Plan& plan) {
                         {"gpu_memory_bytes", scenario.cluster.gpu.memory_bytes},
                         {"candidates", candidates}};
   out["best"] = plan.best >= 0 ? nlohmann::json(to_string(plan.candidates[plan.best].policy)) : nlohmann::json(nullptr);
+  if (plan.best < 0) {
+    nlohmann::json advice = nlohmann::json::array();
+    for (const FitAdvice& a : plan.would_fit) {
+      nlohmann::json row = {{"policy", to_string(a.policy)}, {"recompute", to_string(a.recompute)}};
+      row["nodes"] = a.nodes ? nlohmann::json(a.nodes) : nlohmann::json(nullptr);
+      row["gpus"] = a.nodes ? nlohmann::json(a.gpus) : nlohmann::json(nullptr);
+      if (a.nodes) row["memory_bytes_per_gpu"] = {{"total", a.memory.total()}};
+      advice.push_back(std::move(row));
+    }
+    out["would_fit"] = std::move(advice);
+  }
+  return out;
+}
+
+std::string would_fit_table(const Scenario& scenario, const std::vector<FitAdvice>& advice) {
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  if (advice.empty()) return {};
+  std::string out = "what would fit: the fewest nodes of " + std::to_string(scenario.cluster.gpus_per_node) + " " +
+                    scenario.cluster.gpu.type +
+                    " per policy (micro-batch and micro-batches per GPU kept, so the global batch grows with the "
+                    "GPUs); more recomputation only where it needs fewer nodes; tensor or pipeline parallelism: hzp "
+                    "plan --search\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-8s %-10s %7s %7s %8s %8s %8s %8s %8s\n", "policy", "recompute", "nodes", "GPUs",
+                "P GiB", "G GiB", "OS GiB", "act GiB", "tot GiB");
+  out += line;
+  std::vector<std::string> never;
+  for (std::size_t i = 0; i < advice.size();) {
+    // One policy's rows, least recomputation first: keep each that needs fewer nodes than every row before.
+    std::size_t end = i;
+    int fewest = 0;
+    for (; end < advice.size() && advice[end].policy == advice[i].policy; ++end) {
+      const FitAdvice& a = advice[end];
+      if (a.nodes == 0 || (fewest != 0 && a.nodes >= fewest)) continue;
+      fewest = a.nodes;
+      const MemoryBreakdown& m = a.memory;
+      std::snprintf(line, sizeof line, "%-8s %-10s %7d %7d %8.2f %8.2f %8.2f %8.2f %8.2f\n", to_string(a.policy),
+                    to_string(a.recompute), a.nodes, a.gpus, m.params / GiB, m.grads / GiB, m.optimizer / GiB,
+                    m.activations / GiB, m.total() / GiB);
+      out += line;
+    }
+    if (fewest == 0) never.push_back(to_string(advice[i].policy));
+    i = end;
+  }
+  if (!never.empty())
+    out += join(never, ", ") + ": fit on no cluster up to " + std::to_string(kMaxAdviceNodes) +
+           " nodes under any recomputation\n";
   return out;
 }
 
@@ -121,6 +234,7 @@ std::string plan_table(const Scenario& scenario, const Plan& plan) {
   if (plan.best < 0) {
     std::snprintf(line, sizeof line, "no policy fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / GiB);
     out += line;
+    out += would_fit_table(scenario, plan.would_fit);
   }
   return out;
 }
