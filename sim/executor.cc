@@ -170,7 +170,8 @@ class Executor {
     RankState& st = ranks_[rank];
     const Program& program = schedule_.program_of(rank);
     const std::vector<int>& ops = stream_ops_[schedule_.rank_program[rank]][stream];
-    auto last_progress = std::chrono::steady_clock::now();
+    const auto started = std::chrono::steady_clock::now();
+    auto last_progress = started;
     for (int step = 0; step < options_.steps; ++step) {
       for (size_t k = 0; k < ops.size(); ++k) {
         const int index = ops[k];
@@ -198,10 +199,17 @@ class Executor {
           if (w.blocked && w.op == index && step >= w.step) w.cv->notify_one();
         if (options_.progress && rank == 0 && stream == 0 && k % 256 == 0) {
           const auto now = std::chrono::steady_clock::now();
-          if (now - last_progress > std::chrono::seconds(2)) {
+          if (std::chrono::duration<double>(now - last_progress).count() > options_.progress_interval_s) {
             last_progress = now;
-            std::fprintf(stderr, "sim: step %d/%d, rank 0 op %zu/%zu, simulated %.3f s, %lld ops executed\n", step + 1,
-                         options_.steps, k, ops.size(), sg4::Engine::get_clock(), ops_executed_);
+            // Rank 0's compute stream stands for the whole: the ETA assumes the rest runs at the rate so far.
+            const double elapsed = std::chrono::duration<double>(now - started).count();
+            const double done = (static_cast<double>(step) * static_cast<double>(ops.size()) + static_cast<double>(k)) /
+                                (static_cast<double>(options_.steps) * static_cast<double>(ops.size()));
+            std::fprintf(stderr,
+                         "sim: step %d/%d, rank 0 op %zu/%zu, simulated %.3f s, %lld ops executed, elapsed %.0f s, "
+                         "ETA %.0f s\n",
+                         step + 1, options_.steps, k, ops.size(), sg4::Engine::get_clock(), ops_executed_, elapsed,
+                         done > 0 ? elapsed * (1 - done) / done : 0.0);
           }
         }
       }

@@ -29,6 +29,7 @@ struct SimOptions {
   int steps = 1;                             // training steps run back to back
   int timeline_max_ranks = 64;               // ranks recorded for the timeline (all of them up to this many)
   bool progress = false;                     // progress lines on stderr for long simulations
+  double progress_interval_s = 2;            // at most one line per this many wall seconds
   const DurationModel* durations = nullptr;  // compute and optimizer op times (the roofline when null)
   // Collectives it has a time for take that time from the last member's arrival instead of running flows
   // (a replayed trace); the others are simulated.

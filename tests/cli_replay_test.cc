@@ -173,3 +173,22 @@ TEST_CASE("replay what-if: the trace's compute scaled by FLOPs on another cluste
   CHECK(steps.code == 2);
   CHECK(steps.output.find("--steps applies to a what-if") != std::string::npos);
 }
+
+TEST_CASE("replay what-if from --set: the same as the overrides file with those fields", "[cli][replay]") {
+  const std::string trace = kTraces + "/tiny_dense_4ranks.json";
+  const auto from_file = scratch() / "set_file";
+  const RunResult f = what_if(trace, {{"cluster", {{"nodes", 2}}}, {"policy", {{"preset", "zero1"}}}}, from_file);
+  INFO(f.output);
+  REQUIRE(f.code == 0);
+  const auto from_set = scratch() / "set_flags";
+  const RunResult s =
+      hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + trace +
+                     "' --set cluster.nodes=2 --set policy.preset=zero1 --out '" + from_set.string() + "'");
+  INFO(s.output);
+  REQUIRE(s.code == 0);
+  const auto a = nlohmann::json::parse(slurp(from_file / "summary.json"));
+  const auto b = nlohmann::json::parse(slurp(from_set / "summary.json"));
+  CHECK(a["gpus"] == b["gpus"]);
+  CHECK(a["step_time_s"] == b["step_time_s"]);
+  CHECK(a["what_if"]["recorded_step_s"] == b["what_if"]["recorded_step_s"]);
+}

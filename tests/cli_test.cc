@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 
+#include "shared/base/files.h"
+
 namespace {
 
 struct RunResult {
@@ -161,6 +163,16 @@ TEST_CASE("simulate writes summary.json and a Perfetto timeline, bad flags exit 
   CHECK(summary["steps"] == 2);
   const auto timeline = nlohmann::json::parse(slurp((out_dir / "timeline.json").string()));
   CHECK(timeline["traceEvents"].size() > 10);
+  // Gzipped (what a timeline above 32 MiB gets): the same events, and the plain file of the run before is gone.
+  const RunResult gz =
+      run("simulate '" + kData + "/golden/zero3.json' --out '" + out_dir.string() + "' --steps 2 --timeline-gz");
+  REQUIRE(gz.code == 0);
+  CHECK(gz.out.find("timeline.json.gz") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out_dir / "timeline.json"));
+  auto unpacked = hzp::read_maybe_gzip_file((out_dir / "timeline.json.gz").string(), 1 << 30);
+  REQUIRE(unpacked.ok());
+  CHECK(slurp((out_dir / "timeline.json.gz").string()).substr(0, 2) == "\x1f\x8b");
+  CHECK(nlohmann::json::parse(*unpacked)["traceEvents"].size() == timeline["traceEvents"].size());
 
   CHECK(run("simulate '" + kData + "/golden/zero3.json' --steps 0").code == 2);
   CHECK(run("simulate '" + kData + "/golden/zero3.json' --steps two").code == 2);
@@ -306,4 +318,42 @@ TEST_CASE("simulate: ECMP collisions slow a fragmented job, queue-pair scaling w
   // Eight queue pairs per channel: 16 hashed flows per NIC instead of 2, closer to an even spread.
   CHECK(spread < collided);
   CHECK(spread >= balanced * (1 - 1e-9));
+}
+
+TEST_CASE("a scenario from stdin and --set edits on every command that reads one", "[cli]") {
+  const std::string file = "'" + kRoot + "/scenarios/default.json'";
+  // validate prints the resolved scenario: the edits are in it, and the name of stdin is "stdin".
+  RunResult r = run("validate - --set training.micro_batch=2 --set policy.preset=zero1 --set name=null < " + file);
+  REQUIRE(r.code == 0);
+  const auto brace = r.out.find('{');
+  REQUIRE(brace != std::string::npos);
+  std::istringstream printed(r.out.substr(brace));
+  nlohmann::json resolved;
+  printed >> resolved;
+  CHECK(resolved["name"] == "stdin");  // the file's "name" deleted: a document from stdin is "stdin"
+  CHECK(resolved["training"]["micro_batch"] == 2);
+  CHECK(resolved["policy"]["preset"] == "zero1");
+  // The same edits through a file give the same plan as through stdin.
+  const auto dir = scratch_dir();
+  RunResult a = run("plan " + file + " --set training.micro_batch=2 --out '" + (dir / "a").string() + "'");
+  RunResult b = run("plan - --set training.micro_batch=2 --out '" + (dir / "b").string() + "' < " + file);
+  REQUIRE(a.code == 0);
+  REQUIRE(b.code == 0);
+  auto pa = nlohmann::json::parse(slurp((dir / "a" / "plan.json").string()));
+  auto pb = nlohmann::json::parse(slurp((dir / "b" / "plan.json").string()));
+  CHECK(pa["candidates"] == pb["candidates"]);
+  RunResult unedited = run("plan " + file + " --out '" + (dir / "c").string() + "'");
+  REQUIRE(unedited.code == 0);
+  CHECK(nlohmann::json::parse(slurp((dir / "c" / "plan.json").string()))["candidates"] != pa["candidates"]);
+  CHECK(run("schedule - --set training.micro_batch=2 < " + file).code == 0);
+  // Bad edits are bad input naming the assignment; so is a scenario edited into an invalid one.
+  r = run("validate " + file + " --set training.micro_batch");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--set training.micro_batch: expected PATH=VALUE") != std::string::npos);
+  r = run("plan " + file + " --set training.micro_batch=0");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("training.micro_batch") != std::string::npos);
+  r = run("validate - < /dev/null");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("stdin:") != std::string::npos);
 }

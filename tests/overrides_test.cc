@@ -81,3 +81,38 @@ TEST_CASE("overrides that are not objects where the scenario has one are refused
   REQUIRE(reset.ok());
   CHECK(scenario_from(*reset).policy.sharding == scenario_from(file()).policy.sharding);
 }
+
+TEST_CASE("set: --set edits the scenario as written: the same as the field in the file", "[scenario][overrides]") {
+  json doc = file();
+  REQUIRE(apply_set(doc, "training.micro_batch=2").ok());
+  REQUIRE(apply_set(doc, "policy.preset=zero1").ok());              // not JSON: a string
+  REQUIRE(apply_set(doc, "model.preset=\"llama2-13b\"").ok());      // quoted JSON string
+  REQUIRE(apply_set(doc, "policy.overlap.prefetch_depth=2").ok());  // a section created where missing
+  REQUIRE(apply_set(doc, "policy.comm=null").ok());                 // null deletes
+  REQUIRE(apply_set(doc, "run.lr=3e-4").ok());
+  json expected = file();
+  expected["training"]["micro_batch"] = 2;
+  expected["policy"]["preset"] = "zero1";
+  expected["model"]["preset"] = "llama2-13b";
+  expected["policy"]["overlap"] = {{"prefetch_depth", 2}};
+  expected["policy"].erase("comm");
+  expected["run"] = {{"lr", 3e-4}};
+  CHECK(doc == expected);
+  // Resolved: the new model preset and the policy preset's sharding, as if written in the file.
+  const Scenario s = scenario_from(doc);
+  CHECK(s.model.name == "llama2-13b");
+  CHECK(s.policy.preset == Policy::kZero1);
+  CHECK(s.training.micro_batch == 2);
+}
+
+TEST_CASE("a bad --set names the assignment", "[scenario][overrides]") {
+  json doc = file();
+  for (const char* bad : {"training.micro_batch", "=3", "training..micro_batch=2", "model.preset.layers=2"}) {
+    INFO(bad);
+    const Status s = apply_set(doc, bad);
+    CHECK(s.code() == StatusCode::kInvalidInput);
+    CHECK(s.message().find("--set") == 0);
+  }
+  CHECK(apply_set(doc, "model.preset.layers=2").message().find("model.preset is \"llama2-7b\"") != std::string::npos);
+  CHECK(doc == file());  // a refused --set changes nothing
+}

@@ -416,8 +416,8 @@ void check_learning(const std::string& scenario, const std::string& golden_name)
   const std::string cmd = train_cmd(std::string(HZP_SOURCE_DIR) + "/scenarios/runtime/" + scenario, 4, 2, dir / "out");
   const Curve c = train_ok(cmd, dir / "out");
   REQUIRE(!c.val.empty());
-  REQUIRE(c.val.count(-1) == 1);
-  CHECK(c.val.at(-1) == Approx(std::log(256.0)).epsilon(0.02));  // untrained: uniform over 256 bytes
+  REQUIRE(c.val.count(0) == 1);                                 // step 0: before training
+  CHECK(c.val.at(0) == Approx(std::log(256.0)).epsilon(0.02));  // untrained: uniform over 256 bytes
   CHECK(c.val.rbegin()->second < 2.5);
   const fs::path golden = fs::path(HZP_SOURCE_DIR) / "tests" / "golden" / (golden_name + ".json");
   if (std::getenv("HZP_UPDATE_GOLDEN") != nullptr) {
@@ -576,13 +576,13 @@ TEST_CASE("runtime: fp16 loss scaling skips an overflowing step and halves the s
     if (j.contains("loss")) steps[j["step"]] = j;
   }
   REQUIRE(steps.size() == 6);
-  CHECK(steps[0]["loss_scale"] == 65536.0);
-  CHECK(steps[0]["skipped"] == false);
-  CHECK(steps[0]["grad_norm"].get<double>() > 0);  // taken without clipping, for the overflow check
-  CHECK(steps[2]["skipped"] == true);
-  CHECK(steps[2]["grad_norm"].is_null());
-  CHECK(std::isfinite(steps[2]["loss"].get<double>()));
-  for (long long s : {3, 4, 5}) {
+  CHECK(steps[1]["loss_scale"] == 65536.0);  // metrics number steps from 1; the fault hook counts from 0
+  CHECK(steps[1]["skipped"] == false);
+  CHECK(steps[1]["grad_norm"].get<double>() > 0);  // taken without clipping, for the overflow check
+  CHECK(steps[3]["skipped"] == true);
+  CHECK(steps[3]["grad_norm"].is_null());
+  CHECK(std::isfinite(steps[3]["loss"].get<double>()));
+  for (long long s : {4, 5, 6}) {
     CHECK(steps[s]["loss_scale"] == 32768.0);
     CHECK(steps[s]["skipped"] == false);
   }
@@ -657,5 +657,72 @@ TEST_CASE("runtime: PASA attention trains the tiny models in fp16 like standard 
     CHECK(worst < 5e-3);
     CHECK(b.loss.rbegin()->second < b.loss.begin()->second - 0.5);
   }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: a scenario from stdin with --set trains as the edited file does", "[train]") {
+  // zero1 written in the file against zero3 in the file and zero1 by --set, read from stdin: the same losses.
+  const fs::path dir = fresh_dir("stdin_set");
+  const std::string edited = write_scenario(dir, "edited", tiny_scenario(false, {{"preset", "zero1"}}, 4));
+  const std::string base = write_scenario(dir, "base", tiny_scenario(false, {{"preset", "zero3"}}, 8));
+  const Curve a = train_ok(train_cmd(edited, 2, 2, dir / "a"), dir / "a");
+  const Curve b =
+      train_ok(train_cmd("-", 2, 2, dir / "b", "--set policy.preset=zero1 --set run.steps=4 < " + base), dir / "b");
+  REQUIRE(a.loss.size() == 4);
+  CHECK(b.loss == a.loss);
+  const json summary = json::parse(std::ifstream(dir / "b" / "summary.json"));
+  CHECK(summary["policy"] == "zero1");
+  // A bad edit is bad input, before any rank starts.
+  const RunResult bad = run(train_cmd(base, 1, 1, dir / "c", "--set training.micro_batch=x"));
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("training.micro_batch") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: one step numbering and only the columns the run has (GFLOP/s on the host)", "[train]") {
+  const fs::path dir = fresh_dir("columns");
+  json dense = tiny_scenario(false, {{"preset", "zero1"}}, 4);
+  dense["training"]["grad_clip"] = 0;  // no norm taken: none reported
+  dense["run"]["eval_interval"] = 2;
+  const std::string d = write_scenario(dir, "dense", dense);
+  const RunResult r = run(train_cmd(d, 2, 2, dir / "dense"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::vector<long long> loss_steps, val_steps;
+  std::ifstream in(dir / "dense" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const json j = json::parse(line);
+    if (j.contains("loss")) {
+      loss_steps.push_back(j["step"]);
+      CHECK_FALSE(j.contains("aux_loss"));
+      CHECK_FALSE(j.contains("grad_norm"));
+    } else {
+      val_steps.push_back(j["step"]);
+    }
+  }
+  CHECK(loss_steps == std::vector<long long>{1, 2, 3, 4});  // as the console prints them: step k/4
+  CHECK(val_steps == std::vector<long long>{0, 2, 4});      // 0: before training
+  CHECK(r.output.find("step 1/4 | loss") != std::string::npos);
+  CHECK(r.output.find("step 2/4 | val_loss") != std::string::npos);
+  CHECK(r.output.find("aux") == std::string::npos);
+  CHECK(r.output.find("norm") == std::string::npos);
+  CHECK(r.output.find("GFLOP/s/rank") != std::string::npos);
+  CHECK(r.output.find("MFU") == std::string::npos);
+  const json summary = json::parse(std::ifstream(dir / "dense" / "summary.json"));
+  CHECK(summary["model_gflops_per_second_per_rank"].get<double>() > 0);
+  CHECK_FALSE(summary.contains("mfu"));
+  // MoE with clipping: both columns, in the console and in metrics.jsonl.
+  const std::string m = write_scenario(dir, "moe", tiny_scenario(true, {{"preset", "zero1"}}, 2));
+  const RunResult rm = run(train_cmd(m, 2, 2, dir / "moe"));
+  INFO(rm.output);
+  REQUIRE(rm.code == 0);
+  CHECK(rm.output.find("| aux ") != std::string::npos);
+  CHECK(rm.output.find("| norm ") != std::string::npos);
+  std::ifstream min(dir / "moe" / "metrics.jsonl");
+  json step1;
+  for (std::string line; !step1.contains("loss") && std::getline(min, line);) step1 = json::parse(line);
+  CHECK(step1["step"] == 1);
+  CHECK(step1.contains("aux_loss"));
+  CHECK(step1.contains("grad_norm"));
   fs::remove_all(dir);
 }

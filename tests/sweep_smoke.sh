@@ -23,9 +23,18 @@ fi
 out="$(mktemp -d "${TMPDIR:-/tmp}/hzp-sweep-smoke.XXXXXX")"
 trap 'rm -rf "$out"' EXIT
 
-"$python" tools/sweep.py --hzp "$hzp" --jobs 2 --out "$out" tests/data/golden/ddp.json tests/data/golden/zero3.json
-
 fail() { echo "sweep_smoke: FAILED: $*"; exit 1; }
+
+# Progress goes to a file here, as under Slurm or CI: plain lines, each with the elapsed time; an ETA once a
+# scenario finished; and while none finishes, a line every --progress-s (each simulation takes far longer
+# than 10 ms: two hzp processes).
+"$python" tools/sweep.py --hzp "$hzp" --jobs 1 --progress-s 0.01 --out "$out" tests/data/golden/ddp.json \
+  tests/data/golden/zero3.json 2> "$out/progress.txt"
+grep -q '^sweep: \[2/2\] .*; 2/2 done, elapsed 0:00:[0-9][0-9], ETA 0:00:00$' "$out/progress.txt" ||
+  fail "no final progress line: $(cat "$out/progress.txt")"
+grep -q '^sweep: 0/2 done, elapsed .*, 1 running$' "$out/progress.txt" ||
+  fail "no progress line while the first scenario runs: $(cat "$out/progress.txt")"
+[ "$(grep -c $'\r' "$out/progress.txt")" -eq 0 ] || fail "carriage returns in a log file"
 
 rows=$(($(wc -l < "$out/results.csv") - 1))
 [ "$rows" -eq 2 ] || fail "results.csv has $rows data rows, expected 2"

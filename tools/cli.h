@@ -5,6 +5,13 @@
 #include <string>
 #include <vector>
 
+// The help paragraph of every command that reads a scenario (a macro: it is concatenated into literals).
+#define HZP_SCENARIO_INPUT_HELP                                                                                 \
+  "\nSCENARIO may be - (read from stdin). --set PATH=VALUE, repeatable, edits the scenario as written before\n" \
+  "anything resolves, as the same field in the file would (--set training.micro_batch=2 --set\n"                \
+  "policy.preset=zero3 --set cluster.nodes=64); VALUE is JSON when it parses as JSON, else a string; null\n"    \
+  "deletes the key.\n"
+
 namespace hzp::cli {
 
 struct Command {

@@ -1,5 +1,7 @@
 // The `hzp` subcommands: validate, plan, schedule. Each parses its flags, runs the core, prints, and
 // returns an exit code (0 ok, 2 bad input, 1 internal error).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -57,6 +59,7 @@ struct Args {
   ParsedArgs parsed;
   std::optional<std::string> get(const std::string& flag) const { return parsed.get(flag); }
   bool has(const std::string& flag) const { return parsed.has(flag); }
+  std::vector<std::string> sets() const { return parsed.all("--set"); }  // --set PATH=VALUE, in order
 };
 
 Result<Args> parse_args(const std::vector<std::string>& argv, const std::vector<std::string>& flags,
@@ -64,6 +67,7 @@ Result<Args> parse_args(const std::vector<std::string>& argv, const std::vector<
   std::vector<Flag> specs;
   for (const std::string& f : flags) specs.push_back({f.c_str(), true});
   for (const std::string& f : switches) specs.push_back({f.c_str(), false});
+  specs.push_back({"--set", true, /*repeatable=*/true});
   HZP_ASSIGN_OR_RETURN(ParsedArgs parsed, parse_flags(argv, specs, 1));
   Args out;
   if (!parsed.positional.empty()) out.scenario = parsed.positional.front();
@@ -79,22 +83,42 @@ Status write_output(const std::string& dir, const std::string& name, const std::
   return write_file_atomic((std::filesystem::path(dir) / name).string(), text);
 }
 
+// A timeline of more JSON than this is written gzipped (a 256-GPU tensor x pipeline step writes ~140 MB).
+constexpr std::size_t kTimelineGzipBytes = 32u << 20;
+
 // A simulation's outputs, as `hzp simulate` writes them: DIR/summary.json (the given summary) and
-// DIR/timeline.json; then says so. 0, or the exit code of the failure.
+// DIR/timeline.json, or DIR/timeline.json.gz above kTimelineGzipBytes (Perfetto opens either; the other
+// name is removed, so a folder never holds two timelines of different runs); then says so. 0, or the exit
+// code of the failure.
 int write_sim_outputs(const std::string& dir, const nlohmann::json& summary, const Scenario& scenario,
-                      const Schedule& schedule, const sim::SimResult& r) {
+                      const Schedule& schedule, const sim::SimResult& r, bool always_gzip = false) {
   if (Status s = write_output(dir, "summary.json", summary.dump(2) + "\n"); !s.ok()) return fail(s);
-  if (Status s = write_output(dir, "timeline.json", sim::timeline_json(scenario, schedule, r).dump() + "\n"); !s.ok())
-    return fail(s);
-  std::printf("wrote %s/summary.json and %s/timeline.json (open in ui.perfetto.dev; %zu GPUs recorded)\n", dir.c_str(),
-              dir.c_str(), r.timeline_ranks.size());
+  std::string timeline = sim::timeline_json(scenario, schedule, r).dump() + "\n";
+  const std::size_t json_bytes = timeline.size();
+  const bool gzipped = always_gzip || json_bytes > kTimelineGzipBytes;
+  if (gzipped) {
+    auto packed = gzip_text(timeline);
+    if (!packed.ok()) return fail(packed.status());
+    timeline = std::move(packed).value();
+  }
+  const std::string name = gzipped ? "timeline.json.gz" : "timeline.json";
+  if (Status s = write_output(dir, name, timeline); !s.ok()) return fail(s);
+  std::error_code ignored;
+  std::filesystem::remove(std::filesystem::path(dir) / (gzipped ? "timeline.json" : "timeline.json.gz"), ignored);
+  std::printf("wrote %s/summary.json and %s/%s (open in ui.perfetto.dev; %zu GPUs recorded", dir.c_str(), dir.c_str(),
+              name.c_str(), r.timeline_ranks.size());
+  if (gzipped && !always_gzip)
+    std::printf("; %.0f MB of JSON gzipped to %.0f MB, above %zu MiB; --timeline-ranks K records fewer GPUs",
+                static_cast<double>(json_bytes) / 1e6, static_cast<double>(timeline.size()) / 1e6,
+                kTimelineGzipBytes >> 20);
+  std::printf(")\n");
   return 0;
 }
 
-// Every command reads scenarios through here: parse, then resolve "sharding": "auto" (compile's first
-// stage), saying what it picked.
-Result<Scenario> load(const std::string& path) {
-  HZP_ASSIGN_OR_RETURN(Scenario parsed, load_scenario_file(path));
+// Every command reads scenarios through here: the file ("-": stdin) with its --set assignments, parsed, then
+// "sharding": "auto" resolved (compile's first stage), saying what it picked.
+Result<Scenario> load(const std::string& path, const std::vector<std::string>& sets) {
+  HZP_ASSIGN_OR_RETURN(Scenario parsed, load_scenario_file(path, sets));
   const bool was_auto = parsed.policy.auto_sharding;
   HZP_ASSIGN_OR_RETURN(Scenario scenario, resolve(std::move(parsed)));
   if (was_auto)
@@ -109,7 +133,7 @@ Result<Scenario> load(const std::string& path) {
 int run_validate(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {});
   if (!args.ok()) return usage_error("validate", args.status().message());
-  auto scenario = load(*args->scenario);
+  auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   std::printf("%s\n", scenario_to_json(*scenario).dump(2).c_str());
   auto compiled = compile(*scenario);
@@ -183,7 +207,7 @@ int run_calibrate(const std::vector<std::string>& argv) {
   }
   if (!measured)
     return usage_error("calibrate", "missing the measurement (--tokens-per-gpu-s, --step-time-s or --mfu)");
-  auto scenario = load(*args->scenario);
+  auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   auto fit = fit_compute_efficiency(*scenario, *measured);
   if (!fit.ok()) return fail(fit.status());
@@ -224,7 +248,7 @@ int run_plan(const std::vector<std::string>& argv) {
   const bool search = args->has("--search");
   if (!search && (args->has("--top") || args->has("--jobs")))
     return usage_error("plan", "--top and --jobs need --search");
-  auto scenario = load(*args->scenario);
+  auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   if (search) {
     long long top = 8, jobs = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -254,7 +278,7 @@ int run_plan(const std::vector<std::string>& argv) {
 int run_schedule(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {"--rank"});
   if (!args.ok()) return usage_error("schedule", args.status().message());
-  auto scenario = load(*args->scenario);
+  auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   int rank = 0;
   if (auto r = args->get("--rank")) {
@@ -281,11 +305,13 @@ std::string default_scenario_path() {
 }
 
 int run_simulate(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--out", "--steps", "--timeline-ranks"}, /*scenario_required=*/false);
+  auto args =
+      parse_args(argv, {"--out", "--steps", "--timeline-ranks"}, /*scenario_required=*/false, {"--timeline-gz"});
   if (!args.ok()) return usage_error("simulate", args.status().message());
   const std::string path = args->scenario.value_or(default_scenario_path());
   sim::SimOptions options;
   options.progress = true;
+  options.progress_interval_s = ::isatty(STDERR_FILENO) == 1 ? 2 : 10;  // a log file: fewer lines
   for (auto [flag, field, max] : {std::tuple{"--steps", &options.steps, kMaxSimSteps},
                                   std::tuple{"--timeline-ranks", &options.timeline_max_ranks, kMaxTimelineRanks}}) {
     if (auto v = args->get(flag)) {
@@ -294,7 +320,7 @@ int run_simulate(const std::vector<std::string>& argv) {
       *field = static_cast<int>(*n);
     }
   }
-  auto scenario = load(path);
+  auto scenario = load(path, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   const std::string out_dir = args->get("--out").value_or("out/" + safe_file_name(scenario->name));
   if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
@@ -329,19 +355,22 @@ int run_simulate(const std::vector<std::string>& argv) {
               r.comm_bytes_inter_node / 1e9);
   std::printf("  simulation    %lld ops, %lld collectives in %.2f s wall (%.0f ops/s)\n", r.ops_executed, r.collectives,
               r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0);
-  return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r);
+  return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r,
+                           args->has("--timeline-gz"));
 }
 
 // `hzp import KINETO... --scenario S`: PyTorch profiler traces (one per rank) as an hzp trace of S's
 // schedule (shared/trace/import/kineto.h), for `hzp replay` and its what-ifs.
 int run_import(const std::vector<std::string>& argv) {
   auto parsed = parse_flags(
-      argv, {{"--scenario", true}, {"--out", true}, {"--include-idle", false}, {"--no-check", false}}, 1 << 16);
+      argv,
+      {{"--scenario", true}, {"--out", true}, {"--include-idle", false}, {"--no-check", false}, {"--set", true, true}},
+      1 << 16);
   if (!parsed.ok()) return usage_error("import", parsed.status().message());
   if (parsed->positional.empty()) return usage_error("import", "missing the profiler trace file(s)");
   auto scenario_path = parsed->get("--scenario");
   if (!scenario_path) return usage_error("import", "missing --scenario (the model, cluster and policy the traces ran)");
-  auto loaded = load_scenario_file(*scenario_path);
+  auto loaded = load_scenario_file(*scenario_path, parsed->all("--set"));
   if (!loaded.ok()) return fail(loaded.status());
   auto compiled = compile(*loaded);
   if (!compiled.ok()) return fail(compiled.status());
@@ -422,11 +451,15 @@ int run_replay(const std::vector<std::string>& argv) {
   double recorded_mean = 0;
   for (double t : before) recorded_mean += t / static_cast<double>(before.size());
 
-  if (auto overrides_path = args->get("--scenario")) {
-    auto overrides = load_json_file(*overrides_path, kMaxScenarioBytes);
+  const std::optional<std::string> overrides_path = args->get("--scenario");
+  if (overrides_path || !args->sets().empty()) {
+    Result<nlohmann::json> overrides = nlohmann::json::object();
+    if (overrides_path) overrides = load_json_file(*overrides_path, kMaxScenarioBytes);
     if (!overrides.ok()) return fail(Status::InvalidInput("--scenario: " + overrides.status().message()));
     if (!overrides->is_object())
       return fail(Status::InvalidInput("--scenario: " + printable(*overrides_path, 200) + " is not a JSON object"));
+    for (const std::string& set : args->sets())  // on the overrides, so presets resolve as in the file
+      if (Status st = apply_set(*overrides, set); !st.ok()) return fail(st);
     auto merged = apply_overrides(trace->scenario_config, *overrides);
     if (!merged.ok()) return fail(Status::InvalidInput("--scenario: " + merged.status().message()));
     auto scenario = parse_scenario(*merged, trace->scenario + "-what-if");
@@ -552,13 +585,13 @@ int run_replay(const std::vector<std::string>& argv) {
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"validate", "check a scenario and print its resolved form",
-       "usage: hzp validate SCENARIO\n\n"
+       "usage: hzp validate SCENARIO [--set PATH=VALUE]...\n\n"
        "Parses SCENARIO strictly (unknown keys, wrong types and invalid sharding are errors naming the JSON\n"
        "path), prints the fully resolved scenario as JSON (presets expanded, every field explicit), builds\n"
-       "its schedule and proves it deadlock-free. Exit 0 valid, 2 invalid, 1 internal error.\n",
+       "its schedule and proves it deadlock-free. Exit 0 valid, 2 invalid, 1 internal error.\n" HZP_SCENARIO_INPUT_HELP,
        run_validate},
       {"plan", "compare every preset policy: memory, communication, step time, MFU",
-       "usage: hzp plan SCENARIO [--out DIR]\n"
+       "usage: hzp plan SCENARIO [--out DIR] [--set PATH=VALUE]...\n"
        "       hzp plan SCENARIO --search [--top K] [--jobs J] [--out DIR]\n\n"
        "For each preset policy (ddp, zero1, zero2, zero3, hsdp — plus the scenario's own sharding when it is\n"
        "not one of them) on the scenario's model, cluster and training setup: memory per GPU by category,\n"
@@ -569,25 +602,33 @@ const std::vector<Command>& commands() {
        "top K (default 8) and every fitting preset in SimGrid, J processes at a time (default: the cores),\n"
        "and writes DIR/plan.json (every simulated candidate with estimated and simulated step time), and\n"
        "DIR/best.json, the fastest simulated candidate as a ready-to-run scenario (DIR defaults to\n"
-       "out/<scenario>-plan). Progress goes to stderr.\n",
+       "out/<scenario>-plan). Progress goes to stderr.\n\n"
+       "When no preset fits, it also says what would: per policy and recomputation setting, the fewest nodes\n"
+       "(micro-batch and micro-batches per GPU kept) on which it fits, with its memory per "
+       "GPU.\n" HZP_SCENARIO_INPUT_HELP,
        run_plan},
       {"schedule", "dump a rank's schedule IR (ops, streams, groups, pools)",
-       "usage: hzp schedule SCENARIO [--rank R|all]\n\n"
+       "usage: hzp schedule SCENARIO [--rank R|all] [--set PATH=VALUE]...\n\n"
        "Prints the deterministic text form of the schedule the scenario's policy builds for rank R (default\n"
        "0; 'all' prints every rank's groups and every distinct program): streams, buffer pools, process\n"
-       "groups, then ops in program order with their stream and dependencies.\n",
+       "groups, then ops in program order with their stream and dependencies.\n" HZP_SCENARIO_INPUT_HELP,
        run_schedule},
       {"simulate", "simulate a training step on the SimGrid model of the cluster",
-       "usage: hzp simulate [SCENARIO] [--out DIR] [--steps N] [--timeline-ranks K]\n\n"
+       "usage: hzp simulate [SCENARIO] [--out DIR] [--steps N] [--timeline-ranks K] [--timeline-gz]\n"
+       "                    [--set PATH=VALUE]...\n\n"
        "Runs the scenario's schedule on a SimGrid model of its cluster (NVSwitch or full-mesh nodes, NIC\n"
        "rails, fat-tree) with every collective as flows that share links. SCENARIO defaults to\n"
        "scenarios/default.json. Prints a summary and writes DIR/summary.json and DIR/timeline.json (Chrome /\n"
        "Perfetto trace: one process per GPU, one thread per stream; all GPUs up to K = 64, else a sample of\n"
-       "node 0 and evenly spaced nodes). DIR defaults to out/<scenario name>. --steps N runs N steps back to\n"
-       "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory false).\n",
+       "node 0 and evenly spaced nodes; above 32 MiB of JSON it is DIR/timeline.json.gz, which Perfetto opens as\n"
+       "well: a smaller K samples fewer GPUs; --timeline-gz gzips it at any size). DIR defaults to out/<scenario "
+       "name>. --steps N runs N steps back to\n"
+       "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory "
+       "false).\n" HZP_SCENARIO_INPUT_HELP,
        run_simulate},
       {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU) or a trace",
        "usage: hzp calibrate SCENARIO (--tokens-per-gpu-s X | --step-time-s X | --mfu X) [--out FILE]\n"
+       "                     [--set PATH=VALUE]...\n"
        "       hzp calibrate --trace TRACE [--out FILE]\n\n"
        "SCENARIO describes a run measured on ONE node (cluster.nodes 1, that run's model, micro-batch, global\n"
        "batch and policy); the flag gives its measurement: tokens per GPU per second, seconds per optimizer\n"
@@ -602,11 +643,11 @@ const std::vector<Command>& commands() {
        "of the roofline t = FLOPs / (peak x gemm) + bytes / (HBM x memory_bound), fitted by least squares on\n"
        "the relative error, then scaled so that the compute per step equals the recorded one (one common\n"
        "factor when the ops do not separate the two). Communication is not used, so a trace of any size will\n"
-       "do. --out FILE writes the trace's scenario with the fitted efficiencies.\n",
+       "do. --out FILE writes the trace's scenario with the fitted efficiencies.\n" HZP_SCENARIO_INPUT_HELP,
        run_calibrate},
       {"replay", "re-run a recorded trace (hzp train --trace) in the simulator, as recorded or as a what-if",
        "usage: hzp replay TRACE [--out DIR]\n"
-       "       hzp replay TRACE --scenario OVERRIDES.json [--steps N] [--out DIR]\n\n"
+       "       hzp replay TRACE [--scenario OVERRIDES.json] [--set PATH=VALUE]... [--steps N] [--out DIR]\n\n"
        "Reads TRACE (traces/README.md, format v1) and rebuilds the schedule from the scenario it recorded.\n"
        "Without --scenario it runs that schedule in the SimGrid executor with the recorded durations: compute\n"
        "and optimizer ops take what the same op took in the same step, each collective its recorded transfer\n"
@@ -621,11 +662,12 @@ const std::vector<Command>& commands() {
        "in the trace (so it scales with the op's FLOPs), the optimizer at the recorded seconds per parameter,\n"
        "and the collectives are simulated on the new cluster. --steps N simulates N steps (default 1). Writes\n"
        "DIR/summary.json (plus a \"what_if\" object) and DIR/timeline.json (default DIR:\n"
-       "out/what-if-<scenario name>).\n",
+       "out/what-if-<scenario name>). --set PATH=VALUE (repeatable) is a what-if too, one field at a time\n"
+       "(hzp replay TRACE --set cluster.nodes=64), applied to OVERRIDES.json when both are given.\n",
        run_replay},
       {"import", "PyTorch profiler (Kineto) traces in: an hzp trace that hzp replay runs",
        "usage: hzp import KINETO.json[.gz] [KINETO...] --scenario SCENARIO.json [--out TRACE.json]\n"
-       "                  [--include-idle] [--no-check]\n\n"
+       "                  [--include-idle] [--no-check] [--set PATH=VALUE]...\n\n"
        "Reads PyTorch profiler Chrome traces (plain or gzipped; one file per rank, ordered by their\n"
        "distributedInfo.rank when recorded, else as given) of the run SCENARIO describes (its model,\n"
        "micro-batch, cluster and policy; as many ranks as files). Steps come from ProfilerStep# ranges, else\n"
@@ -639,7 +681,8 @@ const std::vector<Command>& commands() {
        "collectives) and writes TRACE.json (traces/README.md, format v1; default out/import-<scenario>.json)\n"
        "for hzp replay, as recorded or as a what-if (--scenario OVERRIDES.json). The traces are checked\n"
        "against SCENARIO first: the GPU they ran on against cluster.gpu, and token routing (gather, scatter\n"
-       "and index kernels per layer) against whether the model has MoE layers; --no-check skips that.\n",
+       "and index kernels per layer) against whether the model has MoE layers; --no-check skips "
+       "that.\n" HZP_SCENARIO_INPUT_HELP,
        run_import},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
        run_collective_command},

@@ -20,6 +20,13 @@ std::optional<std::string> ParsedArgs::get(const std::string& flag) const {
   return value;
 }
 
+std::vector<std::string> ParsedArgs::all(const std::string& flag) const {
+  std::vector<std::string> values;
+  for (const auto& [k, v] : options)
+    if (k == flag) values.push_back(v);
+  return values;
+}
+
 Result<ParsedArgs> parse_flags(const std::vector<std::string>& argv, const std::vector<Flag>& flags,
                                std::size_t max_positional) {
   ParsedArgs out;
@@ -32,7 +39,7 @@ Result<ParsedArgs> parse_flags(const std::vector<std::string>& argv, const std::
     }
     const auto spec = std::find_if(flags.begin(), flags.end(), [&](const Flag& f) { return a == f.name; });
     if (spec == flags.end()) return Status::InvalidInput("unknown option " + printable(a, 60));
-    if (out.has(a)) return Status::InvalidInput("option " + a + " given twice");
+    if (!spec->repeatable && out.has(a)) return Status::InvalidInput("option " + a + " given twice");
     if (!spec->takes_value) {
       out.options.emplace_back(a, "");
       continue;

@@ -13,8 +13,9 @@
 namespace hzp::cli {
 
 struct Flag {
-  const char* name;  // "--out"
-  bool takes_value;  // false: a switch such as --search
+  const char* name;         // "--out"
+  bool takes_value;         // false: a switch such as --search
+  bool repeatable = false;  // may be given more than once (--set): read with all()
 };
 
 struct ParsedArgs {
@@ -23,9 +24,11 @@ struct ParsedArgs {
 
   bool has(const std::string& flag) const;
   std::optional<std::string> get(const std::string& flag) const;  // the last value given
+  std::vector<std::string> all(const std::string& flag) const;    // every value given, in order
 };
 
-// Refuses unknown flags, a missing value, a repeated flag, and more than `max_positional` positionals.
+// Refuses unknown flags, a missing value, a repeated flag that is not repeatable, and more than `max_positional`
+// positionals.
 Result<ParsedArgs> parse_flags(const std::vector<std::string>& argv, const std::vector<Flag>& flags,
                                std::size_t max_positional);
 

@@ -24,6 +24,7 @@
 #include "shared/policy/policy_registry.h"
 #include "shared/scenario/scenario_parser.h"
 #include "shared/schedule/sharding.h"
+#include "tools/cli_progress.h"
 
 extern char** environ;
 
@@ -92,8 +93,9 @@ std::string self_exe() {
 }
 
 // Runs `hzp simulate` for every entry, `jobs` processes at a time; one SimGrid engine per process.
-void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir, bool interactive) {
+void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) {
   const std::string exe = self_exe();
+  const auto started = std::chrono::steady_clock::now();
   std::map<pid_t, size_t> running;
   size_t next = 0, finished = 0;
   auto reap_one = [&] {
@@ -118,7 +120,13 @@ void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir, 
         sim.simulated_fits = summary.value("fits_memory", false);
       }
     }
-    if (interactive) std::fprintf(stderr, "plan: simulated %zu/%zu (%s)\n", finished, sims.size(), label(sim).c_str());
+    // A line per simulation (each takes seconds to minutes), on a terminal and in a log file alike.
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const std::string eta = finished < sims.size() ? ", ETA " + clock_text(elapsed / static_cast<double>(finished) *
+                                                                           static_cast<double>(sims.size() - finished))
+                                                   : "";
+    std::fprintf(stderr, "plan: simulated %zu/%zu (%s), elapsed %s%s\n", finished, sims.size(), label(sim).c_str(),
+                 clock_text(elapsed).c_str(), eta.c_str());
   };
   for (; next < sims.size(); ++next) {
     while (static_cast<int>(running.size()) >= jobs) reap_one();
@@ -168,26 +176,22 @@ std::string list_of(const std::vector<long long>& values) {
 }
 
 // Runs both analytic searches and prints what each considered; kInvalidInput etc. as the search says.
-Result<Searches> search_both(const Scenario& scenario, int top_k, bool interactive) {
+Result<Searches> search_both(const Scenario& scenario, int top_k) {
   Searches out;
   const SearchOptions options;
   const NdSearchOptions nd_options;
   auto t0 = std::chrono::steady_clock::now();
-  HZP_ASSIGN_OR_RETURN(out.zero, search_policies_and_training(scenario, options, nd_options.micro_batches,
-                                                              [interactive](long long done, long long total) {
-                                                                if (interactive)
-                                                                  std::fprintf(stderr,
-                                                                               "plan: searched %lld/%lld training "
-                                                                               "settings\r",
-                                                                               done, total);
-                                                              }));
-  if (interactive) std::fprintf(stderr, "\n");
+  ProgressLine searched("plan: searched", "training settings");
+  HZP_ASSIGN_OR_RETURN(out.zero, search_policies_and_training(
+                                     scenario, options, nd_options.micro_batches,
+                                     [&searched](long long done, long long total) { searched.update(done, total); }));
   out.zero_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const SearchResult& r = out.zero;
   std::printf(
       "search: %lld candidates (%zu shardings x %zu prefetch depths x %zu stream settings, under every micro-batch "
       "of %s and recomputation that the batch allows): %lld do not fit in "
-      "memory, %lld are invalid, %lld equal a shallower prefetch of the same policy, %zu ranked by the analytic "
+      "memory, %lld are invalid, %lld fold into an equivalent plan (another prefetch or recomputation of the same "
+      "groups, streams and micro-batch within 0.1 %%), %zu ranked by the analytic "
       "estimator in %.3f s\n",
       r.candidates, r.shardings, options.prefetch_depths.size(), options.separate_streams.size(),
       list_of(nd_options.micro_batches).c_str(), r.rejected_memory, r.rejected_invalid, r.redundant, r.ranked.size(),
@@ -197,11 +201,10 @@ Result<Searches> search_both(const Scenario& scenario, int top_k, bool interacti
   // ND parallelism (Megatron-style), searched with micro-batch and recomputation; the best is simulated
   // next to the ZeRO family's candidates.
   t0 = std::chrono::steady_clock::now();
-  HZP_ASSIGN_OR_RETURN(out.nd, search_nd(scenario, nd_options, [interactive](long long done, long long total) {
-                         if (interactive)
-                           std::fprintf(stderr, "plan: estimated %lld/%lld ND candidates\r", done, total);
+  ProgressLine estimated("plan: estimated", "ND candidates");
+  HZP_ASSIGN_OR_RETURN(out.nd, search_nd(scenario, nd_options, [&estimated](long long done, long long total) {
+                         estimated.update(done, total);
                        }));
-  if (interactive) std::fprintf(stderr, "\n");
   out.nd_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const SearchResult& nd = out.nd;
   std::printf(
@@ -360,9 +363,8 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
     return 2;
   }
-  // A progress line rewritten in place (\r) only on a terminal; a log file gets the summary lines only.
-  const bool interactive = ::isatty(STDERR_FILENO) == 1;
-  auto found = search_both(scenario, top_k, interactive);
+  // Progress on stderr: rewritten in place on a terminal, plain lines every few seconds in a log file.
+  auto found = search_both(scenario, top_k);
   if (!found.ok()) {
     std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
     return found.status().code() == StatusCode::kInvalidInput ? 2 : 1;
@@ -373,7 +375,7 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   }
   std::vector<Simulation> sims = to_simulate(scenario, *found, top_k);
   const auto t1 = std::chrono::steady_clock::now();
-  simulate_all(sims, jobs, dir, interactive);
+  simulate_all(sims, jobs, dir);
   const double sim_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   const std::vector<size_t> order = simulated_order(sims);
   const int best = !order.empty() && tier(sims[order.front()]) == 0 ? static_cast<int>(order.front()) : -1;

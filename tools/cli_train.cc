@@ -3,7 +3,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
+#include <iterator>
 
+#include "shared/base/files.h"
+#include "tools/cli.h"
 #include "tools/cli_flags.h"
 
 #include "runtime/launch/launcher.h"
@@ -15,7 +19,8 @@ namespace hzp::cli {
 constexpr long long kMaxLocalRanks = 4096;
 
 const char* const kTrainHelp =
-    "usage: hzp train SCENARIO [--nproc N] [--gpus-per-node G] [--steps S] [--stop-after S] [--out DIR]\n"
+    "usage: hzp train SCENARIO [--set PATH=VALUE]... [--nproc N] [--gpus-per-node G] [--steps S] [--stop-after S] "
+    "[--out DIR]\n"
     "                 [--data FILE] [--trace FILE] [--perfetto FILE] [--checkpoint-dir DIR] [--resume]\n"
     "                 [--timeout-s T] [--threads K] [--backend cpu]\n\n"
     "Trains the scenario's model (llama family, byte-level; training.precision fp32, or bf16 / fp16 with fp32\n"
@@ -46,10 +51,12 @@ const char* const kTrainHelp =
     "                      rank makes the others fail with a message naming it, within T\n"
     "  --threads K         OpenBLAS threads per rank, 1..1024 (default: cores / ranks on this machine)\n"
     "  --backend B         the device the ranks run on (runtime/backends/registry.cc): cpu (default; host memory,\n"
-    "                      the reference kernels, Gloo collectives); `hzp --version` lists the built backends\n\n"
+    "                      the reference kernels, Gloo collectives); `hzp --version` lists the built backends\n"
+    "  --set PATH=VALUE    edit the scenario before it resolves (repeatable; below); every rank applies it\n\n"
     "Output paths are checked before training starts. Each step prints k/total, loss, tokens/s, MFU against\n"
     "the scenario's GPU type, elapsed time and ETA; the end prints a summary and every file written.\n"
-    "Exit codes: 0 ok, 2 bad input, 1 a rank failed (the launcher names the first lost rank).\n";
+    "Exit codes: 0 ok, 2 bad input, 1 a rank failed (the launcher names the first lost "
+    "rank).\n" HZP_SCENARIO_INPUT_HELP;
 
 namespace {
 
@@ -64,6 +71,16 @@ std::string default_data_path() {
   const std::string local = "data/tinyshakespeare.txt";
   if (std::filesystem::exists(local)) return local;
   return std::string(HZP_SOURCE_DIR) + "/" + local;
+}
+
+// Standard input to TMPDIR/hzp-stdin-XXXXXX/stdin.json (so the scenario keeps the name "stdin").
+Result<std::filesystem::path> copy_stdin_scenario() {
+  std::string dir = (std::filesystem::temp_directory_path() / "hzp-stdin-XXXXXX").string();
+  if (::mkdtemp(dir.data()) == nullptr) return Status::Internal("cannot create a folder for the stdin scenario");
+  const std::filesystem::path file = std::filesystem::path(dir) / "stdin.json";
+  std::string text(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>{});
+  if (Status s = write_file_atomic(file.string(), text); !s.ok()) return s;
+  return file;
 }
 
 }  // namespace
@@ -82,7 +99,8 @@ int run_train_command(const std::vector<std::string>& args) {
                              {"--resume", false},
                              {"--timeout-s", true},
                              {"--threads", true},
-                             {"--backend", true}},
+                             {"--backend", true},
+                             {"--set", true, /*repeatable=*/true}},
                             1);
   if (!parsed.ok()) return usage(parsed.status().message());
   const ParsedArgs& a = *parsed;
@@ -118,6 +136,7 @@ int run_train_command(const std::vector<std::string>& args) {
   o.checkpoint_dir = a.get("--checkpoint-dir").value_or("");
   o.resume = a.has("--resume");
   o.backend = a.get("--backend").value_or("cpu");
+  o.sets = a.all("--set");
   if (o.resume && o.checkpoint_dir.empty()) return usage("--resume needs --checkpoint-dir");
 
   auto env = runtime::detect_launch_env([](const char* name) { return std::getenv(name); });
@@ -125,7 +144,25 @@ int run_train_command(const std::vector<std::string>& args) {
     std::fprintf(stderr, "hzp train: %s\n", env.status().message().c_str());
     return 2;
   }
-  if (!env->has_value()) return runtime::launch_local(o, args);
+  if (!env->has_value()) {
+    if (o.scenario_path != "-") return runtime::launch_local(o, args);
+    // The ranks read the scenario themselves: stdin goes to a file they can open, for the job's lifetime.
+    auto copied = copy_stdin_scenario();
+    if (!copied.ok()) return usage(copied.status().message());
+    std::vector<std::string> ranks_args = args;
+    for (std::size_t i = 0; i < ranks_args.size(); ++i) {  // the positional "-", not a flag's value
+      const bool flag_value = i > 0 && ranks_args[i - 1].rfind("--", 0) == 0 && ranks_args[i - 1] != "--resume";
+      if (ranks_args[i] == "-" && !flag_value) ranks_args[i] = copied->string();
+    }
+    o.scenario_path = copied->string();
+    const int rc = runtime::launch_local(o, ranks_args);
+    std::error_code ignored;
+    std::filesystem::remove_all(copied->parent_path(), ignored);
+    return rc;
+  }
+  if (o.scenario_path == "-")
+    return usage("a scenario from stdin needs hzp's own launcher (--nproc); under " + (*env)->source +
+                 " give every rank the file");
   runtime::LaunchEnv& e = **env;
   if (a.has("--nproc") && !e.hosted_by_launcher && o.nproc != e.world_size)
     return usage("--nproc " + std::to_string(o.nproc) + " disagrees with the " + e.source + " world size " +

@@ -76,11 +76,15 @@ def parse_args(argv):
     parser.add_argument("--no-svg", action="store_true", help="write the plots as PNG only (no SVG copies)")
     parser.add_argument("--keep-runs", action="store_true",
                         help="keep every scenario's summary.json and timeline.json under OUT/runs/")
+    parser.add_argument("--progress-s", type=float, default=30.0,
+                        help="while no scenario finishes, a progress line every this many seconds (default 30)")
     args = parser.parse_args(argv)
     if not args.scenarios:
         raise UsageError("no scenarios given (pass scenario files or directories of *.json)")
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    if not args.progress_s > 0:
+        raise UsageError(f"--progress-s must be positive, got {args.progress_s}")
     args.formats = ["png"] if args.no_svg else ["png", "svg"]
     args.hzp = resolve_binary(args.hzp)
     args.files = expand_scenarios(args.scenarios)
@@ -253,20 +257,42 @@ def run_sweep(args, on_row):
         row = result_row(path, *simulate_one(args.hzp, path, run_dir))
         return i, row, time.monotonic() - start
 
-    # Threads only wait: every simulation runs in its own hzp process.
+    # Threads only wait: every simulation runs in its own hzp process. A line per finished scenario, with
+    # the elapsed time and an ETA, and while none finishes a plain line every --progress-s seconds, so a log
+    # file (Slurm, CI) shows the sweep is alive.
+    sweep_start = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(task, i, path) for i, path in enumerate(args.files)]
+        pending, done = set(futures), 0
         try:
-            for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
-                i, row, wall = future.result()
-                rows[i] = row
-                print(f"sweep: [{done}/{len(futures)}] {row['scenario']}: {outcome(row)}, {wall:.1f} s",
-                      file=sys.stderr)
-                on_row(i, row)
+            while pending:
+                finished, pending = concurrent.futures.wait(pending, timeout=args.progress_s,
+                                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                if not finished:
+                    print(f"sweep: {progress_text(done, len(futures), time.monotonic() - sweep_start)}, "
+                          f"{min(args.jobs, len(pending))} running", file=sys.stderr)
+                for future in finished:
+                    i, row, wall = future.result()
+                    rows[i] = row
+                    done += 1
+                    print(f"sweep: [{done}/{len(futures)}] {row['scenario']}: {outcome(row)}, {wall:.1f} s; "
+                          f"{progress_text(done, len(futures), time.monotonic() - sweep_start)}", file=sys.stderr)
+                    on_row(i, row)
         except KeyboardInterrupt:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
     return rows
+
+
+def clock(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def progress_text(done, total, elapsed):
+    """'3/10 done, elapsed 0:00:12, ETA 0:00:28' (no ETA before the first scenario finishes)."""
+    eta = f", ETA {clock(elapsed / done * (total - done))}" if done else ""
+    return f"{done}/{total} done, elapsed {clock(elapsed)}{eta}"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Collective fidelity report: published nccl-tests bus bandwidths against `hzp collective` on the same hardware.
 
-    python3 tools/validate_collectives.py [--hzp build/hzp] [--jobs N] [--max-error PCT] [--json FILE] ROWS.jsonl
+    python3 tools/validate_collectives.py [--hzp build/hzp] [--jobs N] [--max-error PCT] [--json FILE] [ROWS.jsonl]
 
-Each row of ROWS.jsonl (scenarios/validation/nccl_tests_rows.jsonl: one published nccl-tests result per line,
+Each row of ROWS.jsonl (default scenarios/validation/nccl_tests_rows.jsonl: one published nccl-tests result per line,
 with its source, hardware, operation, size and bus bandwidth) names in "hzp" the cluster that stands for its
 hardware (a preset with overrides) and the algorithm / protocol the run forced, if any; rows whose algorithm
 hzp does not model carry "hzp": {"not_modelled": "why"} and are listed, not simulated; rows whose hardware is
@@ -80,8 +80,10 @@ def simulate(hzp, workdir, row):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("rows")
-    ap.add_argument("--hzp", default=os.path.join(os.path.dirname(__file__), "..", "build", "hzp"))
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    ap.add_argument("rows", nargs="?", default=os.path.join(repo, "scenarios", "validation", "nccl_tests_rows.jsonl"),
+                    help="published nccl-tests rows (default: the repo's scenarios/validation/nccl_tests_rows.jsonl)")
+    ap.add_argument("--hzp", default=os.path.join(repo, "build", "hzp"))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--max-error", type=float)
     ap.add_argument("--min-bytes", type=int, default=2**30, help="smallest size scored against --max-error")

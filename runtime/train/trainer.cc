@@ -160,10 +160,20 @@ Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const L
   return device;
 }
 
+// Whether the schedule all-reduces the gradient norm (training.grad_clip, fp16's overflow check).
+bool takes_grad_norm(const Schedule& schedule) {
+  for (const Program& program : schedule.programs)
+    for (const Op& op : program.ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body); c && c->purpose == CollectivePurpose::kGradNorm)
+        return true;
+  return false;
+}
+
 }  // namespace
 
 Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size) {
-  auto loaded = load_json_file(options.scenario_path, kMaxScenarioBytes);
+  std::string name;
+  auto loaded = load_scenario_document(options.scenario_path, options.sets, &name);
   if (!loaded.ok()) return loaded.status();
   const int g = options.gpus_per_node > 0 ? options.gpus_per_node : world_size;
   if (world_size % g != 0)
@@ -171,7 +181,7 @@ Result<Scenario> load_train_scenario(const TrainOptions& options, int world_size
                                 std::to_string(world_size));
   // The scenario runs on this job's ranks, whatever cluster size it names.
   const ClusterOverride ranks{world_size / g, g};
-  auto parsed = parse_scenario(*loaded, fs::path(options.scenario_path).stem().string(), ranks);
+  auto parsed = parse_scenario(*loaded, name, ranks);
   if (!parsed.ok())
     return Status::InvalidInput(printable(options.scenario_path, 200) + " (with " + std::to_string(world_size / g) +
                                 " nodes x " + std::to_string(g) + " ranks): " + parsed.status().message());
@@ -241,11 +251,13 @@ class RankRun {
         timeout_(static_cast<long long>(options.timeout_s) * 1000),
         tokens_per_step_(prepared.compiled.scenario.training.global_batch *
                          prepared.compiled.scenario.training.seq_len),
-        // MFU against the scenario's GPU type (model FLOPs per rank per step / (step time x peak)), as the
-        // simulator reports it, so a CPU run and its simulated GPU cluster read on one scale.
+        // Model FLOPs per rank per step: MFU against the scenario's GPU type on a GPU backend, as the simulator
+        // reports it; on the host, GFLOP/s per rank (a GPU's MFU of a CPU run says nothing).
         flops_per_rank_step_(prepared.compiled.cost.model_flops *
                              static_cast<double>(prepared.compiled.scenario.grad_accum_steps())),
-        peak_(prepared.compiled.scenario.cluster.gpu.peak_flops) {}
+        peak_(prepared.compiled.scenario.cluster.gpu.peak_flops),
+        on_host_(options.backend == "cpu"),
+        takes_norm_(takes_grad_norm(prepared.compiled.schedule)) {}
 
   int join();
   int train();
@@ -265,10 +277,28 @@ class RankRun {
     return 1;
   }
   int evaluate(std::int64_t step_shown, bool before_training);
+  std::string speed_basis() const {
+    if (on_host_) return "speed in model GFLOP/s per rank (the host backend)";
+    char text[96];
+    std::snprintf(text, sizeof text, "MFU against %s (%.0f TFLOP/s)", scenario_.cluster.gpu.type.c_str(), peak_ / 1e12);
+    return text;
+  }
   int checkpoint(std::int64_t steps_done);
   int write_traces();
   double mfu(double seconds, std::int64_t steps) const {
     return seconds > 0 ? flops_per_rank_step_ * static_cast<double>(steps) / (seconds * peak_) : 0.0;
+  }
+  double gflops_per_rank(double seconds, std::int64_t steps) const {
+    return seconds > 0 ? flops_per_rank_step_ * static_cast<double>(steps) / seconds / 1e9 : 0.0;
+  }
+  // "MFU 41.2 %" against the scenario's GPU, or "3.1 GFLOP/s/rank" on the host.
+  std::string speed_text(double seconds, std::int64_t steps) const {
+    char text[64];
+    if (on_host_)
+      std::snprintf(text, sizeof text, "%.3g GFLOP/s/rank", gflops_per_rank(seconds, steps));
+    else
+      std::snprintf(text, sizeof text, "MFU %.3g %%", 100 * mfu(seconds, steps));
+    return text;
   }
 
   const TrainOptions& options_;
@@ -284,8 +314,10 @@ class RankRun {
   const std::int64_t tokens_per_step_;
   const double flops_per_rank_step_;
   const double peak_;
-  int host_threads_ = 1;  // the CPU backend's kernel threads per rank
-  int local_ranks_ = 1;   // ranks on this host (GPU backends: do they share a device?)
+  const bool on_host_;     // the CPU backend: speed in GFLOP/s, not a GPU's MFU
+  const bool takes_norm_;  // the schedule all-reduces the gradient norm (clipping, fp16): it is reported
+  int host_threads_ = 1;   // the CPU backend's kernel threads per rank
+  int local_ranks_ = 1;    // ranks on this host (GPU backends: do they share a device?)
 
   std::unique_ptr<CheckpointDirLock> lock_;  // external launchers: rank 0 holds the checkpoint directory
   std::unique_ptr<StoreServer> server_;
@@ -386,12 +418,11 @@ int RankRun::join() {
   if (lead_) {
     std::printf(
         "hzp train: %s, policy %s %s, %d ranks (%d per node), %lld params, %lld tokens/step, steps %lld..%lld "
-        "of %lld; MFU against %s (%.0f TFLOP/s)\n",
+        "of %lld; %s\n",
         scenario_.name.c_str(), to_string(schedule_.policy), sharding_notation(scenario_.policy.sharding).c_str(),
         env_.world_size, scenario_.cluster.gpus_per_node, static_cast<long long>(cost_.params),
         static_cast<long long>(tokens_per_step_), static_cast<long long>(first_step_ + 1),
-        static_cast<long long>(end_step_), static_cast<long long>(run.steps), scenario_.cluster.gpu.type.c_str(),
-        peak_ / 1e12);
+        static_cast<long long>(end_step_), static_cast<long long>(run.steps), speed_basis().c_str());
     std::fflush(stdout);
   }
   return 0;
@@ -409,7 +440,7 @@ int RankRun::evaluate(std::int64_t step_shown, bool before_training) {
     std::printf("step %lld/%lld | val_loss %.6f\n", static_cast<long long>(step_shown),
                 static_cast<long long>(end_step_), *val);
   if (metrics_)
-    std::fprintf(metrics_.get(), "%s\n", nlohmann::json({{"step", step_shown - 1}, {"val_loss", *val}}).dump().c_str());
+    std::fprintf(metrics_.get(), "%s\n", nlohmann::json({{"step", step_shown}, {"val_loss", *val}}).dump().c_str());
   return 0;
 }
 
@@ -479,16 +510,18 @@ int RankRun::train() {
       char scaler[64] = "";
       if (scenario_.training.precision == Precision::kFp16)
         std::snprintf(scaler, sizeof scaler, " | scale %g%s", m->loss_scale, m->skipped ? " (overflow: skipped)" : "");
-      std::printf(
-          "step %lld/%lld | loss %.6f | aux %.4f | lr %.2e | norm %.3f%s | %.3f s | %.0f tok/s | MFU %.3g %% | "
-          "elapsed %s | ETA %s\n",
-          static_cast<long long>(step + 1), static_cast<long long>(end_step_), m->loss, m->aux_loss, m->lr,
-          m->grad_norm, scaler, m->seconds, tokens_per_step_ / m->seconds, 100 * mfu(m->seconds, 1),
-          clock_text(elapsed).c_str(), clock_text(eta).c_str());
+      // Steps are numbered from 1 (the optimizer steps done), here, in metrics.jsonl and in checkpoints.
+      char aux[32] = "", norm[32] = "";
+      if (scenario_.model.has_moe) std::snprintf(aux, sizeof aux, " | aux %.4f", m->aux_loss);
+      if (takes_norm_) std::snprintf(norm, sizeof norm, " | norm %.3f", m->grad_norm);
+      std::printf("step %lld/%lld | loss %.6f%s | lr %.2e%s%s | %.3f s | %.0f tok/s | %s | elapsed %s | ETA %s\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(end_step_), m->loss, aux, m->lr, norm,
+                  scaler, m->seconds, tokens_per_step_ / m->seconds, speed_text(m->seconds, 1).c_str(),
+                  clock_text(elapsed).c_str(), clock_text(eta).c_str());
       if (metrics_) {
-        nlohmann::json line = {
-            {"step", step}, {"loss", m->loss},      {"aux_loss", m->aux_loss}, {"grad_norm", m->grad_norm},
-            {"lr", m->lr},  {"seconds", m->seconds}};
+        nlohmann::json line = {{"step", step + 1}, {"loss", m->loss}, {"lr", m->lr}, {"seconds", m->seconds}};
+        if (scenario_.model.has_moe) line["aux_loss"] = m->aux_loss;
+        if (takes_norm_) line["grad_norm"] = m->grad_norm;
         if (scenario_.training.precision == Precision::kFp16) {  // the loss scaler's state
           line["loss_scale"] = m->loss_scale;
           line["skipped"] = m->skipped;
@@ -579,20 +612,21 @@ int RankRun::write_outputs() {
         {"final_val_loss", last_val_},
         {"train_seconds", train_seconds_},
         {"tokens_per_second", train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0},
-        {"mfu", mfu(train_seconds_, trained_)},
-        {"mfu_peak_of", scenario_.cluster.gpu.type}};
+        {"model_gflops_per_second_per_rank", gflops_per_rank(train_seconds_, trained_)}};
+    if (!on_host_) {  // a GPU's MFU of a CPU run says nothing
+      summary["mfu"] = mfu(train_seconds_, trained_);
+      summary["mfu_peak_of"] = scenario_.cluster.gpu.type;
+    }
     Status st = write_file_atomic((fs::path(out_dir) / "summary.json").string(), summary.dump(2) + "\n");
     if (!st.ok()) return fail(st);
     wrote_.push_back((fs::path(out_dir) / "summary.json").string());
   }
   if (lead_) {
     for (const std::string& dir : checkpoints_written_) wrote_.push_back(dir + " (checkpoint)");
-    std::printf(
-        "hzp train: done: %lld steps in %.1f s (%.0f tokens/s, MFU %.3g %% of %s), final loss %.4f, "
-        "validation loss %.4f\n",
-        static_cast<long long>(trained_), train_seconds_,
-        train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0, 100 * mfu(train_seconds_, trained_),
-        scenario_.cluster.gpu.type.c_str(), last_.loss, last_val_);
+    std::printf("hzp train: done: %lld steps in %.1f s (%.0f tokens/s, %s), final loss %.4f, validation loss %.4f\n",
+                static_cast<long long>(trained_), train_seconds_,
+                train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0,
+                speed_text(train_seconds_, trained_).c_str(), last_.loss, last_val_);
     if (!wrote_.empty()) std::printf("  wrote %s\n", hzp::join(wrote_, "\n  wrote ").c_str());
     std::fflush(stdout);
   }

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -126,6 +127,36 @@ Status write_file_atomic(const std::string& path, const std::string& text) {
   }
   sync_dir(fs::path(path).parent_path());
   return Status::Ok();
+}
+
+Result<std::string> gzip_text(const std::string& text) {
+  z_stream z{};
+  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+    return Status::Internal("zlib: deflateInit2 failed");
+  // zlib counts in 32 bits: feed and drain at most 1 GiB at a time.
+  constexpr std::size_t kChunk = std::size_t{1} << 30;
+  std::string out;
+  char buffer[1 << 16];
+  std::size_t fed = 0;
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    if (z.avail_in == 0 && fed < text.size()) {
+      const std::size_t n = std::min(kChunk, text.size() - fed);
+      z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data() + fed));
+      z.avail_in = static_cast<uInt>(n);
+      fed += n;
+    }
+    z.next_out = reinterpret_cast<Bytef*>(buffer);
+    z.avail_out = sizeof buffer;
+    rc = deflate(&z, fed == text.size() ? Z_FINISH : Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) {
+      deflateEnd(&z);
+      return Status::Internal("zlib: deflate failed (" + std::to_string(rc) + ")");
+    }
+    out.append(buffer, sizeof buffer - z.avail_out);
+  }
+  deflateEnd(&z);
+  return out;
 }
 
 Status ensure_writable_dir(const std::string& dir, const std::string& what) {

@@ -23,6 +23,9 @@ Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t m
 // after the call returns loses neither: write PATH.tmp, fsync it, rename over PATH, fsync the directory.
 Status write_file_atomic(const std::string& path, const std::string& text);
 
+// `text` as a gzip stream (RFC 1952, zlib's default level), which read_maybe_gzip_file, gzip and Perfetto read.
+Result<std::string> gzip_text(const std::string& text);
+
 // Creates `dir` (and parents) if needed and proves it writable by creating and removing a probe file.
 // `what` names the option or field in the error, e.g. "--out".
 Status ensure_writable_dir(const std::string& dir, const std::string& what);

@@ -2,7 +2,9 @@
 #include "shared/scenario/overrides.h"
 
 #include <string>
+#include <vector>
 
+#include "shared/base/text.h"
 #include "shared/scenario/presets.h"
 #include "shared/scenario/scenario_parser.h"
 
@@ -77,6 +79,40 @@ Result<json> apply_overrides(const json& resolved, const json& overrides) {
   drop_derived(base, overrides);
   base.merge_patch(overrides);
   return base;
+}
+
+Status apply_set(json& doc, std::string_view assignment) {
+  const std::string shown = printable(assignment, 120);
+  const std::size_t eq = assignment.find('=');
+  if (eq == std::string_view::npos) return Status::InvalidInput("--set " + shown + ": expected PATH=VALUE");
+  const std::string_view path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  std::vector<std::string> keys;
+  for (std::size_t begin = 0;;) {
+    const std::size_t dot = path.find('.', begin);
+    keys.emplace_back(path.substr(begin, dot == std::string_view::npos ? std::string_view::npos : dot - begin));
+    if (keys.back().empty()) return Status::InvalidInput("--set " + shown + ": empty key in the path");
+    if (dot == std::string_view::npos) break;
+    begin = dot + 1;
+  }
+  if (!doc.is_object()) return Status::InvalidInput("--set " + shown + ": the scenario is not a JSON object");
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = std::string(text);
+  json* at = &doc;
+  std::string walked;
+  for (std::size_t i = 0; i + 1 < keys.size(); ++i) {
+    walked += (walked.empty() ? "" : ".") + keys[i];
+    json& next = (*at)[keys[i]];
+    if (next.is_null()) next = json::object();
+    if (!next.is_object())
+      return Status::InvalidInput("--set " + shown + ": " + walked + " is " + printable(next.dump(), 60) +
+                                  ", not an object");
+    at = &next;
+  }
+  if (value.is_null())
+    at->erase(keys.back());
+  else
+    (*at)[keys.back()] = std::move(value);
+  return Status::Ok();
 }
 
 }  // namespace hzp

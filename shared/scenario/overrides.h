@@ -16,6 +16,8 @@
 // Everything else merges as RFC 7386 merge patch (an object merges key by key, null deletes a key).
 #pragma once
 
+#include <string_view>
+
 #include <nlohmann/json.hpp>
 
 #include "shared/base/status.h"
@@ -25,5 +27,12 @@ namespace hzp {
 // `resolved` with `overrides` applied; kInvalidInput when `overrides` (or one of its sections) is not an
 // object where the scenario has one.
 Result<nlohmann::json> apply_overrides(const nlohmann::json& resolved, const nlohmann::json& overrides);
+
+// One `--set PATH=VALUE` on a scenario document as written (before presets resolve, so it means what the same
+// field would in the file): PATH is dot-separated keys ("training.micro_batch"), created where missing; VALUE
+// is JSON when it parses as JSON (2, 0.5, true, null, [1,2], {"a":1}, "quoted") and a string otherwise
+// (zero3, llama2-7b); null deletes the key. kInvalidInput naming the assignment when there is no '=', an empty
+// key, or a key below a value that is not an object.
+Status apply_set(nlohmann::json& doc, std::string_view assignment);
 
 }  // namespace hzp

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iostream>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -20,6 +22,7 @@
 #include "shared/base/text.h"
 #include "shared/scenario/calibration.h"
 #include "shared/scenario/mesh.h"
+#include "shared/scenario/overrides.h"
 #include "shared/scenario/presets.h"
 
 namespace hzp {
@@ -1123,16 +1126,34 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view nam
   return parse_scenario(doc, name);
 }
 
-Result<Scenario> load_scenario_file(const std::string& path) {
-  HZP_ASSIGN_OR_RETURN(std::string text, read_text_file(path, kMaxScenarioBytes + 1));
-  const std::string stem = std::filesystem::path(path).stem().string();
-  Result<Scenario> s = parse_scenario_text(text, stem);
+Result<json> load_scenario_document(const std::string& path, const std::vector<std::string>& sets, std::string* name) {
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    if (std::cin.bad()) return Status::InvalidInput("stdin: cannot be read");
+    if (text.size() > kMaxScenarioBytes)
+      return Status::InvalidInput("stdin: over " + std::to_string(kMaxScenarioBytes) + " bytes, not a scenario");
+  } else {
+    HZP_ASSIGN_OR_RETURN(text, read_text_file(path, kMaxScenarioBytes + 1));
+  }
+  const std::string shown = path == "-" ? std::string("stdin") : printable(path, 200);
+  Result<json> doc = parse_json_strict(text, kMaxScenarioBytes);
   // Syntax errors have no JSON path to lead with, so they lead with the file instead.
-  const std::string& m = s.status().message();
-  if (!s.ok() &&
-      (m.rfind("malformed JSON", 0) == 0 || m.rfind("empty document", 0) == 0 || m.rfind("document of", 0) == 0))
-    return Status::InvalidInput(printable(path, 200) + ": " + m);
-  return s;
+  if (!doc.ok()) {
+    const std::string& m = doc.status().message();
+    if (m.rfind("malformed JSON", 0) == 0 || m.rfind("empty document", 0) == 0 || m.rfind("document of", 0) == 0)
+      return Status::InvalidInput(shown + ": " + m);
+    return doc.status();
+  }
+  for (const std::string& set : sets) HZP_RETURN_IF_ERROR(apply_set(*doc, set));
+  if (name) *name = path == "-" ? std::string("stdin") : std::filesystem::path(path).stem().string();
+  return doc;
+}
+
+Result<Scenario> load_scenario_file(const std::string& path, const std::vector<std::string>& sets) {
+  std::string name;
+  HZP_ASSIGN_OR_RETURN(json doc, load_scenario_document(path, sets, &name));
+  return parse_scenario(doc, name);
 }
 
 nlohmann::json parallel_to_json(const ParallelSpec& p) {

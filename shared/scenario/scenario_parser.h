@@ -6,6 +6,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -28,8 +29,13 @@ Result<Scenario> parse_scenario(const nlohmann::json& doc, std::string_view name
 // Decode text and parse it; malformed JSON is an error naming the byte offset.
 Result<Scenario> parse_scenario_text(std::string_view text, std::string_view name);
 
-// Read a file and parse it; a missing/unreadable file is an error naming the path.
-Result<Scenario> load_scenario_file(const std::string& path);
+// Read a file ("-": standard input, named "stdin") and parse it, after the `--set PATH=VALUE` assignments
+// (overrides.h apply_set) on the document as written; a missing/unreadable file is an error naming the path.
+Result<Scenario> load_scenario_file(const std::string& path, const std::vector<std::string>& sets = {});
+
+// The document load_scenario_file parses, and the name it gives a document without "name".
+Result<nlohmann::json> load_scenario_document(const std::string& path, const std::vector<std::string>& sets,
+                                              std::string* name = nullptr);
 
 // The parallel mesh of a scenario, checked once (the parser calls it last): every degree at least 1, their
 // product the cluster's GPUs, expert dividing data. The message prints every degree.
