@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -356,4 +357,53 @@ TEST_CASE("a scenario from stdin and --set edits on every command that reads one
   r = run("validate - < /dev/null");
   CHECK(r.code == 2);
   CHECK(r.err.find("stdin:") != std::string::npos);
+}
+
+TEST_CASE("compare: two runs side by side, from scenarios, simulations or summaries", "[cli][compare]") {
+  const auto dir = scratch_dir() / "compare";
+  std::filesystem::create_directories(dir);
+  const std::string zero3 = "'" + kData + "/golden/zero3.json'", ddp = "'" + kData + "/golden/ddp.json'";
+  auto rows_of = [](const std::string& path) {
+    std::map<std::string, nlohmann::json> rows;
+    const nlohmann::json doc = nlohmann::json::parse(slurp(path));
+    for (const auto& row : doc["rows"]) rows[row["metric"].get<std::string>()] = row;
+    return rows;
+  };
+  // Estimated: DDP replicates what ZeRO-3 shards over the 4 GPUs, so its parameters take 4x the memory.
+  RunResult r = run("compare " + zero3 + " " + ddp + " --json '" + (dir / "est.json").string() + "'");
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  auto est = rows_of((dir / "est.json").string());
+  CHECK(est["peak_memory_breakdown_bytes.params"]["ratio"].get<double>() == Approx(4.0));
+  CHECK(est["peak_memory_breakdown_bytes.optimizer"]["ratio"].get<double>() == Approx(4.0));
+  CHECK(est["step_time_s"]["delta"].get<double>() ==
+        Approx(est["step_time_s"]["b"].get<double>() - est["step_time_s"]["a"].get<double>()));
+  // Without B: B is A with the edits, here the same as the DDP file.
+  r = run("compare " + zero3 + " --set policy.preset=ddp --set policy.overlap=null --json '" +
+          (dir / "set.json").string() + "'");
+  REQUIRE(r.code == 0);
+  CHECK(rows_of((dir / "set.json").string())["peak_memory_breakdown_bytes.params"]["ratio"].get<double>() ==
+        Approx(4.0));
+  // Simulated in child processes: each side's numbers are those of its own `hzp simulate`.
+  r = run("compare " + zero3 + " " + ddp + " --simulate --out '" + (dir / "sim").string() + "' --json '" +
+          (dir / "sim.json").string() + "'");
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  const auto a = nlohmann::json::parse(slurp((dir / "sim" / "a-golden-zero3" / "summary.json").string()));
+  auto sim = rows_of((dir / "sim.json").string());
+  CHECK(sim["step_time_s"]["a"] == a["step_time_s"]);
+  CHECK(sim.count("breakdown.compute_s.forward") == 1);
+  // Summaries and folders holding one are read as they are: a run against itself changes nothing.
+  r = run("compare '" + (dir / "sim" / "a-golden-zero3").string() + "' '" +
+          (dir / "sim" / "a-golden-zero3" / "summary.json").string() + "' --json '" + (dir / "same.json").string() +
+          "'");
+  REQUIRE(r.code == 0);
+  for (const auto& [metric, row] : rows_of((dir / "same.json").string()))
+    if (!row["delta"].is_null()) CHECK(row["delta"].get<double>() == 0);
+  // Bad input: no B and no edits, a folder without a summary, a scenario that is not one.
+  CHECK(run("compare " + zero3).code == 2);
+  CHECK(run("compare '" + dir.string() + "' " + zero3).code == 2);
+  r = run("compare " + zero3 + " '" + kData + "/bad/unknown_key_top.json'");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("unknown key") != std::string::npos);
 }

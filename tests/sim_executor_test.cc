@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "shared/cost/collective_cost.h"
+#include "sim/breakdown.h"
 #include "sim/executor.h"
 
 using namespace hzp;
@@ -280,4 +281,42 @@ TEST_CASE("sim: context parallelism by all-to-all across nodes agrees with the e
   CHECK_FALSE(b.schedule.group_of(0, b.schedule.role_index(GroupRole::kContext)).intra_node);
   const sim::SimResult r = run_sim(b);
   CHECK(r.step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.03));
+}
+
+// The step's breakdown (sim/breakdown.h): a partition of the step, checked against closed forms.
+TEST_CASE("sim breakdown: a 1F1B pipeline's first stage idles (p-1)/(m+p-1) of the step", "[sim][nd][breakdown]") {
+  // 4 equal stages, 8 micro-batches, transfers instant: stage 0 computes m (f + b) and idles (p - 1)(f + b),
+  // 3/11 of the step but for the optimizer.
+  const Built b = build(scenario_from(idle_pipeline_json(4, 1, 8)));
+  const sim::SimResult r = run_sim(b);
+  const sim::StepBreakdown d = sim::step_breakdown(b.schedule, r, 0);
+  CHECK(d.step_s == Approx(r.step_time_s));
+  CHECK(d.compute_busy_s + d.exposed_comm_s + d.idle_s == Approx(d.step_s).epsilon(1e-9));
+  CHECK(d.idle_s == Approx(3.0 / 8.0 * (d.forward_s + d.backward_s)).epsilon(0.01));
+  CHECK(d.recompute_s == 0);
+  CHECK(d.backward_s / d.forward_s == Approx(2.0).epsilon(0.1));  // twice the FLOPs of forward, compute-bound
+  CHECK(d.comm[static_cast<int>(sim::CommDimension::kPipeline)].transfer_s > 0);
+  CHECK(d.comm[static_cast<int>(sim::CommDimension::kTensor)].transfer_s == 0);
+  const nlohmann::json j = sim::breakdown_json(d);
+  CHECK(j["comm_s"].contains("pipeline"));
+  CHECK_FALSE(j["comm_s"].contains("tensor"));
+  CHECK(sim::breakdown_text(d, true).find("bubble") != std::string::npos);
+}
+
+TEST_CASE("sim breakdown: ZeRO-3 with full recomputation and data-parallel traffic", "[sim][breakdown]") {
+  nlohmann::json doc = scenario_json("llama2-7b", "a800", 2, "zero3", 2048, 16 * 2);
+  doc["training"]["recompute"] = "full";
+  const Built b = build(scenario_from(doc));
+  const sim::SimResult r = run_sim(b);
+  const sim::StepBreakdown d = sim::step_breakdown(b.schedule, r, 0);
+  // One compute stream: the phases add up to its busy time; full recomputation re-runs the forward.
+  CHECK(d.forward_s + d.backward_s + d.recompute_s + d.optimizer_s == Approx(d.compute_busy_s).epsilon(1e-9));
+  CHECK(d.recompute_s == Approx(d.forward_s).epsilon(0.02));
+  CHECK(d.compute_busy_s + d.exposed_comm_s + d.idle_s == Approx(d.step_s).epsilon(1e-9));
+  const sim::CommTime& data = d.comm[static_cast<int>(sim::CommDimension::kData)];
+  CHECK(data.transfer_s > 0);
+  CHECK(data.exposed_s <= data.transfer_s);
+  CHECK(d.exposed_comm_s == Approx(data.exposed_s).epsilon(1e-9));  // the only dimension with traffic
+  // The executor's own figure, taken per rank from its busy times, is the busiest rank's: close to rank 0's.
+  CHECK(d.compute_busy_s == Approx(r.compute_s).epsilon(0.01));
 }

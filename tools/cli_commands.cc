@@ -29,9 +29,11 @@
 #include "shared/trace/import/kineto.h"
 #include "shared/trace/trace_format.h"
 #include "shared/trace/trace_replay.h"
+#include "sim/breakdown.h"
 #include "sim/executor.h"
 #include "tools/cli.h"
 #include "tools/cli_collective.h"
+#include "tools/cli_compare.h"
 #include "tools/cli_flags.h"
 #include "tools/cli_search.h"
 #include "tools/cli_train.h"
@@ -92,7 +94,9 @@ constexpr std::size_t kTimelineGzipBytes = 32u << 20;
 // code of the failure.
 int write_sim_outputs(const std::string& dir, const nlohmann::json& summary, const Scenario& scenario,
                       const Schedule& schedule, const sim::SimResult& r, bool always_gzip = false) {
-  if (Status s = write_output(dir, "summary.json", summary.dump(2) + "\n"); !s.ok()) return fail(s);
+  nlohmann::json with_breakdown = summary;
+  with_breakdown["breakdown"] = sim::breakdown_json(sim::step_breakdown(schedule, r, 0));
+  if (Status s = write_output(dir, "summary.json", with_breakdown.dump(2) + "\n"); !s.ok()) return fail(s);
   std::string timeline = sim::timeline_json(scenario, schedule, r).dump() + "\n";
   const std::size_t json_bytes = timeline.size();
   const bool gzipped = always_gzip || json_bytes > kTimelineGzipBytes;
@@ -342,6 +346,7 @@ int run_simulate(const std::vector<std::string>& argv) {
               scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(), r.steps, r.steps > 1 ? "s" : "");
   std::printf("  step time     %.4f s  (compute %.4f s, exposed communication %.4f s, overlap %.1f %%)\n",
               r.step_time_s, r.compute_s, r.exposed_comm_s, 100 * r.overlap_fraction);
+  std::printf("%s", sim::breakdown_text(sim::step_breakdown(*schedule, r, 0), scenario->mesh.pipeline > 1).c_str());
   std::printf("  analytic      %.4f s  (estimator, no contention)\n", analytic->step_time_s);
   std::printf("  throughput    %.0f tokens/s, %.0f tokens/s/GPU, %.1f TFLOP/s/GPU, MFU %.1f %%%s\n", r.tokens_per_s,
               r.tokens_per_gpu_per_s, r.tflops_per_gpu, 100 * r.mfu,
@@ -686,6 +691,8 @@ const std::vector<Command>& commands() {
        run_import},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
        run_collective_command},
+      {"compare", "two scenarios, simulations or plan candidates side by side, with the deltas", kCompareHelp,
+       run_compare_command},
       {"train", "train the scenario's model on local CPU ranks (Gloo) with its policy's schedule", kTrainHelp,
        run_train_command},
   };

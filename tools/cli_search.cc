@@ -86,31 +86,24 @@ std::string folder_name(const Simulation& sim) {
   return safe_file_name((sim.origin == Origin::kSearch ? std::string(rank) : label(sim)) + "-" + buf);
 }
 
-std::string self_exe() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("hzp") : p.string();
-}
-
 // Runs `hzp simulate` for every entry, `jobs` processes at a time; one SimGrid engine per process.
 void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) {
-  const std::string exe = self_exe();
-  const auto started = std::chrono::steady_clock::now();
-  std::map<pid_t, size_t> running;
-  size_t next = 0, finished = 0;
-  auto reap_one = [&] {
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, 0);
-    auto it = running.find(pid);
-    if (it == running.end()) return;
-    Simulation& sim = sims[it->second];
-    running.erase(it);
-    ++finished;
+  std::vector<ChildSimulation> runs;
+  for (Simulation& sim : sims) {
     const fs::path out = dir / folder_name(sim);
-    std::ifstream in(out / "summary.json");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !in) {
-      sim.error = "simulation failed (see " + (out / "stderr.txt").string() + ")";
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    runs.push_back({sim.scenario, out, {}});
+  }
+  const auto started = std::chrono::steady_clock::now();
+  std::size_t finished = 0;
+  simulate_in_children(runs, jobs, [&](std::size_t i) {
+    Simulation& sim = sims[i];
+    ++finished;
+    if (!runs[i].error.empty()) {
+      sim.error = runs[i].error;
     } else {
+      std::ifstream in(runs[i].out / "summary.json");
       const nlohmann::json summary = nlohmann::json::parse(in, nullptr, false);
       if (summary.is_discarded()) {
         sim.error = "unreadable summary.json";
@@ -127,34 +120,7 @@ void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) 
                                                    : "";
     std::fprintf(stderr, "plan: simulated %zu/%zu (%s), elapsed %s%s\n", finished, sims.size(), label(sim).c_str(),
                  clock_text(elapsed).c_str(), eta.c_str());
-  };
-  for (; next < sims.size(); ++next) {
-    while (static_cast<int>(running.size()) >= jobs) reap_one();
-    const fs::path out = dir / folder_name(sims[next]);
-    std::error_code ec;
-    fs::create_directories(out, ec);
-    const fs::path file = out / "scenario.json";
-    if (Status st = write_file_atomic(file.string(), scenario_to_json(sims[next].scenario).dump(2) + "\n"); !st.ok()) {
-      sims[next].error = st.message();
-      continue;
-    }
-    const std::string stdout_path = (out / "stdout.txt").string(), stderr_path = (out / "stderr.txt").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    std::vector<std::string> args = {exe, "simulate", file.string(), "--out", out.string(), "--timeline-ranks", "8"};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0)
-      running[pid] = next;
-    else
-      sims[next].error = "could not start " + exe;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  while (!running.empty()) reap_one();
+  });
 }
 
 nlohmann::json sharding_json(const ShardingSpec& s) {
@@ -401,6 +367,59 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   std::printf("wrote %s/plan.json and %s/best.json (%s)\n", out_dir.c_str(), out_dir.c_str(),
               describe(sims[best].scenario).c_str());
   return 0;
+}
+
+namespace {
+std::string self_exe() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("hzp") : p.string();
+}
+}  // namespace
+
+void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const std::function<void(std::size_t)>& done) {
+  const std::string exe = self_exe();
+  std::map<pid_t, std::size_t> running;
+  auto reap_one = [&] {
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    auto it = running.find(pid);
+    if (it == running.end()) return;
+    const std::size_t i = it->second;
+    running.erase(it);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !fs::exists(runs[i].out / "summary.json"))
+      runs[i].error = "simulation failed (see " + (runs[i].out / "stderr.txt").string() + ")";
+    if (done) done(i);
+  };
+  for (std::size_t next = 0; next < runs.size(); ++next) {
+    while (static_cast<int>(running.size()) >= jobs) reap_one();
+    ChildSimulation& run = runs[next];
+    const fs::path file = run.out / "scenario.json";
+    if (Status st = write_file_atomic(file.string(), scenario_to_json(run.scenario).dump(2) + "\n"); !st.ok()) {
+      run.error = st.message();
+      if (done) done(next);
+      continue;
+    }
+    const std::string stdout_path = (run.out / "stdout.txt").string(), stderr_path = (run.out / "stderr.txt").string();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<std::string> args = {exe, "simulate", file.string(), "--out", run.out.string(), "--timeline-ranks",
+                                     "8"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0) {
+      running[pid] = next;
+    } else {
+      run.error = "could not start " + exe;
+      if (done) done(next);
+    }
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  while (!running.empty()) reap_one();
 }
 
 }  // namespace hzp::cli

@@ -1,8 +1,11 @@
 // `hzp plan --search`: the planner's exhaustive search, analytic ranking, SimGrid verification.
 #pragma once
 
+#include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "shared/scenario/scenario.h"
 
@@ -11,5 +14,15 @@ namespace hzp::cli {
 // Returns the exit code. `top_k` candidates (plus every fitting preset) are simulated, `jobs` at a time,
 // each in its own `hzp simulate` process. `out_dir` receives plan.json, best.json and candidates/.
 int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir);
+
+// One `hzp simulate` of `scenario` into `out` (its scenario.json, summary.json, timeline, stdout.txt and
+// stderr.txt), in a child process: one SimGrid engine per process.
+struct ChildSimulation {
+  Scenario scenario;
+  std::filesystem::path out;  // exists
+  std::string error;          // set when the simulation could not run or failed
+};
+// Runs them `jobs` at a time; `done(i)` is called as each ends (in this thread).
+void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const std::function<void(std::size_t)>& done);
 
 }  // namespace hzp::cli
