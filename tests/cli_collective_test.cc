@@ -1,6 +1,7 @@
 // `hzp collective` end to end: the table it prints (simulated time = closed form on an idle cluster) and
 // its exit codes on bad arguments.
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,11 +44,16 @@ TEST_CASE("hzp collective prints one row per size and the simulation agrees with
   while (std::getline(lines, line)) {
     if (line.empty() || line[0] == '#' || line.find("size(B)") != std::string::npos) continue;
     std::istringstream fields(line);
-    long long size = 0;
+    long long size = 0, count = 0;
+    int root = 0;
     double time_us = 0, algbw = 0, busbw = 0, model_us = 0;
-    std::string algorithm;
-    REQUIRE(fields >> size >> time_us >> algbw >> busbw >> model_us >> algorithm);
+    std::string type, redop, algorithm;
+    REQUIRE(fields >> size >> count >> type >> redop >> root >> time_us >> algbw >> busbw >> model_us >> algorithm);
     CHECK(size == expected_size);
+    CHECK(count == size / 4);  // nccl-tests' default type, float
+    CHECK(type == "float");
+    CHECK(redop == "sum");
+    CHECK(root == -1);
     CHECK(time_us == Approx(model_us).epsilon(1e-3));           // printed with 2 decimals
     CHECK(busbw == Approx(algbw * 2 * 15 / 16).epsilon(1e-2));  // nccl-tests all-reduce factor, p = 16
     expected_size *= 2;
@@ -118,9 +124,12 @@ TEST_CASE("hzp collective under ECMP: scattered nodes collide, the closed form g
     std::string line;
     while (std::getline(lines, line)) {
       std::istringstream fields(line);
-      long long size = 0;
+      long long size = 0, count = 0;
+      int root = 0;
+      std::string type, redop;
       double time_us = 0, algbw = 0, busbw = 0, model_us = 0;
-      if (fields >> size >> time_us >> algbw >> busbw >> model_us) return std::pair{time_us, model_us};
+      if (fields >> size >> count >> type >> redop >> root >> time_us >> algbw >> busbw >> model_us)
+        return std::pair{time_us, model_us};
     }
     FAIL("no result row");
     return std::pair{0.0, 0.0};
@@ -135,4 +144,44 @@ TEST_CASE("hzp collective under ECMP: scattered nodes collide, the closed form g
     model = model_us;
   }
   CHECK(sum / 6 == Approx(model).epsilon(0.10));
+}
+
+TEST_CASE("hzp collective writes nccl-tests' columns as CSV and JSON, and its help lists what it accepts",
+          "[cli][sim]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("hzp_cli_collective_out_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string csv = (dir / "t.csv").string(), json = (dir / "t.json").string();
+  const Output r =
+      hzp_collective("--cluster dgx-h100 --op all_gather --group node --bytes 1K:4K --dtype bfloat16 --csv '" + csv +
+                     "' --json '" + json + "'");
+  INFO(r.text);
+  REQUIRE(r.code == 0);
+  std::ifstream in(json);
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  REQUIRE(doc["rows"].size() == 3);
+  double sum = 0;
+  for (const auto& row : doc["rows"]) {
+    CHECK(row["count"] == row["size_bytes"].get<long long>() / 2);
+    CHECK(row["type"] == "bfloat16");
+    CHECK(row["redop"] == "none");
+    CHECK(row["busbw_GBps"].get<double>() == Approx(row["algbw_GBps"].get<double>() * 7 / 8));  // (p-1)/p, p = 8
+    sum += row["busbw_GBps"].get<double>();
+  }
+  CHECK(doc["avg_busbw_GBps"].get<double>() == Approx(sum / 3));
+  // The footer, as nccl-tests prints it.
+  char avg[64];
+  std::snprintf(avg, sizeof avg, "# Avg bus bandwidth    : %g", doc["avg_busbw_GBps"].get<double>());
+  CHECK(r.text.find(avg) != std::string::npos);
+  std::ifstream csv_in(csv);
+  std::string header, first;
+  std::getline(csv_in, header);
+  std::getline(csv_in, first);
+  CHECK(header == "size_bytes,count,type,redop,root,time_us,algbw_GBps,busbw_GBps,model_us,algorithm,protocol");
+  CHECK(first.rfind("1024,512,bfloat16,none,-1,", 0) == 0);
+  // The help comes from the parser's table: every preset, the real protocol default, every option.
+  const Output help = hzp_collective("--help");
+  for (const char* text : {"dgx-h200", "dgx-b200", "else simple", "--dtype TYPE", "--csv FILE", "--json FILE"})
+    CHECK(help.text.find(text) != std::string::npos);
+  CHECK(hzp_collective("--cluster dgx-h100 --op all_gather --group node --bytes 1K --dtype fp7").code == 2);
+  std::filesystem::remove_all(dir);
 }

@@ -3,51 +3,31 @@
 // beside each simulated time.
 #include "tools/cli_collective.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 #include <simgrid/s4u/Actor.hpp>
 #include <simgrid/s4u/Engine.hpp>
 
+#include "shared/base/files.h"
 #include "shared/base/json_io.h"
 #include "shared/base/text.h"
 #include "shared/cost/collective_cost.h"
+#include "shared/scenario/presets.h"
 #include "shared/scenario/scenario_parser.h"
 #include "sim/collective.h"
 #include "sim/platform.h"
 #include "tools/cli_flags.h"
 
 namespace hzp::cli {
-
-const char* const kCollectiveHelp =
-    "usage: hzp collective --cluster PRESET|FILE.json --op OP --group GROUP --bytes MIN[:MAX]\n"
-    "                      [--nodes N] [--algorithm ALGO] [--protocol PROTO]\n\n"
-    "Simulates one collective on the SimGrid model of a cluster for sizes MIN, 2·MIN, 4·MIN, ... <= MAX and\n"
-    "prints an nccl-tests-style table: size(B), time_us, algbw_GBps (size / time), busbw_GBps (algbw x the\n"
-    "nccl-tests factor: all_reduce 2(p-1)/p, all_gather / reduce_scatter / all_to_all (p-1)/p, broadcast 1),\n"
-    "model_us (the closed form of shared/cost/collective_cost.h) and the algorithm/protocol used. Sizes follow "
-    "nccl-tests:\n"
-    "all_gather output, reduce_scatter input, all_reduce / broadcast buffer, all_to_all send buffer.\n\n"
-    "  --cluster PRESET|FILE.json  a cluster preset (dgx-a100, a800, dgx-h100, h800, npu-16) or a JSON file\n"
-    "                              holding a cluster object (format: scenarios/README.md)\n"
-    "  --op OP                     all_gather | reduce_scatter | all_reduce | all_to_all | broadcast\n"
-    "  --group GROUP               node: the GPUs of node 0; all: every GPU; N: the first N GPUs (whole\n"
-    "                              nodes when N exceeds the GPUs of one node)\n"
-    "  --bytes MIN[:MAX]           sizes in bytes, 1 to 1T; suffixes K, M, G, T = 2^10, 2^20, 2^30, 2^40\n"
-    "                              (e.g. 1K:1G)\n"
-    "  --nodes N                   nodes of the cluster; default: the cluster file's, else just enough for\n"
-    "                              the group (all: 2). The cluster may have at most 65536 GPUs.\n"
-    "  --algorithm ALGO            auto (default: NCCL-like selection per size) | ring | direct |\n"
-    "                              hierarchical | pairwise; a forced algorithm must apply to the group\n"
-    "  --protocol PROTO            auto (default: the cluster's, normally NCCL's fastest per size) | ll | ll128 |\n"
-    "                              simple, as NCCL_PROTO (ring and hierarchical; direct and pairwise use simple)\n\n"
-    "Exit codes: 0 ok, 2 bad arguments or cluster, 1 internal error.\n";
 
 namespace {
 namespace sg4 = simgrid::s4u;
@@ -98,21 +78,45 @@ Result<long long> parse_size(const std::string& text) {
   return *v * scale;
 }
 
+// The values each flag takes: the help text and the parsers both read these lists.
+constexpr CollectiveKind kOps[] = {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter,
+                                   CollectiveKind::kAllReduce, CollectiveKind::kAllToAll, CollectiveKind::kBroadcast};
+constexpr CollectiveAlgorithm kAlgorithms[] = {CollectiveAlgorithm::kRing, CollectiveAlgorithm::kDirect,
+                                               CollectiveAlgorithm::kHierarchical, CollectiveAlgorithm::kPairwise};
+constexpr ProtocolChoice kProtocols[] = {ProtocolChoice::kAuto, ProtocolChoice::kLL, ProtocolChoice::kLL128,
+                                         ProtocolChoice::kSimple};
+// nccl-tests' -d types: the element a "count" counts.
+struct DataType {
+  const char* name;
+  int bytes;
+};
+constexpr DataType kDataTypes[] = {{"float", 4}, {"half", 2},  {"bfloat16", 2}, {"double", 8},
+                                   {"int8", 1},  {"int32", 4}, {"int64", 8},    {"uint8", 1}};
+
+template <typename T, std::size_t N>
+std::string names_of(const T (&values)[N], const char* separator = " | ") {
+  std::vector<std::string> names;
+  for (const T& v : values) {
+    if constexpr (std::is_same_v<T, DataType>)
+      names.emplace_back(v.name);
+    else
+      names.emplace_back(to_string(v));
+  }
+  return join(names, separator);
+}
+
 Result<CollectiveKind> parse_op(const std::string& text) {
-  for (CollectiveKind k : {CollectiveKind::kAllGather, CollectiveKind::kReduceScatter, CollectiveKind::kAllReduce,
-                           CollectiveKind::kAllToAll, CollectiveKind::kBroadcast})
+  for (CollectiveKind k : kOps)
     if (text == to_string(k)) return k;
-  return Status::InvalidInput("--op: expected all_gather, reduce_scatter, all_reduce, all_to_all or broadcast, got " +
-                              quoted(text, 40));
+  return Status::InvalidInput("--op: expected " + names_of(kOps, ", ") + ", got " + quoted(text, 40));
 }
 
 // nullopt = auto.
 Result<std::optional<CollectiveAlgorithm>> parse_algorithm(const std::string& text) {
   if (text == "auto") return std::optional<CollectiveAlgorithm>();
-  for (CollectiveAlgorithm a : {CollectiveAlgorithm::kRing, CollectiveAlgorithm::kDirect,
-                                CollectiveAlgorithm::kHierarchical, CollectiveAlgorithm::kPairwise})
+  for (CollectiveAlgorithm a : kAlgorithms)
     if (text == to_string(a)) return std::optional<CollectiveAlgorithm>(a);
-  return Status::InvalidInput("--algorithm: expected auto, ring, direct, hierarchical or pairwise, got " +
+  return Status::InvalidInput("--algorithm: expected auto, " + names_of(kAlgorithms, ", ") + ", got " +
                               quoted(text, 40));
 }
 
@@ -137,6 +141,93 @@ Result<nlohmann::json> cluster_json(const std::string& arg) {
   return doc;
 }
 
+// Every flag once: the parser's declarations, the usage line and the option lines of the help come from here.
+struct OptionSpec {
+  std::string name;     // "--op"
+  std::string metavar;  // "OP"; empty: a switch
+  bool required = false;
+  std::string help;  // may hold '\n' for continuation lines
+};
+
+const std::vector<OptionSpec>& option_specs() {
+  static const std::vector<OptionSpec> specs = {
+      {"--cluster", "PRESET|FILE.json", true,
+       "a cluster preset (" + join(cluster_preset_names()) +
+           ") or a JSON file holding a cluster object (format: scenarios/README.md)"},
+      {"--op", "OP", true, names_of(kOps)},
+      {"--group", "GROUP", true,
+       "node: the GPUs of node 0; all: every GPU; N: the first N GPUs (whole nodes when N exceeds the GPUs of one "
+       "node)"},
+      {"--bytes", "MIN[:MAX]", true,
+       "sizes in bytes, 1 to 1T; suffixes K, M, G, T = 2^10, 2^20, 2^30, 2^40 (e.g. 1K:1G)"},
+      {"--nodes", "N", false,
+       "nodes of the cluster; default: the cluster file's, else just enough for the group (all: 2). At most 65536 "
+       "GPUs"},
+      {"--algorithm", "ALGO", false,
+       "auto (default: NCCL-like selection per size) | " + names_of(kAlgorithms) +
+           "; a forced algorithm must apply to the group"},
+      {"--protocol", "PROTO", false,
+       names_of(kProtocols) +
+           " as NCCL_PROTO (ring and hierarchical; direct and pairwise use simple); default: the "
+           "cluster file's, else " +
+           to_string(ClusterSpec{}.protocol) + " (scenarios/README.md says why not auto)"},
+      {"--dtype", "TYPE", false, names_of(kDataTypes) + " (default float): the element of the count column"},
+      {"--csv", "FILE", false, "also write the table as CSV (nccl-tests' columns, then hzp's)"},
+      {"--json", "FILE", false, "also write the table as JSON: {cluster, op, group, rows: [...], avg_busbw_GBps}"},
+  };
+  return specs;
+}
+
+std::vector<Flag> flag_table() {
+  std::vector<Flag> flags;
+  for (const OptionSpec& o : option_specs()) flags.push_back({o.name.c_str(), !o.metavar.empty()});
+  return flags;
+}
+
+std::string help_text() {
+  std::string usage = "usage: hzp collective";
+  std::string column = usage;
+  for (const OptionSpec& o : option_specs()) {
+    const std::string item = o.required ? o.name + " " + o.metavar : "[" + o.name + " " + o.metavar + "]";
+    if (column.size() + item.size() + 1 > 110) {
+      usage += "\n" + std::string(22, ' ');
+      column = std::string(22, ' ');
+    }
+    usage += " " + item;
+    column += " " + item;
+  }
+  std::string out =
+      usage + "\n\n" +
+      "Simulates one collective on the SimGrid model of a cluster for sizes MIN, 2·MIN, 4·MIN, ... <= MAX "
+      "and\nprints nccl-tests' table: size (B), count (elements of --dtype), type, redop, root, time "
+      "(us),\nalgbw (GB/s: size / time), busbw (algbw x the nccl-tests factor: all_reduce 2(p-1)/p, "
+      "all_gather,\nreduce_scatter, all_to_all (p-1)/p, broadcast 1), then hzp's model_us (the closed "
+      "form of\nshared/cost/collective_cost.h) and the algorithm/protocol used, and nccl-tests' footer, "
+      "the average\nbus bandwidth. Sizes follow nccl-tests: all_gather output, reduce_scatter input, "
+      "all_reduce /\nbroadcast buffer, all_to_all send buffer.\n\n";
+  for (const OptionSpec& o : option_specs()) {
+    std::string head = "  " + o.name + " " + o.metavar;
+    head.resize(std::max<std::size_t>(head.size() + 1, 30), ' ');
+    // Wrap the help at 110 columns under the 30-column head.
+    std::string line = head;
+    for (std::size_t begin = 0; begin < o.help.size();) {
+      std::size_t end = o.help.find(' ', begin);
+      if (end == std::string::npos) end = o.help.size();
+      const std::string word = o.help.substr(begin, end - begin);
+      if (line.size() + word.size() > 110 && line.size() > 30) {
+        line.pop_back();  // the space after the last word
+        out += line + "\n";
+        line = std::string(30, ' ');
+      }
+      line += word + " ";
+      begin = end + 1;
+    }
+    line.pop_back();
+    out += line + "\n";
+  }
+  return out + "\nExit codes: 0 ok, 2 bad arguments or cluster, 1 internal error.\n";
+}
+
 struct Options {
   std::string cluster;
   std::optional<long long> nodes;
@@ -146,20 +237,14 @@ struct Options {
   long long max_bytes = 0;
   std::optional<CollectiveAlgorithm> algorithm;
   std::optional<ProtocolChoice> protocol;
+  DataType dtype = kDataTypes[0];
+  std::optional<std::string> csv, json;
 };
 
 Result<Options> parse_options(const std::vector<std::string>& args) {
-  HZP_ASSIGN_OR_RETURN(ParsedArgs a, parse_flags(args,
-                                                 {{"--cluster", true},
-                                                  {"--nodes", true},
-                                                  {"--op", true},
-                                                  {"--group", true},
-                                                  {"--bytes", true},
-                                                  {"--algorithm", true},
-                                                  {"--protocol", true}},
-                                                 0));
-  for (const char* required : {"--cluster", "--op", "--group", "--bytes"})
-    if (!a.has(required)) return Status::InvalidInput(std::string("missing ") + required);
+  HZP_ASSIGN_OR_RETURN(ParsedArgs a, parse_flags(args, flag_table(), 0));
+  for (const OptionSpec& spec : option_specs())
+    if (spec.required && !a.has(spec.name)) return Status::InvalidInput("missing " + spec.name);
   Options o;
   o.cluster = *a.get("--cluster");
   o.group = *a.get("--group");
@@ -180,12 +265,20 @@ Result<Options> parse_options(const std::vector<std::string>& args) {
     HZP_ASSIGN_OR_RETURN(o.algorithm, parse_algorithm(*v));
   }
   if (auto v = a.get("--protocol")) {
-    for (ProtocolChoice p :
-         {ProtocolChoice::kAuto, ProtocolChoice::kLL, ProtocolChoice::kLL128, ProtocolChoice::kSimple})
+    for (ProtocolChoice p : kProtocols)
       if (*v == to_string(p)) o.protocol = p;
     if (!o.protocol)
-      return Status::InvalidInput("--protocol: expected auto, ll, ll128 or simple, got " + quoted(*v, 40));
+      return Status::InvalidInput("--protocol: expected " + names_of(kProtocols, ", ") + ", got " + quoted(*v, 40));
   }
+  if (auto v = a.get("--dtype")) {
+    const auto* found =
+        std::find_if(std::begin(kDataTypes), std::end(kDataTypes), [&](const DataType& t) { return *v == t.name; });
+    if (found == std::end(kDataTypes))
+      return Status::InvalidInput("--dtype: expected " + names_of(kDataTypes, ", ") + ", got " + quoted(*v, 40));
+    o.dtype = *found;
+  }
+  o.csv = a.get("--csv");
+  o.json = a.get("--json");
   return o;
 }
 
@@ -252,6 +345,11 @@ struct Row {
 };
 
 }  // namespace
+
+const char* collective_help() {
+  static const std::string text = help_text();
+  return text.c_str();
+}
 
 int run_collective_command(const std::vector<std::string>& args) {
   auto options = parse_options(args);
@@ -329,13 +427,52 @@ int run_collective_command(const std::vector<std::string>& args) {
       cluster.nic.per_node, cluster.nic.bytes_per_s * 8 / 1e9, cluster.efficiency.inter_node,
       to_string(cluster.nic.mapping), cluster.inter.leaf_size, o.algorithm ? to_string(*o.algorithm) : "auto",
       to_string(cluster.protocol));
-  std::printf("%14s %12s %12s %12s %12s  %s\n", "size(B)", "time_us", "algbw_GBps", "busbw_GBps", "model_us",
-              "algorithm/protocol");
+  // nccl-tests' columns (one in-place-style set: the simulation has no out-of-place difference), then hzp's.
+  const bool reduces = o.kind == CollectiveKind::kAllReduce || o.kind == CollectiveKind::kReduceScatter;
+  const char* redop = reduces ? "sum" : "none";
+  const int root = o.kind == CollectiveKind::kBroadcast ? 0 : -1;
+  std::printf("%14s %14s %9s %6s %5s %12s %10s %10s %12s  %s\n", "size(B)", "count", "type", "redop", "root",
+              "time(us)", "algbw", "busbw", "model(us)", "algorithm/protocol");
+  std::string csv = "size_bytes,count,type,redop,root,time_us,algbw_GBps,busbw_GBps,model_us,algorithm,protocol\n";
+  nlohmann::json json_rows = nlohmann::json::array();
+  double busbw_sum = 0;
   for (const Row& row : rows) {
     const double algbw = row.seconds > 0 ? row.bytes / row.seconds / 1e9 : 0;
-    std::printf("%14lld %12.2f %12.2f %12.2f %12.2f  %s/%s\n", row.bytes, row.seconds * 1e6, algbw,
-                algbw * bus_factor(o.kind, p), row.model_seconds * 1e6, to_string(row.algorithm),
+    const double busbw = algbw * bus_factor(o.kind, p);
+    const long long count = row.bytes / o.dtype.bytes;
+    busbw_sum += busbw;
+    char line[256];
+    std::printf("%14lld %14lld %9s %6s %5d %12.2f %10.2f %10.2f %12.2f  %s/%s\n", row.bytes, count, o.dtype.name, redop,
+                root, row.seconds * 1e6, algbw, busbw, row.model_seconds * 1e6, to_string(row.algorithm),
                 to_string(row.protocol));
+    std::snprintf(line, sizeof line, "%lld,%lld,%s,%s,%d,%.6g,%.6g,%.6g,%.6g,%s,%s\n", row.bytes, count, o.dtype.name,
+                  redop, root, row.seconds * 1e6, algbw, busbw, row.model_seconds * 1e6, to_string(row.algorithm),
+                  to_string(row.protocol));
+    csv += line;
+    json_rows.push_back({{"size_bytes", row.bytes},
+                         {"count", count},
+                         {"type", o.dtype.name},
+                         {"redop", redop},
+                         {"root", root},
+                         {"time_us", row.seconds * 1e6},
+                         {"algbw_GBps", algbw},
+                         {"busbw_GBps", busbw},
+                         {"model_us", row.model_seconds * 1e6},
+                         {"algorithm", to_string(row.algorithm)},
+                         {"protocol", to_string(row.protocol)}});
+  }
+  const double avg_busbw = busbw_sum / static_cast<double>(rows.size());
+  std::printf("# Out of bounds values : 0 OK (simulated)\n# Avg bus bandwidth    : %g\n", avg_busbw);
+  if (o.csv) {
+    if (Status st = write_file_atomic(*o.csv, csv); !st.ok()) return fail(st);
+  }
+  if (o.json) {
+    const nlohmann::json doc = {{"cluster", cluster.name},    {"gpu", cluster.gpu.type},
+                                {"nodes", cluster.nodes},     {"gpus_per_node", cluster.gpus_per_node},
+                                {"op", to_string(o.kind)},    {"group_gpus", p},
+                                {"group_nodes", shape.nodes}, {"rows", json_rows},
+                                {"avg_busbw_GBps", avg_busbw}};
+    if (Status st = write_file_atomic(*o.json, doc.dump(2) + "\n"); !st.ok()) return fail(st);
   }
   return 0;
 }

@@ -6,7 +6,8 @@
 
 namespace hzp::cli {
 
-extern const char* const kCollectiveHelp;
+// The help text, generated from the same option table as the parser (presets, defaults and values included).
+const char* collective_help();
 int run_collective_command(const std::vector<std::string>& args);
 
 }  // namespace hzp::cli

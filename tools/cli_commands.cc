@@ -689,7 +689,7 @@ const std::vector<Command>& commands() {
        "and index kernels per layer) against whether the model has MoE layers; --no-check skips "
        "that.\n" HZP_SCENARIO_INPUT_HELP,
        run_import},
-      {"collective", "simulated nccl-tests: one collective over a range of sizes", kCollectiveHelp,
+      {"collective", "simulated nccl-tests: one collective over a range of sizes", collective_help(),
        run_collective_command},
       {"compare", "two scenarios, simulations or plan candidates side by side, with the deltas", kCompareHelp,
        run_compare_command},

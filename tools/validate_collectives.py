@@ -71,11 +71,14 @@ def simulate(hzp, workdir, row):
         cmd += ["--algorithm", row["hzp"]["algorithm"]]
     if row["hzp"].get("protocol"):
         cmd += ["--protocol", row["hzp"]["protocol"]]
+    result_file = os.path.join(workdir, row["id"] + ".result.json")
+    cmd += ["--json", result_file]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         return None, run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"
-    fields = run.stdout.strip().splitlines()[-1].split()
-    return float(fields[3]), fields[5]
+    with open(result_file, encoding="utf-8") as f:
+        result = json.load(f)["rows"][-1]
+    return result["busbw_GBps"], f"{result['algorithm']}/{result['protocol']}"
 
 
 def main():
