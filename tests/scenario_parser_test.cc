@@ -143,10 +143,25 @@ TEST_CASE("every model preset loads with its published numbers", "[scenario][pre
     bool moe;
   };
   const std::map<std::string, Expected> expected = {
-      {"llama2-7b", {32, 4096, 32, 32, 11008, 32000, false}},  {"llama2-13b", {40, 5120, 40, 40, 13824, 32000, false}},
-      {"llama-30b", {60, 6656, 52, 52, 17920, 32000, false}},  {"llama2-70b", {80, 8192, 64, 8, 28672, 32000, false}},
-      {"gpt3-175b", {96, 12288, 96, 96, 49152, 50257, false}}, {"mixtral-8x7b", {32, 4096, 32, 8, 14336, 32000, true}},
-      {"tiny-dense", {4, 128, 4, 4, 352, 256, false}},         {"tiny-moe", {4, 128, 4, 4, 352, 256, true}},
+      {"llama2-7b", {32, 4096, 32, 32, 11008, 32000, false}},
+      {"llama2-13b", {40, 5120, 40, 40, 13824, 32000, false}},
+      {"llama-30b", {60, 6656, 52, 52, 17920, 32000, false}},
+      {"llama2-70b", {80, 8192, 64, 8, 28672, 32000, false}},
+      {"gpt3-175b", {96, 12288, 96, 96, 49152, 50257, false}},
+      {"mixtral-8x7b", {32, 4096, 32, 8, 14336, 32000, true}},
+      {"tiny-dense", {4, 128, 4, 4, 352, 256, false}},
+      {"tiny-moe", {4, 128, 4, 4, 352, 256, true}},
+      // Hugging Face config.json of each (tests/hf_config_test.cc checks the parameter counts as well)
+      {"llama3-8b", {32, 4096, 32, 8, 14336, 128256, false}},
+      {"llama3-70b", {80, 8192, 64, 8, 28672, 128256, false}},
+      {"llama3.1-8b", {32, 4096, 32, 8, 14336, 128256, false}},
+      {"llama3.1-70b", {80, 8192, 64, 8, 28672, 128256, false}},
+      {"llama3.1-405b", {126, 16384, 128, 8, 53248, 128256, false}},
+      {"qwen2.5-7b", {28, 3584, 28, 4, 18944, 152064, false}},
+      {"qwen2.5-14b", {48, 5120, 40, 8, 13824, 152064, false}},
+      {"qwen2.5-32b", {64, 5120, 40, 8, 27648, 152064, false}},
+      {"qwen2.5-72b", {80, 8192, 64, 8, 29568, 152064, false}},
+      {"mixtral-8x22b", {56, 6144, 48, 8, 16384, 32000, true}},
   };
   REQUIRE(model_preset_names().size() == expected.size());
   for (const std::string& name : model_preset_names()) {

@@ -40,7 +40,8 @@ bool sharding_from_preset(const json& resolved) {
 // The fields of `base` that a key of the overrides decides, dropped so that the parser derives them again.
 void drop_derived(json& base, const json& overrides) {
   if (sharding_from_preset(base)) erase(base, "policy", "sharding");
-  if (has(section(overrides, "model"), "preset")) base.erase("model");
+  if (has(section(overrides, "model"), "preset") || has(section(overrides, "model"), "from_hf_config"))
+    base.erase("model");
   if (has(section(overrides, "cluster"), "preset") && base.contains("cluster") && base["cluster"].is_object())
     base["cluster"] = json{{"nodes", base["cluster"].value("nodes", json(1))}};  // the run's size stays
   const json* cluster = section(overrides, "cluster");

@@ -4,6 +4,7 @@
 // patch, where the resolved scenario's explicit fields would shadow what a new preset or GPU type brings:
 //
 //   a section's "preset" (model, cluster)  the section is the override's: the preset fills what it omits
+//   (or model.from_hf_config)
 //                                           (cluster.nodes stays the scenario's unless given)
 //   cluster.gpu.type                        the GPU's numbers and the efficiencies come from the new type's
 //                                           calibration unless the override gives them

@@ -39,13 +39,27 @@ std::vector<ModelSpec> build_models() {
 
   ModelSpec tiny = llama_model("tiny-dense", 4, 128, 4, 4, 352, 256, 2048);  // byte-level model for the CPU runtime
   ModelSpec mixtral = llama_model("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768);
+  ModelSpec mixtral22 = llama_model("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32000, 65536);
+  // Qwen2.5 (Hugging Face Qwen/Qwen2.5-*/config.json): the LLaMA layout with a bias on q, k and v (h + 2
+  // kv_heads x head_dim parameters per layer, left out: under 0.01 % of the model); 7B and 72B untie the head.
   return {
       llama_model("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
       llama_model("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
       llama_model("llama-30b", 60, 6656, 52, 52, 17920, 32000, 2048),
       llama_model("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
+      // meta-llama/Meta-Llama-3-*/config.json, Llama-3.1-*/config.json (3.1: the same shapes, 128K positions)
+      llama_model("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
+      llama_model("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
+      llama_model("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, 131072),
+      llama_model("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, 131072),
+      llama_model("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
+      llama_model("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, 32768),
+      llama_model("qwen2.5-14b", 48, 5120, 40, 8, 13824, 152064, 32768),
+      llama_model("qwen2.5-32b", 64, 5120, 40, 8, 27648, 152064, 32768),
+      llama_model("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, 32768),
       gpt3,
       with_moe(mixtral, "mixtral-8x7b", 8, 2, 14336),
+      with_moe(mixtral22, "mixtral-8x22b", 8, 2, 16384),  // mistralai/Mixtral-8x22B-v0.1/config.json
       tiny,
       with_moe(tiny, "tiny-moe", 4, 2, 176),
   };

@@ -21,6 +21,7 @@
 #include "shared/base/json_io.h"
 #include "shared/base/text.h"
 #include "shared/scenario/calibration.h"
+#include "shared/scenario/hf_config.h"
 #include "shared/scenario/mesh.h"
 #include "shared/scenario/overrides.h"
 #include "shared/scenario/presets.h"
@@ -299,12 +300,28 @@ Result<std::vector<int>> parse_moe_layers(const json& v, const std::string& path
 
 Result<ModelSpec> parse_model(const json& value) {
   HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "model",
-                                                          {"name", "preset", "family", "layers", "hidden", "heads",
-                                                           "kv_heads", "ffn_hidden", "vocab", "tied_embeddings",
-                                                           "position", "max_positions", "moe"}));
+                                                          {"name", "preset", "from_hf_config", "family", "layers",
+                                                           "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                                                           "tied_embeddings", "position", "max_positions", "moe"}));
   ModelSpec m;
-  const bool from_preset = r.has("preset");
-  if (from_preset) {
+  const bool from_hf = r.has("from_hf_config");
+  const bool from_preset = r.has("preset") || from_hf;
+  if (r.has("preset") && from_hf)
+    return invalid(r.path_of("from_hf_config"), "give either preset or from_hf_config, not both",
+                   r.at("from_hf_config"));
+  if (from_hf) {
+    std::string path;
+    HZP_RETURN_IF_ERROR(r.read_string("from_hf_config", path));
+    HZP_ASSIGN_OR_RETURN(m, load_hf_config(path));
+    const std::pair<std::int64_t, std::int64_t> checks[] = {
+        {m.layers, range::kLayers},       {m.hidden, range::kHidden}, {m.heads, range::kHeads},
+        {m.ffn_hidden, range::kFfn},      {m.vocab, range::kVocab},   {m.max_positions, range::kPositions},
+        {m.moe.experts, range::kExperts}, {m.moe.top_k, range::kTopK}};
+    for (const auto& [value, most] : checks)
+      if (value > most)
+        return invalid(r.path_of("from_hf_config"), "a size in it exceeds hzp's range (" + std::to_string(most) + ")",
+                       r.at("from_hf_config"));
+  } else if (from_preset) {
     HZP_ASSIGN_OR_RETURN(m, read_preset<ModelSpec>(r, model_preset, model_preset_names(), "model preset"));
   } else {
     for (const char* key : {"layers", "hidden", "heads", "ffn_hidden", "vocab"})
@@ -1145,7 +1162,16 @@ Result<json> load_scenario_document(const std::string& path, const std::vector<s
       return Status::InvalidInput(shown + ": " + m);
     return doc.status();
   }
-  for (const std::string& set : sets) HZP_RETURN_IF_ERROR(apply_set(*doc, set));
+  // model.from_hf_config in the file names a file next to the scenario.
+  if (path != "-" && doc->is_object() && doc->contains("model") && (*doc)["model"].is_object()) {
+    json& model = (*doc)["model"];
+    if (model.contains("from_hf_config") && model["from_hf_config"].is_string()) {
+      const std::filesystem::path config = model["from_hf_config"].get<std::string>();
+      if (config.is_relative() && !config.empty())
+        model["from_hf_config"] = (std::filesystem::path(path).parent_path() / config).lexically_normal().string();
+    }
+  }
+  for (const std::string& set : sets) HZP_RETURN_IF_ERROR(apply_set(*doc, set));  // paths in them: as typed
   if (name) *name = path == "-" ? std::string("stdin") : std::filesystem::path(path).stem().string();
   return doc;
 }
