@@ -298,18 +298,14 @@ Result<std::vector<int>> parse_moe_layers(const json& v, const std::string& path
   return out;
 }
 
-Result<ModelSpec> parse_model(const json& value) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "model",
-                                                          {"name", "preset", "from_hf_config", "family", "layers",
-                                                           "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-                                                           "tied_embeddings", "position", "max_positions", "moe"}));
+// What a model section starts from: its preset, its Hugging Face config (hf_config.h), or nothing (every
+// size must then be given).
+Result<ModelSpec> model_starting_point(const ObjectReader& r) {
   ModelSpec m;
-  const bool from_hf = r.has("from_hf_config");
-  const bool from_preset = r.has("preset") || from_hf;
-  if (r.has("preset") && from_hf)
+  if (r.has("preset") && r.has("from_hf_config"))
     return invalid(r.path_of("from_hf_config"), "give either preset or from_hf_config, not both",
                    r.at("from_hf_config"));
-  if (from_hf) {
+  if (r.has("from_hf_config")) {
     std::string path;
     HZP_RETURN_IF_ERROR(r.read_string("from_hf_config", path));
     HZP_ASSIGN_OR_RETURN(m, load_hf_config(path));
@@ -321,14 +317,23 @@ Result<ModelSpec> parse_model(const json& value) {
       if (value > most)
         return invalid(r.path_of("from_hf_config"), "a size in it exceeds hzp's range (" + std::to_string(most) + ")",
                        r.at("from_hf_config"));
-  } else if (from_preset) {
-    HZP_ASSIGN_OR_RETURN(m, read_preset<ModelSpec>(r, model_preset, model_preset_names(), "model preset"));
-  } else {
-    for (const char* key : {"layers", "hidden", "heads", "ffn_hidden", "vocab"})
-      HZP_RETURN_IF_ERROR(r.require(key, "the model has no preset"));
-    m.name = "custom";
-    m.max_positions = 2048;
+    return m;
   }
+  if (r.has("preset")) return read_preset<ModelSpec>(r, model_preset, model_preset_names(), "model preset");
+  for (const char* key : {"layers", "hidden", "heads", "ffn_hidden", "vocab"})
+    HZP_RETURN_IF_ERROR(r.require(key, "the model has no preset"));
+  m.name = "custom";
+  m.max_positions = 2048;
+  return m;
+}
+
+Result<ModelSpec> parse_model(const json& value) {
+  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "model",
+                                                          {"name", "preset", "from_hf_config", "family", "layers",
+                                                           "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+                                                           "tied_embeddings", "position", "max_positions", "moe"}));
+  const bool from_preset = r.has("preset") || r.has("from_hf_config");
+  HZP_ASSIGN_OR_RETURN(ModelSpec m, model_starting_point(r));
   // A multi-head preset stays multi-head when `heads` is overridden, and a preset whose MoE covers every
   // layer keeps covering every layer when `layers` is overridden.
   const bool multi_head = m.kv_heads == m.heads;
