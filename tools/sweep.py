@@ -2,6 +2,20 @@
 """Simulates many scenarios with `hzp simulate` and tabulates and plots the results.
 
     python3 tools/sweep.py [--hzp build/hzp] [--jobs N] [--out DIR] [--no-svg] [--keep-runs] SCENARIO_OR_DIR...
+    python3 tools/sweep.py BASE.json --grid KEY=V1,V2,... [--grid KEY=...]... [options]
+    python3 tools/sweep.py ... --slurm [--sbatch OPTION]...    then    sbatch OUT/slurm/sweep.sbatch
+    python3 tools/sweep.py --collect --out OUT
+
+--grid KEY=V1,V2,... sweeps the cartesian product of its values over one base scenario: each point is the
+base with `--set KEY=V` edits, resolved by `hzp validate` (presets resolve as in the file) and written to
+OUT/grid/NNN.json; values are split at commas (JSON values with commas cannot be grid values).
+
+--slurm runs nothing here: it writes OUT/slurm/files.txt (the scenarios, one per line) and
+OUT/slurm/sweep.sbatch, a job array of one task per scenario (at most --jobs at a time; each --sbatch OPTION
+becomes an "#SBATCH OPTION" line, e.g. --sbatch=--partition=cpu --sbatch=--time=01:00:00). Each task runs
+`sweep.py --task I`, which simulates scenario I into OUT/rows/I.json; `sweep.py --collect --out OUT`, once the
+array is done, writes the same results.csv, plots and index.html as a local sweep (a scenario whose task
+left no row is reported as failed). Inside one Slurm allocation, a plain sweep runs its local processes.
 
 Directories are expanded to their *.json files (sorted). Each scenario is first resolved with
 `hzp validate` (its metadata — model, GPU type, policy, sharding — comes from the resolved JSON on stdout),
@@ -26,6 +40,7 @@ import csv
 import datetime
 import html
 import io
+import itertools
 import json
 import math
 import os
@@ -34,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -65,7 +81,7 @@ class UsageError(Exception):
 def parse_args(argv):
     """Parses the command line; raises UsageError on a bad value."""
     parser = argparse.ArgumentParser(
-        prog="sweep.py", description=__doc__.split("\n\n")[0],
+        prog="sweep.py", description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*", metavar="SCENARIO_OR_DIR",
                         help="scenario JSON files, or directories whose *.json files are all simulated")
@@ -78,17 +94,85 @@ def parse_args(argv):
                         help="keep every scenario's summary.json and timeline.json under OUT/runs/")
     parser.add_argument("--progress-s", type=float, default=30.0,
                         help="while no scenario finishes, a progress line every this many seconds (default 30)")
+    parser.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...",
+                        help="sweep these values of KEY over the one base scenario given (repeatable: the product)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="write a Slurm job array under OUT/slurm instead of running (see below)")
+    parser.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                        help="an #SBATCH line of the job array (repeatable), e.g. --sbatch=--partition=cpu")
+    parser.add_argument("--task", type=int, metavar="I",
+                        help="run scenario I of OUT/slurm/files.txt, a job array task (-1: SLURM_ARRAY_TASK_ID)")
+    parser.add_argument("--collect", action="store_true", help="the report of a finished job array in OUT")
     args = parser.parse_args(argv)
-    if not args.scenarios:
-        raise UsageError("no scenarios given (pass scenario files or directories of *.json)")
+    args.formats = ["png"] if args.no_svg else ["png", "svg"]
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if not args.progress_s > 0:
         raise UsageError(f"--progress-s must be positive, got {args.progress_s}")
-    args.formats = ["png"] if args.no_svg else ["png", "svg"]
+    if args.task is not None or args.collect:
+        if args.scenarios or args.grid or args.slurm:
+            raise UsageError("--task and --collect read OUT/slurm/files.txt: give no scenarios, --grid or --slurm")
+        if args.task is not None and args.task == -1:
+            if "SLURM_ARRAY_TASK_ID" not in os.environ:
+                raise UsageError("--task -1 reads SLURM_ARRAY_TASK_ID, which is not set")
+            args.task = int(os.environ["SLURM_ARRAY_TASK_ID"])
+        args.files = read_file_list(args.out)
+        if args.task is not None and not 0 <= args.task < len(args.files):
+            raise UsageError(f"--task {args.task}: OUT/slurm/files.txt has {len(args.files)} scenarios")
+        args.hzp = resolve_binary(args.hzp)
+        return args
+    if not args.scenarios:
+        raise UsageError("no scenarios given (pass scenario files or directories of *.json)")
     args.hzp = resolve_binary(args.hzp)
-    args.files = expand_scenarios(args.scenarios)
+    if args.grid:
+        if len(args.scenarios) != 1 or not os.path.isfile(args.scenarios[0]):
+            raise UsageError("--grid needs exactly one base scenario file")
+        args.files = grid_scenarios(args.hzp, args.scenarios[0], parse_grid(args.grid), args.out)
+    else:
+        args.files = expand_scenarios(args.scenarios)
     return args
+
+
+def parse_grid(specs):
+    """[(key, [values])] from --grid KEY=V1,V2,..., in the order given."""
+    grid = []
+    for spec in specs:
+        key, eq, values = spec.partition("=")
+        if not eq or not key or not values:
+            raise UsageError(f"--grid {spec!r}: expected KEY=V1,V2,...")
+        if key in (k for k, _ in grid):
+            raise UsageError(f"--grid: {key} given twice")
+        grid.append((key, values.split(",")))
+    return grid
+
+
+def grid_scenarios(hzp, base, grid, out):
+    """The grid's points as resolved scenario files OUT/grid/NNN.json, named after their edits."""
+    folder = os.path.join(out, "grid")
+    os.makedirs(folder, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(base))[0]
+    files = []
+    for i, point in enumerate(itertools.product(*[[(k, v) for v in values] for k, values in grid])):
+        sets = [f"{k}={v}" for k, v in point]
+        args = ["validate", base] + [a for s in sets for a in ("--set", s)]
+        stdout, error = run_hzp(hzp, args)
+        if error:
+            raise UsageError(f"--grid point {' '.join(sets)}: {error}")
+        resolved = json.loads(stdout[stdout.index("{"):])
+        resolved["name"] = stem + " " + " ".join(sets)
+        path = os.path.join(folder, f"{i:03d}.json")
+        write_atomic(path, json.dumps(resolved, indent=2) + "\n")
+        files.append(path)
+    return files
+
+
+def read_file_list(out):
+    path = os.path.join(out, "slurm", "files.txt")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror} (write it with --slurm first)")
 
 
 def resolve_binary(hzp):
@@ -455,7 +539,15 @@ def plot_exposed_comm(plt, rows, out, formats):
         ax.set_ylabel("exposed communication (s)")
         ax.set_ylim(bottom=0)
         ax.set_title(machine_label(key, several), fontsize="medium")
-        ax.legend(fontsize="small")
+    # One legend for every panel, outside them (a legend per panel covered its lines).
+    handles, labels = {}, []
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = handle
+                labels.append(label)
+    fig.legend([handles[label] for label in labels], labels, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               fontsize="small", title="policy")
     fig.suptitle("Exposed communication per step by policy (x: does not fit in memory)")
     name = save_figure(fig, out, "exposed_comm_by_policy", formats)
     plt.close(fig)
@@ -479,7 +571,8 @@ def plot_memory(plt, rows, out, formats):
         gpus = largest_fitting_count(panel)
         bars = [r for r in panel if int(r["gpus"]) == gpus]
         policies = [r["policy"] for r in bars]
-        labels = [r["policy"] if policies.count(r["policy"]) == 1 else r["scenario"] for r in bars]
+        # A policy names its bar; several bars of one policy (a grid) are told apart by scenario, wrapped.
+        labels = [r["policy"] if policies.count(r["policy"]) == 1 else textwrap.fill(r["scenario"], 18) for r in bars]
         bottom = [0.0] * len(bars)
         for color, category in zip(colors, MEMORY_CATEGORIES):
             heights = [float(r[f"peak_{category}_GiB"]) for r in bars]
@@ -488,7 +581,7 @@ def plot_memory(plt, rows, out, formats):
         ax.axhline(float(bars[0]["gpu_memory_GiB"]), color="black", linestyle="--", label="GPU memory")
         ax.set_ylabel("peak memory per GPU (GiB)")
         ax.set_title(f"{machine_label(key, several)}, {gpus} GPUs", fontsize="medium")
-        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+        plt.setp(ax.get_xticklabels(), rotation=45, ha="right", fontsize="x-small" if len(bars) > 6 else "small")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize="small")
     fig.suptitle("Peak memory per GPU by category and policy, at the largest GPU count where one fits")
@@ -508,15 +601,39 @@ def make_plots(plt, rows, out, formats):
 # ---------------------------------------------------------------------------------------------------------
 # index.html
 
+# The columns the page shows until "all columns" is ticked (results.csv always has every one).
+PAGE_COLUMNS = ["scenario", "model", "gpu_type", "gpus", "policy", "sharding", "step_time_s", "mfu",
+                "tokens_per_gpu_per_s", "exposed_comm_s", "peak_total_GiB", "fits_memory"]
+
+# Click a header to sort by it (numbers as numbers), again to reverse; the box shows every column.
+SORT_SCRIPT = """
+function sortBy(th) {
+  const table = th.closest('table'), col = Array.from(th.parentNode.children).indexOf(th);
+  const rows = Array.from(table.querySelectorAll('tr')).slice(1);
+  const up = th.dataset.dir !== 'up';
+  th.dataset.dir = up ? 'up' : 'down';
+  const key = r => { const t = r.children[col].textContent, n = parseFloat(t); return isNaN(n) ? t : n; };
+  rows.sort((a, b) => { const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * (up ? 1 : -1); });
+  rows.forEach(r => table.appendChild(r));
+}
+"""
+
+
 def index_html(rows, plots, command, note):
-    """The report page: command line, plots, and the results table (failed scenarios highlighted)."""
+    """The report page: command line, plots, and the results table (failed scenarios highlighted), sortable
+    by any column, the main columns shown unless every one is asked for."""
     esc = html.escape
-    head = "<th>outcome</th>" + "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
+
+    def cls(c):
+        return "" if c in PAGE_COLUMNS else ' class="extra"'
+    head = '<th onclick="sortBy(this)">outcome</th>' + "".join(
+        f'<th{cls(c)} onclick="sortBy(this)">{esc(c)}</th>' for c in COLUMNS)
     body = []
     for row in ranked(rows):
-        cls = ' class="failed"' if row["error"] else "" if row["fits_memory"] else ' class="oom"'
-        cells = f"<td>{esc(outcome(row))}</td>" + "".join(f"<td>{esc(format_cell(row[c]))}</td>" for c in COLUMNS)
-        body.append(f"<tr{cls}>{cells}</tr>")
+        kind = ' class="failed"' if row["error"] else "" if row["fits_memory"] else ' class="oom"'
+        cells = f"<td>{esc(outcome(row))}</td>" + "".join(
+            f"<td{cls(c)}>{esc(format_cell(row[c]))}</td>" for c in COLUMNS)
+        body.append(f"<tr{kind}>{cells}</tr>")
     images = "\n".join(f'<p><img src="{esc(p)}" alt="{esc(p)}"></p>' for p in plots)
     failed = sum(1 for r in rows if r is not None and r["error"])
     oom = sum(1 for r in rows if r is not None and not r["error"] and not r["fits_memory"])
@@ -529,6 +646,9 @@ th, td {{ border: 1px solid #ccc; padding: 2px 6px; text-align: right; white-spa
 tr.failed td {{ background: #fdd; }}
 tr.oom td {{ background: #eee; color: #777; }}
 img {{ max-width: 100%; }}
+th {{ cursor: pointer; background: #f4f4f4; }}
+.extra {{ display: none; }}
+body.all .extra {{ display: table-cell; }}
 code {{ background: #f4f4f4; padding: 2px 4px; }}
 </style></head><body>
 <h1>hzp sweep</h1>
@@ -538,11 +658,73 @@ after the runnable ones: their step time and MFU describe a run that cannot happ
 <a href="results.csv">results.csv</a>. Memory in GiB (2<sup>30</sup> bytes), traffic in GB (10<sup>9</sup> bytes).
 {esc(SHARDING_LEGEND)}.</p>
 {images}
+<p><label><input type="checkbox" onchange="document.body.classList.toggle('all', this.checked)"> all
+{len(COLUMNS) + 1} columns</label> (click a header to sort)</p>
 <table><tr>{head}</tr>
 {chr(10).join(body)}
 </table>
+<script>{SORT_SCRIPT}</script>
 </body></html>
 """
+
+
+def write_slurm(args):
+    """OUT/slurm/files.txt and OUT/slurm/sweep.sbatch: one array task per scenario, --jobs at a time."""
+    folder = os.path.join(args.out, "slurm")
+    os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
+    files = [os.path.abspath(f) for f in args.files]
+    write_atomic(os.path.join(folder, "files.txt"), "".join(f + "\n" for f in files))
+    me, out = os.path.abspath(__file__), os.path.abspath(args.out)
+    lines = ["#!/bin/bash", f"#SBATCH --job-name=hzp-sweep", f"#SBATCH --array=0-{len(files) - 1}%{args.jobs}",
+             "#SBATCH --ntasks=1", f"#SBATCH --output={folder}/logs/%a.out"]
+    lines += [f"#SBATCH {option}" for option in args.sbatch]
+    lines += ["# One scenario per task: OUT/rows/<task>.json; then: python3 tools/sweep.py --collect --out OUT",
+              f"exec {shlex.quote(sys.executable)} {shlex.quote(me)} --task -1 --out {shlex.quote(out)} "
+              f"--hzp {shlex.quote(os.path.abspath(args.hzp))}" + (" --keep-runs" if args.keep_runs else "")]
+    script = os.path.join(folder, "sweep.sbatch")
+    write_atomic(script, "\n".join(lines) + "\n")
+    print(f"sweep: wrote {script} ({len(files)} tasks, {args.jobs} at a time); submit it with `sbatch {script}`, "
+          f"then write the report with `python3 {shlex.quote(me)} --collect --out {shlex.quote(args.out)}`",
+          file=sys.stderr)
+    return 0
+
+
+def run_task(args):
+    """One job array task: scenario args.task into OUT/rows/<task>.json (written even when it failed)."""
+    path = args.files[args.task]
+    run_dir = None
+    if args.keep_runs:
+        run_dir = os.path.join(args.out, "runs", f"{args.task:03d}-{os.path.splitext(os.path.basename(path))[0]}")
+    row = result_row(path, *simulate_one(args.hzp, path, run_dir))
+    os.makedirs(os.path.join(args.out, "rows"), exist_ok=True)
+    write_atomic(os.path.join(args.out, "rows", f"{args.task}.json"), json.dumps(row) + "\n")
+    print(f"sweep: task {args.task} {row['scenario']}: {outcome(row)}", file=sys.stderr)
+    return 1 if row["error"] else 0
+
+
+def collected_rows(args):
+    """The rows the job array's tasks wrote, in file order; a task that left none is a failed row."""
+    rows = []
+    for i, path in enumerate(args.files):
+        try:
+            with open(os.path.join(args.out, "rows", f"{i}.json"), encoding="utf-8") as f:
+                rows.append(json.load(f))
+        except (OSError, json.JSONDecodeError):
+            rows.append(result_row(path, None, None, f"task {i} left no readable OUT/rows/{i}.json"))
+    return rows
+
+
+def write_report(args, plt, rows, start):
+    """results.csv, the plots and index.html; returns the exit status (1 when a scenario failed)."""
+    csv_path = os.path.join(args.out, "results.csv")
+    write_atomic(csv_path, csv_text(rows))
+    plots = make_plots(plt, rows, args.out, args.formats)
+    command, note = command_line()
+    write_atomic(os.path.join(args.out, "index.html"), index_html(rows, plots, command, note))
+    failed = sum(1 for r in rows if r["error"])
+    print(f"sweep: {len(rows)} scenarios ({failed} failed) in {time.monotonic() - start:.1f} s; wrote {csv_path}, "
+          f"{', '.join(plots) or 'no plots'} and index.html", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def command_line():
@@ -564,10 +746,16 @@ def main(argv):
         print(f"sweep: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(args.out, exist_ok=True)
+    start = time.monotonic()
+    if args.slurm:
+        return write_slurm(args)
+    if args.task is not None:
+        return run_task(args)
+    if args.collect:
+        return write_report(args, plt, collected_rows(args), start)
     csv_path = os.path.join(args.out, "results.csv")
     print(f"sweep: {len(args.files)} scenarios, {args.jobs} at a time, {args.hzp} -> {args.out}", file=sys.stderr)
 
-    start = time.monotonic()
     finished = [None] * len(args.files)
 
     def on_row(i, row):
@@ -580,14 +768,7 @@ def main(argv):
         done = sum(r is not None for r in finished)
         print(f"sweep: interrupted; {csv_path} holds the {done} scenarios finished", file=sys.stderr)
         return 130
-
-    plots = make_plots(plt, rows, args.out, args.formats)
-    command, note = command_line()
-    write_atomic(os.path.join(args.out, "index.html"), index_html(rows, plots, command, note))
-    failed = sum(1 for r in rows if r["error"])
-    print(f"sweep: {len(rows)} scenarios ({failed} failed) in {time.monotonic() - start:.1f} s; wrote {csv_path}, "
-          f"{', '.join(plots) or 'no plots'} and index.html", file=sys.stderr)
-    return 1 if failed else 0
+    return write_report(args, plt, rows, start)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tools/sweep.py beyond one machine: a --grid over a base scenario, and a Slurm job array (--slurm) whose
+# tasks are run here one by one, as Slurm would, then --collect: the same rows as a local sweep of the same
+# scenarios (but the simulator's wall time; files by absolute path), and the page sortable with the main columns first.
+# Usage: bash tests/sweep_grid_slurm.sh [HZP]   (HZP defaults to build/hzp; paths are relative to the repo root)
+# Skips (exit 77, ctest "skipped") when no python3 with matplotlib is found.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
+set -euo pipefail
+cd "$(dirname "$0")/.."
+hzp="${1:-build/hzp}"
+python=""
+for candidate in python3 /usr/bin/python3; do
+  if command -v "$candidate" >/dev/null && "$candidate" -c "import matplotlib" 2>/dev/null; then
+    python="$candidate"
+    break
+  fi
+done
+if [ -z "$python" ]; then
+  echo "sweep_grid_slurm: SKIPPED: matplotlib is not importable (install python3-matplotlib)"
+  exit 77
+fi
+out="$(mktemp -d "${TMPDIR:-/tmp}/hzp-sweep-grid.XXXXXX")"
+trap 'rm -rf "$out"' EXIT
+fail() { echo "sweep_grid_slurm: FAILED: $*"; exit 1; }
+
+# A 2 x 2 grid: every point resolved by hzp, named after its edits.
+"$python" tools/sweep.py --hzp "$hzp" --jobs 2 --no-svg --out "$out/grid" tests/data/golden/zero3.json \
+  --grid policy.preset=zero1,zero3 --grid training.micro_batch=1,2 2> "$out/grid.log" || fail "grid: $(cat "$out/grid.log")"
+"$python" - "$out/grid/results.csv" <<'PY' || fail "grid rows"
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+points = sorted((r["policy"], r["scenario"].split()[-1]) for r in rows)
+assert points == [("zero1", "training.micro_batch=1"), ("zero1", "training.micro_batch=2"),
+                  ("zero3", "training.micro_batch=1"), ("zero3", "training.micro_batch=2")], points
+assert all(not r["error"] for r in rows), rows
+PY
+"$python" tools/sweep.py --hzp "$hzp" --out "$out/bad" tests/data/golden/zero3.json --grid policy.preset \
+  2> "$out/bad.log" && fail "a grid without values was accepted"
+grep -q "expected KEY=V1,V2" "$out/bad.log" || fail "bad grid message: $(cat "$out/bad.log")"
+
+# The job array: written, its tasks run as Slurm would run them, collected.
+files=(tests/data/golden/ddp.json tests/data/golden/zero3.json)
+"$python" tools/sweep.py --hzp "$hzp" --jobs 1 --no-svg --out "$out/slurm" --slurm --sbatch=--partition=cpu "${files[@]}" \
+  2> "$out/slurm.log" || fail "--slurm: $(cat "$out/slurm.log")"
+script="$out/slurm/slurm/sweep.sbatch"
+grep -q '^#SBATCH --array=0-1%1$' "$script" || fail "no array line: $(cat "$script")"
+grep -q '^#SBATCH --partition=cpu$' "$script" || fail "no --sbatch line: $(cat "$script")"
+[ ! -e "$out/slurm/results.csv" ] || fail "--slurm ran the scenarios"
+for task in 0 1; do SLURM_ARRAY_TASK_ID=$task bash "$script" 2>> "$out/tasks.log" || fail "task $task: $(cat "$out/tasks.log")"; done
+"$python" tools/sweep.py --hzp "$hzp" --no-svg --collect --out "$out/slurm" 2> "$out/collect.log" ||
+  fail "--collect: $(cat "$out/collect.log")"
+"$python" tools/sweep.py --hzp "$hzp" --jobs 2 --no-svg --out "$out/local" "${files[@]}" 2> /dev/null || fail "local sweep"
+"$python" - "$out/slurm/results.csv" "$out/local/results.csv" <<'PY' || fail "collected rows differ from the local sweep's"
+import csv, sys
+import os
+def rows(path):  # the job array names its files by absolute path, for tasks that run elsewhere
+    return [{k: os.path.abspath(v) if k == "file" else v for k, v in r.items() if k != "sim_wall_s"}
+            for r in csv.DictReader(open(path))]
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+assert a == b, (a, b)
+PY
+grep -q 'onclick="sortBy(this)"' "$out/slurm/index.html" || fail "the page's table does not sort"
+grep -q 'class="extra"' "$out/slurm/index.html" || fail "the page shows every column by default"
+# A task that left no row is a failed row, and the report says so (exit 1).
+rm "$out/slurm/rows/1.json"
+"$python" tools/sweep.py --hzp "$hzp" --no-svg --collect --out "$out/slurm" 2> "$out/collect2.log" &&
+  fail "--collect with a missing task exited 0"
+grep -q "task 1 left no readable" "$out/slurm/results.csv" || fail "the missing task is not in results.csv"
+echo "sweep_grid_slurm: ok"
