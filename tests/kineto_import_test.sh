@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# hzp import on the real PyTorch profiler traces recorded on an H100 (../shared/traces beside the repo, or
-# $HZP_KINETO_TRACES; skipped, exit 77, where they are missing): each imported trace, replayed, must come
+# hzp import on the real PyTorch profiler traces recorded on an H100 (traces/kineto/, or $HZP_KINETO_TRACES;
+# skipped, exit 77, where they are missing): each imported trace, replayed, must come
 # back within 3 % of the GPU kernel time per step the recording script measured (61.0 ms dense, 110 ms
-# MoE; ../shared/traces/README.md); the two DDP/gloo rank files merge into one 2-rank trace whose replay
+# MoE; traces/kineto/README.md); the two DDP/gloo rank files merge into one 2-rank trace whose replay
 # is within 3 % of its own recorded step; the one-GPU dense trace's what-ifs at 8 and 1024 GPUs run; each
 # trace given the other model's scenario is refused.
 # Usage: bash tests/kineto_import_test.sh HZP_BINARY
@@ -10,7 +10,7 @@ case "${1:-}" in -h|--help|"") sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1
 set -euo pipefail
 hzp=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
-traces=${HZP_KINETO_TRACES:-$root/../shared/traces}
+traces=${HZP_KINETO_TRACES:-$root/traces/kineto}
 if [ ! -f "$traces/kineto_llama134m_b16_t1024.json.gz" ]; then
   echo "skipped: no PyTorch profiler traces at $traces"
   exit 77
