@@ -53,10 +53,13 @@ const char* const kTrainHelp =
     "  --backend B         the device the ranks run on (runtime/backends/registry.cc): cpu (default; host memory,\n"
     "                      the reference kernels, Gloo collectives); `hzp --version` lists the built backends\n"
     "  --set PATH=VALUE    edit the scenario before it resolves (repeatable; below); every rank applies it\n\n"
-    "Output paths are checked before training starts. Each step prints k/total, loss, tokens/s, MFU against\n"
-    "the scenario's GPU type, elapsed time and ETA; the end prints a summary and every file written.\n"
-    "Exit codes: 0 ok, 2 bad input, 1 a rank failed (the launcher names the first lost "
-    "rank).\n" HZP_SCENARIO_INPUT_HELP;
+    "Output paths are checked before training starts. Each step prints k/total, loss, tokens/s, model GFLOP/s\n"
+    "per rank on the host (MFU against the scenario's GPU type on a GPU backend), elapsed time and ETA; the end\n"
+    "prints a summary and every file written. Ctrl-C (or SIGTERM, as Slurm and torchrun send it) stops every\n"
+    "rank after the same step, with a checkpoint there when --checkpoint-dir is set, writes the outputs so far\n"
+    "and exits 130 (\"interrupted\"); a second Ctrl-C stops at once.\n"
+    "Exit codes: 0 ok, 2 bad input, 1 a rank failed (the launcher names the first lost rank), 130 "
+    "interrupted.\n" HZP_SCENARIO_INPUT_HELP;
 
 namespace {
 

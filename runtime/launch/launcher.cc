@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -50,7 +51,7 @@ std::string describe(int status) {
 
 volatile sig_atomic_t g_interrupted = 0;
 void on_signal(int) {
-  g_interrupted = 1;
+  g_interrupted = g_interrupted + 1;  // (not ++: volatile)
 }
 
 }  // namespace
@@ -138,6 +139,9 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
       // the kernel sends SIGKILL when the parent exits; if it already has, exit now.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) std::_Exit(1);
+      // Its own process group: a terminal's Ctrl-C reaches the launcher alone, which asks each rank once to
+      // stop after its step (a rank stops at once on a second signal).
+      ::setpgid(0, 0);
       execve(self, argv.data(), envp.data());
       std::fprintf(stderr, "hzp train: cannot start rank %d: %s\n", r, std::strerror(errno));
       std::_Exit(127);
@@ -157,14 +161,16 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   auto deadline = std::chrono::steady_clock::time_point::max();
   const auto grace = std::chrono::seconds(options.timeout_s + 10);
   bool killed_stragglers = false;
+  bool interrupt_forwarded = false;
   while (static_cast<int>(status_of.size()) < n) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid > 0 && rank_of.count(pid)) {
       const int r = rank_of[pid];
       status_of[r] = status;
-      const bool bad = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      if (bad && first_failed < 0) {
+      const bool bad = !(WIFEXITED(status) &&
+                         (WEXITSTATUS(status) == 0 || (g_interrupted && WEXITSTATUS(status) == kExitInterrupted)));
+      if (bad && first_failed < 0 && g_interrupted < 2) {  // a second interrupt killed it: not a failure
         first_failed = r;
         const std::string what = std::to_string(r) + " (" + describe(status) + ")";
         std::fprintf(stderr, "hzp train: rank %s\n", what.c_str());
@@ -174,12 +180,23 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
       }
       continue;
     }
-    if (g_interrupted && first_failed < 0) {
-      std::fprintf(stderr, "hzp train: interrupted; stopping every rank\n");
+    // An interrupt: the ranks (which a terminal's Ctrl-C reaches too; a kill of the launcher alone does not)
+    // are asked to stop after their current step, with a checkpoint there; a second one stops them at once.
+    if (g_interrupted == 1 && !interrupt_forwarded && first_failed < 0) {
+      std::fprintf(stderr,
+                   "hzp train: interrupted; every rank stops after its current step%s (Ctrl-C again to stop at "
+                   "once)\n",
+                   options.checkpoint_dir.empty() ? "" : " and writes a checkpoint");
       for (const auto& [p, r] : rank_of)
-        if (!status_of.count(r)) kill(p, SIGTERM);
-      first_failed = -2;
-      deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        if (!status_of.count(r)) kill(p, SIGINT);
+      interrupt_forwarded = true;
+      deadline = std::chrono::steady_clock::now() + grace;
+    }
+    if (g_interrupted > 1 && !killed_stragglers) {
+      std::fprintf(stderr, "hzp train: interrupted again; stopping every rank now\n");
+      for (const auto& [p, r] : rank_of)
+        if (!status_of.count(r)) kill(p, SIGKILL);
+      killed_stragglers = true;
     }
     if (!killed_stragglers && std::chrono::steady_clock::now() > deadline) {
       for (const auto& [p, r] : rank_of)
@@ -200,6 +217,18 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
     all_bad_input = all_bad_input && WIFEXITED(status) && WEXITSTATUS(status) == 2;
   }
   if (all_ok) return 0;
+  // Stopped by an interrupt, every rank cleanly (130) or having finished (0): not a failure.
+  const bool clean_stop = std::all_of(status_of.begin(), status_of.end(), [](const auto& rs) {
+    return WIFEXITED(rs.second) && (WEXITSTATUS(rs.second) == 0 || WEXITSTATUS(rs.second) == kExitInterrupted);
+  });
+  if (clean_stop) {
+    std::fprintf(stderr, "hzp train: interrupted\n");
+    return kExitInterrupted;
+  }
+  if (g_interrupted && first_failed < 0) {
+    std::fprintf(stderr, "hzp train: interrupted; the ranks were stopped before their step ended\n");
+    return kExitInterrupted;
+  }
   std::string summary;
   for (const auto& [r, status] : status_of) {
     const bool joined = (*client)->get("hzp/joined/" + std::to_string(r), std::chrono::milliseconds(20)).ok();

@@ -198,7 +198,7 @@ Status Executor::Impl::allocate_all(MemoryPool& p) {
   // Step scalars: accumulators and the optimizer's inputs.
   HZP_ASSIGN_OR_RETURN(inputs.loss_sum, p.allocate("scalars", 1, ScalarType::kFp64));
   HZP_ASSIGN_OR_RETURN(inputs.aux_sum, p.allocate("scalars", 1, ScalarType::kFp64));
-  HZP_ASSIGN_OR_RETURN(metrics_buffer, p.allocate("scalars", 2, ScalarType::kFp32));
+  HZP_ASSIGN_OR_RETURN(metrics_buffer, p.allocate("scalars", 3, ScalarType::kFp32));
   HZP_ASSIGN_OR_RETURN(norm_acc, p.allocate("scalars", 1, ScalarType::kFp64));
   HZP_ASSIGN_OR_RETURN(norm_sq, p.allocate("scalars", 1, ScalarType::kFp32));
   HZP_ASSIGN_OR_RETURN(grad_norm, p.allocate("scalars", 1, ScalarType::kFp64));
@@ -427,7 +427,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const Scenario& scenario, con
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 
-Result<StepMetrics> Executor::train_step(std::int64_t step) {
+Result<StepMetrics> Executor::train_step(std::int64_t step, bool stop_requested) {
   Impl& d = *impl_;
   const auto t0 = Clock::now();
   const double scale = d.loss_scale;
@@ -448,8 +448,9 @@ Result<StepMetrics> Executor::train_step(std::int64_t step) {
   k.copy_to_host(d.grad_norm, &norm);
   HZP_RETURN_IF_ERROR(d.host_stream->synchronize());
   HZP_RETURN_IF_ERROR(k.status());
-  // Metrics over the world (logging, outside the schedule): loss and aux sums, in fp32.
-  float reduced[2] = {static_cast<float>(sums[0]), static_cast<float>(sums[1])};
+  // Metrics over the world (logging, outside the schedule): loss and aux sums, in fp32, and the ranks asking
+  // to stop.
+  float reduced[3] = {static_cast<float>(sums[0]), static_cast<float>(sums[1]), stop_requested ? 1.0f : 0.0f};
   k.copy_from_host(reduced, d.metrics_buffer);
   HZP_RETURN_IF_ERROR(k.status());
   HZP_RETURN_IF_ERROR(d.metrics->all_reduce(d.metrics_buffer));
@@ -460,6 +461,7 @@ Result<StepMetrics> Executor::train_step(std::int64_t step) {
   m.loss = reduced[0] / static_cast<double>(d.scenario.training.global_batch * d.seq);
   m.aux_loss = reduced[1] / static_cast<double>(d.groups_per_step);
   m.grad_norm = norm;
+  m.stop = reduced[2] > 0;
   m.lr = d.lr;
   m.loss_scale = scale_used;
   if (d.fp16()) {

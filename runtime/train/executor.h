@@ -49,6 +49,7 @@ struct StepMetrics {
   double seconds = 0;
   double loss_scale = 1;  // fp16: the dynamic loss scale the step used (1 otherwise)
   bool skipped = false;   // fp16: the gradients overflowed, the update was skipped and the scale halved
+  bool stop = false;      // some rank asked to stop after this step (train_step's stop_requested)
 };
 
 // One executed op, for --trace.
@@ -77,7 +78,9 @@ class Executor {
 
   // Runs training step `step` (0-based): every micro-batch, gradient sync and the optimizer. Returns the
   // global metrics (all ranks agree on them).
-  Result<StepMetrics> train_step(std::int64_t step);
+  // `stop_requested`: this rank was asked to stop (an interrupt); it travels with the step's metrics, so that
+  // every rank learns in the same step that one was (StepMetrics::stop) and they stop together.
+  Result<StepMetrics> train_step(std::int64_t step, bool stop_requested = false);
   // Mean validation cross-entropy over `groups` validation micro-batch groups (dealt round-robin to ranks).
   Result<double> evaluate(std::int64_t groups);
 

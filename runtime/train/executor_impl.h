@@ -65,7 +65,7 @@ struct Executor::Impl {
   Workspace workspace;
   Buffer x, dx;              // the residual stream and its gradient [tokens x hidden]
   Batch inputs;              // ids, targets (device), loss and aux sums (fp64 accumulators)
-  Buffer metrics_buffer;     // fp32 [2]: loss and aux sums, all-reduced for logging
+  Buffer metrics_buffer;     // fp32 [3]: loss and aux sums, all-reduced for logging, and stop requests
   Buffer norm_acc, norm_sq;  // the gradient norm: this rank's partial sum (fp64), all-reduced (fp32)
   Buffer grad_norm, coef;    // fp64 [1] global norm, fp32 [1] the optimizer's gradient multiplier
   std::vector<std::vector<std::int32_t>> host_ids, host_targets;  // per micro-batch (alive until copied)

@@ -160,6 +160,16 @@ Result<std::unique_ptr<Device>> make_device(const TrainOptions& options, const L
   return device;
 }
 
+// Set by SIGINT / SIGTERM: stop after the current step. A second signal ends the process at once.
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int signal) {
+  if (g_stop_signal) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+  }
+  g_stop_signal = 1;
+}
+
 // Whether the schedule all-reduces the gradient norm (training.grad_clip, fp16's overflow check).
 bool takes_grad_norm(const Schedule& schedule) {
   for (const Program& program : schedule.programs)
@@ -263,6 +273,7 @@ class RankRun {
   int train();
   int write_outputs();
   int leave();
+  bool interrupted() const { return interrupted_; }
 
  private:
   int fail(const Status& st) const {
@@ -314,10 +325,11 @@ class RankRun {
   const std::int64_t tokens_per_step_;
   const double flops_per_rank_step_;
   const double peak_;
-  const bool on_host_;     // the CPU backend: speed in GFLOP/s, not a GPU's MFU
-  const bool takes_norm_;  // the schedule all-reduces the gradient norm (clipping, fp16): it is reported
-  int host_threads_ = 1;   // the CPU backend's kernel threads per rank
-  int local_ranks_ = 1;    // ranks on this host (GPU backends: do they share a device?)
+  bool interrupted_ = false;  // stopped early by an interrupt (exit 130 once the outputs are written)
+  const bool on_host_;        // the CPU backend: speed in GFLOP/s, not a GPU's MFU
+  const bool takes_norm_;     // the schedule all-reduces the gradient norm (clipping, fp16): it is reported
+  int host_threads_ = 1;      // the CPU backend's kernel threads per rank
+  int local_ranks_ = 1;       // ranks on this host (GPU backends: do they share a device?)
 
   std::unique_ptr<CheckpointDirLock> lock_;  // external launchers: rank 0 holds the checkpoint directory
   std::unique_ptr<StoreServer> server_;
@@ -486,7 +498,7 @@ int RankRun::train() {
       std::fflush(stderr);
       std::raise(kill_signal != nullptr && std::string(kill_signal) == "STOP" ? SIGSTOP : SIGKILL);
     }
-    auto m = executor_->train_step(step);
+    auto m = executor_->train_step(step, g_stop_signal != 0);
     if (!m.ok()) return fatal(m.status());
     if (nan_step != nullptr && std::atoll(nan_step) == step) m->loss = std::nan("");
     // Every rank holds the same all-reduced loss: a diverged run stops everywhere, said once.
@@ -534,9 +546,25 @@ int RankRun::train() {
       if (int rc = evaluate(step + 1, false); rc != 0) return rc;
     if (lead_) std::fflush(stdout);
     if (metrics_) std::fflush(metrics_.get());
+    // An interrupt (Ctrl-C, SIGTERM from Slurm or torchrun) on any rank stops every rank after the same step,
+    // with a checkpoint there when a checkpoint directory is set.
+    const bool stop = m->stop && !final_step;
     if (!options_.checkpoint_dir.empty() &&
-        ((run.checkpoint_interval > 0 && (step + 1) % run.checkpoint_interval == 0) || final_step))
+        ((run.checkpoint_interval > 0 && (step + 1) % run.checkpoint_interval == 0) || final_step || stop))
       if (int rc = checkpoint(step + 1); rc != 0) return rc;
+    if (stop) {
+      interrupted_ = true;
+      if (lead_) {
+        const std::string saved =
+            fs::path(checkpoint_file(options_.checkpoint_dir, step + 1, 0)).parent_path().string();
+        std::printf("hzp train: interrupted after step %lld of %lld; %s\n", static_cast<long long>(step + 1),
+                    static_cast<long long>(end_step_),
+                    options_.checkpoint_dir.empty() ? "no --checkpoint-dir, so the run cannot be continued"
+                                                    : ("checkpoint " + saved + "; continue with --resume").c_str());
+        std::fflush(stdout);
+      }
+      break;
+    }
   }
   return 0;
 }
@@ -651,10 +679,16 @@ int run_rank(const TrainOptions& options, const LaunchEnv& env, const FatalHandl
     std::fprintf(stderr, "hzp train: rank %d: %s\n", env.rank, prepared.status().message().c_str());
     return prepared.status().code() == StatusCode::kInvalidInput ? 2 : 1;
   }
+  // SIGINT / SIGTERM ask to stop after the current step (train); the second one stops at once.
+  struct sigaction stop {};
+  stop.sa_handler = on_stop_signal;
+  stop.sa_flags = SA_RESTART;  // Gloo's and the store's system calls go on
+  sigaction(SIGINT, &stop, nullptr);
+  sigaction(SIGTERM, &stop, nullptr);
   RankRun run(options, env, *prepared, on_fatal);
   for (int (RankRun::*phase)() : {&RankRun::join, &RankRun::train, &RankRun::write_outputs, &RankRun::leave})
     if (int rc = (run.*phase)(); rc != 0) return rc;
-  return 0;
+  return run.interrupted() ? kExitInterrupted : 0;
 }
 
 }  // namespace hzp::runtime

@@ -19,6 +19,10 @@
 
 namespace hzp::runtime {
 
+// A rank's (and the launcher's) exit status after an interrupt that it stopped on cleanly: 128 + SIGINT, as
+// shells report Ctrl-C.
+inline constexpr int kExitInterrupted = 130;
+
 struct TrainOptions {
   std::string scenario_path;
   int nproc = 0;                // ranks; 0 = 1 (or the launcher environment's world size)
