@@ -48,14 +48,15 @@ nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
 
 namespace {
 
-std::string op_name(const Op& op) {
-  if (const auto* c = std::get_if<ComputeOp>(&op.body))
-    return std::string(to_string(c->module)) + " " + to_string(c->phase) + " L" + std::to_string(c->layer);
+std::string op_name(const Schedule& schedule, const Op& op) {
+  if (const auto* c = std::get_if<ComputeOp>(&op.body)) return timeline_compute_name(c->module, c->phase, c->layer);
   if (const auto* c = std::get_if<CollectiveOp>(&op.body))
-    return std::string(to_string(c->kind)) + " " + to_string(c->payload) + " L" + std::to_string(c->layer);
-  if (std::holds_alternative<OptimizerStepOp>(op.body)) return "optimizer_step";
-  if (std::holds_alternative<BufferAcquireOp>(op.body)) return "acquire";
-  return "release";
+    return timeline_collective_name(to_string(c->kind), c->payload, c->layer);
+  if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) return timeline_optimizer_name(o->bucket);
+  if (const auto* a = std::get_if<BufferAcquireOp>(&op.body))
+    return timeline_buffer_name(true, schedule.pools[a->pool].name, a->layer);
+  const auto& r = std::get<BufferReleaseOp>(op.body);
+  return timeline_buffer_name(false, schedule.pools[r.pool].name, r.layer);
 }
 
 }  // namespace
@@ -69,13 +70,17 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
     const std::string stage = schedule.programs.size() > 1 && scenario.mesh.pipeline > 1
                                   ? ", stage " + std::to_string(schedule.rank_program[rank])
                                   : "";
-    timeline.process(rank, "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / R) + stage + ")");
+    std::string name = timeline_gpu_name(rank, R);
+    timeline.process(rank, stage.empty() ? name : name.insert(name.size() - 1, stage));
     for (size_t s = 0; s < schedule.streams.size(); ++s)
       timeline.thread(rank, static_cast<int>(s), to_string(schedule.streams[s]));
   }
   for (const OpSpan& span : r.spans) {
     const Op& op = schedule.program_of(span.rank).ops[span.op];
-    if (std::holds_alternative<BufferAcquireOp>(op.body) || std::holds_alternative<BufferReleaseOp>(op.body)) continue;
+    // A pool slot taken or given back at once is no span; one waited for (a full pool) is, as when recorded.
+    const bool buffer_op =
+        std::holds_alternative<BufferAcquireOp>(op.body) || std::holds_alternative<BufferReleaseOp>(op.body);
+    if (buffer_op && span.end <= span.start) continue;
     nlohmann::json args = {{"step", span.step}, {"op", span.op}};
     const char* cat = "compute";
     if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
@@ -98,8 +103,9 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
       args["micro_batch"] = c->micro_batch;
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
       args["shard_params"] = o->shard_params;
+      args["bucket"] = o->bucket;
     }
-    timeline.span(span.rank, op.stream, op_name(op), cat, span.start * 1e6, (span.end - span.start) * 1e6,
+    timeline.span(span.rank, op.stream, op_name(schedule, op), cat, span.start * 1e6, (span.end - span.start) * 1e6,
                   std::move(args));
   }
   return std::move(timeline).to_json({{"scenario", scenario.name},

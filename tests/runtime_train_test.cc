@@ -13,12 +13,15 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "runtime/store/launch_env.h"
 #include "runtime/train/executor.h"
+#include "runtime/train/trace.h"
+#include "shared/trace/trace_format.h"
 #include "tests/run_util.h"
 
 namespace fs = std::filesystem;
@@ -724,5 +727,47 @@ TEST_CASE("runtime: one step numbering and only the columns the run has (GFLOP/s
   CHECK(step1["step"] == 1);
   CHECK(step1.contains("aux_loss"));
   CHECK(step1.contains("grad_norm"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("runtime: a recorded timeline and the simulated one of its trace name tracks and spans alike",
+          "[train][trace]") {
+  // The shipped trace (hzp train --trace) as --perfetto writes it, and hzp replay's simulated timeline of it:
+  // the same GPUs, streams and spans, so the two line up side by side in Perfetto.
+  const std::string trace_path = std::string(HZP_SOURCE_DIR) + "/traces/tiny_dense_4ranks.json";
+  auto trace = hzp::load_trace_file(trace_path);
+  REQUIRE(trace.ok());
+  const json recorded = hzp::runtime::perfetto_from_trace(*trace);
+  const fs::path dir = fresh_dir("timeline_names");
+  const RunResult r = run(std::string(HZP_BINARY) + " replay " + trace_path + " --out " + (dir / "replay").string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const json simulated = json::parse(std::ifstream(dir / "replay" / "timeline.json"));
+  struct Tracks {
+    std::map<int, std::string> processes;
+    std::map<std::pair<int, int>, std::string> threads;
+    std::map<int, std::multiset<std::string>> spans, buffer_spans;  // per GPU
+  };
+  auto tracks_of = [](const json& timeline) {
+    Tracks t;
+    for (const json& e : timeline["traceEvents"]) {
+      const std::string ph = e["ph"];
+      if (ph == "M" && e["name"] == "process_name") t.processes[e["pid"]] = e["args"]["name"];
+      if (ph == "M" && e["name"] == "thread_name") t.threads[{e["pid"], e["tid"]}] = e["args"]["name"];
+      if (ph != "X") continue;
+      const std::string name = e["name"];
+      const bool buffer = name.rfind("acquire ", 0) == 0 || name.rfind("release ", 0) == 0;
+      (buffer ? t.buffer_spans : t.spans)[e["pid"]].insert(name);
+    }
+    return t;
+  };
+  const Tracks a = tracks_of(recorded), b = tracks_of(simulated);
+  CHECK(a.processes == b.processes);
+  CHECK(a.processes.at(3) == "GPU 3 (node 1)");
+  for (const auto& [track, name] : b.threads) CHECK(a.threads.at(track) == name);
+  CHECK(a.spans == b.spans);  // every compute, collective and optimizer span, by name, on every GPU
+  for (const auto& [gpu, names] : b.buffer_spans)
+    for (const std::string& name : names) CHECK(a.buffer_spans.at(gpu).count(name) > 0);
+  CHECK(a.spans.at(0).count("attention fwd L0") > 0);
   fs::remove_all(dir);
 }

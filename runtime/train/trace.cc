@@ -40,26 +40,28 @@ Result<Trace> merge_traces(std::vector<Trace> ranks) {
 }
 
 nlohmann::json perfetto_from_trace(const Trace& trace) {
-  PerfettoTimeline timeline;
+  PerfettoTimeline timeline;  // the simulator's track and span names (perfetto.h), so the two line up
   for (int r = 0; r < trace.world_size; ++r) {
-    timeline.process(r, "rank " + std::to_string(r));
+    timeline.process(r, timeline_gpu_name(r, trace.gpus_per_node));
     for (std::size_t s = 0; s < trace.streams.size(); ++s) timeline.thread(r, static_cast<int>(s), trace.streams[s]);
   }
   for (const TraceEvent& e : trace.events) {
-    std::string name = to_string(e.kind);
     nlohmann::json args = {{"step", e.step}, {"op", e.op}, {"layer", e.layer}};
+    std::string name;
     if (e.kind == TraceKind::kCompute) {
-      name = std::string(to_string(e.module)) + " " + to_string(e.phase);
+      name = timeline_compute_name(e.module, e.phase, e.layer);
       args["micro_batch"] = e.micro_batch;
     } else if (e.group >= 0) {
-      name += " " + trace.groups[e.group].role;
+      name = timeline_collective_name(to_string(e.kind), e.payload, e.layer);
       args["bytes"] = e.bytes;
-      args["payload"] = to_string(e.payload);
+      args["group_role"] = trace.groups[e.group].role;
       args["micro_batch"] = e.micro_batch;
-    } else if (e.pool >= 0) {
-      name += " " + trace.pools[e.pool];
+    } else if (e.kind == TraceKind::kOptimizerStep) {
+      name = timeline_optimizer_name(e.bucket);
+      args["bucket"] = e.bucket;
+    } else {
+      name = timeline_buffer_name(e.kind == TraceKind::kAcquire, e.pool >= 0 ? trace.pools[e.pool] : "?", e.layer);
     }
-    name += " L" + std::to_string(e.layer);
     timeline.span(e.rank, e.stream, name, e.group >= 0 ? "comm" : "compute", e.start_us, e.end_us - e.start_us,
                   std::move(args));
   }

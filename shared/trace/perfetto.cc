@@ -1,6 +1,8 @@
 // Perfetto timelines (perfetto.h).
 #include "shared/trace/perfetto.h"
 
+#include <algorithm>
+
 namespace hzp {
 
 void PerfettoTimeline::process(int pid, const std::string& name) {
@@ -26,6 +28,26 @@ void PerfettoTimeline::span(int pid, int tid, const std::string& name, const cha
 
 nlohmann::json PerfettoTimeline::to_json(nlohmann::json other) && {
   return {{"traceEvents", std::move(events_)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(other)}};
+}
+
+std::string timeline_gpu_name(int rank, int gpus_per_node) {
+  return "GPU " + std::to_string(rank) + " (node " + std::to_string(rank / std::max(1, gpus_per_node)) + ")";
+}
+
+std::string timeline_compute_name(ModuleKind module, Phase phase, int layer) {
+  return std::string(to_string(module)) + " " + to_string(phase) + " L" + std::to_string(layer);
+}
+
+std::string timeline_collective_name(const char* kind, Payload payload, int layer) {
+  return std::string(kind) + " " + to_string(payload) + " L" + std::to_string(layer);
+}
+
+std::string timeline_optimizer_name(int bucket) {
+  return "optimizer_step B" + std::to_string(bucket);
+}
+
+std::string timeline_buffer_name(bool acquire, const std::string& pool, int layer) {
+  return std::string(acquire ? "acquire " : "release ") + pool + " L" + std::to_string(layer);
 }
 
 }  // namespace hzp

@@ -6,7 +6,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include "shared/ir/schedule.h"
+
 namespace hzp {
+
+// The names every timeline gives its tracks and spans — the simulator's (sim/report.cc) and a recorded run's
+// (hzp train --perfetto) — so that the two of one schedule line up side by side:
+//   process  "GPU 3 (node 1)"                  (the simulator adds ", stage 2" when pipelined)
+//   thread   the stream's name                 "compute", "param_gather", ...
+//   span     "attention fwd L3"                compute: module, phase, layer (-1 embedding, L head)
+//            "all_gather params L3"            collectives: kind, payload, layer
+//            "optimizer_step B2"               the optimizer step of gradient bucket 2
+//            "acquire param_gather L3"         a buffer pool slot taken ("release ..." given back)
+std::string timeline_gpu_name(int rank, int gpus_per_node);
+std::string timeline_compute_name(ModuleKind module, Phase phase, int layer);
+std::string timeline_collective_name(const char* kind, Payload payload, int layer);
+std::string timeline_optimizer_name(int bucket);
+std::string timeline_buffer_name(bool acquire, const std::string& pool, int layer);
 
 class PerfettoTimeline {
  public:
