@@ -198,14 +198,8 @@ TEST_CASE("runtime: checkpoint resume continues the loss curve bit for bit", "[t
                                Catch::Contains("nothing to train") && !Catch::Contains("final loss"));
   CHECK(fs::file_size(dir / "part" / "metrics.jsonl") == metrics_size);
   CHECK(fs::last_write_time(dir / "part" / "summary.json") == summary_time);
-  // A checkpoint of another layout is refused with a clear error.
-  json other = doc;
-  other["policy"] = {{"preset", "zero3"}};
-  const std::string other_path = write_scenario(dir, "other", other);
-  const RunResult r =
-      run(train_cmd(other_path, 4, 2, dir / "other", "--checkpoint-dir " + (dir / "ckpt").string() + " --resume"));
-  CHECK(r.code != 0);
-  CHECK_THAT(r.output, Catch::Contains("another layout"));
+  // (A checkpoint of another layout is resharded: "runtime: a checkpoint resumes on another world size and
+  // policy" below.)
   // No checkpoint at all, and a truncated one: clear errors, non-zero exits, the checkpoint left as it was.
   RunResult none =
       run(train_cmd(scen, 4, 2, dir / "none", "--checkpoint-dir " + (dir / "empty").string() + " --resume"));
@@ -769,5 +763,73 @@ TEST_CASE("runtime: a recorded timeline and the simulated one of its trace name 
   for (const auto& [gpu, names] : b.buffer_spans)
     for (const std::string& name : names) CHECK(a.buffer_spans.at(gpu).count(name) > 0);
   CHECK(a.spans.at(0).count("attention fwd L0") > 0);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// The losses of steps after `from` of a run resumed on another layout against the uninterrupted run's.
+double worst_after(const Curve& whole, const Curve& resumed, long long from) {
+  double worst = 0;
+  for (const auto& [step, loss] : resumed.loss)
+    if (step > from) worst = std::max(worst, std::abs(loss - whole.loss.at(step)) / whole.loss.at(step));
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: a checkpoint resumes on another world size and policy (resharded)", "[train][checkpoint]") {
+  const fs::path dir = fresh_dir("reshard");
+  // fp32 dense: ZeRO-3 on 4 ranks (2 nodes) -> DDP on 2 ranks -> HSDP on 4 ranks of one node; every policy
+  // gives one process's losses, so the curve continues as the uninterrupted run's (to 1e-5, as equivalence).
+  json z3 = tiny_scenario(false, {{"preset", "zero3"}}, 12);
+  const std::string z3_path = write_scenario(dir, "z3", z3);
+  const Curve whole = train_ok(train_cmd(z3_path, 4, 2, dir / "whole"), dir / "whole");
+  const std::string ckpt = "--checkpoint-dir " + (dir / "ckpt").string();
+  train_ok(train_cmd(z3_path, 4, 2, dir / "part", ckpt + " --stop-after 4"), dir / "part");
+  json ddp = z3;
+  ddp["policy"] = {{"preset", "ddp"}};
+  const Curve two =
+      train_ok(train_cmd(write_scenario(dir, "ddp", ddp), 2, 2, dir / "part", ckpt + " --stop-after 8"), dir / "part");
+  json hsdp = z3;
+  hsdp["policy"] = {{"preset", "hsdp"}};
+  const Curve four = train_ok(train_cmd(write_scenario(dir, "hsdp", hsdp), 4, 4, dir / "part", ckpt), dir / "part");
+  REQUIRE(four.loss.size() == 12);
+  INFO("worst relative difference after resharding: " << worst_after(whole, four, 4));
+  CHECK(worst_after(whole, four, 4) <= 1e-5);
+  CHECK(four.loss.rbegin()->second < four.loss.begin()->second);
+  // bf16 MoE with expert parallelism 2: ZeRO-2 on 4 ranks -> ZeRO-3 on 2 ranks, masters and moments resharded.
+  json moe = in_precision(tiny_scenario(true, {{"preset", "zero2"}, {"expert_parallel", 2}}, 8), "bf16");
+  const std::string moe_path = write_scenario(dir, "moe", moe);
+  const Curve moe_whole = train_ok(train_cmd(moe_path, 4, 2, dir / "moe_whole"), dir / "moe_whole");
+  const std::string moe_ckpt = "--checkpoint-dir " + (dir / "moe_ckpt").string();
+  train_ok(train_cmd(moe_path, 4, 2, dir / "moe_part", moe_ckpt + " --stop-after 4"), dir / "moe_part");
+  json moe2 = moe;
+  moe2["policy"] = {{"preset", "zero3"}, {"expert_parallel", 2}};
+  const Curve moe_resumed =
+      train_ok(train_cmd(write_scenario(dir, "moe2", moe2), 2, 2, dir / "moe_part", moe_ckpt), dir / "moe_part");
+  CHECK(worst_after(moe_whole, moe_resumed, 4) <= kBf16Tolerance);
+  // What cannot be resharded is refused, naming why: another expert-parallel size; a checkpoint written
+  // before checkpoints recorded their layout.
+  json moe1 = moe;
+  moe1["policy"] = {{"preset", "zero2"}};
+  const RunResult ep = run(train_cmd(write_scenario(dir, "moe1", moe1), 2, 2, dir / "ep", moe_ckpt + " --resume"));
+  CHECK(ep.code == 2);
+  CHECK_THAT(ep.output, Catch::Contains("expert parallelism 2, this run has 1"));
+  for (const auto& entry : fs::directory_iterator(dir / "ckpt" / "step_12")) {  // as an older hzp wrote them
+    std::ifstream in(entry.path(), std::ios::binary);
+    std::string header, payload((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    header = payload.substr(0, payload.find('\n'));
+    json h = json::parse(header);
+    h.erase("layout");
+    payload = h.dump() + payload.substr(payload.find('\n'));
+    in.close();
+    std::ofstream(entry.path(), std::ios::binary | std::ios::trunc) << payload;
+  }
+  json longer = ddp;
+  longer["run"]["steps"] = 14;
+  const RunResult old = run(train_cmd(write_scenario(dir, "longer", longer), 2, 2, dir / "old", ckpt + " --resume"));
+  CHECK(old.code == 2);
+  CHECK_THAT(old.output, Catch::Contains("before checkpoints recorded theirs"));
   fs::remove_all(dir);
 }

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "shared/base/files.h"
 #include "shared/base/json_io.h"
@@ -79,18 +80,20 @@ Status read_all(int fd, void* data, std::size_t n) {
 json CheckpointHeader::to_json() const {
   json segs = json::array();
   for (const auto& [p, o] : segments) segs.push_back({p, o});
-  return {{"format", kCheckpointFormat},
-          {"rank", rank},
-          {"world_size", world_size},
-          {"policy", policy},
-          {"precision", precision},
-          {"next_step", next_step},
-          {"adam_steps", adam_steps},
-          {"loss_scale", loss_scale},
-          {"loss_scale_good_steps", loss_scale_good_steps},
-          {"segments", segs},
-          {"payload_bytes", payload_bytes},
-          {"payload_fnv1a64", hex64(checksum)}};
+  json out = {{"format", kCheckpointFormat},
+              {"rank", rank},
+              {"world_size", world_size},
+              {"policy", policy},
+              {"precision", precision},
+              {"next_step", next_step},
+              {"adam_steps", adam_steps},
+              {"loss_scale", loss_scale},
+              {"loss_scale_good_steps", loss_scale_good_steps},
+              {"segments", segs},
+              {"payload_bytes", payload_bytes},
+              {"payload_fnv1a64", hex64(checksum)}};
+  if (!layout.is_null()) out["layout"] = layout;
+  return out;
 }
 
 Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
@@ -159,6 +162,10 @@ Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
   if (floats * 4 != out.payload_bytes)
     return bad("payload_bytes", std::to_string(out.payload_bytes) + " disagrees with the segments (" +
                                     std::to_string(floats * 4) + " bytes)");
+  if (h.contains("layout")) {
+    if (!h["layout"].is_object()) return bad("layout", "must be an object");
+    out.layout = h["layout"];
+  }
   return out;
 }
 
@@ -223,13 +230,11 @@ Result<CheckpointHeader> read_checkpoint(const std::string& path, const Checkpoi
   if (h.precision != expected.precision)
     return Status::InvalidInput(shown + " holds a " + h.precision + " training state; this run trains in " +
                                 expected.precision + " (set training.precision to resume it)");
-  if (h.world_size != expected.world_size || h.rank != expected.rank || h.policy != expected.policy ||
-      h.segments != expected.segments)
+  if (!h.same_layout(expected))
     return Status::InvalidInput(shown + " was written by another layout (world " + std::to_string(h.world_size) +
                                 ", policy " + quoted(h.policy, 40) + ", rank " + std::to_string(h.rank) +
                                 "; this run: world " + std::to_string(expected.world_size) + ", policy " +
-                                quoted(expected.policy, 40) + ", rank " + std::to_string(expected.rank) +
-                                "); resharding is not supported");
+                                quoted(expected.policy, 40) + ", rank " + std::to_string(expected.rank) + ")");
   if (h.next_step > max_step)
     return Status::InvalidInput(shown + ": next_step " + std::to_string(h.next_step) + " is beyond the run's " +
                                 std::to_string(max_step) + " steps");
@@ -249,6 +254,36 @@ Result<CheckpointHeader> read_checkpoint(const std::string& path, const Checkpoi
   if (const std::string where = first_non_finite(spans); !where.empty())
     return Status::InvalidInput(shown + ": holds NaN or Inf (" + where + "); refusing to resume a diverged state");
   return parsed;
+}
+
+Result<CheckpointHeader> read_checkpoint_header(const std::string& path) {
+  const std::string shown = "checkpoint " + printable(path, 200);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::InvalidInput(shown + ": cannot read: " + std::strerror(errno));
+  std::string line;
+  for (char c = 0;;) {
+    if (!in.get(c)) return Status::InvalidInput(shown + ": truncated header");
+    if (c == '\n') break;
+    line += c;
+    if (line.size() > kMaxCheckpointHeaderBytes) return Status::InvalidInput(shown + ": no header line");
+  }
+  auto parsed = parse_checkpoint_header(line);
+  if (!parsed.ok()) return Status::InvalidInput(shown + ": header " + parsed.status().message());
+  return parsed;
+}
+
+Result<std::vector<std::vector<float>>> read_checkpoint_payload(const std::string& path, const CheckpointHeader& header,
+                                                                std::int64_t max_step) {
+  std::vector<std::vector<float>> parts;
+  for (const auto& [param, optimizer] : header.segments) {
+    parts.emplace_back(static_cast<std::size_t>(param));
+    for (int k = header.precision == "fp32" ? 2 : 3; k > 0; --k)
+      parts.emplace_back(static_cast<std::size_t>(optimizer));
+  }
+  std::vector<FloatSpan> spans;
+  for (auto& p : parts) spans.push_back({p.data(), static_cast<std::int64_t>(p.size())});
+  HZP_RETURN_IF_ERROR(read_checkpoint(path, header, max_step, spans).status());
+  return parts;
 }
 
 std::string checkpoint_file(const std::string& dir, std::int64_t step, int rank) {

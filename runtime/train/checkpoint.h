@@ -9,7 +9,8 @@
 //   {"format": "hzp-checkpoint-v2", "rank": r, "world_size": n, "policy": "zero3", "precision": "bf16",
 //    "next_step": S, "adam_steps": S, "loss_scale": 65536, "loss_scale_good_steps": 0,
 //    "segments": [[param_floats, optimizer_floats], ...], "payload_bytes": B,
-//    "payload_fnv1a64": "0123456789abcdef"}
+//    "payload_fnv1a64": "0123456789abcdef", "layout": {"gpus_per_node": R, "policy": {...}}}
+// ("layout", optional, lets another layout resume it: reshard.h).
 // A v1 file (written before mixed precision) has no precision or loss-scale fields: it is an fp32 state.
 // Every field is checked on load (type, range, agreement with the running layout), the payload must be
 // exactly B bytes with that checksum, and every value finite: a damaged or foreign file is kInvalidInput
@@ -43,8 +44,15 @@ struct CheckpointHeader {
   std::vector<std::pair<std::int64_t, std::int64_t>> segments;  // (parameter floats, optimizer floats)
   std::int64_t payload_bytes = 0;
   std::uint64_t checksum = 0;
+  // What rebuilds the writer's layout, so that another world size or policy can resume from it (reshard.h):
+  // {"gpus_per_node": R, "policy": the resolved policy section}. Null in files written before it.
+  nlohmann::json layout;
 
   nlohmann::json to_json() const;
+  // The same world, rank, policy and segments: the payload maps one to one onto the running state.
+  bool same_layout(const CheckpointHeader& other) const {
+    return world_size == other.world_size && rank == other.rank && policy == other.policy && segments == other.segments;
+  }
 };
 
 // Parses and type-checks a header line (without its newline). Errors name the field and value.
@@ -59,6 +67,14 @@ struct FloatSpan {
 // Writes `header` (payload_bytes and checksum are filled in here) and the spans to `path` atomically and
 // durably (PATH.tmp, fsync, rename, fsync of the directory). Refuses a state holding NaN or Inf.
 Status write_checkpoint(const std::string& path, CheckpointHeader header, const std::vector<FloatSpan>& spans);
+
+// The header line of `path` alone, parsed (for a reader that must learn the layout before the payload).
+Result<CheckpointHeader> read_checkpoint_header(const std::string& path);
+
+// The payload of `path` as its own header lays it out: per segment the parameter shard, the fp32 master (16-bit
+// training), Adam m and v; checked as read_checkpoint checks it.
+Result<std::vector<std::vector<float>>> read_checkpoint_payload(const std::string& path, const CheckpointHeader& header,
+                                                                std::int64_t max_step);
 
 // Reads `path` into the spans after checking it against `expected` (rank, world size, policy, segments)
 // precision) and `max_step` (next_step must be in [0, max_step]); returns the header.

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <sstream>
 
 #include "runtime/train/executor_impl.h"
+#include "runtime/train/reshard.h"
 
 namespace hzp::runtime {
 namespace {
@@ -630,6 +632,7 @@ CheckpointHeader Executor::Impl::checkpoint_header(std::int64_t next_step) const
   h.loss_scale_good_steps = good_steps;
   for (std::size_t s = 0; s < bufs.size(); ++s)
     h.segments.emplace_back(layout.param_floats(static_cast<int>(s)), layout.optimizer_floats(static_cast<int>(s)));
+  h.layout = checkpoint_layout(scenario);
   return h;
 }
 
@@ -650,7 +653,24 @@ Status Executor::save(const std::string& path, std::int64_t next_step) const {
 }
 
 Result<std::int64_t> Executor::load(const std::string& path) {
+  namespace fs = std::filesystem;
   Impl& d = *impl_;
+  // Another layout wrote the step (another world size or policy; the writer's rank_0 says which): reshard it.
+  const fs::path step_dir = fs::path(path).parent_path();
+  HZP_ASSIGN_OR_RETURN(CheckpointHeader first, read_checkpoint_header((step_dir / "rank_0.bin").string()));
+  CheckpointHeader expected = d.checkpoint_header(0);
+  expected.rank = 0;
+  const bool other_layout =
+      !first.same_layout(expected) || (!first.layout.is_null() && first.layout != expected.layout);
+  if (first.precision == expected.precision && other_layout) {
+    HZP_ASSIGN_OR_RETURN(auto resharded,
+                         reshard_state(step_dir.string(), first, d.scenario, d.cfg, d.layout, d.scenario.run.steps));
+    HZP_RETURN_IF_ERROR(d.state_from_host(resharded));
+    d.adam_t = first.adam_steps;
+    d.loss_scale = first.loss_scale;
+    d.good_steps = first.loss_scale_good_steps;
+    return first.next_step;
+  }
   std::vector<std::vector<float>> state;
   for (const Impl::SegmentBuffers& b : d.bufs)
     for (const Buffer* part : {&b.param, &b.master, &b.m, &b.v})
