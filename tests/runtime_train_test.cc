@@ -789,12 +789,16 @@ TEST_CASE("runtime: a checkpoint resumes on another world size and policy (resha
   train_ok(train_cmd(z3_path, 4, 2, dir / "part", ckpt + " --stop-after 4"), dir / "part");
   json ddp = z3;
   ddp["policy"] = {{"preset", "ddp"}};
-  const Curve two =
-      train_ok(train_cmd(write_scenario(dir, "ddp", ddp), 2, 2, dir / "part", ckpt + " --stop-after 8"), dir / "part");
+  const RunResult two =
+      run(train_cmd(write_scenario(dir, "ddp", ddp), 2, 2, dir / "part", ckpt + " --resume --stop-after 8"));
+  INFO(two.output);
+  REQUIRE(two.code == 0);
+  CHECK_THAT(two.output, Catch::Contains("resumed from") && Catch::Contains("at step 4"));
   json hsdp = z3;
   hsdp["policy"] = {{"preset", "hsdp"}};
-  const Curve four = train_ok(train_cmd(write_scenario(dir, "hsdp", hsdp), 4, 4, dir / "part", ckpt), dir / "part");
-  REQUIRE(four.loss.size() == 12);
+  const Curve four =
+      train_ok(train_cmd(write_scenario(dir, "hsdp", hsdp), 4, 4, dir / "part", ckpt + " --resume"), dir / "part");
+  REQUIRE(four.loss.size() == 12);  // 4 + 4 + 4 steps, three layouts, one metrics file
   INFO("worst relative difference after resharding: " << worst_after(whole, four, 4));
   CHECK(worst_after(whole, four, 4) <= 1e-5);
   CHECK(four.loss.rbegin()->second < four.loss.begin()->second);
@@ -806,8 +810,8 @@ TEST_CASE("runtime: a checkpoint resumes on another world size and policy (resha
   train_ok(train_cmd(moe_path, 4, 2, dir / "moe_part", moe_ckpt + " --stop-after 4"), dir / "moe_part");
   json moe2 = moe;
   moe2["policy"] = {{"preset", "zero3"}, {"expert_parallel", 2}};
-  const Curve moe_resumed =
-      train_ok(train_cmd(write_scenario(dir, "moe2", moe2), 2, 2, dir / "moe_part", moe_ckpt), dir / "moe_part");
+  const Curve moe_resumed = train_ok(
+      train_cmd(write_scenario(dir, "moe2", moe2), 2, 2, dir / "moe_part", moe_ckpt + " --resume"), dir / "moe_part");
   CHECK(worst_after(moe_whole, moe_resumed, 4) <= kBf16Tolerance);
   // What cannot be resharded is refused, naming why: another expert-parallel size; a checkpoint written
   // before checkpoints recorded their layout.
