@@ -837,3 +837,37 @@ TEST_CASE("runtime: a checkpoint resumes on another world size and policy (resha
   CHECK_THAT(old.output, Catch::Contains("before checkpoints recorded theirs"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("runtime: checkpoint directories are never overwritten by surprise nor followed out nor misread",
+          "[train][checkpoint]") {
+  const fs::path dir = fresh_dir("ckpt_guard");
+  json doc = tiny_scenario(false, {{"preset", "zero1"}}, 2);
+  const std::string scen = write_scenario(dir, "s", doc);
+  const std::string ckpt = "--checkpoint-dir " + (dir / "ckpt").string();
+  train_ok(train_cmd(scen, 2, 2, dir / "a", ckpt), dir / "a");
+  // A new run into it (no --resume) would replace step_2 and move latest: refused unless asked.
+  const RunResult again = run(train_cmd(scen, 2, 2, dir / "b", ckpt));
+  CHECK(again.code == 2);
+  CHECK_THAT(again.output,
+             Catch::Contains("holds checkpoints (the latest at step 2)") && Catch::Contains("--overwrite-checkpoints"));
+  train_ok(train_cmd(scen, 2, 2, dir / "b", ckpt + " --overwrite-checkpoints"), dir / "b");
+  // The same tensor shapes, another model (8 heads of 4 instead of 4 of 8): refused, not reinterpreted.
+  json heads = doc;
+  heads["model"]["heads"] = 8;
+  heads["run"]["steps"] = 4;
+  const RunResult other = run(train_cmd(write_scenario(dir, "heads", heads), 2, 2, dir / "c", ckpt + " --resume"));
+  CHECK(other.code == 2);
+  CHECK_THAT(other.output, Catch::Contains("was written for another model"));
+  // A .lock that is a symbolic link: its target is left alone, the run refused.
+  const fs::path target = dir / "precious.txt";
+  std::ofstream(target) << "keep me";
+  fs::create_directories(dir / "linked");
+  fs::create_symlink(target, dir / "linked" / ".lock");
+  const RunResult linked = run(train_cmd(scen, 2, 2, dir / "d", "--checkpoint-dir " + (dir / "linked").string()));
+  CHECK(linked.code == 2);
+  CHECK_THAT(linked.output, Catch::Contains("symbolic link"));
+  std::ifstream kept(target);
+  std::string text((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>());
+  CHECK(text == "keep me");
+  fs::remove_all(dir);
+}

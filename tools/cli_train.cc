@@ -46,6 +46,7 @@ const char* const kTrainHelp =
     "  --perfetto FILE     the same as a Perfetto / chrome://tracing timeline\n"
     "  --checkpoint-dir D  sharded checkpoints D/step_<S>/rank_<r>.bin and D/latest (run.checkpoint_interval);\n"
     "                      one job at a time per directory (D/.lock)\n"
+    "  --overwrite-checkpoints  start over in a D that holds checkpoints (refused without it or --resume)\n"
     "  --resume            continue from D/latest: on the same ranks and policy the loss curve continues\n"
     "                      exactly; on another world size or policy the state is resharded (runtime/README.md)\n"
     "  --timeout-s T       bound on every collective and store wait, 1..86400 (default 60): a dead or hung\n"
@@ -101,6 +102,7 @@ int run_train_command(const std::vector<std::string>& args) {
                              {"--perfetto", true},
                              {"--checkpoint-dir", true},
                              {"--resume", false},
+                             {"--overwrite-checkpoints", false},
                              {"--timeout-s", true},
                              {"--threads", true},
                              {"--backend", true},
@@ -139,6 +141,8 @@ int run_train_command(const std::vector<std::string>& args) {
   o.perfetto_path = a.get("--perfetto").value_or("");
   o.checkpoint_dir = a.get("--checkpoint-dir").value_or("");
   o.resume = a.has("--resume");
+  o.overwrite_checkpoints = a.has("--overwrite-checkpoints");
+  if (o.resume && o.overwrite_checkpoints) return usage("--resume and --overwrite-checkpoints exclude each other");
   o.backend = a.get("--backend").value_or("cpu");
   o.sets = a.all("--set");
   if (o.resume && o.checkpoint_dir.empty()) return usage("--resume needs --checkpoint-dir");

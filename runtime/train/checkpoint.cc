@@ -183,7 +183,7 @@ Status write_checkpoint(const std::string& path, CheckpointHeader header, const 
   header.checksum = sum;
   const std::string line = header.to_json().dump() + "\n";
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return Status::Internal("checkpoint: cannot write " + printable(tmp, 200) + ": " + std::strerror(errno));
   Status st = write_all(fd, line.data(), line.size(), tmp);
   for (const FloatSpan& s : spans)
@@ -208,8 +208,9 @@ Status write_checkpoint(const std::string& path, CheckpointHeader header, const 
 Result<CheckpointHeader> read_checkpoint(const std::string& path, const CheckpointHeader& expected,
                                          std::int64_t max_step, const std::vector<FloatSpan>& spans) {
   const std::string shown = "checkpoint " + printable(path, 200);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::InvalidInput(shown + ": cannot read: " + std::strerror(errno));
+  auto opened = open_regular_file(path);
+  if (!opened.ok()) return Status::InvalidInput("checkpoint " + opened.status().message());
+  const int fd = *opened;
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
@@ -258,11 +259,15 @@ Result<CheckpointHeader> read_checkpoint(const std::string& path, const Checkpoi
 
 Result<CheckpointHeader> read_checkpoint_header(const std::string& path) {
   const std::string shown = "checkpoint " + printable(path, 200);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::InvalidInput(shown + ": cannot read: " + std::strerror(errno));
+  auto opened = open_regular_file(path);
+  if (!opened.ok()) return Status::InvalidInput("checkpoint " + opened.status().message());
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{*opened};
   std::string line;
   for (char c = 0;;) {
-    if (!in.get(c)) return Status::InvalidInput(shown + ": truncated header");
+    if (::read(closer.fd, &c, 1) != 1) return Status::InvalidInput(shown + ": truncated header");
     if (c == '\n') break;
     line += c;
     if (line.size() > kMaxCheckpointHeaderBytes) return Status::InvalidInput(shown + ": no header line");
@@ -311,9 +316,11 @@ Status write_latest(const std::string& dir, std::int64_t step) {
 Result<std::unique_ptr<CheckpointDirLock>> CheckpointDirLock::acquire(const std::string& dir) {
   HZP_RETURN_IF_ERROR(ensure_writable_dir(dir, "--checkpoint-dir"));
   const std::string path = (fs::path(dir) / ".lock").string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a .lock that is a symlink must not lead hzp to truncate the file it points at.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0)
-    return Status::InvalidInput("--checkpoint-dir: cannot open " + printable(path, 200) + ": " + std::strerror(errno));
+    return Status::InvalidInput("--checkpoint-dir: cannot open " + printable(path, 200) + ": " + std::strerror(errno) +
+                                (errno == ELOOP ? " (it is a symbolic link; remove it)" : ""));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char holder[256] = {};
     const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);

@@ -9,7 +9,7 @@
 //   {"format": "hzp-checkpoint-v2", "rank": r, "world_size": n, "policy": "zero3", "precision": "bf16",
 //    "next_step": S, "adam_steps": S, "loss_scale": 65536, "loss_scale_good_steps": 0,
 //    "segments": [[param_floats, optimizer_floats], ...], "payload_bytes": B,
-//    "payload_fnv1a64": "0123456789abcdef", "layout": {"gpus_per_node": R, "policy": {...}}}
+//    "payload_fnv1a64": "0123456789abcdef", "layout": {"gpus_per_node": R, "policy": {...}, "model": {...}}}
 // ("layout", optional, lets another layout resume it: reshard.h).
 // A v1 file (written before mixed precision) has no precision or loss-scale fields: it is an fp32 state.
 // Every field is checked on load (type, range, agreement with the running layout), the payload must be

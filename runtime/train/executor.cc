@@ -12,6 +12,7 @@
 
 #include "runtime/train/executor_impl.h"
 #include "runtime/train/reshard.h"
+#include "shared/base/text.h"
 
 namespace hzp::runtime {
 namespace {
@@ -660,6 +661,11 @@ Result<std::int64_t> Executor::load(const std::string& path) {
   HZP_ASSIGN_OR_RETURN(CheckpointHeader first, read_checkpoint_header((step_dir / "rank_0.bin").string()));
   CheckpointHeader expected = d.checkpoint_header(0);
   expected.rank = 0;
+  // Weights of another model can have the same shapes (4 heads of 32 or 8 of 16): the record says which.
+  if (first.layout.contains("model") && first.layout["model"] != expected.layout["model"])
+    return Status::InvalidInput("--resume: " + printable(step_dir.string(), 200) + " was written for another model (" +
+                                printable(first.layout["model"].dump(), 300) +
+                                "; this run: " + printable(expected.layout["model"].dump(), 300) + ")");
   const bool other_layout =
       !first.same_layout(expected) || (!first.layout.is_null() && first.layout != expected.layout);
   if (first.precision == expected.precision && other_layout) {

@@ -79,7 +79,10 @@ std::vector<float> take(const std::vector<float>& from, std::int64_t begin, std:
 }  // namespace
 
 json checkpoint_layout(const Scenario& scenario) {
-  return {{"gpus_per_node", scenario.cluster.gpus_per_node}, {"policy", scenario_to_json(scenario)["policy"]}};
+  const json resolved = scenario_to_json(scenario);
+  json model = resolved["model"];
+  model.erase("name");  // a label: the shapes are what the state depends on
+  return {{"gpus_per_node", scenario.cluster.gpus_per_node}, {"policy", resolved["policy"]}, {"model", model}};
 }
 
 Result<std::vector<std::vector<float>>> reshard_state(const std::string& step_dir, const CheckpointHeader& saved,

@@ -237,6 +237,14 @@ Status check_outputs(const TrainOptions& options) {
   if (!options.checkpoint_dir.empty())
     HZP_RETURN_IF_ERROR(ensure_writable_dir(options.checkpoint_dir, "--checkpoint-dir"));
   if (options.resume) HZP_RETURN_IF_ERROR(read_latest(options.checkpoint_dir).status());
+  // A new run into a directory of checkpoints would replace them and move `latest` back: only when asked.
+  if (!options.checkpoint_dir.empty() && !options.resume && !options.overwrite_checkpoints &&
+      fs::exists(fs::path(options.checkpoint_dir) / "latest")) {
+    auto latest = read_latest(options.checkpoint_dir);
+    return Status::InvalidInput("--checkpoint-dir " + printable(options.checkpoint_dir, 200) + " holds checkpoints" +
+                                (latest.ok() ? " (the latest at step " + std::to_string(*latest) + ")" : "") +
+                                ": continue them with --resume, or start over with --overwrite-checkpoints");
+  }
   return Status::Ok();
 }
 

@@ -36,10 +36,11 @@ struct TrainOptions {
   std::string perfetto_path;  // --perfetto FILE
   std::string checkpoint_dir;
   bool resume = false;
-  int timeout_s = 60;             // every collective and store wait; a dead rank is detected within it
-  int threads = 0;                // OpenBLAS threads per rank; 0 = cores / local ranks
-  std::string backend = "cpu";    // the device the ranks run on (runtime/device/registry.h)
-  std::vector<std::string> sets;  // --set PATH=VALUE on the scenario as written (overrides.h apply_set)
+  bool overwrite_checkpoints = false;  // a new run may replace the checkpoints of --checkpoint-dir
+  int timeout_s = 60;                  // every collective and store wait; a dead rank is detected within it
+  int threads = 0;                     // OpenBLAS threads per rank; 0 = cores / local ranks
+  std::string backend = "cpu";         // the device the ranks run on (runtime/device/registry.h)
+  std::vector<std::string> sets;       // --set PATH=VALUE on the scenario as written (overrides.h apply_set)
 };
 
 // The scenario as the ranks run it: the file parsed with cluster.nodes x cluster.gpus_per_node replaced by

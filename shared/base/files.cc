@@ -44,15 +44,29 @@ void sync_dir(const fs::path& dir) {
 
 }  // namespace
 
-Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes) {
+Result<int> open_regular_file(const std::string& path) {
   const std::string shown = printable(path, 200);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO without a writer would otherwise wait for one, forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Status::InvalidInput(shown + ": cannot open: " + errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::InvalidInput(shown + ": not a regular file" + (S_ISDIR(st.st_mode) ? " (a directory)" : ""));
+    return Status::InvalidInput(shown + ": not a regular file" +
+                                (S_ISDIR(st.st_mode)    ? " (a directory)"
+                                 : S_ISFIFO(st.st_mode) ? " (a FIFO)"
+                                 : S_ISCHR(st.st_mode)  ? " (a device)"
+                                                        : ""));
   }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes) {
+  const std::string shown = printable(path, 200);
+  HZP_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
+  struct stat st {};
+  ::fstat(fd, &st);
   if (st.st_size > max_bytes) {
     ::close(fd);
     return Status::InvalidInput(shown + ": " + std::to_string(st.st_size) + " bytes, more than the " +
@@ -114,7 +128,7 @@ Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t m
 
 Status write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return Status::InvalidInput(printable(tmp, 200) + ": cannot write: " + errno_text());
   Status st = write_all(fd, text, tmp);
   if (st.ok() && ::fsync(fd) != 0) st = Status::InvalidInput(printable(tmp, 200) + ": fsync failed: " + errno_text());
@@ -168,7 +182,7 @@ Status ensure_writable_dir(const std::string& dir, const std::string& what) {
   fs::create_directories(dir, ec);
   if (ec) return Status::InvalidInput(shown + ": cannot create directory: " + ec.message());
   const fs::path probe = fs::path(dir) / (".hzp-write-probe-" + std::to_string(::getpid()));
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return Status::InvalidInput(shown + ": not writable: " + errno_text());
   ::close(fd);
   ::unlink(probe.c_str());

@@ -10,6 +10,10 @@
 
 namespace hzp {
 
+// A descriptor of `path` opened for reading if it is a regular file (the caller closes it); a FIFO, a device
+// or a directory is kInvalidInput naming it, at once (opening never waits for a FIFO's writer).
+Result<int> open_regular_file(const std::string& path);
+
 // The whole file, if it is a regular file of at most `max_bytes`. Errors (kInvalidInput) name the path
 // and say what is wrong: missing, a directory, unreadable, too large.
 Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes = 64ll << 20);
@@ -21,6 +25,8 @@ Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t m
 
 // Writes `text` to `path` so that a reader sees the old file or the complete new one, and a power loss
 // after the call returns loses neither: write PATH.tmp, fsync it, rename over PATH, fsync the directory.
+// PATH.tmp is never followed if it is a symbolic link (the write fails), and the rename replaces a link at
+// PATH rather than writing through it: nothing is written outside PATH's directory.
 Status write_file_atomic(const std::string& path, const std::string& text);
 
 // `text` as a gzip stream (RFC 1952, zlib's default level), which read_maybe_gzip_file, gzip and Perfetto read.
