@@ -192,3 +192,39 @@ TEST_CASE("replay what-if from --set: the same as the overrides file with those 
   CHECK(a["step_time_s"] == b["step_time_s"]);
   CHECK(a["what_if"]["recorded_step_s"] == b["what_if"]["recorded_step_s"]);
 }
+
+TEST_CASE("replay and calibrate refuse hostile trace fields naming them (issue 35 items 1-3)", "[cli][replay]") {
+  // Each once crashed (SIGFPE, SIGSEGV), ran without bound or aborted inside SimGrid.
+  const struct {
+    const char* name;
+    void (*edit)(nlohmann::json&);
+    const char* message;
+  } cases[] = {
+      {"gpn0", [](nlohmann::json& d) { d["gpus_per_node"] = 0; }, "trace.gpus_per_node: must be in [1, 4]"},
+      {"nogroups", [](nlohmann::json& d) { d["groups"] = nlohmann::json::array(); },
+       "names an entry of an empty table"},
+      {"far_step", [](nlohmann::json& d) { d["events"][5]["step"] = 1'000'000'000; },
+       "a trace's steps are consecutive"},
+      {"huge_time", [](nlohmann::json& d) { d["events"][7]["end_us"] = 1.7e308; },
+       "microseconds from the trace's start"},
+      {"negative_time", [](nlohmann::json& d) { d["events"][7]["start_us"] = -1.0; }, "must be in [0, "},
+  };
+  for (const auto& c : cases) {
+    const std::string path = edited_trace(std::string("hostile_") + c.name + ".json", c.edit);
+    for (const std::string& command : {"replay '" + path + "' --out '" + (scratch() / "hostile").string() + "'",
+                                       "calibrate --trace '" + path + "'"}) {
+      INFO(c.name << ": " << command);
+      const RunResult r = hzp::test::run(std::string("'") + HZP_BINARY + "' " + command);
+      CHECK(r.code == 2);
+      CHECK(r.output.find(c.message) != std::string::npos);
+    }
+  }
+  // A trace whose steps start later (a resumed run's) is renumbered, not refused.
+  const std::string later = edited_trace("later_steps.json", [](nlohmann::json& d) {
+    for (auto& e : d["events"]) e["step"] = e["step"].get<long long>() + 7;
+  });
+  const RunResult r = replay(later, scratch() / "later");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK(nlohmann::json::parse(slurp(scratch() / "later" / "summary.json"))["replay"]["steps"] == 2);
+}

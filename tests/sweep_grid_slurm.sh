@@ -66,4 +66,13 @@ rm "$out/slurm/rows/1.json"
 "$python" tools/sweep.py --hzp "$hzp" --no-svg --collect --out "$out/slurm" 2> "$out/collect2.log" &&
   fail "--collect with a missing task exited 0"
 grep -q "task 1 left no readable" "$out/slurm/results.csv" || fail "the missing task is not in results.csv"
+# A bad --out is one line and exit 2, never a traceback (issue 35, item 16).
+touch "$out/a_file.json"
+for bad in "$out/a_file.json" "" /proc/hzp-sweep-x; do
+  rc=0
+  "$python" tools/sweep.py --hzp "$hzp" --out "$bad" tests/data/golden/ddp.json > "$out/bad_out.log" 2>&1 || rc=$?
+  [ $rc -eq 2 ] || fail "--out '$bad': exit $rc: $(cat "$out/bad_out.log")"
+  ! grep -q Traceback "$out/bad_out.log" || fail "--out '$bad': a traceback: $(cat "$out/bad_out.log")"
+  [ "$(wc -l < "$out/bad_out.log")" -eq 1 ] || fail "--out '$bad': more than one line: $(cat "$out/bad_out.log")"
+done
 echo "sweep_grid_slurm: ok"

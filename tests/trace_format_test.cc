@@ -63,6 +63,9 @@ TEST_CASE("trace format: bad traces name the event and the field", "[trace][erro
   CHECK_THAT(error_of(t), Catch::Contains("trace.events[5].rank: must be in [0, 3]"));
   t = good;
   t["events"][5]["end_us"] = -1;
+  CHECK_THAT(error_of(t), Catch::Contains("trace.events[5].end_us: must be in [0, "));
+  t = good;
+  t["events"][5]["end_us"] = t["events"][5]["start_us"].get<double>() - 1;
   CHECK_THAT(error_of(t), Catch::Contains("trace.events[5].end_us: is before start_us"));
   t = good;
   t["events"][5]["start_us"] = "soon";

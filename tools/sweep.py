@@ -105,6 +105,7 @@ def parse_args(argv):
     parser.add_argument("--collect", action="store_true", help="the report of a finished job array in OUT")
     args = parser.parse_args(argv)
     args.formats = ["png"] if args.no_svg else ["png", "svg"]
+    check_out_dir(args.out)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if not args.progress_s > 0:
@@ -131,6 +132,20 @@ def parse_args(argv):
     else:
         args.files = expand_scenarios(args.scenarios)
     return args
+
+
+def check_out_dir(out):
+    """--out must be a folder hzp can create and write: a file, an empty name or /proc/x is a usage error."""
+    if not out:
+        raise UsageError("--out: an empty path")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".sweep-probe-")
+        probe.close()
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})")
 
 
 def parse_grid(specs):

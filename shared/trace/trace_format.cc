@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <map>
+#include <set>
 #include <variant>
 
 #include "shared/base/files.h"
@@ -44,9 +46,13 @@ class Fields {
     const json* v = find(key);
     if (v == nullptr) return Status::InvalidInput(where_ + "." + key + ": missing");
     if (!v->is_number_integer()) return bad(key, "must be an integer");
-    if (v->is_number_unsigned() ? v->get<std::uint64_t>() > static_cast<std::uint64_t>(max)
-                                : v->get<std::int64_t>() < min || v->get<std::int64_t>() > max)
-      return bad(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+    // nlohmann stores every non-negative integer as unsigned: both bounds apply to it too (0 against a
+    // minimum of 1 was let through, and divided by).
+    const bool huge = v->is_number_unsigned() &&
+                      v->get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    if (huge || v->get<std::int64_t>() < min || v->get<std::int64_t>() > max)
+      return bad(key, max < min ? "names an entry of an empty table"
+                                : "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
     return v->get<std::int64_t>();
   }
   Result<double> number(const std::string& key) const {
@@ -320,6 +326,11 @@ Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& i
   HZP_ASSIGN_OR_RETURN(e.kind, f.name("kind", kKinds));
   HZP_ASSIGN_OR_RETURN(e.start_us, f.number("start_us"));
   HZP_ASSIGN_OR_RETURN(e.end_us, f.number("end_us"));
+  // Microseconds from the trace's first event, within a year (±1.7e308 reached the simulator as infinity).
+  for (const auto& [key, value] : {std::pair{"start_us", e.start_us}, std::pair{"end_us", e.end_us}})
+    if (value < 0 || value > kMaxTraceMicroseconds)
+      return f.bad(key, "must be in [0, " + std::to_string(static_cast<long long>(kMaxTraceMicroseconds)) +
+                            "] microseconds from the trace's start");
   if (e.end_us < e.start_us) return f.bad("end_us", "is before start_us (" + std::to_string(e.start_us) + ")");
   HZP_ASSIGN_OR_RETURN(std::int64_t layer, f.integer("layer", -1, 1 << 20));
   e.layer = static_cast<int>(layer);
@@ -379,6 +390,24 @@ Status check_streams_serial(const Trace& t) {
   return Status::Ok();
 }
 
+// The steps a trace holds run consecutively (a replay runs that many); they are renumbered from 0. A step
+// renumbered to 10^9 made replay simulate a billion steps.
+Status check_consecutive_steps(Trace& t) {
+  if (t.events.empty()) return Status::Ok();
+  std::set<std::int64_t> steps;
+  for (const TraceEvent& e : t.events) steps.insert(e.step);
+  const std::int64_t first = *steps.begin(), last = *steps.rbegin();
+  if (static_cast<std::int64_t>(steps.size()) > kMaxTraceSteps)
+    return Status::InvalidInput("trace.events: " + std::to_string(steps.size()) + " steps, more than the " +
+                                std::to_string(kMaxTraceSteps) + " a trace may hold");
+  if (last - first + 1 != static_cast<std::int64_t>(steps.size()))
+    return Status::InvalidInput("trace.events: the steps run from " + std::to_string(first) + " to " +
+                                std::to_string(last) + " with only " + std::to_string(steps.size()) +
+                                " of them present: a trace's steps are consecutive");
+  for (TraceEvent& e : t.events) e.step -= first;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Trace> trace_from_json(const json& doc) {
@@ -401,6 +430,7 @@ Result<Trace> trace_from_json(const json& doc) {
     HZP_ASSIGN_OR_RETURN(TraceEvent e, read_trace_event((*events)[i], i, index, t));
     t.events.push_back(e);
   }
+  HZP_RETURN_IF_ERROR(check_consecutive_steps(t));
   HZP_RETURN_IF_ERROR(check_streams_serial(t));
   return t;
 }

@@ -26,6 +26,8 @@ inline constexpr const char* kTraceFormat = "hzp-trace";
 inline constexpr int kTraceVersion = 1;
 inline constexpr std::size_t kMaxTraceBytes = 256u << 20;
 inline constexpr std::int64_t kMaxTraceEvents = 2'000'000;
+inline constexpr std::int64_t kMaxTraceSteps = 10'000;            // consecutive steps (renumbered from 0)
+inline constexpr double kMaxTraceMicroseconds = 365.0 * 86400e6;  // times within a year of the first event
 
 enum class TraceKind {
   kCompute,
