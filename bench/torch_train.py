@@ -18,7 +18,11 @@ if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):
     print(__doc__)  # before importing torch, so --help works where torch is not installed
     sys.exit(0)
 
-import torch
+try:
+    import torch
+except ImportError:
+    print("torch_train.py: needs PyTorch (Debian's /usr/bin/python3 has it: run the script with it)", file=sys.stderr)
+    sys.exit(2)
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -143,6 +143,11 @@ def main():
         print(__doc__.strip())
         return 0
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    unknown = [a for a in sys.argv[1:] if a.startswith("-") and a not in ("--self-test", "--list")]
+    if unknown or len(args) > 1 or (args and not os.path.isdir(args[0])):
+        print(f"check_function_size: expected [ROOT] (a folder), --list or --self-test, got "
+              f"{' '.join(sys.argv[1:])[:80]}", file=sys.stderr)
+        return 2
     if "--self-test" in sys.argv:
         return self_test()
     root = args[0] if args else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

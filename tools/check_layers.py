@@ -111,6 +111,10 @@ def main():
         return 0
     if sys.argv[1:] == ["--self-test"]:
         return self_test()
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and (sys.argv[1].startswith("-") or not os.path.isdir(sys.argv[1]))):
+        print(f"check_layers: expected [ROOT] (a folder) or --self-test, got {' '.join(sys.argv[1:])[:80]}",
+              file=sys.stderr)
+        return 2
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     errors = check(root)
     for e in errors:

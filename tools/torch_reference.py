@@ -28,13 +28,18 @@ experts, the Switch load-balancing loss E * sum_e f_e * P_e, and an untied outpu
 """
 import json
 import math
+import os
 import sys
 
 if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):
     print(__doc__)  # before importing torch, so --help works where torch is not installed
     sys.exit(0)
 
-import torch
+try:
+    import torch
+except ImportError:
+    print("torch_reference.py: needs PyTorch (Debian's /usr/bin/python3 has it: run the script with it)", file=sys.stderr)
+    sys.exit(2)
 
 torch.set_default_dtype(torch.float64)
 
@@ -115,11 +120,16 @@ def moe(x, p, experts, cfg):
     return x + out.reshape(shape), aux, gap
 
 
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from json_input import load_json_input  # noqa: E402  (exit 2 naming a bad input file)
+
+
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: torch_reference.py IN.json OUT.json")
-    with open(sys.argv[1]) as f:
-        doc = json.load(f)
+    if len(sys.argv) != 3 or any(a.startswith("-") for a in sys.argv[1:]):
+        print("usage: torch_reference.py IN.json OUT.json", file=sys.stderr)
+        sys.exit(2)
+    doc = load_json_input(sys.argv[1], "IN.json")
     cfg = doc["config"]
     params = {}
     for name, t in doc["params"].items():

@@ -47,6 +47,7 @@ import concurrent.futures
 import functools
 import json
 import os
+import stat
 import re
 import statistics
 import subprocess
@@ -468,19 +469,45 @@ def simulate(hzp, doc, workdir):
     return s, None
 
 
+MAX_ROWS_BYTES = 64 << 20  # far above any published table
+ROW_ID = re.compile(r"[A-Za-z0-9_.+-]{1,100}")
+
+
 def load_rows(path):
+    """Rows of a JSONL file; ValueError naming the file (and line) for anything else: not a regular file (a FIFO,
+    /dev/zero), over MAX_ROWS_BYTES, not JSON, nested too deep, not an object, an id that is not a short name."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path}: not a regular file")
+    if st.st_size > MAX_ROWS_BYTES:
+        raise ValueError(f"{path}: {st.st_size} bytes, more than the {MAX_ROWS_BYTES} a rows file may hold")
     rows = []
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{n}: not JSON: {e}") from None
+                except RecursionError:
+                    raise ValueError(f"{path}:{n}: nested too deep to be a row") from None
                 if not isinstance(row, dict):
                     raise ValueError(f"{path}:{n}: a row must be a JSON object")
+                if "id" in row and not (isinstance(row["id"], str) and ROW_ID.fullmatch(row["id"])):
+                    raise ValueError(f"{path}:{n}: id must be 1 to 100 letters, digits or _.+- (it names files), "
+                                     f"got {str(row['id'])[:40]!r}")
                 rows.append(row)
     return rows
+
+
+def writable_file(path, flag):
+    """An output file's folder exists and can be written (checked before any work)."""
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: cannot be written")
 
 
 def main():
@@ -524,14 +551,26 @@ def main():
         ap.error("--seed must be in [0, 2147483647]")
     if args.rail_optimized and args.routing != "ecmp":
         ap.error("--rail-optimized needs --routing ecmp")
+    if not os.path.isfile(args.hzp) or not os.access(args.hzp, os.X_OK):
+        ap.error(f"--hzp {args.hzp}: not an executable (build first: bash tools/setup.sh)")
     try:
         rows = load_rows(args.rows)
         cal_rows = load_rows(args.calibration) if args.calibration else rows
+        if args.json:
+            writable_file(args.json, "--json")
+        if args.out:
+            if os.path.exists(args.out) and not os.path.isdir(args.out):
+                raise ValueError(f"--out {args.out}: exists and is not a folder")
+            try:
+                os.makedirs(args.out, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"--out {args.out}: cannot be created ({e.strerror})") from None
+            if not os.access(args.out, os.W_OK):
+                raise ValueError(f"--out {args.out}: cannot be written")
     except (OSError, ValueError) as e:
         print(f"validate_rows: {e}", file=sys.stderr)
         return 2
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
         return report_rows(args, rows, cal_rows, args.out)
     with tempfile.TemporaryDirectory(prefix="hzp-validate-") as workdir:
         return report_rows(args, rows, cal_rows, workdir)

@@ -12,6 +12,7 @@ steps, mfu (6 * active params + 12 * layers * hidden * seq FLOPs per token, agai
 bf16 peak of an H100 SXM), peak_mem_GiB (torch.cuda.max_memory_allocated), the last loss, and the device.
 """
 import json
+import os
 import sys
 import time
 
@@ -19,7 +20,11 @@ if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):
     print(__doc__)  # before importing torch, so --help works where torch is not installed
     sys.exit(0)
 
-import torch
+try:
+    import torch
+except ImportError:
+    print("torch_gpu.py: needs PyTorch (Debian's /usr/bin/python3 has it: run the script with it)", file=sys.stderr)
+    sys.exit(2)
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -119,11 +124,24 @@ class Model(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from json_input import load_json_input  # noqa: E402  (exit 2 naming a bad input file)
+
+
 def main():
     args = sys.argv[1:]
     compile_ = "--compile" in args
-    steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 20
-    scenario = json.load(open(args[0]))
+    try:
+        steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 20
+    except (IndexError, ValueError):
+        print("torch_gpu.py: --steps needs an integer", file=sys.stderr)
+        sys.exit(2)
+    positional = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--steps")]
+    if len(positional) != 1 or any(a.startswith("--") and a not in ("--compile", "--steps") for a in args):
+        print("usage: torch_gpu.py SCENARIO.json [--steps N] [--compile]", file=sys.stderr)
+        sys.exit(2)
+    scenario = load_json_input(positional[0], "SCENARIO")
     m, tr = scenario["model"], scenario["training"]
     seq, batch = tr["seq_len"], tr["micro_batch"]
     torch.manual_seed(0)
