@@ -41,13 +41,9 @@ Status check_shape(std::string_view text, std::size_t max_bytes, int max_depth) 
   return Status::Ok();
 }
 
-}  // namespace
-
-Result<json> parse_json_strict(std::string_view text, std::size_t max_bytes, int max_depth) {
-  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
-    return Status::InvalidInput("empty document, expected a JSON object");
-  HZP_RETURN_IF_ERROR(check_shape(text, max_bytes, max_depth));
-  // Track the keys of every open object while parsing and refuse the document on the first repeat.
+// A SAX pass that tracks the keys of every open object and stops at the first repeat, naming its path
+// ("model.moe.experts", "events[].rank"). Linear in the document.
+struct DuplicateKeys : nlohmann::json_sax<json> {
   struct Frame {
     bool object;
     std::string path;
@@ -56,36 +52,53 @@ Result<json> parse_json_strict(std::string_view text, std::size_t max_bytes, int
   };
   std::vector<Frame> open;
   std::string duplicate;
-  auto join_key = [](const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; };
-  json::parser_callback_t track_keys = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start: {
-        std::string path;
-        if (!open.empty())
-          path = open.back().object ? join_key(open.back().path, open.back().last_key) : open.back().path + "[]";
-        open.push_back({event == json::parse_event_t::object_start, std::move(path), {}, {}});
-        break;
-      }
-      case json::parse_event_t::object_end:
-      case json::parse_event_t::array_end:
-        if (!open.empty()) open.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        Frame& frame = open.back();
-        frame.last_key = printable(parsed.get<std::string>(), 60);
-        if (!frame.keys.insert(parsed.get<std::string>()).second && duplicate.empty())
-          duplicate = join_key(frame.path, frame.last_key);
-        break;
-      }
-      default:
-        break;
+
+  static std::string join_key(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+  bool start(bool object) {
+    std::string path;
+    if (!open.empty())
+      path = open.back().object ? join_key(open.back().path, open.back().last_key) : open.back().path + "[]";
+    open.push_back({object, std::move(path), {}, {}});
+    return true;
+  }
+  bool end() {
+    if (!open.empty()) open.pop_back();
+    return true;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return start(true); }
+  bool end_object() override { return end(); }
+  bool start_array(std::size_t) override { return start(false); }
+  bool end_array() override { return end(); }
+  bool key(string_t& key) override {
+    Frame& frame = open.back();
+    frame.last_key = printable(key, 60);
+    if (!frame.keys.insert(key).second) {
+      duplicate = join_key(frame.path, frame.last_key);
+      return false;  // stop: the first repeat is the one reported
     }
     return true;
-  };
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
+}  // namespace
+
+Result<json> parse_json_strict(std::string_view text, std::size_t max_bytes, int max_depth) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
+    return Status::InvalidInput("empty document, expected a JSON object");
+  HZP_RETURN_IF_ERROR(check_shape(text, max_bytes, max_depth));
   json doc;
   try {
-    doc = json::parse(text, track_keys);
+    doc = json::parse(text);  // no callback: nlohmann's callback parser rescans a container at every object end
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep its line/column detail.
@@ -95,7 +108,11 @@ Result<json> parse_json_strict(std::string_view text, std::size_t max_bytes, int
   } catch (const json::exception& e) {
     return Status::InvalidInput("malformed JSON: " + printable(e.what(), 200));
   }
-  if (!duplicate.empty()) return Status::InvalidInput(duplicate + ": duplicate key (only one value may be given)");
+  // A second, linear pass finds the first repeated key (nlohmann keeps the last value silently).
+  DuplicateKeys keys;
+  json::sax_parse(text, &keys);
+  if (!keys.duplicate.empty())
+    return Status::InvalidInput(keys.duplicate + ": duplicate key (only one value may be given)");
   return doc;
 }
 
