@@ -28,6 +28,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "runtime/store/gloo_store.h"
+#include "runtime/store/hmac.h"
 #include "runtime/store/store.h"
 
 using namespace hzp;
@@ -66,8 +67,9 @@ std::string u32(std::uint32_t v) {
   return out;
 }
 
-std::string hello(const std::string& token = "secret") {
-  return "HZPSTORE" + u32(token.size()) + token;
+// The client's first message: the magic and a challenge.
+std::string hello(const std::string& challenge = std::string(32, 'c')) {
+  return "HZPSTOR2" + challenge;
 }
 
 // A raw loopback connection, to speak (or break) the protocol by hand. Every read has a deadline.
@@ -117,6 +119,19 @@ class Raw {
     const std::string r = read(5, within);
     return r.size() == 5 ? static_cast<unsigned char>(r[0]) : -1;
   }
+  // The handshake by hand (store.h) with `token`: the hello, the server's challenge and proof (checked), this
+  // side's proof; returns the final status byte, or -1.
+  int handshake(const std::string& token = "secret") {
+    const std::string challenge(32, 'c');
+    if (!send(hello(challenge))) return -1;
+    const std::string answer = read(5 + 64, 5s);
+    if (answer.size() != 5 + 64 || answer[0] != 0) return answer.empty() ? -1 : static_cast<unsigned char>(answer[0]);
+    const std::string server_nonce = answer.substr(5, 32);
+    server_proof_ok_ = answer.substr(37, 32) == hzp::runtime::handshake_proof("secret", true, challenge, server_nonce);
+    if (!send(hzp::runtime::handshake_proof(token, false, server_nonce, challenge))) return -1;
+    return status();
+  }
+  bool server_proof_ok() const { return server_proof_ok_; }
   // Whether the server closed the connection (end of stream or reset) within `within`; what comes before is
   // discarded.
   bool closed_within(std::chrono::milliseconds within) {
@@ -135,13 +150,14 @@ class Raw {
  private:
   int fd_;
   bool eof_ = false;
+  bool server_proof_ok_ = false;
 };
 
 // Sends raw bytes (after a valid handshake unless told otherwise) and returns the status byte of the reply,
 // or -1 if none came.
 int raw_request(const StoreServer& server, const std::string& bytes, bool handshake = true) {
   Raw r(server.port());
-  if (handshake && (!r.send(hello()) || r.status() != 0)) return -1;
+  if (handshake && r.handshake() != 0) return -1;
   r.send(bytes);
   return r.status();
 }
@@ -201,7 +217,7 @@ TEST_CASE("store: a bad token is refused with a clear error", "[store]") {
   auto c = StoreClient::connect("127.0.0.1", server->port(), "guess", 2s);
   REQUIRE_FALSE(c.ok());
   CHECK(c.status().code() == StatusCode::kInvalidInput);
-  CHECK_THAT(c.status().message(), Catch::Contains("refused the token"));
+  CHECK_THAT(c.status().message(), Catch::Contains("did not prove it holds this job's token"));
   // The store still serves good clients.
   CHECK(client(*server)->set("k", "v").ok());
 }
@@ -241,28 +257,26 @@ TEST_CASE("store: a refused connection gets its status, then end of stream, and 
   auto server = serve(limits);
   {
     Raw bad_token(server->port());
-    bad_token.send(hello("guess"));
-    CHECK(bad_token.status() == 5);
+    CHECK(bad_token.handshake("guess") == 5);
+    CHECK(bad_token.server_proof_ok());
     CHECK(bad_token.closed_within(5s));
   }
   {
     Raw bad_magic(server->port());
-    bad_magic.send("NOTMAGIC" + u32(0) + "and some more bytes the server never reads");
+    bad_magic.send("HZPSTORE" + u32(6) + "secret");  // the protocol before the mutual proof: refused
     CHECK(bad_magic.status() == 3);
     CHECK(bad_magic.closed_within(5s));
   }
   {
     Raw unknown_op(server->port());
-    unknown_op.send(hello());
-    REQUIRE(unknown_op.status() == 0);
+    REQUIRE(unknown_op.handshake() == 0);
     unknown_op.send(std::string("\x09\x01\x00\x00\x00k", 6));
     CHECK(unknown_op.status() == 3);
     CHECK(unknown_op.closed_within(5s));
   }
   {
     Raw oversized(server->port());
-    oversized.send(hello());
-    REQUIRE(oversized.status() == 0);
+    REQUIRE(oversized.handshake() == 0);
     oversized.send("\x01" + u32(1) + "k" + u32(17) + std::string(17, 'x'));
     CHECK(oversized.status() == 4);
     CHECK(oversized.closed_within(5s));
@@ -277,7 +291,7 @@ TEST_CASE("store: finished connection threads are reaped, not kept", "[store]") 
   for (int i = 0; i < 100; ++i) {
     REQUIRE(client(*server)->set("k" + std::to_string(i % 4), "v").ok());
     Raw refused(server->port());
-    refused.send(hello("guess"));
+    refused.handshake("guess");
   }
   CHECK(eventually([&] { return idle(*server, 200); }));
   CHECK(eventually([&] { return thread_count() == baseline; }));
@@ -299,8 +313,7 @@ TEST_CASE("store: a stalled handshake and a trickling request are dropped, other
 
   // A slowloris: a byte every 50 ms, each well inside any per-byte timeout, the whole request never done.
   Raw trickle(server->port());
-  trickle.send(hello());
-  REQUIRE(trickle.status() == 0);
+  REQUIRE(trickle.handshake() == 0);
   const std::string request = "\x01" + u32(1000) + std::string(1000, 'k');
   bool closed = false;
   for (std::size_t i = 0; i < 100 && !closed; ++i) {  // 100 bytes * 50 ms = 5 s at most
@@ -376,8 +389,7 @@ TEST_CASE("store: idle unauthenticated connections cannot lock ranks out", "[sto
 TEST_CASE("store: a value announced large but sent slowly holds only what was sent", "[store]") {
   auto server = serve();  // default limits: a 64 MiB value is allowed
   Raw slow(server->port());
-  slow.send(hello());
-  REQUIRE(slow.status() == 0);
+  REQUIRE(slow.handshake() == 0);
   slow.send("\x01" + u32(1) + "k" + u32(64u << 20) + std::string(16, 'x'));
   REQUIRE(eventually([&] { return server->stats().buffered_bytes > 0; }));
   CHECK(server->stats().buffered_bytes <= 256u << 10);  // one read chunk ahead, not 64 MiB
@@ -410,8 +422,7 @@ TEST_CASE("store: max_total_bytes refuses a SET that would take the store above 
   CHECK_FALSE(again->get("c", 10ms).ok());
   // A value announced above the room left is refused before it is read.
   Raw announce(server->port());
-  announce.send(hello());
-  REQUIRE(announce.status() == 0);
+  REQUIRE(announce.handshake() == 0);
   announce.send("\x01" + u32(1) + "e" + u32(1000));
   CHECK(announce.status() == static_cast<int>(StoreReply::kTooLarge));
   CHECK(announce.closed_within(5s));
@@ -487,32 +498,36 @@ TEST_CASE("store: its sockets are close-on-exec, so ranks the launcher spawns do
 
 namespace {
 
-// One hostile byte sequence: noise, a broken handshake, or a valid handshake followed by random requests
-// (random ops, key and value lengths from empty to huge, lengths that lie, cut anywhere).
-std::string hostile(std::mt19937& rng) {
+// One hostile connection: noise, a broken handshake, or (authenticate: the handshake done first, by hand)
+// random requests (random ops, key and value lengths from empty to huge, lengths that lie, cut anywhere).
+struct Hostile {
+  bool authenticate = false;
+  std::string bytes;
+};
+Hostile hostile(std::mt19937& rng) {
   auto pick = [&](std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); };
   auto noise = [&](std::size_t n) {
     std::string s(n, '\0');
     for (char& ch : s) ch = static_cast<char>(rng());
     return s;
   };
-  const std::string good = hello();
+  const std::string good = hello(noise(32));
   switch (pick(8)) {
     case 0:
-      return noise(pick(40));
+      return {false, noise(pick(40))};
     case 1:
-      return good.substr(0, pick(static_cast<std::uint32_t>(good.size())));
+      return {false, good.substr(0, pick(static_cast<std::uint32_t>(good.size())))};
     case 2: {
       std::string s = good;
       s[pick(static_cast<std::uint32_t>(s.size()))] ^= static_cast<char>(1 + pick(255));
-      return s;
+      return {false, s + noise(pick(40))};  // and a proof that cannot be right
     }
     case 3:
-      return "HZPSTORE" + u32(pick(2) ? 0xffffffffu : 4097 + pick(1000)) + noise(pick(16));
+      return {false, good + noise(32)};  // a guessed proof
     default:
       break;
   }
-  std::string s = good;
+  std::string s;
   for (std::uint32_t n = 1 + pick(4), i = 0; i < n; ++i) {
     const std::uint8_t ops[] = {1, 1, 2, 2, 0, 3, 255};
     const std::uint8_t op = ops[pick(sizeof ops)];
@@ -529,7 +544,7 @@ std::string hostile(std::mt19937& rng) {
       s += u32(waits[pick(3)]);
     }
   }
-  return pick(4) == 0 ? s.substr(0, good.size() + pick(static_cast<std::uint32_t>(s.size() - good.size()))) : s;
+  return {true, pick(4) == 0 ? s.substr(0, pick(static_cast<std::uint32_t>(s.size()))) : s};
 }
 
 }  // namespace
@@ -551,7 +566,9 @@ TEST_CASE("store: hundreds of hostile byte sequences leave it serving and back a
   std::deque<Raw> held;        // a few connections left open, to crowd the limits
   for (int i = 0; i < 300; ++i) {
     Raw r(server->port());
-    r.send(hostile(rng));
+    const Hostile h = hostile(rng);
+    if (h.authenticate) r.handshake();
+    r.send(h.bytes);
     switch (rng() % 4) {
       case 0:
         break;  // close right after sending
@@ -641,4 +658,65 @@ TEST_CASE("store: a Gloo rendezvous with a missing peer fails with the key, not 
   } catch (const gloo::Exception& e) {
     CHECK_THAT(std::string(e.what()), Catch::Contains("store"));
   }
+}
+
+TEST_CASE("store: SHA-256 and HMAC-SHA-256 match the FIPS 180-4 and RFC 4231 vectors", "[store]") {
+  auto hex = [](const hzp::runtime::Digest& d) {
+    static const char* digits = "0123456789abcdef";
+    std::string out;
+    for (std::uint8_t b : d) out += std::string{digits[b >> 4], digits[b & 15]};
+    return out;
+  };
+  using hzp::runtime::hmac_sha256;
+  using hzp::runtime::sha256;
+  CHECK(hex(sha256("abc")) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(hex(sha256("")) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(hex(sha256("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")) ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  CHECK(hex(sha256(std::string(1000000, 'a'))) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  // RFC 4231 test cases 1, 2 and 6 (a key longer than the block).
+  CHECK(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There")) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  CHECK(hex(hmac_sha256("Jefe", "what do ya want for nothing?")) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  CHECK(hex(hmac_sha256(std::string(131, '\xaa'), "Test Using Larger Than Block-Size Key - Hash Key First")) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+}
+
+TEST_CASE("store: a stranger on the port learns nothing and the token never travels", "[store]") {
+  // A process listening where the store should be (a port rank 0 could not bind, a stale job): it gets the
+  // hello and answers with a proof it cannot make. The client refuses it and sends nothing more.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  std::string heard;
+  std::thread stranger([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    char buf[4096];
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);  // the hello
+    if (n > 0) heard.append(buf, static_cast<std::size_t>(n));
+    const std::string reply = std::string(1, '\0') + u32(64) + std::string(64, 'x');  // "ok", a made-up proof
+    ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, 2000) > 0 && (n = ::recv(fd, buf, sizeof buf, 0)) > 0)
+      heard.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+  });
+  auto c = StoreClient::connect("127.0.0.1", ntohs(a.sin_port), "the-job-secret", 2s);
+  stranger.join();
+  ::close(listener);
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(c.status().message(), Catch::Contains("did not prove it holds this job's token"));
+  CHECK(heard.size() == 8 + 32);  // the magic and a challenge: no proof, no token
+  CHECK(heard.find("the-job-secret") == std::string::npos);
+  // And the real server's proof checks out for a client that holds the token.
+  auto server = serve();
+  Raw r(server->port());
+  CHECK(r.handshake() == 0);
+  CHECK(r.server_proof_ok());
 }

@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/store/hmac.h"
+
 namespace hzp::runtime {
 namespace {
 
@@ -49,7 +51,15 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr Clock::time_point kNoDeadline = Clock::time_point::max();
-constexpr char kMagic[8] = {'H', 'Z', 'P', 'S', 'T', 'O', 'R', 'E'};
+constexpr char kMagic[8] = {'H', 'Z', 'P', 'S', 'T', 'O', 'R', '2'};
+constexpr std::size_t kNonceBytes = 32;  // each side's challenge; a proof is an HMAC-SHA-256 (32 bytes)
+
+Digest proof(const std::string& token, const char* who, const std::string& first, const std::string& second) {
+  const std::string p = handshake_proof(token, std::string(who) == "server", first, second);
+  Digest d;
+  std::copy(p.begin(), p.end(), d.begin());
+  return d;
+}
 constexpr std::uint32_t kMaxTokenBytes = 4096;
 // A body being received is allocated at most this far ahead of the bytes that arrived, so a peer that
 // announces a large value and sends little makes the server hold little.
@@ -203,14 +213,6 @@ void end_after_reply(int fd) {
 void set_nodelay(int fd) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-// Compares in time independent of where the strings differ, so response times do not reveal the token.
-bool same_token(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 struct Refusal {
@@ -432,30 +434,42 @@ struct StoreServer::Impl {
     signal_wake();
   }
 
-  // Magic, token length, token, all within handshake_timeout of the accept. True once authenticated.
+  // Mutual proof of the token, within handshake_timeout of the accept; the token itself never travels. The
+  // client sends the magic and its challenge; the server answers with its challenge and its proof (which the
+  // client checks before it proves anything, so a stranger on the port learns nothing); the client sends its
+  // proof, which the server checks. True once authenticated.
   bool handshake(ConnectionIt self) {
     const int fd = self->fd;
     const Clock::time_point deadline = self->accepted + limits.handshake_timeout;
+    // Nothing on the heap until the client has sent its whole hello: a thread's first malloc may reserve a
+    // 64 MiB arena, and a flood of idle connections must not (a 512 MiB process ran out of address space).
     char magic[sizeof kMagic];
-    std::uint32_t token_len = 0;
-    std::string offered;
+    char nonce[kNonceBytes];
     Io io = read_exact(fd, magic, sizeof magic, deadline);
     if (io == Io::kOk && std::memcmp(magic, kMagic, sizeof kMagic) != 0) {
-      refuse(fd, StoreReply::kMalformed, "bad magic: not an hzp store client");
+      refuse(fd, StoreReply::kMalformed, "bad magic: not an hzp store client of this version");
       return false;
     }
-    if (io == Io::kOk) io = read_u32(fd, token_len, deadline);
-    if (io == Io::kOk && token_len > kMaxTokenBytes) {
-      refuse(fd, StoreReply::kMalformed, "token of " + std::to_string(token_len) + " bytes > 4096");
-      return false;
+    if (io == Io::kOk) io = read_exact(fd, nonce, kNonceBytes, deadline);
+    std::string client_nonce, server_nonce;
+    if (io == Io::kOk) client_nonce.assign(nonce, kNonceBytes);
+    if (io == Io::kOk) {
+      server_nonce = random_bytes(kNonceBytes);
+      if (server_nonce.empty()) {
+        refuse(fd, StoreReply::kMalformed, "the server has no random source");
+        return false;
+      }
+      const Digest mine = proof(token, "server", client_nonce, server_nonce);
+      io = send_reply(fd, StoreReply::kOk, server_nonce + std::string(mine.begin(), mine.end()), deadline);
     }
-    if (io == Io::kOk) io = read_growing(fd, offered, token_len, deadline, nullptr);
+    Digest theirs{};
+    if (io == Io::kOk) io = read_exact(fd, theirs.data(), theirs.size(), deadline);
     if (io != Io::kOk) {
       std::lock_guard<std::mutex> lock(mutex);
       if (io == Io::kTimedOut) ++dropped;
       return false;
     }
-    if (!same_token(offered, token)) {
+    if (!same_digest(theirs, proof(token, "client", server_nonce, client_nonce))) {
       refuse(fd, StoreReply::kBadToken, "bad token");
       return false;
     }
@@ -729,6 +743,14 @@ struct StoreClient::Impl {
   }
 };
 
+std::string handshake_proof(const std::string& token, bool server, const std::string& first,
+                            const std::string& second) {
+  // HMAC-SHA-256 under the token of a label and both challenges: neither side's proof can be replayed as
+  // the other's, or on another connection.
+  const Digest d = hmac_sha256(token, std::string(server ? "hzp-store server" : "hzp-store client") + first + second);
+  return std::string(d.begin(), d.end());
+}
+
 StoreClient::StoreClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StoreClient::~StoreClient() = default;
 
@@ -761,26 +783,48 @@ Result<std::unique_ptr<StoreClient>> StoreClient::connect(const std::string& hos
     if (err != 0) return Status::Internal("store: cannot connect to " + where + ": " + errno_text(err));
   }
   set_nodelay(fd);
-  std::string hello(kMagic, sizeof kMagic);
-  put_u32(hello, static_cast<std::uint32_t>(token.size()));
-  hello += token;
+  // The handshake (store.h): the server proves it holds the token before this client proves anything, so a
+  // stranger listening on the port learns nothing it could use.
+  const std::string client_nonce = random_bytes(kNonceBytes);
+  if (client_nonce.empty()) return Status::Internal("store: no random source for the handshake");
+  const std::string hello = std::string(kMagic, sizeof kMagic) + client_nonce;
   // A refusal sent before the hello was read may reset the connection under the send; the reply, if it came,
   // is still read below.
   (void)write_all(fd, hello.data(), hello.size(), deadline);
+  auto challenge = impl->read_reply(deadline, timeout);
+  if (!challenge.ok())
+    return Status::Internal("store: handshake with " + where + " failed: " + challenge.status().message());
+  auto refused = [&](std::uint8_t status, const std::string& payload) -> Status {
+    switch (static_cast<StoreReply>(status)) {
+      case StoreReply::kBadToken:
+        return Status::InvalidInput("store: " + where + " refused the token");
+      case StoreReply::kBusy:
+        return Status::Internal("store: " + where + " is busy: " + payload + "; try again later");
+      default:
+        return Status::Internal("store: handshake refused by " + where + " (status " + std::to_string(status) +
+                                "): " + payload);
+    }
+  };
+  if (challenge->first != static_cast<std::uint8_t>(StoreReply::kOk))
+    return refused(challenge->first, challenge->second);
+  const std::string& answer = challenge->second;
+  Digest server_proof{};
+  if (answer.size() == kNonceBytes + server_proof.size())
+    std::memcpy(server_proof.data(), answer.data() + kNonceBytes, server_proof.size());
+  const std::string server_nonce = answer.substr(0, std::min(answer.size(), kNonceBytes));
+  if (answer.size() != kNonceBytes + server_proof.size() ||
+      !same_digest(server_proof, proof(token, "server", client_nonce, server_nonce)))
+    return Status::InvalidInput("store: " + where +
+                                " did not prove it holds this job's token: this rank has another token "
+                                "(HZP_STORE_TOKEN), or another process is listening on that port; nothing secret "
+                                "was sent to it");
+  const Digest mine = proof(token, "client", server_nonce, client_nonce);
+  if (write_all(fd, reinterpret_cast<const char*>(mine.data()), mine.size(), deadline) != Io::kOk)
+    return Status::Internal("store: handshake with " + where + " failed: the connection closed");
   auto reply = impl->read_reply(deadline, timeout);
   if (!reply.ok()) return Status::Internal("store: handshake with " + where + " failed: " + reply.status().message());
-  const auto& [status, payload] = *reply;
-  switch (static_cast<StoreReply>(status)) {
-    case StoreReply::kOk:
-      return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl)));
-    case StoreReply::kBadToken:
-      return Status::InvalidInput("store: " + where + " refused the token");
-    case StoreReply::kBusy:
-      return Status::Internal("store: " + where + " is busy: " + payload + "; try again later");
-    default:
-      return Status::Internal("store: handshake refused by " + where + " (status " + std::to_string(status) +
-                              "): " + payload);
-  }
+  if (reply->first != static_cast<std::uint8_t>(StoreReply::kOk)) return refused(reply->first, reply->second);
+  return std::unique_ptr<StoreClient>(new StoreClient(std::move(impl)));
 }
 
 Status StoreClient::set(const std::string& key, const std::string& value) {

@@ -1,16 +1,21 @@
 // The rendezvous key-value store of the runtime: a small TCP server and its client.
 //
 // Ranks publish and look up connection details (Gloo addresses, NCCL unique ids) by key. The server binds
-// 127.0.0.1 unless told otherwise, checks a shared token on connect, and bounds everything a peer can make
+// 127.0.0.1 unless told otherwise, proves a shared token both ways on connect, and bounds everything a peer can make
 // it hold: connections, pending handshakes, the time a handshake or a request may take, the bytes of a key,
 // a value and the whole store, and the number of keys (StoreLimits). A GET for a key nobody sets returns
 // kTimeout instead of hanging, which is how a dead rank turns into an error on the others.
 //
 // Wire protocol (all integers little-endian u32 unless noted):
-//   handshake   client: "HZPSTORE" u32 token_len (<= 4096), token
-//               server: a reply (below) with status 0 ok, 3 malformed (bad magic or token_len), 5 bad token,
-//                       or 7 busy (sent at once, before the handshake is read, when the server already holds
-//                       max_connections connections)
+//   handshake   mutual proof of the job's token, which never travels (a stranger listening on the port
+//               learns nothing: the client proves itself only after the server has):
+//               client: "HZPSTOR2", its 32-byte challenge C
+//               server: a reply (below), status 0 with payload S (its 32-byte challenge) and
+//                       handshake_proof(token, server, C, S); or 3 malformed (bad magic), or 7 busy (sent at
+//                       once, before the handshake is read, when it already holds max_connections connections)
+//               client: checks the server's proof (a mismatch ends the connection, nothing sent), then sends
+//                       handshake_proof(token, client, S, C)
+//               server: a reply with status 0 ok or 5 bad token
 //   request     u8 op (1 SET, 2 GET), u32 key_len (1..max_key_bytes), key,
 //               [SET: u32 value_len (<= max_value_bytes), value], [GET: u32 timeout_ms]
 //   reply       u8 status, u32 len, payload
@@ -43,6 +48,10 @@
 #include "shared/base/status.h"
 
 namespace hzp::runtime {
+
+// HMAC-SHA-256 under `token` of "hzp-store server" (or "hzp-store client") and the two challenges, the
+// server's proof taking (client's, server's) and the client's (server's, client's): 32 bytes.
+std::string handshake_proof(const std::string& token, bool server, const std::string& first, const std::string& second);
 
 enum class StoreReply : std::uint8_t {
   kOk = 0,

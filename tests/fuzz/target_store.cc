@@ -14,8 +14,11 @@
 //
 // Case format: "HZPFUZZSTORE1\n", then per connection: u8 flags (bit 0: stall: send and keep the connection
 // open to the end; bit 1: expect the server to close it after the client's EOF; bit 2: flood: open
-// kFloodConnections connections that send these bytes and stay open until just before the health check),
-// u32 length (little-endian), that many bytes to send. All connections are open at once; replies are read
+// kFloodConnections connections that send these bytes and stay open until just before the health check;
+// bit 3: authenticate first, the mutual handshake done by hand with the job's token; bit 4: the same with a
+// wrong token), u32 length (little-endian), that many bytes to send. A connection whose bytes begin with the
+// handshake of the protocol before the mutual proof ("HZPSTORE", u32 length, the token) is read as bit 3 and
+// the rest of its bytes (the regression corpus was written so). All connections are open at once; replies are read
 // until the server goes quiet.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -55,6 +58,7 @@ struct Connection {
   bool flood = false;         // kFloodConnections of these, open until just before the health check
   bool stall = false;         // send, but never finish: the connection stays open to the end of the case
   bool expect_close = false;  // after the client's EOF the server must close this connection
+  int auth = 0;               // 1: the handshake by hand with the job's token first; 2: with a wrong one
   std::string bytes;
 };
 
@@ -71,7 +75,8 @@ std::uint32_t get_u32(const std::string& in, std::size_t at) {
 std::string encode(const std::vector<Connection>& conns) {
   std::string out = kHeader;
   for (const Connection& c : conns) {
-    out.push_back(static_cast<char>((c.stall ? 1 : 0) | (c.expect_close ? 2 : 0) | (c.flood ? 4 : 0)));
+    out.push_back(static_cast<char>((c.stall ? 1 : 0) | (c.expect_close ? 2 : 0) | (c.flood ? 4 : 0) |
+                                    (c.auth == 1 ? 8 : 0) | (c.auth == 2 ? 16 : 0)));
     put_u32(out, static_cast<std::uint32_t>(c.bytes.size()));
     out += c.bytes;
   }
@@ -86,10 +91,16 @@ std::vector<Connection> decode(const std::string& in) {
     c.stall = (in[pos] & 1) != 0;
     c.expect_close = (in[pos] & 2) != 0;
     c.flood = (in[pos] & 4) != 0;
+    c.auth = (in[pos] & 8) != 0 ? 1 : (in[pos] & 16) != 0 ? 2 : 0;
     const std::size_t len = get_u32(in, pos + 1);
     pos += 5;
     c.bytes = in.substr(pos, std::min(len, in.size() - pos));
     pos += c.bytes.size();
+    const std::string legacy = std::string("HZPSTORE") + std::string("\x15\0\0\0", 4) + kToken;
+    if (c.auth == 0 && c.bytes.rfind(legacy, 0) == 0) {
+      c.auth = 1;
+      c.bytes = c.bytes.substr(legacy.size());
+    }
     out.push_back(std::move(c));
   }
   return out;
@@ -107,6 +118,34 @@ int connect_loopback(std::uint16_t port) {
     return -1;
   }
   return fd;
+}
+
+// The mutual handshake (store.h) by hand with `token`, replies read and dropped; the server's answer to a
+// wrong token (a refusal, then end of stream) is left for the reply checks to see.
+void authenticate(int fd, const std::string& token) {
+  const std::string challenge(32, 'f');
+  const std::string hello = "HZPSTOR2" + challenge;
+  if (::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) return;
+  std::string answer;
+  char buf[128];
+  for (pollfd p{fd, POLLIN, 0}; answer.size() < 5 + 64 && ::poll(&p, 1, 1000) > 0;) {
+    const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, 5 + 64 - answer.size()), 0);
+    if (n <= 0) return;
+    answer.append(buf, static_cast<std::size_t>(n));
+  }
+  if (answer.size() != 5 + 64 || answer[0] != 0) return;
+  const std::string mine = runtime::handshake_proof(token, false, answer.substr(5, 32), challenge);
+  if (::send(fd, mine.data(), mine.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(mine.size())) return;
+  // The final reply, whole: a refusal carries its reason.
+  std::string reply;
+  for (std::size_t want = 5; reply.size() < want;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 1000) <= 0) return;
+    const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, want - reply.size()), 0);
+    if (n <= 0) return;
+    reply.append(buf, static_cast<std::size_t>(n));
+    if (reply.size() == 5) want = 5 + get_u32(reply, 1);
+  }
 }
 
 // Sends what the server will take within kSendTimeoutMs per write; the server may close early (a refused
@@ -190,7 +229,7 @@ class StoreTarget : public FuzzTarget {
       c.flood = rng.chance(1);
       c.stall = !c.flood && rng.chance(8);
       c.expect_close = !c.stall && !c.flood && rng.chance(5);
-      c.bytes = handshake(rng);
+      c.bytes = handshake(rng, c.auth);
       const std::size_t requests = rng.below(6);
       for (std::size_t i = 0; i < requests; ++i) c.bytes += request(rng);
       if (rng.chance(20)) damage(rng, c.bytes);
@@ -224,6 +263,7 @@ class StoreTarget : public FuzzTarget {
           break;
         }
         fds.push_back(fd);
+        if (conns[i].auth != 0) authenticate(fd, conns[i].auth == 1 ? kToken : "wrong-token");
         send_all(fd, conns[i].bytes);
         if (!conns[i].stall) ::shutdown(fd, SHUT_WR);
       }
@@ -265,20 +305,28 @@ class StoreTarget : public FuzzTarget {
     return Verdict::pass();
   }
 
-  static std::string handshake(Rng& rng) {
-    std::string out;
+  // A connection's opening: mostly the real handshake (done by hand, `auth`), sometimes a wrong token, a bad
+  // magic, the protocol before the mutual proof, or a hello cut short.
+  static std::string handshake(Rng& rng, int& auth) {
     const int roll = static_cast<int>(rng.below(100));
-    out += roll < 4 ? "HZPSTORF" : "HZPSTORE";
-    std::string token = kToken;
-    if (roll >= 4 && roll < 12) token = "wrong-token";
-    if (roll >= 12 && roll < 16) {  // a token length far beyond the token
+    auth = 0;
+    if (roll < 4) return "HZPSTORF" + std::string(32, 'c');
+    if (roll < 12) {
+      auth = 2;
+      return {};
+    }
+    if (roll < 16) {  // the old protocol, a token length far beyond the token
+      std::string out = "HZPSTORE";
       static const std::vector<std::uint32_t> lens = {4096, 4097, 65536, 0xffffffffu};
       put_u32(out, rng.pick(lens));
-      return out + token;
+      return out + kToken;
     }
-    if (roll >= 16 && roll < 20) return out.substr(0, rng.below(out.size()));  // cut short
-    put_u32(out, static_cast<std::uint32_t>(token.size()));
-    return out + token;
+    if (roll < 20) {
+      const std::string hello = "HZPSTOR2" + std::string(32, 'c');
+      return hello.substr(0, rng.below(hello.size()));  // cut short
+    }
+    auth = 1;
+    return {};
   }
 
   static std::string key(Rng& rng) {
