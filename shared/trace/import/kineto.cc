@@ -333,6 +333,9 @@ void attribute_gloo(Spans& spans, const StepLocator& where, KinetoProfile& p) {
   std::vector<const Span*> host_copies;
   for (const Span& s : spans.gpu)
     if (s.cat == "gpu_memcpy" && contains(s.name, "HtoD")) host_copies.push_back(&s);
+  // By start, so that each range visits only the copies that start inside it (a scan of every copy per
+  // range took 29 s for 100 k of each).
+  std::sort(host_copies.begin(), host_copies.end(), [](const Span* a, const Span* b) { return a->start < b->start; });
   for (const Span& s : spans.gloo) {
     const std::size_t k = seen[s.name]++;
     auto kind = gloo_kind(s.name.substr(5));
@@ -348,10 +351,13 @@ void attribute_gloo(Spans& spans, const StepLocator& where, KinetoProfile& p) {
       const Span& range = *g->second[k];
       const std::int64_t stream = int_arg(range.args, "stream").value_or(-1);
       std::int64_t bytes = 0;
-      for (const Span* copy : host_copies)
-        if (copy->start >= range.start && copy->start <= range.end &&
-            (stream < 0 || int_arg(copy->args, "stream").value_or(-2) == stream || !int_arg(copy->args, "stream")))
+      auto first = std::lower_bound(host_copies.begin(), host_copies.end(), range.start,
+                                    [](const Span* copy, double start) { return copy->start < start; });
+      for (auto it = first; it != host_copies.end() && (*it)->start <= range.end; ++it) {
+        const Span* copy = *it;
+        if (stream < 0 || int_arg(copy->args, "stream").value_or(-2) == stream || !int_arg(copy->args, "stream"))
           bytes += int_arg(copy->args, "bytes").value_or(0);
+      }
       if (bytes > 0) c.bytes = bytes;
     }
     p.steps[step].collectives.push_back(c);
