@@ -275,3 +275,20 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
   // The gzipped good file reads as the plain one.
   REQUIRE(hzp_import({gz}, scenario(1), (scratch() / "from_gz.json").string()).code == 0);
 }
+
+TEST_CASE("import: more steps than a trace may hold is refused before the trace is built", "[cli][import]") {
+  // 10,001 steps (one forward range and kernel each) of a 1-GPU scenario: replay would refuse the trace
+  // (kMaxTraceSteps), so import refuses the profile, and writes nothing (it once built such traces in GBs).
+  Doc d;
+  for (int s = 0; s <= 10'000; ++s) {
+    d.annotation("forward", 1000.0 * s, 100);
+    d.gpu("kernel", "ampere_bf16_gemm", 1000.0 * s + 10, 1000.0 * s + 15, 30);
+  }
+  const std::string file = write("many_steps.json", d.done().dump());
+  const auto out = scratch() / "many_steps_trace.json";
+  const RunResult r = hzp_import({file}, scenario(1), out.string(), " --no-check");
+  CHECK(r.code == 2);
+  CHECK(r.output.find("10001 steps") != std::string::npos);
+  CHECK(r.output.find("at most 10000 steps") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));
+}

@@ -702,6 +702,15 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
   KinetoImport out;
   out.steps = static_cast<int>(profiles[0].steps.size());
   for (const KinetoProfile& p : profiles) out.steps = std::min(out.steps, static_cast<int>(p.steps.size()));
+  // What replay would refuse is not built: too many steps, or more events than a trace may hold (100 k
+  // empty profiler steps took 3.5 GB to build a trace that replay then refused).
+  std::int64_t ops_per_step = 0;
+  for (int r = 0; r < world; ++r) ops_per_step += static_cast<std::int64_t>(schedule.program_of(r).ops.size());
+  if (out.steps > kMaxTraceSteps || static_cast<std::int64_t>(out.steps) * ops_per_step > kMaxTraceEvents)
+    return Status::InvalidInput(
+        "the profiles hold " + std::to_string(out.steps) + " steps of " + std::to_string(ops_per_step) +
+        " schedule ops over the ranks: an hzp trace holds at most " + std::to_string(kMaxTraceSteps) + " steps and " +
+        std::to_string(kMaxTraceEvents) + " events (profile fewer steps)");
   const std::vector<double> shift = clock_shifts(profiles);
   double t0 = std::numeric_limits<double>::infinity();
   for (int r = 0; r < world; ++r)
