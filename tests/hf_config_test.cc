@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "shared/model/model_math.h"
 #include "shared/scenario/hf_config.h"
@@ -35,6 +36,42 @@ const char* kMixtral = R"({
   "output_router_logits": false, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
   "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
   "vocab_size": 32000})";
+
+// deepseek-ai/DeepSeek-V3/config.json (rope_scaling and the quantization config left out)
+const char* kDeepSeekV3 = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "aux_loss_alpha": 0.001, "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 3,
+  "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02, "intermediate_size": 18432,
+  "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+  "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256,
+  "n_shared_experts": 1, "norm_topk_prob": true, "num_attention_heads": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 61, "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536,
+  "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+  "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": true, "tie_word_embeddings": false,
+  "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "use_cache": true, "v_head_dim": 128,
+  "vocab_size": 129280})";
+
+// deepseek-ai/DeepSeek-V2-Lite/config.json: no query latent (q_lora_rank null)
+const char* kDeepSeekV2Lite = R"({
+  "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": false, "aux_loss_alpha": 0.001,
+  "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 10944,
+  "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v2",
+  "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2,
+  "norm_topk_prob": false, "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27,
+  "num_key_value_heads": 16, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+  "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax",
+  "tie_word_embeddings": false, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128,
+  "vocab_size": 102400})";
+
+// Qwen/Qwen1.5-MoE-A2.7B/config.json: 60 routed experts and one shared expert of its own width
+const char* kQwenMoe = R"({
+  "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "decoder_sparse_step": 1,
+  "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 5632, "max_position_embeddings": 8192,
+  "max_window_layers": 21, "model_type": "qwen2_moe", "moe_intermediate_size": 1408, "norm_topk_prob": false,
+  "num_attention_heads": 16, "num_experts": 60, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+  "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "shared_expert_intermediate_size": 5632,
+  "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false,
+  "vocab_size": 151936})";
 
 json model_section(const ModelSpec& m) {
   Scenario s = scenario_from(scenario_json("llama2-7b", "dgx-h100", 1, "zero3", 4096));
@@ -80,13 +117,76 @@ TEST_CASE("model presets: parameter counts as their model cards publish them", "
   }
 }
 
+TEST_CASE("hf config: DeepSeek and Qwen-MoE configs read as the presets and their model cards", "[scenario][hf]") {
+  auto v3 = model_from_hf_config(json::parse(kDeepSeekV3), "config.json");
+  REQUIRE(v3.ok());
+  CHECK(model_section(*v3) == model_section(preset("deepseek-v3")));
+  CHECK(v3->moe.layers.front() == 3);  // first_k_dense_replace
+  CHECK(v3->moe.layers.size() == 58);
+  auto lite = model_from_hf_config(json::parse(kDeepSeekV2Lite), "config.json");
+  REQUIRE(lite.ok());
+  CHECK(model_section(*lite) == model_section(preset("deepseek-v2-lite")));
+  CHECK(lite->mla.q_lora_rank == 0);
+  CHECK(lite->moe.shared_ffn_hidden == 2 * 1408);
+  auto qwen = model_from_hf_config(json::parse(kQwenMoe), "config.json");
+  REQUIRE(qwen.ok());
+  CHECK_FALSE(qwen->has_mla);
+  CHECK(qwen->moe.shared_ffn_hidden == 5632);
+  CHECK(qwen->moe.layers.size() == 24);
+  // Qwen1.5-MoE-A2.7B: "14.3B parameters in total" (its model card); hzp leaves out the q/k/v biases and the
+  // shared-expert gate, L (h + 2 kv_heads d + h) = 24 · 4·2048 parameters.
+  CHECK(static_cast<double>(parameter_count(*qwen)) == Approx(14.3e9 - 24 * 4 * 2048).epsilon(0.005));
+
+  json sparse = json::parse(kQwenMoe);
+  sparse["decoder_sparse_step"] = 2;
+  sparse["mlp_only_layers"] = {1, 3};
+  auto every_other = model_from_hf_config(sparse, "config.json");
+  REQUIRE(every_other.ok());
+  CHECK(every_other->moe.layers == std::vector<int>{5, 7, 9, 11, 13, 15, 17, 19, 21, 23});  // (i + 1) % 2 == 0
+  json dense_only = json::parse(kDeepSeekV2Lite);
+  dense_only["first_k_dense_replace"] = 27;
+  auto all_dense = model_from_hf_config(dense_only, "config.json");
+  REQUIRE(all_dense.ok());
+  CHECK_FALSE(all_dense->has_moe);
+
+  json bad_rank = json::parse(kDeepSeekV3);
+  bad_rank["q_lora_rank"] = -1;
+  CHECK(model_from_hf_config(bad_rank, "c.json").status().message().find("q_lora_rank") != std::string::npos);
+  json no_kv = json::parse(kDeepSeekV3);
+  no_kv.erase("kv_lora_rank");
+  CHECK(model_from_hf_config(no_kv, "c.json").status().message().find("kv_lora_rank: missing") != std::string::npos);
+  json huge = json::parse(kDeepSeekV3);
+  huge["num_hidden_layers"] = 2000000000;  // refused before any per-layer list is built
+  CHECK(model_from_hf_config(huge, "c.json").status().message().find("num_hidden_layers") != std::string::npos);
+}
+
+TEST_CASE("DeepSeek presets: total and activated parameters as the papers publish them", "[scenario][hf]") {
+  // Total and activated per token (DeepSeek-V3 arXiv 2412.19437 §4.2; DeepSeek-V2 arXiv 2405.04434 §3.1.2 and
+  // App. B). Activated = total - the (experts - top_k) routed experts a token does not visit, less the input
+  // embedding table, which the papers' activated counts leave out; the totals include it.
+  const struct {
+    const char* preset;
+    double total, activated;
+  } rows[] = {{"deepseek-v3", 671e9, 37e9}, {"deepseek-v2", 236e9, 21e9}, {"deepseek-v2-lite", 15.7e9, 2.4e9}};
+  for (const auto& row : rows) {
+    INFO(row.preset);
+    const ModelSpec m = preset(row.preset);
+    const auto total = static_cast<double>(parameter_count(m));
+    const double unvisited = static_cast<double>(m.moe.layers.size()) * (m.moe.experts - m.moe.top_k) * 3.0 *
+                             static_cast<double>(m.hidden * m.moe.expert_ffn_hidden);
+    const double activated = total - unvisited - static_cast<double>(m.vocab * m.hidden);
+    CHECK(total == Approx(row.total).epsilon(0.005));
+    CHECK(activated == Approx(row.activated).epsilon(0.03));
+  }
+}
+
 TEST_CASE("hf config: unsupported architectures and bad files are refused with the reason", "[scenario][hf]") {
-  json deepseek = json::parse(kLlama3_8b);
-  deepseek["model_type"] = "deepseek_v3";
-  auto refused = model_from_hf_config(deepseek, "ds/config.json");
+  json other = json::parse(kLlama3_8b);
+  other["model_type"] = "gemma2";
+  auto refused = model_from_hf_config(other, "g/config.json");
   REQUIRE_FALSE(refused.ok());
-  CHECK(refused.status().message().find("shared experts") != std::string::npos);
-  CHECK(refused.status().message().find("ds/config.json") != std::string::npos);
+  CHECK(refused.status().message().find("\"gemma2\" is not supported") != std::string::npos);
+  CHECK(refused.status().message().find("g/config.json") != std::string::npos);
   json missing = json::parse(kLlama3_8b);
   missing.erase("num_hidden_layers");
   CHECK(model_from_hf_config(missing, "c.json").status().message().find("num_hidden_layers: missing") !=

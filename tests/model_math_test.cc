@@ -155,9 +155,13 @@ TEST_CASE("per-module model FLOPs sum to the closed-form count", "[model_math]")
   mixed.has_moe = true;
   mixed.moe = {8, 2, 704, {1, 4, 5}};
   const Case cases[] = {
-      {llama2_7b(), 1, 4096},    {llama2_70b(), 1, 4096},
-      {mixtral_8x7b(), 2, 4096}, {gpt2_small(), 8, 1024},  // GELU: the (3/2) becomes (2/2), see model_flops_formula
-      {mixed, 4, 256},                                     // dense/MoE mix: MLP term averaged over layers
+      {llama2_7b(), 1, 4096},
+      {llama2_70b(), 1, 4096},
+      {mixtral_8x7b(), 2, 4096},
+      {gpt2_small(), 8, 1024},                       // GELU: the (3/2) becomes (2/2), see model_flops_formula
+      {mixed, 4, 256},                               // dense/MoE mix: MLP term averaged over layers
+      {*model_preset("deepseek-v3"), 1, 4096},       // MLA, shared experts, dense first layers
+      {*model_preset("deepseek-v2-lite"), 2, 2048},  // MLA without a query latent
   };
   for (const Case& c : cases) {
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -499,6 +503,62 @@ TEST_CASE("PASA adds its key-shifting GEMM to the attention's forward FLOPs, not
   CHECK(b.bwd_flops == a.bwd_flops);
   CHECK(b.model_flops == a.model_flops);
   CHECK((b.fwd_flops - a.fwd_flops) / a.fwd_flops < 0.01);  // well under 1 % of the layer's attention work
+}
+
+}  // namespace hzp
+
+namespace hzp {
+namespace {
+
+// A small MLA model with every width distinct, so a misplaced width shows.
+ModelSpec small_mla(std::int64_t q_lora_rank) {
+  ModelSpec m = llama_model("test-mla", 2, 256, 8, 8, 640, 1000, 4096);
+  m.has_mla = true;
+  m.mla = {q_lora_rank, 48, 24, 8, 20};
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("MLA's parameters and FLOPs against a hand count of its projections", "[model_math]") {
+  // h = 256, 8 heads, q latent 96, kv latent 48, per head 24 unrotated + 8 rotary query/key dims, 20 value dims.
+  //   q_a 256·96 + q norm 96 + q_b 96·8·32 = 24576 + 96 + 24576 = 49248
+  //   kv_a 256·(48 + 8) + kv norm 48 + kv_b 48·8·(24 + 20) = 14336 + 48 + 16896 = 31280
+  //   o 8·20·256 = 40960; input norm 256                      total 121744
+  const ModelSpec m = small_mla(96);
+  const ModelCost cost = model_cost(m, training(1, 64));
+  const ModuleCost& attention = module_at(cost, ModuleKind::kAttention, 0);
+  CHECK(attention.params == 121744);
+  CHECK(attention.tensors == 8);
+  // Without a query latent: q 256·8·32 = 65536 replaces 49248.
+  CHECK(module_at(model_cost(small_mla(0), training(1, 64)), ModuleKind::kAttention, 0).params ==
+        121744 - 49248 + 65536);
+  // Model FLOPs of one layer's attention, 64 tokens: 6 per weight and token (the norms are not matmuls) plus
+  // the core's QK^T (32 dims) and PV (20 dims) over all 64 keys: 6·64·(121744 - 256 - 96 - 48) + 6·64·64·8·(32 + 20).
+  CHECK(attention.model_flops == Approx(6.0 * 64 * (121744 - 256 - 96 - 48) + 6.0 * 64 * 64 * 8 * 52).epsilon(1e-12));
+  // Tensor parallelism splits the per-head projections, not the down-projections and latent norms.
+  ParallelSpec tp;
+  tp.tensor = 2;
+  const ModuleCost& half = module_at(model_cost(m, training(1, 64), tp), ModuleKind::kAttention, 0);
+  CHECK(half.params == 256 + (24576 + 96) + (14336 + 48) + (24576 + 16896 + 40960) / 2);
+}
+
+TEST_CASE("shared experts add one dense MLP of their width to every MoE layer", "[model_math]") {
+  ModelSpec m = llama(4, 256, 4, 2, 512);
+  m.has_moe = true;
+  m.moe = {8, 2, 128, {1, 3}};
+  ModelSpec shared = m;
+  shared.moe.shared_ffn_hidden = 192;
+  const TrainingSpec t = training(2, 32);
+  const ModelCost without = model_cost(m, t), with = model_cost(shared, t);
+  CHECK(parameter_count(shared) - parameter_count(m) == 2 * 3 * 256 * 192);
+  const ModuleCost& a = module_at(without, ModuleKind::kMoe, 1);
+  const ModuleCost& b = module_at(with, ModuleKind::kMoe, 1);
+  CHECK(b.params - a.params == 3 * 256 * 192);
+  CHECK(b.expert_params == a.expert_params);  // not split by expert parallelism
+  CHECK(b.model_flops - a.model_flops == Approx(6.0 * 64 * 3 * 256 * 192).epsilon(1e-12));
+  CHECK(b.activation_bytes - a.activation_bytes == Approx(3.0 * 64 * 192 * 2).epsilon(1e-12));  // gate, up, product
+  CHECK(module_at(with, ModuleKind::kMlp, 0).params == module_at(without, ModuleKind::kMlp, 0).params);
 }
 
 }  // namespace hzp

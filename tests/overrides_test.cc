@@ -98,6 +98,16 @@ TEST_CASE("set: --set edits the scenario as written: the same as the field in th
   expected["policy"].erase("comm");
   expected["run"] = {{"lr", 3e-4}};
   CHECK(doc == expected);
+  // model.moe=null and model.mla=null mean what they mean in a file: the preset's MoE or MLA removed.
+  json deepseek = file();
+  deepseek["model"] = {{"preset", "deepseek-v3"}, {"layers", 4}};
+  REQUIRE(apply_set(deepseek, "model.mla=null").ok());
+  REQUIRE(apply_set(deepseek, "model.moe=null").ok());
+  CHECK(deepseek["model"]["mla"].is_null());
+  auto plain = parse_scenario(deepseek, "test");
+  REQUIRE(plain.ok());
+  CHECK_FALSE(plain->model.has_mla);
+  CHECK_FALSE(plain->model.has_moe);
   // Resolved: the new model preset and the policy preset's sharding, as if written in the file.
   const Scenario s = scenario_from(doc);
   CHECK(s.model.name == "llama2-13b");

@@ -365,6 +365,13 @@ TEST_CASE("model_config accepts llama incl. GQA and refuses what the runtime can
   ModelSpec tied = m;
   tied.tied_embeddings = true;
   refused(tied, "model.tied_embeddings");
+  ModelSpec mla = m;
+  mla.has_mla = true;
+  mla.mla = {0, 32, 16, 16, 32};
+  refused(mla, "model.mla");
+  ModelSpec shared = m;
+  shared.moe.shared_ffn_hidden = 64;
+  refused(shared, "model.moe.shared_ffn_hidden");
   ModelSpec no_vocab = m;
   no_vocab.vocab = 0;
   refused(no_vocab, "model.vocab");

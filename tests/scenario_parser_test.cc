@@ -140,28 +140,32 @@ TEST_CASE("every model preset loads with its published numbers", "[scenario][pre
     std::int64_t hidden;
     int heads, kv_heads;
     std::int64_t ffn, vocab;
-    bool moe;
+    int moe_layers;  // 0: dense
   };
   const std::map<std::string, Expected> expected = {
-      {"llama2-7b", {32, 4096, 32, 32, 11008, 32000, false}},
-      {"llama2-13b", {40, 5120, 40, 40, 13824, 32000, false}},
-      {"llama-30b", {60, 6656, 52, 52, 17920, 32000, false}},
-      {"llama2-70b", {80, 8192, 64, 8, 28672, 32000, false}},
-      {"gpt3-175b", {96, 12288, 96, 96, 49152, 50257, false}},
-      {"mixtral-8x7b", {32, 4096, 32, 8, 14336, 32000, true}},
-      {"tiny-dense", {4, 128, 4, 4, 352, 256, false}},
-      {"tiny-moe", {4, 128, 4, 4, 352, 256, true}},
+      {"llama2-7b", {32, 4096, 32, 32, 11008, 32000, 0}},
+      {"llama2-13b", {40, 5120, 40, 40, 13824, 32000, 0}},
+      {"llama-30b", {60, 6656, 52, 52, 17920, 32000, 0}},
+      {"llama2-70b", {80, 8192, 64, 8, 28672, 32000, 0}},
+      {"gpt3-175b", {96, 12288, 96, 96, 49152, 50257, 0}},
+      {"mixtral-8x7b", {32, 4096, 32, 8, 14336, 32000, 32}},
+      {"tiny-dense", {4, 128, 4, 4, 352, 256, 0}},
+      {"tiny-moe", {4, 128, 4, 4, 352, 256, 4}},
       // Hugging Face config.json of each (tests/hf_config_test.cc checks the parameter counts as well)
-      {"llama3-8b", {32, 4096, 32, 8, 14336, 128256, false}},
-      {"llama3-70b", {80, 8192, 64, 8, 28672, 128256, false}},
-      {"llama3.1-8b", {32, 4096, 32, 8, 14336, 128256, false}},
-      {"llama3.1-70b", {80, 8192, 64, 8, 28672, 128256, false}},
-      {"llama3.1-405b", {126, 16384, 128, 8, 53248, 128256, false}},
-      {"qwen2.5-7b", {28, 3584, 28, 4, 18944, 152064, false}},
-      {"qwen2.5-14b", {48, 5120, 40, 8, 13824, 152064, false}},
-      {"qwen2.5-32b", {64, 5120, 40, 8, 27648, 152064, false}},
-      {"qwen2.5-72b", {80, 8192, 64, 8, 29568, 152064, false}},
-      {"mixtral-8x22b", {56, 6144, 48, 8, 16384, 32000, true}},
+      {"llama3-8b", {32, 4096, 32, 8, 14336, 128256, 0}},
+      {"llama3-70b", {80, 8192, 64, 8, 28672, 128256, 0}},
+      {"llama3.1-8b", {32, 4096, 32, 8, 14336, 128256, 0}},
+      {"llama3.1-70b", {80, 8192, 64, 8, 28672, 128256, 0}},
+      {"llama3.1-405b", {126, 16384, 128, 8, 53248, 128256, 0}},
+      {"qwen2.5-7b", {28, 3584, 28, 4, 18944, 152064, 0}},
+      {"qwen2.5-14b", {48, 5120, 40, 8, 13824, 152064, 0}},
+      {"qwen2.5-32b", {64, 5120, 40, 8, 27648, 152064, 0}},
+      {"qwen2.5-72b", {80, 8192, 64, 8, 29568, 152064, 0}},
+      {"mixtral-8x22b", {56, 6144, 48, 8, 16384, 32000, 56}},
+      // MLA (kv_heads == heads) and dense first layers (tests/hf_config_test.cc has the rest)
+      {"deepseek-v3", {61, 7168, 128, 128, 18432, 129280, 58}},
+      {"deepseek-v2", {60, 5120, 128, 128, 12288, 102400, 59}},
+      {"deepseek-v2-lite", {27, 2048, 16, 16, 10944, 102400, 26}},
   };
   REQUIRE(model_preset_names().size() == expected.size());
   for (const std::string& name : model_preset_names()) {
@@ -179,8 +183,8 @@ TEST_CASE("every model preset loads with its published numbers", "[scenario][pre
     CHECK(m.kv_heads == e.kv_heads);
     CHECK(m.ffn_hidden == e.ffn);
     CHECK(m.vocab == e.vocab);
-    CHECK(m.has_moe == e.moe);
-    if (m.has_moe) CHECK(static_cast<int>(m.moe.layers.size()) == m.layers);
+    CHECK(m.has_moe == (e.moe_layers > 0));
+    CHECK(static_cast<int>(m.moe.layers.size()) == e.moe_layers);
   }
   const ModelSpec gpt3 = *model_preset("gpt3-175b");
   CHECK(gpt3.family == ModelFamily::kGpt);
@@ -434,6 +438,34 @@ TEST_CASE("model overrides and explicit models", "[scenario][model]") {
     CHECK(m.moe.layers == std::vector<int>{0, 1, 2});
     CHECK(m.moe.top_k == 1);
     CHECK(m.moe.experts == 8);
+  }
+  SECTION("a layers override keeps a dense-first MoE preset's dense layers; mla merges key by key") {
+    doc["model"] = json::parse(R"({"preset": "deepseek-v3", "layers": 5, "mla": {"q_lora_rank": 0}})");
+    const ModelSpec m = parse_ok(doc).model;
+    CHECK(m.moe.layers == std::vector<int>{3, 4});
+    CHECK(m.has_mla);
+    CHECK(m.mla.q_lora_rank == 0);
+    CHECK(m.mla.kv_lora_rank == 512);
+    doc["model"] = json::parse(R"({"preset": "deepseek-v3", "layers": 3})");
+    CHECK(parse_error(doc).find("model.layers: leaves no MoE layer") != std::string::npos);
+    doc["model"] = json::parse(R"({"preset": "deepseek-v3", "mla": null, "moe": {"shared_ffn_hidden": 0}})");
+    const ModelSpec plain = parse_ok(doc).model;
+    CHECK_FALSE(plain.has_mla);
+    CHECK(plain.moe.shared_ffn_hidden == 0);
+  }
+  SECTION("mla is refused where its heads or positions cannot be") {
+    doc["model"] = json::parse(R"({"preset": "deepseek-v3", "kv_heads": 8})");
+    CHECK(parse_error(doc).find("model.kv_heads: must equal heads (128) with model.mla") != std::string::npos);
+    doc["model"] = json::parse(R"({"preset": "llama2-7b", "mla": {"kv_lora_rank": 512}})");
+    CHECK(parse_error(doc).find("model.mla.q_lora_rank: missing") != std::string::npos);
+    doc["model"] = json::parse(
+        R"({"preset": "llama2-7b", "position": "alibi", "mla": {"q_lora_rank": 0, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}})");
+    CHECK(parse_error(doc).find("model.position: must be rope with model.mla") != std::string::npos);
+    doc["model"] = json::parse(R"({"preset": "deepseek-v3", "mla": {"v_head_dim": 0}})");
+    CHECK(parse_error(doc).find("model.mla.v_head_dim") != std::string::npos);
+    doc["model"] = json::parse(R"({"preset": "deepseek-v3", "moe": {"shared_ffn_hidden": -1}})");
+    CHECK(parse_error(doc).find("model.moe.shared_ffn_hidden") != std::string::npos);
   }
   SECTION("moe layer forms") {
     doc["model"] =

@@ -29,6 +29,14 @@ Result<ModelConfig> model_config(const ModelSpec& m) {
     const char* name = m.position == PositionEmbedding::kLearned ? "learned" : "alibi";
     return invalid("model.position", std::string("the runtime supports rotary positions (rope) only, not ") + name);
   }
+  if (m.has_mla)
+    return invalid("model.mla",
+                   "the runtime trains grouped-query attention; multi-head latent attention is estimated and "
+                   "simulated only (set model.mla to null to train the model with grouped-query attention)");
+  if (m.has_moe && m.moe.shared_ffn_hidden > 0)
+    return invalid("model.moe.shared_ffn_hidden",
+                   "the runtime trains routed experts only; shared experts are "
+                   "estimated and simulated only (set it to 0 to train without them)");
   if (m.tied_embeddings)
     return invalid("model.tied_embeddings", "the runtime needs an untied output head (tied_embeddings false)");
   if (m.layers < 1) return invalid("model.layers", "must be at least 1, got " + std::to_string(m.layers));

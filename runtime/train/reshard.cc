@@ -82,6 +82,10 @@ json checkpoint_layout(const Scenario& scenario) {
   const json resolved = scenario_to_json(scenario);
   json model = resolved["model"];
   model.erase("name");  // a label: the shapes are what the state depends on
+  // Fields the runtime refuses but at their defaults (model_config), left out so that checkpoints written before
+  // they existed keep resuming.
+  if (model["mla"].is_null()) model.erase("mla");
+  if (model["moe"].is_object() && model["moe"]["shared_ffn_hidden"] == 0) model["moe"].erase("shared_ffn_hidden");
   return {{"gpus_per_node", scenario.cluster.gpus_per_node}, {"policy", resolved["policy"]}, {"model", model}};
 }
 

@@ -75,7 +75,31 @@ std::int64_t embedding_params(const ModelSpec& m) {
   return m.vocab * m.hidden + positions;
 }
 
+// Multi-head latent attention (scenario.h MlaSpec, DeepSeek-V2 §2.1; no biases): the query down-projection
+// and its latent norm (or, without a query latent, one query projection), the joint key/value down-projection
+// that also yields the shared rotary key, the key/value latent norm, the up-projection to every head's
+// unrotated key and value, and the output projection from the value heads.
+struct MlaParams {
+  std::int64_t replicated = 0;  // down-projections and latent norms: whole on every tensor rank
+  std::int64_t split = 0;       // the per-head projections, split by heads over tensor ranks
+};
+MlaParams mla_params(const ModelSpec& m) {
+  const MlaSpec& a = m.mla;
+  const std::int64_t heads = m.heads;
+  MlaParams p;
+  p.replicated = m.hidden * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank;
+  p.split = a.kv_lora_rank * heads * (a.qk_nope_head_dim + a.v_head_dim) + heads * a.v_head_dim * m.hidden;
+  if (a.q_lora_rank > 0) {
+    p.replicated += m.hidden * a.q_lora_rank + a.q_lora_rank;
+    p.split += a.q_lora_rank * heads * a.qk_head_dim();
+  } else {
+    p.split += m.hidden * heads * a.qk_head_dim();
+  }
+  return p;
+}
+
 std::int64_t attention_params(const ModelSpec& m) {
+  if (m.has_mla) return norm_params(m) + mla_params(m).replicated + mla_params(m).split;
   const std::int64_t q_width = m.heads * m.head_dim();
   const std::int64_t kv_width = m.kv_heads * m.head_dim();
   return norm_params(m) + linear_params(m, m.hidden, q_width) + 2 * linear_params(m, m.hidden, kv_width) +
@@ -86,9 +110,14 @@ std::int64_t dense_mlp_params(const ModelSpec& m) {
   return norm_params(m) + mlp_params(m, m.ffn_hidden);
 }
 
-// The router has no bias in either family (Mixtral, Switch).
+// The router has no bias in either family (Mixtral, Switch; DeepSeek-V3's routing bias, one number per
+// expert, is left out). Shared experts are one MLP of their summed width (scenario.h MoeSpec).
+std::int64_t shared_expert_params(const ModelSpec& m) {
+  return m.moe.shared_ffn_hidden > 0 ? mlp_params(m, m.moe.shared_ffn_hidden) : 0;
+}
 std::int64_t moe_params(const ModelSpec& m) {
-  return norm_params(m) + m.hidden * m.moe.experts + m.moe.experts * mlp_params(m, m.moe.expert_ffn_hidden);
+  return norm_params(m) + m.hidden * m.moe.experts + m.moe.experts * mlp_params(m, m.moe.expert_ffn_hidden) +
+         shared_expert_params(m);
 }
 
 // A tied head shares the embedding matrix, so it owns only the final norm.
@@ -110,8 +139,13 @@ struct Dims {
         tokens(b * s_local),
         h(static_cast<double>(m.hidden)),
         heads(m.heads),
-        q_width(static_cast<double>(m.heads * m.head_dim())),
-        kv_width(static_cast<double>(m.kv_heads * m.head_dim())),
+        kv_heads(m.kv_heads),
+        qk_head(static_cast<double>(m.qk_head_dim())),
+        v_head(static_cast<double>(m.v_head_dim())),
+        q_width(heads * qk_head),
+        k_width(kv_heads * qk_head),
+        v_width(kv_heads * v_head),
+        o_width(heads * v_head),
         vocab(static_cast<double>(m.vocab)),
         e(t.precision == Precision::kFp32 ? 4.0 : 2.0),
         flash(t.flash_attention),
@@ -128,7 +162,11 @@ struct Dims {
   // Context parallelism: this GPU keeps s_local = s / context of each sequence's tokens (its queries, and
   // everything token-wise); attention's keys span the whole sequence s. Causal work is balanced by Megatron's
   // two-chunk split, so the attention core's share is s_local·s as well.
-  double b, s, s_local, tokens, h, heads, q_width, kv_width, vocab;
+  double b, s, s_local, tokens, h, heads, kv_heads;
+  // Per-head widths of queries and keys, and of values (different under MLA), and the widths of Q, K, V and
+  // the attention output (the output projection's input) over all heads.
+  double qk_head, v_head, q_width, k_width, v_width, o_width;
+  double vocab;
   double e;  // bytes per activation element
   bool flash;
   bool pasa;               // PASA's shifted keys (TrainingSpec::attention)
@@ -251,7 +289,8 @@ ModuleCost embedding_cost(const Dims& d) {
 
 // The attention core's work (QKᵀ, core.softmax, P·V) on `cost`, flash or unfused; what the activations need.
 struct AttentionCore {
-  double qk_flops = 0;       // QKᵀ's FLOPs (== P·V's)
+  double qk_flops = 0;       // QKᵀ's FLOPs
+  double pv_flops = 0;       // P·V's (== QKᵀ's unless values are narrower than keys, as under MLA)
   double scores = 0;         // score elements: queries x keys x heads
   Traffic softmax;           // the unfused softmax (and attention dropout) pass
   double dropout_saved = 0;  // attention dropout's output and mask, kept for P·V's backward
@@ -262,10 +301,10 @@ AttentionCore add_attention_core(ModuleCost& cost, const Dims& d) {
   // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
   // Counted in full although causal: the Megatron convention of the MFU numerator.
   const double head_rows = d.b * d.heads * d.s_local;  // this GPU's queries against all s keys
-  const double head_dim = d.q_width / d.heads;
-  add_matmul(cost, d.split, head_rows, head_dim, d.s);
-  add_matmul(cost, d.split, head_rows, d.s, head_dim);
-  core.qk_flops = 2 * head_rows * head_dim * d.s * d.split;  // == P·V's
+  add_matmul(cost, d.split, head_rows, d.qk_head, d.s);
+  add_matmul(cost, d.split, head_rows, d.s, d.v_head);
+  core.qk_flops = 2 * head_rows * d.qk_head * d.s * d.split;
+  core.pv_flops = 2 * head_rows * d.s * d.v_head * d.split;
   core.scores = d.b * d.heads * d.s_local * d.s;
   if (d.flash) {
     // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
@@ -279,19 +318,20 @@ AttentionCore add_attention_core(ModuleCost& cost, const Dims& d) {
       // registers. Hardware work, not model work; the backward works from the recovered log-sum-exp and the
       // unshifted keys, as flash attention's does.
       constexpr double kPasaBlock = 128;
-      const double key_rows = d.b * (d.kv_width / head_dim) * d.s;
-      cost.fwd_flops += 2 * key_rows * kPasaBlock * head_dim * d.split;
+      const double key_rows = d.b * d.kv_heads * d.s;
+      cost.fwd_flops += 2 * key_rows * kPasaBlock * d.qk_head * d.split;
     }
   } else {
     // Unfused, the core is 2 batched GEMMs forward (QKᵀ writes the scores S, P·V reads P) and 4 backward
     // (dP = dO·Vᵀ writes dP, dV = Pᵀ·dO reads P, dQ = dS·K and dK = dSᵀ·Q read dS): each moves one s x s
     // matrix besides its s x d operands, for 2·s²·d FLOPs per head, i.e. e / (2d) bytes per FLOP and more — at or
     // above the ridge of an A100 (0.0077 at its table efficiencies) for d <= 128: memory-bound.
-    const double keys = d.b * d.heads * d.s;  // K and V rows: every key, whatever the context split
+    const double keys = d.b * d.heads * d.s;             // K and V rows: every key, whatever the context split
+    const double head_dim = (d.qk_head + d.v_head) / 2;  // Q and K feed one GEMM, V and O the other
     const double core_gemm_bytes = (core.scores + (head_rows + keys) * head_dim) * d.e * d.split;
-    cost.fwd_core_flops = 2 * core.qk_flops;
+    cost.fwd_core_flops = core.qk_flops + core.pv_flops;
     cost.fwd_core_bytes = 2 * core_gemm_bytes;
-    cost.bwd_core_flops = 4 * core.qk_flops;
+    cost.bwd_core_flops = 2 * (core.qk_flops + core.pv_flops);
     cost.bwd_core_bytes = 4 * core_gemm_bytes;
     // Unfused: scale + mask + softmax reads the scores and writes P; backward reads P and dP, writes dS.
     core.softmax = {2 * core.scores * d.e * d.split, 3 * core.scores * d.e * d.split};
@@ -319,9 +359,17 @@ void attention_activations(ModuleCost& cost, const Dims& d, const AttentionCore&
   const double probs = d.flash ? 0 : core.scores * d.e * d.split;
   const double logsumexp = d.flash ? d.b * d.heads * d.s_local * 4 * d.split : 0;  // fp32, one per query row per head
   const double qkv_input = t * d.h * d.e * d.outside;
-  const double q_k_v_o = t * (2 * d.q_width + 2 * d.kv_width) * d.e * d.split;
-  const double saved_all =
-      layer_input + qkv_input + q_k_v_o + probs + core.dropout_saved + logsumexp + hidden_dropout_mask_bytes(d);
+  const double q_k_v_o = t * (d.q_width + d.k_width + d.v_width + d.o_width) * d.e * d.split;
+  // MLA's latents (scenario.h MlaSpec): the query latent and its normed copy (the up-projection's input), the
+  // joint key/value down-projection's output (latent and shared rotary key) and the normed latent. The
+  // down-projections are whole on every tensor rank (mla_projections), so are these.
+  double latents = 0;
+  if (d.model.has_mla) {
+    const MlaSpec& a = d.model.mla;
+    latents = t * static_cast<double>(2 * a.q_lora_rank + 2 * a.kv_lora_rank + a.qk_rope_head_dim) * d.e;
+  }
+  const double saved_all = layer_input + qkv_input + latents + q_k_v_o + probs + core.dropout_saved + logsumexp +
+                           hidden_dropout_mask_bytes(d);
   switch (d.recompute) {
     case Recompute::kNone:
       cost.activation_bytes = saved_all;
@@ -332,7 +380,7 @@ void attention_activations(ModuleCost& cost, const Dims& d, const AttentionCore&
       // selective costs it nothing.
       cost.activation_bytes = saved_all - probs - core.dropout_saved;
       if (!d.flash) {
-        cost.recompute_flops = 2 * core.qk_flops;
+        cost.recompute_flops = core.qk_flops + core.pv_flops;
         cost.recompute_mem_bytes = core.softmax.fwd;
         cost.recompute_core_flops = cost.fwd_core_flops;
         cost.recompute_core_bytes = cost.fwd_core_bytes;
@@ -347,28 +395,76 @@ void attention_activations(ModuleCost& cost, const Dims& d, const AttentionCore&
   }
 }
 
+// Grouped-query attention's projections before the core: Q, K and V in one GEMM, then rotary positions.
+void gqa_projections(ModuleCost& cost, const Dims& d) {
+  const ModelSpec& m = d.model;
+  cost.params = d.per_gpu(attention_params(m), norm_params(m));
+  cost.tensors = norm_tensors(m) + 4 * linear_tensors(m);
+  {
+    const std::int64_t q = m.heads * m.head_dim(), kv = m.kv_heads * m.head_dim();
+    cost.large_tensors = 2 * large(m.hidden * q) + 2 * large(m.hidden * kv);
+  }
+  const double t = d.tokens;
+  add_linear(cost, d, d.split, t, d.h, d.q_width + d.k_width + d.v_width);  // bias fused into the GEMM epilogue
+  if (m.position == PositionEmbedding::kRope) {
+    // Rotates Q and K in place; backward rotates their gradients back.
+    const double qk = t * (d.q_width + d.k_width) * d.e;
+    add_traffic(cost, {2 * qk, 2 * qk}, d.split);
+  }
+}
+
+// Multi-head latent attention's projections before the core (mla_params). Tensor parallelism splits the
+// up-projections by heads and keeps the down-projections and latent norms whole on every rank, which runs
+// them on all of its tokens (Megatron-Core's MLA: "duplicated" down-projections).
+void mla_projections(ModuleCost& cost, const Dims& d) {
+  const ModelSpec& m = d.model;
+  const MlaSpec& a = m.mla;
+  const MlaParams p = mla_params(m);
+  cost.params = norm_params(m) + p.replicated + (p.split + d.tensor - 1) / d.tensor;
+  const bool q_latent = a.q_lora_rank > 0;
+  // input norm; q_a, q_a_norm, q_b (or q); kv_a, kv_a_norm, kv_b; o
+  cost.tensors = norm_tensors(m) + (q_latent ? 3 : 1) + 3 + 1;
+  cost.large_tensors = large(m.hidden * (a.kv_lora_rank + a.qk_rope_head_dim)) +
+                       large(a.kv_lora_rank * m.heads * (a.qk_nope_head_dim + a.v_head_dim)) +
+                       large(m.heads * a.v_head_dim * m.hidden) +
+                       (q_latent ? large(m.hidden * a.q_lora_rank) + large(a.q_lora_rank * m.heads * a.qk_head_dim())
+                                 : large(m.hidden * m.heads * a.qk_head_dim()));
+  const double t = d.tokens;
+  const auto q_rank = static_cast<double>(a.q_lora_rank);
+  const auto kv_rank = static_cast<double>(a.kv_lora_rank);
+  const auto rope = static_cast<double>(a.qk_rope_head_dim);
+  if (q_latent) {
+    add_linear(cost, d, 1, t, d.h, q_rank);
+    add_traffic(cost, {2 * t * q_rank * d.e, 3 * t * q_rank * d.e}, 1);  // the query latent's norm
+    add_linear(cost, d, d.split, t, q_rank, d.q_width);
+  } else {
+    add_linear(cost, d, d.split, t, d.h, d.q_width);
+  }
+  add_linear(cost, d, 1, t, d.h, kv_rank + rope);
+  add_traffic(cost, {2 * t * kv_rank * d.e, 3 * t * kv_rank * d.e}, 1);  // the key/value latent's norm
+  add_linear(cost, d, d.split, t, kv_rank, d.heads * static_cast<double>(a.qk_nope_head_dim) + d.v_width);
+  // Rotates every query head's rotary part and the one shared rotary key, then concatenates each head's key
+  // (its unrotated part and the shared rotary part): a copy of K.
+  const double rotated = t * (d.heads * rope * d.split + rope) * d.e;
+  add_traffic(cost, {2 * rotated + 2 * t * d.k_width * d.e * d.split, 2 * rotated + 2 * t * d.k_width * d.e * d.split},
+              1);
+}
+
 ModuleCost attention_cost(const Dims& d, int layer) {
   ModuleCost cost;
   cost.kind = ModuleKind::kAttention;
   cost.layer = layer;
-  cost.params = d.per_gpu(attention_params(d.model), norm_params(d.model));
-  cost.tensors = norm_tensors(d.model) + 4 * linear_tensors(d.model);
-  {
-    const std::int64_t q = d.model.heads * d.model.head_dim(), kv = d.model.kv_heads * d.model.head_dim();
-    cost.large_tensors = 2 * large(d.model.hidden * q) + 2 * large(d.model.hidden * kv);
-  }
   const double t = d.tokens;
 
   add_traffic(cost, norm_traffic(d), d.outside);
-  add_linear(cost, d, d.split, t, d.h, d.q_width + 2 * d.kv_width);  // Q, K, V (bias fused into the GEMM epilogue)
-  if (d.model.position == PositionEmbedding::kRope) {
-    // Rotates Q and K in place; backward rotates their gradients back.
-    const double qk = t * (d.q_width + d.kv_width) * d.e;
-    add_traffic(cost, {2 * qk, 2 * qk}, d.split);
+  if (d.model.has_mla) {
+    mla_projections(cost, d);
+  } else {
+    gqa_projections(cost, d);
   }
 
   const AttentionCore core = add_attention_core(cost, d);
-  add_linear(cost, d, d.split, t, d.q_width, d.h);  // output projection
+  add_linear(cost, d, d.split, t, d.o_width, d.h);  // output projection
   add_traffic(cost, residual_traffic(d), d.outside);
   add_traffic(cost, hidden_dropout_traffic(d), d.outside);
   attention_activations(cost, d, core);
@@ -411,9 +507,12 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   cost.kind = ModuleKind::kMoe;
   cost.layer = layer;
   cost.params = d.per_gpu(moe_params(d.model), norm_params(d.model) + d.model.hidden * d.model.moe.experts);
-  cost.tensors = norm_tensors(d.model) + 1 + d.model.moe.experts * mlp_tensors(d.model);
+  const std::int64_t shared_f = d.model.moe.shared_ffn_hidden;
+  cost.tensors = norm_tensors(d.model) + 1 + d.model.moe.experts * mlp_tensors(d.model) +
+                 (shared_f > 0 ? mlp_tensors(d.model) : 0);
   cost.large_tensors = large(d.model.hidden * d.model.moe.experts) +
-                       d.model.moe.experts * mlp_large_tensors(d.model, d.model.moe.expert_ffn_hidden);
+                       d.model.moe.experts * mlp_large_tensors(d.model, d.model.moe.expert_ffn_hidden) +
+                       (shared_f > 0 ? mlp_large_tensors(d.model, shared_f) : 0);
   cost.expert_params = d.per_gpu(d.model.moe.experts * mlp_params(d.model, d.model.moe.expert_ffn_hidden), 0);
   const double t = d.tokens;
   const double experts = d.model.moe.experts;
@@ -436,6 +535,16 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   add_traffic(cost, activation_fn_traffic(d, routed * f), d.split);
   add_linear(cost, d, d.split, routed, f, d.h, d.local_experts);
 
+  // Shared experts: a dense MLP of every token, beside the routed ones (split by tensor parallelism like a
+  // dense MLP, never by expert parallelism); its output is added in the combine.
+  const double fs = static_cast<double>(shared_f);
+  if (shared_f > 0) {
+    add_linear(cost, d, d.split, t, d.h, swiglu ? 2 * fs : fs);
+    add_traffic(cost, activation_fn_traffic(d, t * fs), d.split);
+    add_linear(cost, d, d.split, t, fs, d.h);
+    add_traffic(cost, {t * d.h * d.e, 0}, d.outside);  // read once more by the combine's sum
+  }
+
   // Combine: gate-weighted sum of each token's k expert outputs. Backward reads dy and the expert outputs
   // (for the gate gradient) and writes the k output gradients.
   add_traffic(cost, {routed * d.h * d.e + t * d.h * d.e, t * d.h * d.e + 2 * routed * d.h * d.e}, d.outside);
@@ -446,7 +555,8 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   // experts' intermediates, and their outputs (the combine's gate gradient needs them). Routing indices
   // are a few bytes per token and ignored.
   const double saved_all = (2 * t * d.h * d.e + t * experts * 4 + 2 * routed * d.h * d.e) * d.outside +
-                           mlp_saved_bytes(d, routed, f) * d.split + hidden_dropout_mask_bytes(d);
+                           mlp_saved_bytes(d, routed, f) * d.split + mlp_saved_bytes(d, t, fs) * d.split +
+                           hidden_dropout_mask_bytes(d);
   if (d.recompute == Recompute::kFull) {
     cost.activation_bytes = 0;
     recompute_whole_forward(cost);
@@ -542,6 +652,8 @@ double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::
   const double n_h = model.heads;
   const double n_kv = model.kv_heads;
   const double d_head = static_cast<double>(model.head_dim());
+  const double d_qk = static_cast<double>(model.qk_head_dim());
+  const double d_v = static_cast<double>(model.v_head_dim());
   const double vocab = static_cast<double>(model.vocab);
   // The closed form writes (3/2) for SwiGLU's three matrices; GELU's two give (2/2), so the closed form also holds
   // for the GPT family.
@@ -555,10 +667,21 @@ double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::
     const double f = static_cast<double>(moe ? model.moe.expert_ffn_hidden : model.ffn_hidden);
     const double topk = moe ? model.moe.top_k : 1;
     mlp_term += (f / h) * topk * (matrices / 2);
+    if (moe) mlp_term += (static_cast<double>(model.moe.shared_ffn_hidden) / h) * (matrices / 2);
   }
   if (model.layers > 0) mlp_term /= layers;
 
-  const double attention_term = (1 + n_kv / n_h + s / h) * (n_h * d_head / h);
+  double attention_term = (1 + n_kv / n_h + s / h) * (n_h * d_head / h);
+  if (model.has_mla) {
+    // Per token and layer, 6x the projections' weights (fwd 2, bwd 4 FLOPs per weight) plus the core's 6·s·n_h·(d_qk
+    // + d_v), over the 12·h² the bracket is in units of.
+    const MlaSpec& a = model.mla;
+    const double q_rank = static_cast<double>(a.q_lora_rank), kv_rank = static_cast<double>(a.kv_lora_rank);
+    const double rope = static_cast<double>(a.qk_rope_head_dim), nope = static_cast<double>(a.qk_nope_head_dim);
+    const double q_weights = q_rank > 0 ? h * q_rank + q_rank * n_h * d_qk : h * n_h * d_qk;
+    const double weights = q_weights + h * (kv_rank + rope) + kv_rank * n_h * (nope + d_v) + n_h * d_v * h;
+    attention_term = (6 * weights + 6 * s * n_h * (d_qk + d_v)) / (12 * h * h);
+  }
   return 12 * big_b * s * layers * h * h * (attention_term + mlp_term + vocab / (2 * layers * h));
 }
 

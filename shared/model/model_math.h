@@ -2,8 +2,9 @@
 //
 // Granularity is the module, the unit the schedule IR computes on: the embedding, each layer's attention
 // block (pre-norm + QKV + attention core + output projection), each layer's MLP block (pre-norm + dense MLP,
-// or router + experts for MoE layers), and the head (final norm + output projection + loss).
-// All numbers are for ONE micro-batch on ONE GPU (training.micro_batch sequences of training.seq_len).
+// or router + routed and shared experts for MoE layers; attention is grouped-query or multi-head latent), and the head
+// (final norm + output projection + loss). All numbers are for ONE micro-batch on ONE GPU (training.micro_batch
+// sequences of training.seq_len).
 //
 // Conventions (documented in docs/model_math.md):
 // - A matmul of (m x k) by (k x n) costs 2mkn FLOPs. Backward of a matmul = 2x its forward.
@@ -83,7 +84,8 @@ std::int64_t parameter_count(const ModelSpec& model);
 // The closed form of docs/model_math.md (Megatron-LM, Narayanan et al. 2021, with GQA and SwiGLU terms) for model FLOPs
 // of `sequences` sequences of `seq_len` tokens (fwd + bwd): F = 12·B·s·L·h²·[(1 + n_kv/n_h + s/h)·(n_h·d_head/h) +
 // (f/h)·topk·(3/2) + V/(2·L·h)]. For MoE models with MoE in every layer, f is the expert width and topk the routing
-// fan-out; with a mix of dense and MoE layers the MLP term is averaged over layers.
+// fan-out (plus the shared experts' width at topk 1); with a mix of dense and MoE layers the MLP term is averaged over
+// layers. Under multi-head latent attention the attention term is its projections' and core's FLOPs in the same units.
 double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::int64_t seq_len);
 
 }  // namespace hzp

@@ -65,9 +65,7 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
   const ModelSpec& m = scenario.model;
   std::vector<ParallelSpec> meshes;
   for (int t = 1; t <= c.gpus_per_node; ++t) {
-    if (c.gpus_per_node % t != 0 || m.heads % t != 0 || m.kv_heads % t != 0 || m.ffn_hidden % t != 0 ||
-        m.moe.expert_ffn_hidden % t != 0)
-      continue;
+    if (c.gpus_per_node % t != 0 || tensor_unsplit_field(m, t) != nullptr) continue;
     for (int p = 1; p <= std::min(options.max_pipeline, m.layers); ++p) {
       if (!make_mesh(c, ParallelSpec{t, p, 1, false}).ok()) continue;
       for (int v = 1; v <= (p > 1 ? options.max_virtual_stages : 1); ++v) {

@@ -1,7 +1,10 @@
 // A model from a Hugging Face `config.json` (`model.from_hf_config`): the architectures hzp's model math
-// covers — LLaMA-style decoders (llama, mistral, qwen2) and their mixture-of-experts form (mixtral) — read
-// into a ModelSpec. Architectures whose layers it does not model (shared experts, multi-head latent
-// attention: qwen2_moe, deepseek_v2/v3; anything else) are refused with the reason, never approximated.
+// covers — LLaMA-style decoders (llama, mistral, qwen2), their mixture-of-experts forms (mixtral; qwen2_moe
+// with its shared expert) and DeepSeek's (deepseek_v2, deepseek_v3: multi-head latent attention, dense first
+// layers, routed and shared experts) — read into a ModelSpec. Anything else is refused with the reason.
+// Left out, as small or outside one training step's shape: qwen2's q/k/v biases and qwen2_moe's shared-expert
+// gate (h parameters a layer each), DeepSeek-V3's routing bias (one per expert) and its multi-token-prediction
+// layers (num_nextn_predict_layers; DeepSeek's 671 B count leaves them out too).
 #pragma once
 
 #include <string>

@@ -109,7 +109,9 @@ Status apply_set(json& doc, std::string_view assignment) {
                                   ", not an object");
     at = &next;
   }
-  if (value.is_null())
+  // null deletes the key, but where null itself means something: it removes a preset's MoE or MLA.
+  const bool nullable = path == "model.moe" || path == "model.mla";
+  if (value.is_null() && !nullable)
     at->erase(keys.back());
   else
     (*at)[keys.back()] = std::move(value);

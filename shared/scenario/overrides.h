@@ -32,7 +32,8 @@ Result<nlohmann::json> apply_overrides(const nlohmann::json& resolved, const nlo
 // One `--set PATH=VALUE` on a scenario document as written (before presets resolve, so it means what the same
 // field would in the file): PATH is dot-separated keys ("training.micro_batch"), created where missing; VALUE
 // is JSON when it parses as JSON (2, 0.5, true, null, [1,2], {"a":1}, "quoted") and a string otherwise
-// (zero3, llama2-7b); null deletes the key. kInvalidInput naming the assignment when there is no '=', an empty
+// (zero3, llama2-7b); null deletes the key (but model.moe=null and model.mla=null remove the preset's, as in a
+// scenario file). kInvalidInput naming the assignment when there is no '=', an empty
 // key, or a key below a value that is not an object.
 Status apply_set(nlohmann::json& doc, std::string_view assignment);
 

@@ -31,6 +31,22 @@ ModelSpec with_moe(ModelSpec m, const char* name, int experts, int top_k, std::i
   return m;
 }
 
+// DeepSeek-V2/V3 (Hugging Face deepseek-ai/*/config.json): multi-head latent attention in every layer, dense
+// MLPs in the first `dense_layers` layers, then routed experts plus shared experts (their widths summed). Left out:
+// V3's routing bias (one number per expert) and its multi-token-prediction module (DeepSeek counts 671 B without
+// it), and the node-limited routing (each token's experts on at most 4 nodes), which the all-to-all does not model.
+ModelSpec deepseek_model(const char* name, int layers, std::int64_t hidden, int heads, std::int64_t ffn,
+                         std::int64_t vocab, MlaSpec mla, int experts, int top_k, std::int64_t expert_ffn,
+                         std::int64_t shared_ffn, int dense_layers) {
+  ModelSpec m =
+      with_moe(llama_model(name, layers, hidden, heads, heads, ffn, vocab, 163840), name, experts, top_k, expert_ffn);
+  m.moe.shared_ffn_hidden = shared_ffn;
+  m.moe.layers.erase(m.moe.layers.begin(), m.moe.layers.begin() + dense_layers);
+  m.has_mla = true;
+  m.mla = mla;
+  return m;
+}
+
 std::vector<ModelSpec> build_models() {
   ModelSpec gpt3 = llama_model("gpt3-175b", 96, 12288, 96, 96, 49152, 50257, 2048);  // GPT-3 paper, Table 2.1
   gpt3.family = ModelFamily::kGpt;
@@ -60,6 +76,11 @@ std::vector<ModelSpec> build_models() {
       gpt3,
       with_moe(mixtral, "mixtral-8x7b", 8, 2, 14336),
       with_moe(mixtral22, "mixtral-8x22b", 8, 2, 16384),  // mistralai/Mixtral-8x22B-v0.1/config.json
+      // 671 B parameters, 37 B activated per token (DeepSeek-V3 technical report, arXiv 2412.19437 §4.2)
+      deepseek_model("deepseek-v3", 61, 7168, 128, 18432, 129280, {1536, 512, 128, 64, 128}, 256, 8, 2048, 2048, 3),
+      // 236 B and 15.7 B parameters, 21 B and 2.4 B activated (DeepSeek-V2, arXiv 2405.04434 §3.1 and App. B)
+      deepseek_model("deepseek-v2", 60, 5120, 128, 12288, 102400, {1536, 512, 128, 64, 128}, 160, 6, 1536, 2 * 1536, 1),
+      deepseek_model("deepseek-v2-lite", 27, 2048, 16, 10944, 102400, {0, 512, 128, 64, 128}, 64, 6, 1408, 2 * 1408, 1),
       tiny,
       with_moe(tiny, "tiny-moe", 4, 2, 176),
   };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "shared/base/hash.h"
 
@@ -59,6 +60,20 @@ const char* to_string(ContextComm v) {
       return "all_to_all";
   }
   return "?";
+}
+
+const char* tensor_unsplit_field(const ModelSpec& model, int tensor, std::int64_t* value) {
+  const std::pair<const char*, std::int64_t> split[] = {{"model.heads", model.heads},
+                                                        {"model.kv_heads", model.kv_heads},
+                                                        {"model.ffn_hidden", model.ffn_hidden},
+                                                        {"model.moe.expert_ffn_hidden", model.moe.expert_ffn_hidden},
+                                                        {"model.moe.shared_ffn_hidden", model.moe.shared_ffn_hidden}};
+  for (const auto& [what, n] : split)
+    if (n % tensor != 0) {
+      if (value != nullptr) *value = n;
+      return what;
+    }
+  return nullptr;
 }
 
 const char* ulysses_unsplit_heads(const ModelSpec& model, int tensor, int context) {

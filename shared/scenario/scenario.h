@@ -27,6 +27,22 @@ struct MoeSpec {
   int top_k = 0;                       // experts each token is routed to
   std::int64_t expert_ffn_hidden = 0;  // SwiGLU / GELU width of one expert
   std::vector<int> layers;             // indices of MoE layers (sorted, unique); the parser expands "all"
+  // Shared experts (DeepSeekMoE, Dai et al. 2024): every token also goes through them, beside its top_k routed
+  // experts. n shared experts of width f are one MLP of width n·f (their outputs are summed); 0 = none.
+  std::int64_t shared_ffn_hidden = 0;
+};
+
+// Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 §2.1): queries and keys/values are projected
+// down to low-rank latents, normed, and projected back up per head; each query/key head has a part without
+// positions (qk_nope_head_dim) and a rotary part (qk_rope_head_dim; the key's is one head shared by all),
+// and values have their own width (v_head_dim). The names are Hugging Face's DeepSeek config keys.
+struct MlaSpec {
+  std::int64_t q_lora_rank = 0;  // query latent width; 0: queries are projected directly (DeepSeek-V2-Lite)
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t qk_nope_head_dim = 0;
+  std::int64_t qk_rope_head_dim = 0;
+  std::int64_t v_head_dim = 0;
+  std::int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
 };
 
 struct ModelSpec {
@@ -43,8 +59,13 @@ struct ModelSpec {
   std::int64_t max_positions = 0;  // rows of the learned position table (kLearned only)
   bool has_moe = false;
   MoeSpec moe;
+  bool has_mla = false;  // multi-head latent attention instead of (grouped-query) multi-head attention
+  MlaSpec mla;
 
   std::int64_t head_dim() const { return hidden / heads; }
+  // Per-head widths of queries and keys, and of values (== head_dim() but under MLA).
+  std::int64_t qk_head_dim() const { return has_mla ? mla.qk_head_dim() : head_dim(); }
+  std::int64_t v_head_dim() const { return has_mla ? mla.v_head_dim : head_dim(); }
   bool is_moe_layer(int layer) const;  // defined in model_math.cc
 };
 
@@ -376,6 +397,10 @@ const char* to_string(GradReduce v);
 const char* to_string(ParamRefresh v);
 const char* to_string(ParamGather v);
 const char* to_string(ContextComm v);
+
+// Tensor parallelism splits heads, MLP widths and expert widths by `tensor`: the first model field (its JSON
+// path) that `tensor` does not divide, and its value; nullptr when it divides them all.
+const char* tensor_unsplit_field(const ModelSpec& model, int tensor, std::int64_t* value = nullptr);
 
 // Ulysses (context_comm all_to_all) splits each tensor rank's query and key/value heads over the context
 // group: the model field whose heads / tensor `context` does not divide ("model.heads", "model.kv_heads"),

@@ -13,6 +13,7 @@
 #include <iterator>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -62,6 +63,7 @@ constexpr std::int64_t kFfn = 1 << 19;
 constexpr std::int64_t kVocab = 1 << 22;
 constexpr std::int64_t kPositions = 1 << 24;
 constexpr std::int64_t kExperts = 4096;
+constexpr std::int64_t kHeadDim = 4096;  // per-head widths of model.mla
 constexpr std::int64_t kTopK = 256;
 constexpr std::int64_t kNodes = 1 << 17;
 constexpr std::int64_t kGpusPerNode = 1024;
@@ -309,10 +311,21 @@ Result<ModelSpec> model_starting_point(const ObjectReader& r) {
     std::string path;
     HZP_RETURN_IF_ERROR(r.read_string("from_hf_config", path));
     HZP_ASSIGN_OR_RETURN(m, load_hf_config(path));
-    const std::pair<std::int64_t, std::int64_t> checks[] = {
-        {m.layers, range::kLayers},       {m.hidden, range::kHidden}, {m.heads, range::kHeads},
-        {m.ffn_hidden, range::kFfn},      {m.vocab, range::kVocab},   {m.max_positions, range::kPositions},
-        {m.moe.experts, range::kExperts}, {m.moe.top_k, range::kTopK}};
+    const std::pair<std::int64_t, std::int64_t> checks[] = {{m.layers, range::kLayers},
+                                                            {m.hidden, range::kHidden},
+                                                            {m.heads, range::kHeads},
+                                                            {m.ffn_hidden, range::kFfn},
+                                                            {m.vocab, range::kVocab},
+                                                            {m.max_positions, range::kPositions},
+                                                            {m.moe.experts, range::kExperts},
+                                                            {m.moe.top_k, range::kTopK},
+                                                            {m.moe.expert_ffn_hidden, range::kFfn},
+                                                            {m.moe.shared_ffn_hidden, range::kFfn},
+                                                            {m.mla.q_lora_rank, range::kHidden},
+                                                            {m.mla.kv_lora_rank, range::kHidden},
+                                                            {m.mla.qk_nope_head_dim, range::kHeadDim},
+                                                            {m.mla.qk_rope_head_dim, range::kHeadDim},
+                                                            {m.mla.v_head_dim, range::kHeadDim}};
     for (const auto& [value, most] : checks)
       if (value > most)
         return invalid(r.path_of("from_hf_config"), "a size in it exceeds hzp's range (" + std::to_string(most) + ")",
@@ -327,17 +340,56 @@ Result<ModelSpec> model_starting_point(const ObjectReader& r) {
   return m;
 }
 
+// The first MoE layer when the MoE layers are every layer from it to the last; nullopt otherwise.
+std::optional<int> moe_tail_start(const ModelSpec& m) {
+  if (!m.has_moe || m.moe.layers.empty() || m.moe.layers.back() != m.layers - 1) return std::nullopt;
+  const int first = m.moe.layers.front();
+  if (static_cast<int>(m.moe.layers.size()) != m.layers - first) return std::nullopt;
+  return first;
+}
+
+// model.mla: multi-head latent attention (scenario.h MlaSpec); null turns a preset's off.
+Status parse_mla(const ObjectReader& r, ModelSpec& m) {
+  if (r.has("mla") && r.at("mla").is_null()) {
+    m.has_mla = false;
+    m.mla = MlaSpec{};
+  } else if (r.has("mla")) {
+    HZP_ASSIGN_OR_RETURN(ObjectReader ar, r.child("mla", {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                          "qk_rope_head_dim", "v_head_dim"}));
+    if (!m.has_mla)
+      for (const char* key : {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"})
+        HZP_RETURN_IF_ERROR(ar.require(key, "the model has no preset MLA to take it from"));
+    HZP_RETURN_IF_ERROR(ar.read_int("q_lora_rank", m.mla.q_lora_rank, 0, range::kHidden));
+    HZP_RETURN_IF_ERROR(ar.read_int("kv_lora_rank", m.mla.kv_lora_rank, 1, range::kHidden));
+    HZP_RETURN_IF_ERROR(ar.read_int("qk_nope_head_dim", m.mla.qk_nope_head_dim, 1, range::kHeadDim));
+    HZP_RETURN_IF_ERROR(ar.read_int("qk_rope_head_dim", m.mla.qk_rope_head_dim, 1, range::kHeadDim));
+    HZP_RETURN_IF_ERROR(ar.read_int("v_head_dim", m.mla.v_head_dim, 1, range::kHeadDim));
+    m.has_mla = true;
+  }
+  if (!m.has_mla) return Status::Ok();
+  // Every query head has its own key and value head once the latent is projected up.
+  if (m.kv_heads != m.heads)
+    return invalid(r.has("kv_heads") ? r.path_of("kv_heads") : "model.kv_heads",
+                   "must equal heads (" + std::to_string(m.heads) + ") with model.mla", m.kv_heads);
+  if (m.position != PositionEmbedding::kRope)
+    return invalid(r.has("position") ? r.path_of("position") : "model.position",
+                   "must be rope with model.mla (its keys and queries carry a rotary part)", to_string(m.position));
+  return Status::Ok();
+}
+
 Result<ModelSpec> parse_model(const json& value) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(value, "model",
-                                                          {"name", "preset", "from_hf_config", "family", "layers",
-                                                           "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
-                                                           "tied_embeddings", "position", "max_positions", "moe"}));
+  HZP_ASSIGN_OR_RETURN(
+      ObjectReader r,
+      ObjectReader::open(value, "model",
+                         {"name", "preset", "from_hf_config", "family", "layers", "hidden", "heads", "kv_heads",
+                          "ffn_hidden", "vocab", "tied_embeddings", "position", "max_positions", "moe", "mla"}));
   const bool from_preset = r.has("preset") || r.has("from_hf_config");
   HZP_ASSIGN_OR_RETURN(ModelSpec m, model_starting_point(r));
   // A multi-head preset stays multi-head when `heads` is overridden, and a preset whose MoE covers every
-  // layer keeps covering every layer when `layers` is overridden.
+  // layer from some layer on (all of them: Mixtral; all but the first 3: DeepSeek-V3) keeps doing so when
+  // `layers` is overridden.
   const bool multi_head = m.kv_heads == m.heads;
-  bool moe_all_layers = m.has_moe && static_cast<int>(m.moe.layers.size()) == m.layers;
+  std::optional<int> moe_from = moe_tail_start(m);
 
   HZP_RETURN_IF_ERROR(r.read_label("name", m.name));
   HZP_RETURN_IF_ERROR(r.read_enum("family", m.family, {ModelFamily::kLlama, ModelFamily::kGpt}));
@@ -366,28 +418,39 @@ Result<ModelSpec> parse_model(const json& value) {
     m.has_moe = false;
     m.moe = MoeSpec{};
   } else if (r.has("moe")) {
-    HZP_ASSIGN_OR_RETURN(ObjectReader mr, r.child("moe", {"experts", "top_k", "expert_ffn_hidden", "layers"}));
+    HZP_ASSIGN_OR_RETURN(ObjectReader mr,
+                         r.child("moe", {"experts", "top_k", "expert_ffn_hidden", "layers", "shared_ffn_hidden"}));
     if (!m.has_moe) {
       for (const char* key : {"experts", "top_k", "expert_ffn_hidden"})
         HZP_RETURN_IF_ERROR(mr.require(key, "the model has no preset MoE to take it from"));
-      moe_all_layers = true;
+      moe_from = 0;
     }
     HZP_RETURN_IF_ERROR(mr.read_int("experts", m.moe.experts, 1, range::kExperts));
     HZP_RETURN_IF_ERROR(mr.read_int("top_k", m.moe.top_k, 1, range::kTopK));
     HZP_RETURN_IF_ERROR(mr.read_int("expert_ffn_hidden", m.moe.expert_ffn_hidden, 1, range::kFfn));
+    HZP_RETURN_IF_ERROR(mr.read_int("shared_ffn_hidden", m.moe.shared_ffn_hidden, 0, range::kFfn));
     if (mr.has("layers")) {
       HZP_ASSIGN_OR_RETURN(m.moe.layers, parse_moe_layers(mr.at("layers"), mr.path_of("layers"), m.layers));
-      moe_all_layers = false;
+      moe_from.reset();
     }
     m.has_moe = true;
     if (m.moe.top_k > m.moe.experts)
       return invalid(mr.path_of("top_k"), "must be at most experts (" + std::to_string(m.moe.experts) + ")",
                      m.moe.top_k);
   }
-  if (m.has_moe && moe_all_layers) m.moe.layers = all_layers(m.layers);
+  if (m.has_moe && moe_from) {
+    m.moe.layers.clear();
+    for (int layer = *moe_from; layer < m.layers; ++layer) m.moe.layers.push_back(layer);
+    if (m.moe.layers.empty())
+      return invalid(r.path_of("layers"),
+                     "leaves no MoE layer (the model's MoE starts at layer " + std::to_string(*moe_from) +
+                         "; set model.moe to null for a dense model)",
+                     m.layers);
+  }
   if (m.has_moe && !m.moe.layers.empty() && m.moe.layers.back() >= m.layers)
     return invalid("model.moe.layers", "layer index out of range [0, " + std::to_string(m.layers) + ")",
                    m.moe.layers.back());
+  HZP_RETURN_IF_ERROR(parse_mla(r, m));
   return m;
 }
 
@@ -745,13 +808,10 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
                    "must divide the " + std::to_string(cluster.gpus_per_node) +
                        " GPUs per node (tensor parallelism stays inside a node)",
                    t);
-  const std::pair<const char*, std::int64_t> split[] = {{"model.heads", model.heads},
-                                                        {"model.kv_heads", model.kv_heads},
-                                                        {"model.ffn_hidden", model.ffn_hidden},
-                                                        {"model.moe.expert_ffn_hidden", model.moe.expert_ffn_hidden}};
-  for (const auto& [what, n] : split)
-    if (n % t != 0)
-      return invalid(r.path_of("tensor"), "does not divide " + std::string(what) + " (" + std::to_string(n) + ")", t);
+  std::int64_t unsplit = 0;
+  if (const char* what = tensor_unsplit_field(model, t, &unsplit))
+    return invalid(r.path_of("tensor"), "does not divide " + std::string(what) + " (" + std::to_string(unsplit) + ")",
+                   t);
   if (p.context_comm == ContextComm::kAllToAll && p.context == 1)
     return invalid(r.path_of("context_comm"), "needs context > 1 (it is how context ranks exchange the sequence)",
                    r.at("context_comm"));
@@ -966,9 +1026,17 @@ json model_json(const ModelSpec& m) {
         {"experts", m.moe.experts},
         {"top_k", m.moe.top_k},
         {"expert_ffn_hidden", m.moe.expert_ffn_hidden},
+        {"shared_ffn_hidden", m.moe.shared_ffn_hidden},
         {"layers", all ? json("all") : json(m.moe.layers)},
     };
   }
+  model["mla"] = nullptr;
+  if (m.has_mla)
+    model["mla"] = {{"q_lora_rank", m.mla.q_lora_rank},
+                    {"kv_lora_rank", m.mla.kv_lora_rank},
+                    {"qk_nope_head_dim", m.mla.qk_nope_head_dim},
+                    {"qk_rope_head_dim", m.mla.qk_rope_head_dim},
+                    {"v_head_dim", m.mla.v_head_dim}};
   return model;
 }
 

@@ -124,9 +124,10 @@ void ModuleOps::context_exchange(const ModuleCost* m, int unit, Phase phase, int
   const bool bwd = phase == Phase::kBackward;
   const ModelSpec& model = layout_.scenario.model;
   // K and V of the whole sequence, this tensor rank's heads.
-  const auto bytes = static_cast<std::int64_t>(
-      layout_.scenario.training.micro_batch * layout_.scenario.training.seq_len * 2 *
-      (model.kv_heads / layout_.scenario.mesh.tensor) * model.head_dim() * dtype_bytes(layout_.dtype));
+  const auto bytes =
+      static_cast<std::int64_t>(layout_.scenario.training.micro_batch * layout_.scenario.training.seq_len *
+                                (model.kv_heads / layout_.scenario.mesh.tensor) *
+                                (model.qk_head_dim() + model.v_head_dim()) * dtype_bytes(layout_.dtype));
   const int role = schedule_.role_index(GroupRole::kContext);
   const CollectivePurpose purpose = bwd ? CollectivePurpose::kContextBackward : CollectivePurpose::kContextForward;
   CollectiveOp gather =
@@ -145,9 +146,9 @@ void ModuleOps::context_exchange(const ModuleCost* m, int unit, Phase phase, int
 // Context parallelism by all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023; Megatron-LM's cp_comm_type
 // "a2a"): around the attention core, each rank trades its s / context tokens of every head for the whole
 // sequence of heads / context heads, and back after it. Forward: one all-to-all of Q, K and V before
-// (b·(s/c)·(n_q + 2·n_kv)·d_head elements of this tensor rank's heads), one of the output after
-// (b·(s/c)·n_q·d_head); backward the same two with gradients, in reverse order; full recomputation
-// repeats the forward's. On the compute path: the attention core needs their result. (Modelled around the
+// (b·(s/c)·(n_q + 2·n_kv)·d_head elements of this tensor rank's heads; MLA's keys and values are of their own
+// widths), one of the output after (b·(s/c)·n_q·d_head); backward the same two with gradients, in reverse order; full
+// recomputation repeats the forward's. On the compute path: the attention core needs their result. (Modelled around the
 // attention module, whose projections run on the compute stream with them either way.)
 bool ModuleOps::ulysses_applies(const ModuleCost* m, Phase phase) const {
   if (layout_.scenario.mesh.context == 1 || layout_.scenario.policy.parallel.context_comm != ContextComm::kAllToAll ||
@@ -161,10 +162,12 @@ int ModuleOps::ulysses_all_to_all(int unit, Phase phase, int mb, bool before, st
   const bool bwd = phase == Phase::kBackward;
   // Q, K and V cross before the core forward and after it backward; the output the other way round.
   const bool qkv = before != bwd;
-  const std::int64_t heads = qkv ? (model.heads + 2 * model.kv_heads) / layout_.scenario.mesh.tensor
-                                 : model.heads / layout_.scenario.mesh.tensor;
+  const int tensor = layout_.scenario.mesh.tensor;
+  const std::int64_t width =
+      qkv ? (model.heads * model.qk_head_dim() + model.kv_heads * (model.qk_head_dim() + model.v_head_dim())) / tensor
+          : model.heads * model.v_head_dim() / tensor;
   const std::int64_t bytes = layout_.scenario.training.micro_batch * layout_.scenario.training.seq_len /
-                             layout_.scenario.mesh.context * heads * model.head_dim() * dtype_bytes(layout_.dtype);
+                             layout_.scenario.mesh.context * width * dtype_bytes(layout_.dtype);
   CollectiveOp c = layout_.collective(
       CollectiveKind::kAllToAll, bwd ? CollectivePurpose::kContextBackward : CollectivePurpose::kContextForward, kDense,
       schedule_.role_index(GroupRole::kContext), bytes, bwd ? Payload::kGrads : Payload::kActivations, unit, mb, -1);
