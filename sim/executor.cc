@@ -366,7 +366,9 @@ std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks) {
   return ranks;
 }
 
-Result<SimResult> simulate(const Compiled& compiled, const SimOptions& options) {
+namespace {
+
+Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& options) {
   const Scenario& scenario = compiled.scenario;
   const ModelCost& cost = compiled.cost;
   const Schedule& schedule = compiled.schedule;
@@ -396,6 +398,14 @@ Result<SimResult> simulate(const Compiled& compiled, const SimOptions& options) 
                             " of " + std::to_string(expected) + " ops (a deadlock the validator did not catch)");
   SimResult result = executor.finish(wall);
   result.ops_executed = expected;
+  return result;
+}
+
+}  // namespace
+
+Result<SimResult> simulate(const Compiled& compiled, const SimOptions& options) {
+  Result<SimResult> result = Status::Internal("simulate: the simulation thread returned nothing");
+  HZP_RETURN_IF_ERROR(run_on_simulation_stack([&] { result = simulate_here(compiled, options); }));
   return result;
 }
 

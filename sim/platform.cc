@@ -10,7 +10,11 @@
 // RDMA takes the data from the GPU to its rail NIC over PCIe, not over NVLink), an intra-node flow GPU -> GPU.
 #include "sim/platform.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <cstring>
+#include <exception>
 #include <string>
 
 #include <simgrid/s4u/Link.hpp>
@@ -20,6 +24,37 @@
 
 namespace hzp::sim {
 namespace sg4 = simgrid::s4u;
+
+Status run_on_simulation_stack(const std::function<void()>& body) {
+  struct Call {
+    const std::function<void()>* body;
+    std::exception_ptr error;
+  } call{&body, nullptr};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  int rc = pthread_attr_setstacksize(&attr, kSimulationStack);
+  pthread_t thread;
+  if (rc == 0)
+    rc = pthread_create(
+        &thread, &attr,
+        [](void* arg) -> void* {
+          auto* c = static_cast<Call*>(arg);
+          try {
+            (*c->body)();
+          } catch (...) {
+            c->error = std::current_exception();
+          }
+          return nullptr;
+        },
+        &call);
+  pthread_attr_destroy(&attr);
+  if (rc != 0)
+    return Status::Internal("cannot start the simulation thread with a " + std::to_string(kSimulationStack >> 20) +
+                            " MiB stack: " + std::strerror(rc));
+  pthread_join(thread, nullptr);
+  if (call.error) std::rethrow_exception(call.error);
+  return Status::Ok();
+}
 
 void configure_engine(sg4::Engine& engine) {
   // CM02 (Casanova & Marchal 2002): plain max-min sharing of link bandwidth, no TCP-derived corrections.

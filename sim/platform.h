@@ -2,7 +2,9 @@
 // two-level fat-tree between nodes. See sim/README.md for the model and why it is built this way.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -14,6 +16,15 @@
 #include "shared/scenario/scenario.h"
 
 namespace hzp::sim {
+
+// SimGrid's solver recurses over the flows and links a flow shares (update_modified_cnst_set_rec), as deep
+// as the set of coupled constraints: an all-reduce over 1024 ECMP-routed nodes needs 1-2 MiB of stack, 8192
+// nodes overflow the usual 8 MiB main-thread stack (issue 35, item 11). Every simulation therefore runs on a
+// thread of its own with kSimulationStack bytes of stack (reserved address space; only the pages the
+// recursion touches are committed). Runs `body` there and waits; an exception `body` throws is rethrown
+// here. kInternal when the thread cannot be created.
+inline constexpr std::size_t kSimulationStack = std::size_t{1} << 30;
+Status run_on_simulation_stack(const std::function<void()>& body);
 
 // Sets SimGrid's configuration for NCCL-like timing (network model, sharing, contexts). Call once per
 // process, before build_platform and before any other SimGrid call that creates resources.

@@ -398,23 +398,32 @@ int run_collective_command(const std::vector<std::string>& args) {
     if (bytes > o.max_bytes / 2) break;
   }
 
-  // One SimGrid engine per process: every size runs in one simulation, one after the other.
-  int argc = 2;
-  char arg0[] = "hzp";
-  char arg1[] = "--log=root.thresh:warning";
-  char* argv[] = {arg0, arg1, nullptr};
-  sg4::Engine engine(&argc, argv);
-  sim::configure_engine(engine);
-  auto platform = sim::build_platform(engine, cluster);
-  if (!platform.ok()) return fail(platform.status());
-  sg4::Actor::create("collective", platform->gpus[group.ranks.front()], [&] {
-    for (Row& row : rows) {
-      const double start = sg4::Engine::get_clock();
-      sim::run_collective(*platform, {o.kind, static_cast<double>(row.bytes), &group, row.algorithm, row.protocol});
-      row.seconds = sg4::Engine::get_clock() - start;
+  // One SimGrid engine per process: every size runs in one simulation, one after the other, on the
+  // simulation's own stack (sim/platform.h).
+  Status simulated = Status::Ok();
+  const Status started = sim::run_on_simulation_stack([&] {
+    int argc = 2;
+    char arg0[] = "hzp";
+    char arg1[] = "--log=root.thresh:warning";
+    char* argv[] = {arg0, arg1, nullptr};
+    sg4::Engine engine(&argc, argv);
+    sim::configure_engine(engine);
+    auto platform = sim::build_platform(engine, cluster);
+    if (!platform.ok()) {
+      simulated = platform.status();
+      return;
     }
+    sg4::Actor::create("collective", platform->gpus[group.ranks.front()], [&] {
+      for (Row& row : rows) {
+        const double start = sg4::Engine::get_clock();
+        sim::run_collective(*platform, {o.kind, static_cast<double>(row.bytes), &group, row.algorithm, row.protocol});
+        row.seconds = sg4::Engine::get_clock() - start;
+      }
+    });
+    engine.run();
   });
-  engine.run();
+  if (!started.ok()) return fail(started);
+  if (!simulated.ok()) return fail(simulated);
 
   std::printf("# hzp collective: %s over %s (%d per node on %s) of %s: %s of %d x %s\n", to_string(o.kind),
               count_of(p, "GPU").c_str(), shape.ranks_per_node, count_of(shape.nodes, "node").c_str(),
