@@ -13,6 +13,17 @@
 
 namespace hzp::sim {
 
+// Flows a dry run of a collective (CollectiveCall::tally) would have started.
+struct FlowTally {
+  double flows = 0;  // in all phases
+  double peak = 0;   // in its largest phase (all of a phase's flows are in flight at once)
+  // Sum over phases of (flows of the kind) x (flows in flight): SimGrid's solver pays O(flows in flight) per
+  // finished flow. ECMP-hashed flows (between leaves under ECMP routing) cross more links each and collide,
+  // and cost the solver far more per pair than the others (sim/README.md, "What a simulation costs").
+  double pair_work = 0;
+  double ecmp_pair_work = 0;
+};
+
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kAllReduce;
   double bytes = 0;                     // nccl-tests size convention (collective_cost.h)
@@ -20,6 +31,9 @@ struct CollectiveCall {
   CollectiveAlgorithm algorithm = CollectiveAlgorithm::kRing;
   NcclProtocol protocol = NcclProtocol::kSimple;  // choose_protocol's pick for the algorithm
   int root = -1;  // broadcast: the sending member's index in group->ranks (-1: the first in physical order)
+  // When set, a dry run: each phase's flows are counted here instead of started, no simulated time passes,
+  // and no SimGrid call is made (sim/cost.h estimates a simulation's cost from these counts).
+  FlowTally* tally = nullptr;
 };
 
 // Bytes put on the wire, by link class.

@@ -12,7 +12,9 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <unordered_map>
+#include <variant>
 
 #include "shared/cost/collective_cost.h"
 #include "sim/collective.h"
@@ -368,6 +370,72 @@ std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks) {
 
 namespace {
 
+// The counts of cost.h a schedule gives before there is a platform: ops executed and actors, exactly.
+SimCost schedule_counts(const Schedule& schedule, int steps) {
+  SimCost cost;
+  for (int r = 0; r < schedule.world_size; ++r) {
+    const Program& p = schedule.program_of(r);
+    std::vector<char> used(schedule.streams.size(), 0);
+    for (const Op& op : p.ops) used[op.stream] = 1;
+    cost.ops += static_cast<double>(p.ops.size()) * steps;
+    cost.actors += static_cast<double>(std::count(used.begin(), used.end(), 1));
+  }
+  return cost;
+}
+
+// Adds the flows of a dry run of each distinct collective (group, kind, algorithm, root) on the built
+// platform. Every group of a role is taken to run its collectives at the same time as the others (the
+// symmetric load of a schedule), so a role's flows in flight are its groups' together.
+void add_flow_counts(SimCost& cost, const Schedule& schedule, const ClusterSpec& cluster, const Platform& platform,
+                     int steps) {
+  std::vector<double> groups_of_role(schedule.roles.size(), 0);
+  {
+    std::vector<char> seen(schedule.groups.size(), 0);
+    for (int r = 0; r < schedule.world_size; ++r)
+      for (size_t role = 0; role < schedule.roles.size(); ++role) {
+        const int g = schedule.rank_groups[r][role];
+        if (g >= 0 && !seen[g]) {
+          seen[g] = 1;
+          ++groups_of_role[role];
+        }
+      }
+  }
+  std::map<std::tuple<int, int, int, int>, FlowTally> tallies;
+  std::vector<std::optional<GroupShape>> shapes(schedule.groups.size());  // group_shape is O(p log p): once each
+  SimCost one_step;
+  for (int r = 0; r < schedule.world_size; ++r)
+    for (const Op& op : schedule.program_of(r).ops) {
+      const auto* c = std::get_if<CollectiveOp>(&op.body);
+      if (c == nullptr) continue;
+      const int g = schedule.rank_groups[r][c->role];
+      const ProcessGroup& group = schedule.groups[g];
+      if (group.ranks.size() <= 1 || group.ranks.front() != r) continue;  // one instance, counted by its first member
+      const double bytes = static_cast<double>(c->bytes);
+      if (!shapes[g]) shapes[g] = group_shape(cluster, group);
+      const GroupShape& shape = *shapes[g];
+      const CollectiveAlgorithm algorithm = choose_algorithm(cluster, c->kind, bytes, shape);
+      const auto key = std::make_tuple(g, static_cast<int>(c->kind), static_cast<int>(algorithm), c->root);
+      auto it = tallies.find(key);
+      if (it == tallies.end()) {
+        FlowTally t;
+        run_collective(platform, {c->kind, bytes, &group, algorithm,
+                                  choose_protocol(cluster, algorithm, c->kind, bytes, shape), c->root, &t});
+        it = tallies.emplace(key, t).first;
+      }
+      const double concurrent = std::max(1.0, groups_of_role[c->role]);
+      one_step.collectives += 1;
+      one_step.flows += it->second.flows;
+      one_step.peak_flows = std::max(one_step.peak_flows, it->second.peak * concurrent);
+      one_step.pair_work += it->second.pair_work * concurrent;
+      one_step.ecmp_pair_work += it->second.ecmp_pair_work * concurrent;
+    }
+  cost.collectives = one_step.collectives * steps;
+  cost.flows = one_step.flows * steps;
+  cost.peak_flows = one_step.peak_flows;
+  cost.pair_work = one_step.pair_work * steps;
+  cost.ecmp_pair_work = one_step.ecmp_pair_work * steps;
+}
+
 Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& options) {
   const Scenario& scenario = compiled.scenario;
   const ModelCost& cost = compiled.cost;
@@ -382,7 +450,22 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
   char* argv[] = {arg0, arg1, nullptr};
   sg4::Engine engine(&argc, argv);
   configure_engine(engine);
+  // The budget (cost.h) twice: on what the schedule and the cluster's shape tell before the platform is
+  // built (building it is quadratic in its hosts), then with the platform's own counts and the flows.
+  SimCost estimate = schedule_counts(schedule, options.steps);
+  add_platform_estimate(
+      estimate, {static_cast<double>(scenario.cluster.world_size()), static_cast<double>(scenario.cluster.nodes),
+                 static_cast<double>(scenario.cluster.nic.per_node)});
+  estimate_cost(estimate);
+  HZP_RETURN_IF_ERROR(check_budget(estimate, options.budget));
   HZP_ASSIGN_OR_RETURN(Platform platform, build_platform(engine, scenario.cluster));
+  SimBudget after_build = options.budget;
+  if (estimate.seconds > options.budget.warn_seconds) after_build.warn_seconds = 1e300;  // said once already
+  add_flow_counts(estimate, schedule, scenario.cluster, platform, options.steps);
+  estimate.hosts = static_cast<double>(engine.get_host_count());
+  estimate.links = static_cast<double>(engine.get_link_count());
+  estimate_cost(estimate);
+  HZP_RETURN_IF_ERROR(check_budget(estimate, after_build));
   Executor executor(scenario, cost, schedule, options, platform);
   executor.spawn();
   const auto t0 = std::chrono::steady_clock::now();
@@ -398,6 +481,7 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
                             " of " + std::to_string(expected) + " ops (a deadlock the validator did not catch)");
   SimResult result = executor.finish(wall);
   result.ops_executed = expected;
+  result.cost_estimate = estimate;
   return result;
 }
 

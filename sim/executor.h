@@ -22,6 +22,7 @@
 #include "shared/model/model_math.h"
 #include "shared/scenario/scenario.h"
 #include "shared/schedule/sharding.h"
+#include "sim/cost.h"
 
 namespace hzp::sim {
 
@@ -34,6 +35,7 @@ struct SimOptions {
   // Collectives it has a time for take that time from the last member's arrival instead of running flows
   // (a replayed trace); the others are simulated.
   const CollectiveDurations* collectives = nullptr;
+  SimBudget budget;  // what the simulation may cost to run (cost.h); refused before it starts when past it
 };
 
 // One executed op of a recorded rank.
@@ -55,6 +57,7 @@ struct SimResult : StepPerformance {  // memory: of the rank with the highest pe
   int peak_memory_rank = 0;
   std::string memory_verdict;
   double sim_wall_s = 0;
+  SimCost cost_estimate;  // what it was expected to cost before it ran (cost.h)
   long long ops_executed = 0;
   long long collectives = 0;
   std::vector<int> timeline_ranks;

@@ -4,6 +4,7 @@
 #include "tools/cli_collective.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "sim/collective.h"
 #include "sim/platform.h"
 #include "tools/cli_flags.h"
+#include "tools/cli_sim_budget.h"
 
 namespace hzp::cli {
 
@@ -174,6 +176,11 @@ const std::vector<OptionSpec>& option_specs() {
       {"--dtype", "TYPE", false, names_of(kDataTypes) + " (default float): the element of the count column"},
       {"--csv", "FILE", false, "also write the table as CSV (nccl-tests' columns, then hzp's)"},
       {"--json", "FILE", false, "also write the table as JSON: {cluster, op, group, rows: [...], avg_busbw_GBps}"},
+      {"--max-sim-seconds", "S", false,
+       "refuse, before it starts, a simulation estimated to run longer (default 1800; 0: no limit; sim/README.md, "
+       "\"What a simulation costs\")"},
+      {"--max-sim-GiB", "G", false,
+       "refuse a simulation estimated to take more memory (default: 3/4 of this machine's memory or its limits)"},
   };
   return specs;
 }
@@ -239,6 +246,7 @@ struct Options {
   std::optional<ProtocolChoice> protocol;
   DataType dtype = kDataTypes[0];
   std::optional<std::string> csv, json;
+  sim::SimBudget budget;
 };
 
 Result<Options> parse_options(const std::vector<std::string>& args) {
@@ -279,6 +287,7 @@ Result<Options> parse_options(const std::vector<std::string>& args) {
   }
   o.csv = a.get("--csv");
   o.json = a.get("--json");
+  HZP_ASSIGN_OR_RETURN(o.budget, read_sim_budget([&](const char* flag) { return a.get(flag); }));
   return o;
 }
 
@@ -401,6 +410,8 @@ int run_collective_command(const std::vector<std::string>& args) {
   // One SimGrid engine per process: every size runs in one simulation, one after the other, on the
   // simulation's own stack (sim/platform.h).
   Status simulated = Status::Ok();
+  sim::SimCost cost;
+  double wall_s = 0;
   const Status started = sim::run_on_simulation_stack([&] {
     int argc = 2;
     char arg0[] = "hzp";
@@ -408,11 +419,35 @@ int run_collective_command(const std::vector<std::string>& args) {
     char* argv[] = {arg0, arg1, nullptr};
     sg4::Engine engine(&argc, argv);
     sim::configure_engine(engine);
+    sim::add_platform_estimate(cost, {static_cast<double>(cluster.world_size()), static_cast<double>(cluster.nodes),
+                                      static_cast<double>(cluster.nic.per_node)});
+    sim::estimate_cost(cost);
+    simulated = sim::check_budget(cost, o.budget);
+    if (!simulated.ok()) return;
+    sim::SimBudget after_build = o.budget;
+    if (cost.seconds > o.budget.warn_seconds) after_build.warn_seconds = 1e300;  // said once already
     auto platform = sim::build_platform(engine, cluster);
     if (!platform.ok()) {
       simulated = platform.status();
       return;
     }
+    // Its cost first (sim/cost.h): a dry run of every size's flows, one size after the other.
+    for (const Row& row : rows) {
+      sim::FlowTally tally;
+      sim::run_collective(*platform,
+                          {o.kind, static_cast<double>(row.bytes), &group, row.algorithm, row.protocol, -1, &tally});
+      cost.collectives += 1;
+      cost.flows += tally.flows;
+      cost.peak_flows = std::max(cost.peak_flows, tally.peak);
+      cost.pair_work += tally.pair_work;
+      cost.ecmp_pair_work += tally.ecmp_pair_work;
+    }
+    cost.actors = 1;
+    cost.hosts = static_cast<double>(engine.get_host_count());
+    cost.links = static_cast<double>(engine.get_link_count());
+    sim::estimate_cost(cost);
+    simulated = sim::check_budget(cost, after_build);
+    if (!simulated.ok()) return;
     sg4::Actor::create("collective", platform->gpus[group.ranks.front()], [&] {
       for (Row& row : rows) {
         const double start = sg4::Engine::get_clock();
@@ -420,7 +455,9 @@ int run_collective_command(const std::vector<std::string>& args) {
         row.seconds = sg4::Engine::get_clock() - start;
       }
     });
+    const auto t0 = std::chrono::steady_clock::now();
     engine.run();
+    wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   });
   if (!started.ok()) return fail(started);
   if (!simulated.ok()) return fail(simulated);
@@ -472,6 +509,8 @@ int run_collective_command(const std::vector<std::string>& args) {
   }
   const double avg_busbw = busbw_sum / static_cast<double>(rows.size());
   std::printf("# Out of bounds values : 0 OK (simulated)\n# Avg bus bandwidth    : %g\n", avg_busbw);
+  std::printf("# Simulation           : %.2f s wall (estimated %.2f s, %.2f GiB; %.0f flows, up to %.0f at once)\n",
+              wall_s, cost.seconds, cost.resident_bytes / (1024.0 * 1024 * 1024), cost.flows, cost.peak_flows);
   if (o.csv) {
     if (Status st = write_file_atomic(*o.csv, csv); !st.ok()) return fail(st);
   }

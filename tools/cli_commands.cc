@@ -36,6 +36,7 @@
 #include "tools/cli_compare.h"
 #include "tools/cli_flags.h"
 #include "tools/cli_search.h"
+#include "tools/cli_sim_budget.h"
 #include "tools/cli_train.h"
 
 namespace hzp::cli {
@@ -309,11 +310,14 @@ std::string default_scenario_path() {
 }
 
 int run_simulate(const std::vector<std::string>& argv) {
-  auto args =
-      parse_args(argv, {"--out", "--steps", "--timeline-ranks"}, /*scenario_required=*/false, {"--timeline-gz"});
+  auto args = parse_args(argv, {"--out", "--steps", "--timeline-ranks", "--max-sim-seconds", "--max-sim-GiB"},
+                         /*scenario_required=*/false, {"--timeline-gz"});
   if (!args.ok()) return usage_error("simulate", args.status().message());
   const std::string path = args->scenario.value_or(default_scenario_path());
   sim::SimOptions options;
+  auto budget = read_sim_budget([&](const char* flag) { return args->get(flag); });
+  if (!budget.ok()) return usage_error("simulate", budget.status().message());
+  options.budget = *budget;
   options.progress = true;
   options.progress_interval_s = ::isatty(STDERR_FILENO) == 1 ? 2 : 10;  // a log file: fewer lines
   for (auto [flag, field, max] : {std::tuple{"--steps", &options.steps, kMaxSimSteps},
@@ -358,8 +362,9 @@ int run_simulate(const std::vector<std::string>& argv) {
               m.buffers / GiB);
   std::printf("  traffic/GPU   %.3f GB intra-node, %.3f GB inter-node per step\n", r.comm_bytes_intra_node / 1e9,
               r.comm_bytes_inter_node / 1e9);
-  std::printf("  simulation    %lld ops, %lld collectives in %.2f s wall (%.0f ops/s)\n", r.ops_executed, r.collectives,
-              r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0);
+  std::printf("  simulation    %lld ops, %lld collectives in %.2f s wall (%.0f ops/s; estimated %.2f s, %.2f GiB)\n",
+              r.ops_executed, r.collectives, r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0,
+              r.cost_estimate.seconds, r.cost_estimate.resident_bytes / GiB);
   return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r,
                            args->has("--timeline-gz"));
 }
@@ -441,8 +446,10 @@ int run_import(const std::vector<std::string>& argv) {
 // With --scenario OVERRIDES.json: a what-if — the overrides merged into the recorded scenario, the schedule
 // rebuilt for it, compute at the trace's rates per FLOP (TraceRates), the network simulated.
 int run_replay(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--out", "--scenario", "--steps"});
+  auto args = parse_args(argv, {"--out", "--scenario", "--steps", "--max-sim-seconds", "--max-sim-GiB"});
   if (!args.ok()) return usage_error("replay", args.status().message());
+  auto budget = read_sim_budget([&](const char* flag) { return args->get(flag); });
+  if (!budget.ok()) return usage_error("replay", budget.status().message());
   auto trace = load_trace_file(*args->scenario);
   if (!trace.ok()) return fail(trace.status());
   if (trace->events.empty()) return fail(Status::InvalidInput("trace " + *args->scenario + " has no events"));
@@ -472,6 +479,7 @@ int run_replay(const std::vector<std::string>& argv) {
       return fail(
           Status::InvalidInput("--scenario (merged into the trace's scenario): " + scenario.status().message()));
     sim::SimOptions options;
+    options.budget = *budget;
     if (auto v = args->get("--steps")) {
       auto n = parse_int_flag("--steps", *v, 1, kMaxSimSteps);
       if (!n.ok()) return usage_error("replay", n.status().message());
@@ -528,6 +536,7 @@ int run_replay(const std::vector<std::string>& argv) {
   auto recorded = TraceDurations::make(*trace, schedule, roofline);
   if (!recorded.ok()) return fail(recorded.status());
   sim::SimOptions options;
+  options.budget = *budget;
   options.steps = recorded->steps();
   options.timeline_max_ranks = static_cast<int>(std::min<long long>(trace->world_size, kMaxTimelineRanks));
   options.durations = &*recorded;
@@ -620,7 +629,7 @@ const std::vector<Command>& commands() {
        run_schedule},
       {"simulate", "simulate a training step on the SimGrid model of the cluster",
        "usage: hzp simulate [SCENARIO] [--out DIR] [--steps N] [--timeline-ranks K] [--timeline-gz]\n"
-       "                    [--set PATH=VALUE]...\n\n"
+       "                    [--max-sim-seconds S] [--max-sim-GiB G] [--set PATH=VALUE]...\n\n"
        "Runs the scenario's schedule on a SimGrid model of its cluster (NVSwitch or full-mesh nodes, NIC\n"
        "rails, fat-tree) with every collective as flows that share links. SCENARIO defaults to\n"
        "scenarios/default.json. Prints a summary and writes DIR/summary.json and DIR/timeline.json (Chrome /\n"
@@ -629,7 +638,7 @@ const std::vector<Command>& commands() {
        "well: a smaller K samples fewer GPUs; --timeline-gz gzips it at any size). DIR defaults to out/<scenario "
        "name>. --steps N runs N steps back to\n"
        "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory "
-       "false).\n" HZP_SCENARIO_INPUT_HELP,
+       "false).\n" HZP_SCENARIO_INPUT_HELP "\n" HZP_SIM_BUDGET_HELP,
        run_simulate},
       {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU) or a trace",
        "usage: hzp calibrate SCENARIO (--tokens-per-gpu-s X | --step-time-s X | --mfu X) [--out FILE]\n"
@@ -651,8 +660,9 @@ const std::vector<Command>& commands() {
        "do. --out FILE writes the trace's scenario with the fitted efficiencies.\n" HZP_SCENARIO_INPUT_HELP,
        run_calibrate},
       {"replay", "re-run a recorded trace (hzp train --trace) in the simulator, as recorded or as a what-if",
-       "usage: hzp replay TRACE [--out DIR]\n"
-       "       hzp replay TRACE [--scenario OVERRIDES.json] [--set PATH=VALUE]... [--steps N] [--out DIR]\n\n"
+       "usage: hzp replay TRACE [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G]\n"
+       "       hzp replay TRACE [--scenario OVERRIDES.json] [--set PATH=VALUE]... [--steps N] [--out DIR]\n"
+       "                        [--max-sim-seconds S] [--max-sim-GiB G]\n\n"
        "Reads TRACE (traces/README.md, format v1) and rebuilds the schedule from the scenario it recorded.\n"
        "Without --scenario it runs that schedule in the SimGrid executor with the recorded durations: compute\n"
        "and optimizer ops take what the same op took in the same step, each collective its recorded transfer\n"
@@ -668,7 +678,8 @@ const std::vector<Command>& commands() {
        "and the collectives are simulated on the new cluster. --steps N simulates N steps (default 1). Writes\n"
        "DIR/summary.json (plus a \"what_if\" object) and DIR/timeline.json (default DIR:\n"
        "out/what-if-<scenario name>). --set PATH=VALUE (repeatable) is a what-if too, one field at a time\n"
-       "(hzp replay TRACE --set cluster.nodes=64), applied to OVERRIDES.json when both are given.\n",
+       "(hzp replay TRACE --set cluster.nodes=64), applied to OVERRIDES.json when both are "
+       "given.\n\n" HZP_SIM_BUDGET_HELP,
        run_replay},
       {"import", "PyTorch profiler (Kineto) traces in: an hzp trace that hzp replay runs",
        "usage: hzp import KINETO.json[.gz] [KINETO...] --scenario SCENARIO.json [--out TRACE.json]\n"

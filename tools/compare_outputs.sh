@@ -49,7 +49,7 @@ print(int(c.get("nodes",1))*int(c.get("gpus_per_node",8)))' "$path" 2>/dev/null 
       python3 -c 'import json,sys
 d=json.load(open(sys.argv[1]))
 for k in list(d):
-    if "wall" in k or k == "events_per_s": del d[k]
+    if "wall" in k or k == "events_per_s" or k.startswith("sim_estimated"): del d[k]
 print(json.dumps(d, indent=1, sort_keys=True))' "$work/sim-$side/summary.json" >"$work/sim-$side.txt" 2>&1
     done
     compared=$((compared + 1))

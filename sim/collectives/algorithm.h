@@ -74,6 +74,9 @@ class Phase {
   void ecmp_flows(int src_nic, int dst_nic, double bytes);
   const Context& ctx_;
   std::vector<Flow> flows_;
+  double tallied_ = 0;       // flows of this phase counted by a dry run (CollectiveCall::tally)
+  double tallied_ecmp_ = 0;  // of which ECMP-hashed
+  bool in_ecmp_ = false;
   CollectiveTraffic& traffic_;
   double wire_scale_ = 1;
 };

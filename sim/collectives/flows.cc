@@ -50,7 +50,13 @@ Context make_context(const Platform& platform, const CollectiveCall& call) {
 void Phase::start(sg4::Host* src, sg4::Host* dst, double bytes) {
   // SimGrid moves whole bytes; a sub-byte share (a tiny buffer over many ranks) takes no time anyway.
   const auto whole = static_cast<std::uint64_t>(std::llround(bytes * wire_scale_));
-  if (whole > 0) flows_.push_back({src, dst, whole});
+  if (whole == 0) return;
+  if (ctx_.call.tally != nullptr) {
+    ++tallied_;  // a dry run counts, and keeps no flow: an all-to-all over 8192 nodes has 67 M of them
+    if (in_ecmp_) ++tallied_ecmp_;
+    return;
+  }
+  flows_.push_back({src, dst, whole});
 }
 
 void Phase::gpu_flow(sg4::Host* src, sg4::Host* dst, double bytes) {
@@ -78,10 +84,12 @@ void Phase::ecmp_flows(int src_nic, int dst_nic, double bytes) {
   const Platform& p = ctx_.platform;
   const std::uint64_t group = ecmp_group_key(*ctx_.call.group);
   const int channels = p.ecmp_channels();
+  in_ecmp_ = true;
   for (int channel = 0; channel < channels; ++channel) {
     const int u = p.ecmp_uplink(group, src_nic, dst_nic, channel);
     start(p.port(src_nic, u), p.port(dst_nic, u), bytes / channels);
   }
+  in_ecmp_ = false;
 }
 
 void Phase::count_intra(double bytes) {
@@ -97,6 +105,15 @@ void Phase::rank_nic_flow(const Platform& platform, int src_rank, int dst_rank, 
 }
 
 void Phase::finish(double latency_s) {
+  if (FlowTally* tally = ctx_.call.tally) {
+    tally->flows += tallied_;
+    tally->peak = std::max(tally->peak, tallied_);
+    tally->pair_work += (tallied_ - tallied_ecmp_) * tallied_;
+    tally->ecmp_pair_work += tallied_ecmp_ * tallied_;
+    tallied_ = 0;
+    tallied_ecmp_ = 0;
+    return;
+  }
   // All flows of the phase start at the same simulated instant; every one must land before the next phase
   // reads its data. (SimGrid 3.32 spends time linear in the number of flows in flight on each completion,
   // whichever actor issues or waits: see bench/README.md.)

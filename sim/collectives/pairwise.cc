@@ -24,12 +24,14 @@ CollectiveTraffic run_pairwise(const Context& ctx) {
   for (size_t b = 0; b < ctx.blocks.size(); ++b)
     for (int k = 0; k < ctx.blocks[b].size(); ++k)
       for (int i = 0; i < width; ++i) load[b][platform.nic_index(ctx.rank(ctx.blocks[b], k)) + i] += 1.0 / width;
+  std::vector<char> spans(ctx.blocks.size());  // once per node, not per pair: p² pairs over 8192 nodes
+  for (size_t b = 0; b < ctx.blocks.size(); ++b) spans[b] = spans_every_nic(ctx, ctx.blocks[b]) ? 1 : 0;
   for (size_t a = 0; a < ctx.blocks.size(); ++a)
     for (size_t b = 0; b < ctx.blocks.size(); ++b) {
       if (a == b) continue;
       const auto& src = platform.nics[ctx.blocks[a].node];
       const auto& dst = platform.nics[ctx.blocks[b].node];
-      if (spans_every_nic(ctx, ctx.blocks[a]) && spans_every_nic(ctx, ctx.blocks[b])) {
+      if (spans[a] && spans[b]) {
         // Evenly over every rail: one flow through the node bundles.
         phase.node_flow(platform, ctx.blocks[a].node, ctx.blocks[b].node,
                         ctx.blocks[a].size() * ctx.blocks[b].size() * per_peer);

@@ -33,7 +33,8 @@ CollectiveTraffic run_collective(const Platform& platform, const CollectiveCall&
     if (entry.algorithm != call.algorithm) continue;
     const CollectiveTraffic traffic = entry.run(ctx);
     // The kernel's base latency (the ring counts it in its ring_latency).
-    if (call.algorithm != CollectiveAlgorithm::kRing) simgrid::s4u::this_actor::sleep_for(ctx.links.base_latency);
+    if (call.algorithm != CollectiveAlgorithm::kRing && call.tally == nullptr)
+      simgrid::s4u::this_actor::sleep_for(ctx.links.base_latency);
     return traffic;
   }
   return {};

@@ -1,0 +1,128 @@
+// The cost of a simulation before it runs (cost.h).
+#include "sim/cost.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+
+
+namespace hzp::sim {
+namespace {
+
+// Measured on the 2-core reference machine by bench/sim_cost.sh (sim/README.md, "What a simulation costs",
+// has the runs and how close the estimate comes): the cost of the simulator itself, not a property of any
+// simulated cluster. Seconds: least squares over the ZeRO-3 series (128 to 16,384 GPUs) for the op term,
+// the largest all-to-all (512 nodes, 262,144 flows) for the solver term, the largest ECMP all-reduce (1024
+// nodes) for the ECMP term; the solver grows faster than quadratically, so smaller cases are overestimated
+// (up to ~3x) rather than larger ones under.
+constexpr double kSecondsPerOp = 2.8e-6;            // an op executed, with its simcalls and wake-ups
+constexpr double kSecondsPerFlowPair = 1.0e-8;      // the max-min solver, per (finished flow x flow in flight)
+constexpr double kSecondsPerEcmpFlowPair = 7.0e-8;  // the same for an ECMP-hashed flow (more links, collisions)
+constexpr double kSecondsPerHostSquared = 6e-10;    // building the platform: SimGrid checks each new name
+                                                    // against every zone (16,384 A800 nodes: ~27 s)
+constexpr double kBaseBytes = 45e6;                 // the process: binary, SimGrid, the compiled scenario
+constexpr double kBytesPerActor = 14.5e3;           // an actor's touched stack pages, context, rank state
+constexpr double kBytesPerHost = 1.2e3;             // a SimGrid host or link with its routes
+constexpr double kBytesPerFlow = 1.7e3;             // a flow in flight: its Comm, solver variable and elements
+constexpr double kActorStackBytes = 256 * 1024;     // reserved per actor (configure_engine's contexts/stack-size)
+
+std::string count(double n) {
+  char buf[32];
+  if (n < 1e4)
+    std::snprintf(buf, sizeof buf, "%.0f", n);
+  else if (n < 1e6)
+    std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
+  else if (n < 1e9)
+    std::snprintf(buf, sizeof buf, "%.1fM", n / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fG", n / 1e9);
+  return buf;
+}
+
+std::string duration(double s) {
+  char buf[32];
+  if (s < 120)
+    std::snprintf(buf, sizeof buf, "%.0f s", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof buf, "%.1f min", s / 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f h", s / 3600);
+  return buf;
+}
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+// cgroup v2's memory.max for this process's group, when there is one and it is a number.
+double cgroup_limit() {
+  std::ifstream in("/sys/fs/cgroup/memory.max");
+  double v = 0;
+  if (in >> v && v > 0) return v;
+  return std::numeric_limits<double>::infinity();
+}
+
+double rlimit(int resource) {
+  struct rlimit l {};
+  if (getrlimit(resource, &l) != 0 || l.rlim_cur == RLIM_INFINITY) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(l.rlim_cur);
+}
+
+}  // namespace
+
+void estimate_cost(SimCost& cost) {
+  cost.seconds = cost.platform_hosts * cost.platform_hosts * kSecondsPerHostSquared + cost.ops * kSecondsPerOp +
+                 cost.pair_work * kSecondsPerFlowPair +
+                 cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
+  cost.resident_bytes = kBaseBytes + cost.actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
+                        cost.peak_flows * kBytesPerFlow;
+  cost.virtual_bytes = cost.resident_bytes + cost.actors * kActorStackBytes;
+}
+
+void add_platform_estimate(SimCost& cost, const ClusterShapeCounts& cluster) {
+  cost.platform_hosts = cluster.world + cluster.nodes * (cluster.nics_per_node + 1);
+  cost.hosts = cost.platform_hosts;
+  cost.links = 2 * cost.platform_hosts;  // about: each GPU's port and each NIC's link, both ways
+}
+
+double memory_allowance() {
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  return std::min({0.75 * physical, cgroup_limit(), rlimit(RLIMIT_DATA), rlimit(RLIMIT_RSS)});
+}
+
+std::string describe(const SimCost& cost) {
+  const std::string head = "about " + duration(cost.seconds) + " and " + gib(cost.resident_bytes) + " (";
+  if (cost.collectives == 0)  // the first check, before the platform is built and the flows counted
+    return head + count(cost.ops) + " ops and a platform of " + count(cost.hosts) + " hosts, before its flows are counted)";
+  return head + count(cost.ops) + " ops, " + count(cost.collectives) + " collectives, " + count(cost.flows) +
+         " flows, up to " + count(cost.peak_flows) + " at once)";
+}
+
+Status check_budget(const SimCost& cost, const SimBudget& budget) {
+  const double max_bytes = budget.max_bytes > 0 ? budget.max_bytes : memory_allowance();
+  const std::string what = "this simulation would take " + describe(cost) + " on the reference machine";
+  if (budget.max_seconds > 0 && cost.seconds > budget.max_seconds)
+    return Status::InvalidInput(what + ", past the budget of " + duration(budget.max_seconds) +
+                                "; --max-sim-seconds raises it (0: no limit), or simulate fewer GPUs, layers or "
+                                "steps (sim/README.md, \"What a simulation costs\")");
+  if (cost.resident_bytes > max_bytes)
+    return Status::InvalidInput(what + ", past the " + gib(max_bytes) +
+                                (budget.max_bytes > 0 ? " of --max-sim-GiB" : " this machine allows (3/4 of its memory or its limits)") +
+                                "; --max-sim-GiB raises it, or simulate fewer GPUs (sim/README.md, \"What a simulation costs\")");
+  if (cost.virtual_bytes > rlimit(RLIMIT_AS))
+    return Status::InvalidInput(what + ", and its " + count(cost.actors) + " actors reserve " +
+                                gib(cost.virtual_bytes) + " of address space, past this process's limit (ulimit -v) of " +
+                                gib(rlimit(RLIMIT_AS)));
+  if (cost.seconds > budget.warn_seconds)
+    std::fprintf(stderr, "hzp: note: %s.\n", what.c_str());
+  return Status::Ok();
+}
+
+}  // namespace hzp::sim

@@ -1,0 +1,61 @@
+// What a simulation will cost to run — wall time and memory on the machine running it — estimated before it
+// starts from what the schedule and the platform make exact (ops, actors, hosts, links) and from a dry run
+// of every collective's flows (CollectiveCall::tally), and checked against a budget: a simulation past it is
+// refused with the estimate and the flag that raises it, instead of running for hours or until the machine
+// runs out of memory (issue 35, item 12). The constants, how they were measured and how close the estimate
+// comes are in sim/README.md, "What a simulation costs"; bench/sim_cost.sh measures them again.
+#pragma once
+
+#include <string>
+
+#include "shared/base/status.h"
+
+namespace hzp::sim {
+
+struct SimCost {
+  double ops = 0;          // ops executed, every rank, every step
+  double actors = 0;       // SimGrid actors: one per (rank, stream with ops)
+  double hosts = 0;        // platform hosts and links (SimGrid's own objects)
+  double links = 0;
+  double collectives = 0;  // collective instances simulated with flows
+  double flows = 0;        // flows started
+  double peak_flows = 0;   // flows in flight at once, at most (every group of a role at once)
+  double platform_hosts = 0;  // GPUs, NICs and node bundles: what building the platform costs (quadratic)
+  double pair_work = 0;    // the max-min solver's work (collective.h FlowTally), plain flows
+  double ecmp_pair_work = 0;  // and ECMP-hashed ones
+  // The estimates (estimate_cost): wall seconds, resident bytes, and address space reserved (actor stacks).
+  double seconds = 0;
+  double resident_bytes = 0;
+  double virtual_bytes = 0;
+};
+
+// Fills the estimates from the counts.
+void estimate_cost(SimCost& cost);
+
+// What is known of a simulation's cost before its platform is built (SimGrid's platform build is itself
+// quadratic in the hosts: 8192 nodes of 8 GPUs take ~12 s): ops and actors `schedule_cost` gives, the
+// platform's hosts and links from the cluster's shape (ECMP ports left out), no flows yet.
+struct ClusterShapeCounts {
+  double world = 0, nodes = 0, nics_per_node = 0;
+};
+void add_platform_estimate(SimCost& cost, const ClusterShapeCounts& cluster);
+
+struct SimBudget {
+  double max_seconds = 1800;  // --max-sim-seconds; 0: no limit
+  double max_bytes = 0;       // --max-sim-GiB; 0: what this machine allows (memory_allowance())
+  double warn_seconds = 60;   // a line on stderr past this
+};
+
+// The memory a simulation may take here: 3/4 of physical memory, or less where a cgroup limit (memory.max)
+// or RLIMIT_DATA / RLIMIT_RSS says so.
+double memory_allowance();
+
+// One line: "about 2.1 min and 3.4 GiB (1,933,312 ops, 102 collectives, 4,096 flows at most in flight)".
+std::string describe(const SimCost& cost);
+
+// kInvalidInput when the estimate is past the budget (or the address space RLIMIT_AS leaves): what it
+// would cost, the budget, and the flag that raises it. Prints a warning line on stderr when the estimate
+// is past budget.warn_seconds but within budget.
+Status check_budget(const SimCost& cost, const SimBudget& budget);
+
+}  // namespace hzp::sim
