@@ -10,7 +10,6 @@
 #include <limits>
 #include <string>
 
-
 namespace hzp::sim {
 namespace {
 
@@ -25,6 +24,8 @@ constexpr double kSecondsPerFlowPair = 1.0e-8;      // the max-min solver, per (
 constexpr double kSecondsPerEcmpFlowPair = 7.0e-8;  // the same for an ECMP-hashed flow (more links, collisions)
 constexpr double kSecondsPerHostSquared = 6e-10;    // building the platform: SimGrid checks each new name
                                                     // against every zone (16,384 A800 nodes: ~27 s)
+constexpr double kSecondsPerPortCubed = 1.3e-15;    // ECMP ports (1024, 2048, 4096 nodes x 8 NICs x 16 uplinks:
+                                                    // 3.5, 21, 186 s)
 constexpr double kBaseBytes = 45e6;                 // the process: binary, SimGrid, the compiled scenario
 constexpr double kBytesPerActor = 14.5e3;           // an actor's touched stack pages, context, rank state
 constexpr double kBytesPerHost = 1.2e3;             // a SimGrid host or link with its routes
@@ -78,17 +79,20 @@ double rlimit(int resource) {
 }  // namespace
 
 void estimate_cost(SimCost& cost) {
-  cost.seconds = cost.platform_hosts * cost.platform_hosts * kSecondsPerHostSquared + cost.ops * kSecondsPerOp +
-                 cost.pair_work * kSecondsPerFlowPair +
-                 cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
+  cost.seconds = cost.platform_hosts * cost.platform_hosts * kSecondsPerHostSquared +
+                 cost.ecmp_ports * cost.ecmp_ports * cost.ecmp_ports * kSecondsPerPortCubed + cost.ops * kSecondsPerOp +
+                 cost.pair_work * kSecondsPerFlowPair + cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
   cost.resident_bytes = kBaseBytes + cost.actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
                         cost.peak_flows * kBytesPerFlow;
   cost.virtual_bytes = cost.resident_bytes + cost.actors * kActorStackBytes;
 }
 
-void add_platform_estimate(SimCost& cost, const ClusterShapeCounts& cluster) {
-  cost.platform_hosts = cluster.world + cluster.nodes * (cluster.nics_per_node + 1);
-  cost.hosts = cost.platform_hosts;
+void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster) {
+  const double nodes = cluster.nodes, nics = cluster.nic.per_node;
+  cost.platform_hosts = static_cast<double>(cluster.world_size()) + nodes * (nics + 1);
+  const bool ecmp = cluster.inter.routing == Routing::kEcmp && cluster.nodes > cluster.inter.leaf_size;
+  cost.ecmp_ports = ecmp ? nodes * nics * ecmp_uplinks_per_nic(cluster) : 0;  // as build_platform makes them
+  cost.hosts = cost.platform_hosts + cost.ecmp_ports;
   cost.links = 2 * cost.platform_hosts;  // about: each GPU's port and each NIC's link, both ways
 }
 
@@ -100,7 +104,8 @@ double memory_allowance() {
 std::string describe(const SimCost& cost) {
   const std::string head = "about " + duration(cost.seconds) + " and " + gib(cost.resident_bytes) + " (";
   if (cost.collectives == 0)  // the first check, before the platform is built and the flows counted
-    return head + count(cost.ops) + " ops and a platform of " + count(cost.hosts) + " hosts, before its flows are counted)";
+    return head + count(cost.ops) + " ops and a platform of " + count(cost.hosts) +
+           " hosts, before its flows are counted)";
   return head + count(cost.ops) + " ops, " + count(cost.collectives) + " collectives, " + count(cost.flows) +
          " flows, up to " + count(cost.peak_flows) + " at once)";
 }
@@ -113,15 +118,15 @@ Status check_budget(const SimCost& cost, const SimBudget& budget) {
                                 "; --max-sim-seconds raises it (0: no limit), or simulate fewer GPUs, layers or "
                                 "steps (sim/README.md, \"What a simulation costs\")");
   if (cost.resident_bytes > max_bytes)
-    return Status::InvalidInput(what + ", past the " + gib(max_bytes) +
-                                (budget.max_bytes > 0 ? " of --max-sim-GiB" : " this machine allows (3/4 of its memory or its limits)") +
-                                "; --max-sim-GiB raises it, or simulate fewer GPUs (sim/README.md, \"What a simulation costs\")");
+    return Status::InvalidInput(
+        what + ", past the " + gib(max_bytes) +
+        (budget.max_bytes > 0 ? " of --max-sim-GiB" : " this machine allows (3/4 of its memory or its limits)") +
+        "; --max-sim-GiB raises it, or simulate fewer GPUs (sim/README.md, \"What a simulation costs\")");
   if (cost.virtual_bytes > rlimit(RLIMIT_AS))
-    return Status::InvalidInput(what + ", and its " + count(cost.actors) + " actors reserve " +
-                                gib(cost.virtual_bytes) + " of address space, past this process's limit (ulimit -v) of " +
-                                gib(rlimit(RLIMIT_AS)));
-  if (cost.seconds > budget.warn_seconds)
-    std::fprintf(stderr, "hzp: note: %s.\n", what.c_str());
+    return Status::InvalidInput(
+        what + ", and its " + count(cost.actors) + " actors reserve " + gib(cost.virtual_bytes) +
+        " of address space, past this process's limit (ulimit -v) of " + gib(rlimit(RLIMIT_AS)));
+  if (cost.seconds > budget.warn_seconds) std::fprintf(stderr, "hzp: note: %s.\n", what.c_str());
   return Status::Ok();
 }
 

@@ -9,19 +9,21 @@
 #include <string>
 
 #include "shared/base/status.h"
+#include "shared/scenario/scenario.h"
 
 namespace hzp::sim {
 
 struct SimCost {
-  double ops = 0;          // ops executed, every rank, every step
-  double actors = 0;       // SimGrid actors: one per (rank, stream with ops)
-  double hosts = 0;        // platform hosts and links (SimGrid's own objects)
+  double ops = 0;     // ops executed, every rank, every step
+  double actors = 0;  // SimGrid actors: one per (rank, stream with ops)
+  double hosts = 0;   // platform hosts and links (SimGrid's own objects)
   double links = 0;
-  double collectives = 0;  // collective instances simulated with flows
-  double flows = 0;        // flows started
-  double peak_flows = 0;   // flows in flight at once, at most (every group of a role at once)
+  double collectives = 0;     // collective instances simulated with flows
+  double flows = 0;           // flows started
+  double peak_flows = 0;      // flows in flight at once, at most (every group of a role at once)
   double platform_hosts = 0;  // GPUs, NICs and node bundles: what building the platform costs (quadratic)
-  double pair_work = 0;    // the max-min solver's work (collective.h FlowTally), plain flows
+  double ecmp_ports = 0;      // and ECMP's ports (cubic)
+  double pair_work = 0;       // the max-min solver's work (collective.h FlowTally), plain flows
   double ecmp_pair_work = 0;  // and ECMP-hashed ones
   // The estimates (estimate_cost): wall seconds, resident bytes, and address space reserved (actor stacks).
   double seconds = 0;
@@ -34,16 +36,14 @@ void estimate_cost(SimCost& cost);
 
 // What is known of a simulation's cost before its platform is built (SimGrid's platform build is itself
 // quadratic in the hosts: 8192 nodes of 8 GPUs take ~12 s): ops and actors `schedule_cost` gives, the
-// platform's hosts and links from the cluster's shape (ECMP ports left out), no flows yet.
-struct ClusterShapeCounts {
-  double world = 0, nodes = 0, nics_per_node = 0;
-};
-void add_platform_estimate(SimCost& cost, const ClusterShapeCounts& cluster);
+// platform's hosts and links from the cluster's shape (ECMP's ports too: a leaf zone's hosts are built in time
+// cubic in their number, 4096 nodes of 8 NICs x 16 uplinks take ~3 min), no flows yet.
+void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster);
 
 struct SimBudget {
-  double max_seconds = 1800;  // --max-sim-seconds; 0: no limit
-  double max_bytes = 0;       // --max-sim-GiB; 0: what this machine allows (memory_allowance())
-  double warn_seconds = 60;   // a line on stderr past this
+  double max_seconds = 600;  // --max-sim-seconds; 0: no limit
+  double max_bytes = 0;      // --max-sim-GiB; 0: what this machine allows (memory_allowance())
+  double warn_seconds = 60;  // a line on stderr past this
 };
 
 // The memory a simulation may take here: 3/4 of physical memory, or less where a cgroup limit (memory.max)

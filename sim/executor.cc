@@ -453,9 +453,7 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
   // The budget (cost.h) twice: on what the schedule and the cluster's shape tell before the platform is
   // built (building it is quadratic in its hosts), then with the platform's own counts and the flows.
   SimCost estimate = schedule_counts(schedule, options.steps);
-  add_platform_estimate(
-      estimate, {static_cast<double>(scenario.cluster.world_size()), static_cast<double>(scenario.cluster.nodes),
-                 static_cast<double>(scenario.cluster.nic.per_node)});
+  add_platform_estimate(estimate, scenario.cluster);
   estimate_cost(estimate);
   HZP_RETURN_IF_ERROR(check_budget(estimate, options.budget));
   HZP_ASSIGN_OR_RETURN(Platform platform, build_platform(engine, scenario.cluster));

@@ -27,6 +27,10 @@ expect() {  # WANT_RC PATTERN SECONDS DESCRIPTION COMMAND...
 }
 expect 2 "--max-sim-seconds raises it" 120 "all_to_all over 8192 nodes" \
   "$hzp" collective --cluster dgx-h100 --nodes 8192 --op all_to_all --group all --bytes 1G
+echo '{"preset": "dgx-h100", "nodes": 8192, "inter_node": {"leaf_size": 16, "routing": "ecmp",
+      "rail_optimized": true, "placement": "scattered"}}' > "$out/ecmp8192.json"
+expect 2 "--max-sim-seconds raises it" 30 "all_reduce over 8192 ECMP nodes, refused before its platform (25 min)" \
+  "$hzp" collective --cluster "$out/ecmp8192.json" --op all_reduce --group all --bytes 1G
 expect 2 "--max-sim-seconds raises it" 30 "262,144 GPUs, refused before the platform is built" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --set cluster.nodes=32768 \
   --set training.global_batch_sequences=262144 --set model.layers=2 --max-sim-seconds 60

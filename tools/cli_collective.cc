@@ -177,7 +177,7 @@ const std::vector<OptionSpec>& option_specs() {
       {"--csv", "FILE", false, "also write the table as CSV (nccl-tests' columns, then hzp's)"},
       {"--json", "FILE", false, "also write the table as JSON: {cluster, op, group, rows: [...], avg_busbw_GBps}"},
       {"--max-sim-seconds", "S", false,
-       "refuse, before it starts, a simulation estimated to run longer (default 1800; 0: no limit; sim/README.md, "
+       "refuse, before it starts, a simulation estimated to run longer (default 600; 0: no limit; sim/README.md, "
        "\"What a simulation costs\")"},
       {"--max-sim-GiB", "G", false,
        "refuse a simulation estimated to take more memory (default: 3/4 of this machine's memory or its limits)"},
@@ -419,8 +419,7 @@ int run_collective_command(const std::vector<std::string>& args) {
     char* argv[] = {arg0, arg1, nullptr};
     sg4::Engine engine(&argc, argv);
     sim::configure_engine(engine);
-    sim::add_platform_estimate(cost, {static_cast<double>(cluster.world_size()), static_cast<double>(cluster.nodes),
-                                      static_cast<double>(cluster.nic.per_node)});
+    sim::add_platform_estimate(cost, cluster);
     sim::estimate_cost(cost);
     simulated = sim::check_budget(cost, o.budget);
     if (!simulated.ok()) return;

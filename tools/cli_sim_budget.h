@@ -10,10 +10,10 @@
 namespace hzp::cli {
 
 // A macro, so that commands' help literals can end with it.
-#define HZP_SIM_BUDGET_HELP                                                                                     \
+#define HZP_SIM_BUDGET_HELP                                                                                   \
   "--max-sim-seconds S and --max-sim-GiB G set what the simulation may cost to run: it is estimated before\n" \
-  "it starts (wall time on a 2-core reference machine, resident memory) and refused past the budget with\n"     \
-  "the estimate (default: 1800 s, and 3/4 of this machine's memory or its cgroup / ulimit limits; 0 s: no\n"     \
+  "it starts (wall time on a 2-core reference machine, resident memory) and refused past the budget with\n"   \
+  "the estimate (default: 600 s, and 3/4 of this machine's memory or its cgroup / ulimit limits; 0 s: no\n"   \
   "time limit); past 60 s a note says what to expect (sim/README.md, \"What a simulation costs\").\n"
 
 // `get` answers a flag's value (Args::get, ParsedArgs::get).
