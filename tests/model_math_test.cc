@@ -541,6 +541,9 @@ TEST_CASE("MLA's parameters and FLOPs against a hand count of its projections", 
   tp.tensor = 2;
   const ModuleCost& half = module_at(model_cost(m, training(1, 64), tp), ModuleKind::kAttention, 0);
   CHECK(half.params == 256 + (24576 + 96) + (14336 + 48) + (24576 + 16896 + 40960) / 2);
+  // Each rank runs the down-projections on all its tokens, but the MFU numerator counts them once.
+  CHECK(2 * half.model_flops == Approx(attention.model_flops).epsilon(1e-12));
+  CHECK(half.fwd_flops > attention.fwd_flops / 2);
 }
 
 TEST_CASE("shared experts add one dense MLP of their width to every MoE layer", "[model_math]") {

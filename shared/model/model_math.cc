@@ -433,14 +433,20 @@ void mla_projections(ModuleCost& cost, const Dims& d) {
   const auto q_rank = static_cast<double>(a.q_lora_rank);
   const auto kv_rank = static_cast<double>(a.kv_lora_rank);
   const auto rope = static_cast<double>(a.qk_rope_head_dim);
+  // Every tensor rank runs the down-projections, but the MFU numerator counts their FLOPs once: 1/T each.
+  const auto duplicated = [&](double k, double n) {
+    const double before = cost.model_flops;
+    add_linear(cost, d, 1, t, k, n);
+    cost.model_flops = before + (cost.model_flops - before) * d.split;
+  };
   if (q_latent) {
-    add_linear(cost, d, 1, t, d.h, q_rank);
+    duplicated(d.h, q_rank);
     add_traffic(cost, {2 * t * q_rank * d.e, 3 * t * q_rank * d.e}, 1);  // the query latent's norm
     add_linear(cost, d, d.split, t, q_rank, d.q_width);
   } else {
     add_linear(cost, d, d.split, t, d.h, d.q_width);
   }
-  add_linear(cost, d, 1, t, d.h, kv_rank + rope);
+  duplicated(d.h, kv_rank + rope);
   add_traffic(cost, {2 * t * kv_rank * d.e, 3 * t * kv_rank * d.e}, 1);  // the key/value latent's norm
   add_linear(cost, d, d.split, t, kv_rank, d.heads * static_cast<double>(a.qk_nope_head_dim) + d.v_width);
   // Rotates every query head's rotary part and the one shared rotary key, then concatenates each head's key
