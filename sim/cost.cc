@@ -10,6 +10,8 @@
 #include <limits>
 #include <string>
 
+#include "sim/platform.h"
+
 namespace hzp::sim {
 namespace {
 
@@ -84,7 +86,7 @@ void estimate_cost(SimCost& cost) {
                  cost.pair_work * kSecondsPerFlowPair + cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
   cost.resident_bytes = kBaseBytes + cost.actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
                         cost.peak_flows * kBytesPerFlow;
-  cost.virtual_bytes = cost.resident_bytes + cost.actors * kActorStackBytes;
+  cost.virtual_bytes = cost.resident_bytes + cost.actors * kActorStackBytes + static_cast<double>(kSimulationStack);
 }
 
 void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster) {

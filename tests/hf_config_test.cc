@@ -158,6 +158,26 @@ TEST_CASE("hf config: DeepSeek and Qwen-MoE configs read as the presets and thei
   json huge = json::parse(kDeepSeekV3);
   huge["num_hidden_layers"] = 2000000000;  // refused before any per-layer list is built
   CHECK(model_from_hf_config(huge, "c.json").status().message().find("num_hidden_layers") != std::string::npos);
+  // Found by the attack of issue 35: a model_type that is not a string aborted; sizes past 2^31 wrapped to 32
+  // bits (2^32 + 8 experts read as 8).
+  for (const json& type : {json(0), json::array(), json::object(), json(true), json(nullptr)}) {
+    json odd = json::parse(kMixtral);
+    odd["model_type"] = type;
+    const auto r = model_from_hf_config(odd, "c.json");
+    INFO(type.dump());
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("model_type") != std::string::npos);
+  }
+  for (const char* key : {"num_local_experts", "num_key_value_heads", "num_attention_heads", "hidden_size"})
+    for (const json& v :
+         {json((std::int64_t{1} << 32) + 8), json(std::int64_t{1} << 31), json(18446744073709551615ull)}) {
+      json wide = json::parse(kMixtral);
+      wide[key] = v;
+      const auto r = model_from_hf_config(wide, "c.json");
+      INFO(key << " = " << v.dump());
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.status().message().find(key) != std::string::npos);
+    }
 }
 
 TEST_CASE("DeepSeek presets: total and activated parameters as the papers publish them", "[scenario][hf]") {

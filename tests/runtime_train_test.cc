@@ -869,5 +869,22 @@ TEST_CASE("runtime: checkpoint directories are never overwritten by surprise nor
   std::ifstream kept(target);
   std::string text((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>());
   CHECK(text == "keep me");
+  // Found by the attack of issue 35: a step directory that is a symlink took the rank files out of the
+  // checkpoint directory, and a metrics.jsonl that is a symlink was written through.
+  fs::create_directories(dir / "outside");
+  fs::create_directories(dir / "stepped");
+  fs::create_symlink(dir / "outside", dir / "stepped" / "step_1");
+  const RunResult stepped = run(train_cmd(
+      scen, 2, 2, dir / "e", "--checkpoint-dir " + (dir / "stepped").string() + " --set run.checkpoint_interval=1"));
+  CHECK(stepped.code == 2);
+  CHECK_THAT(stepped.output, Catch::Contains("is a symlink"));
+  CHECK(fs::is_empty(dir / "outside"));
+  fs::create_directories(dir / "f");
+  fs::create_symlink(target, dir / "f" / "metrics.jsonl");
+  const RunResult metrics = run(train_cmd(scen, 2, 2, dir / "f", ""));
+  CHECK(metrics.code == 2);
+  std::ifstream still(target);
+  std::string after((std::istreambuf_iterator<char>(still)), std::istreambuf_iterator<char>());
+  CHECK(after == "keep me");
   fs::remove_all(dir);
 }

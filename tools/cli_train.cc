@@ -181,11 +181,11 @@ int run_train_command(const std::vector<std::string>& args) {
     o.gpus_per_node = e.local_world_size;
   // A fatal error after the ranks joined: other streams of this process may wait on a dead peer's collective
   // until their timeout, and destructors may block on its sockets, so leave at once.
-  return runtime::run_rank(o, e, [](const std::string& message) {
+  return runtime::run_rank(o, e, [](const std::string& message, int exit_code) {
     std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
     std::fflush(stdout);
-    std::_Exit(1);
+    std::_Exit(exit_code);
   });
 }
 

@@ -238,7 +238,11 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   std::fprintf(stderr, "hzp train: failed%s%s\n",
                first_failed >= 0 ? (" (first to fail: rank " + std::to_string(first_failed) + ")").c_str() : "",
                summary.c_str());
-  return all_bad_input ? 2 : 1;
+  // Bad input: every rank said so, or the first to fail did (the others then lost it: a symlinked output
+  // refused on rank 0 leaves rank 1 without its peer).
+  const auto first = status_of.find(first_failed);
+  const bool first_bad_input = first != status_of.end() && WIFEXITED(first->second) && WEXITSTATUS(first->second) == 2;
+  return all_bad_input || first_bad_input ? 2 : 1;
 }
 
 }  // namespace hzp::runtime

@@ -4,6 +4,7 @@
 
 #include "runtime/train/trainer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -292,8 +293,10 @@ class RankRun {
   int fatal(const Status& st) {
     if (fatal_reported_.exchange(true)) return 1;
     const std::string note = lost_rank_note(env_);
-    on_fatal_("hzp train: rank " + std::to_string(env_.rank) + ": " + note + (note.empty() ? "" : ": ") + st.message());
-    return 1;
+    const int code = st.code() == StatusCode::kInvalidInput ? 2 : 1;  // bad input found during the run says so
+    on_fatal_("hzp train: rank " + std::to_string(env_.rank) + ": " + note + (note.empty() ? "" : ": ") + st.message(),
+              code);
+    return code;
   }
   int evaluate(std::int64_t step_shown, bool before_training);
   std::string speed_basis() const {
@@ -411,7 +414,14 @@ int RankRun::join() {
   executor_->set_tracing(!options_.trace_path.empty() || !options_.perfetto_path.empty());
 
   if (lead_ && !options_.out_dir.empty()) {
-    metrics_.reset(std::fopen((fs::path(options_.out_dir) / "metrics.jsonl").c_str(), options_.resume ? "a" : "w"));
+    // O_NOFOLLOW: a metrics.jsonl that is a symlink must not lead hzp to write into the file it points at.
+    const std::string metrics_path = (fs::path(options_.out_dir) / "metrics.jsonl").string();
+    const int fd = ::open(metrics_path.c_str(),
+                          O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (options_.resume ? O_APPEND : O_TRUNC), 0644);
+    if (fd >= 0) {
+      metrics_.reset(::fdopen(fd, options_.resume ? "a" : "w"));
+      if (!metrics_) ::close(fd);
+    }
     if (!metrics_) return fail(Status::InvalidInput("--out: cannot write " + options_.out_dir + "/metrics.jsonl"));
   }
   if (options_.resume) {
@@ -470,6 +480,13 @@ int RankRun::checkpoint(std::int64_t steps_done) {
   const fs::path file = checkpoint_file(dir, steps_done, env_.rank);
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
+  // A step directory that is a symlink (or not a directory) would take the rank files out of the checkpoint
+  // directory: refused, never written through.
+  const fs::file_status step_dir = fs::symlink_status(file.parent_path(), ec);
+  if (ec || !fs::is_directory(step_dir))
+    return fatal(Status::InvalidInput("--checkpoint-dir: " + printable(file.parent_path().string(), 200) +
+                                      (fs::is_symlink(step_dir) ? " is a symlink" : " is not a directory") +
+                                      "; hzp writes checkpoints only into directories of its own"));
   if (Status st = executor_->save(file.string(), steps_done); !st.ok()) return fatal(st);
   if (Status st =
           store_barrier(*store_, "hzp/ckpt/" + std::to_string(steps_done), env_.rank, env_.world_size, false, timeout_);

@@ -63,8 +63,10 @@ Status check_outputs(const TrainOptions& options);
 // Told about an error the rank cannot recover from once it depends on its peers (a collective failed, a peer
 // was lost), with a one-line message naming the lost rank where it can be found; called at most once, maybe
 // from a stream's thread. The caller decides: `hzp train` prints the line and ends the process at once,
-// since other streams may still wait on collectives with a dead peer. If it returns, run_rank returns 1.
-using FatalHandler = std::function<void(const std::string& message)>;
+// since other streams may still wait on collectives with a dead peer, with `exit_code` (2 for bad input found
+// during the run, such as a symlinked checkpoint step directory; 1 otherwise). If it returns, run_rank
+// returns exit_code.
+using FatalHandler = std::function<void(const std::string& message, int exit_code)>;
 
 // Runs one rank to completion. Returns the process exit code (0 ok, 1 failure, 2 bad input).
 int run_rank(const TrainOptions& options, const LaunchEnv& env, const FatalHandler& on_fatal);

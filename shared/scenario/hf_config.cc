@@ -19,7 +19,12 @@ Status bad(const std::string& path, const std::string& key, const std::string& w
   return Status::InvalidInput("model.from_hf_config: " + printable(path, 200) + ": " + key + ": " + what);
 }
 
-// A positive integer at `key`; `fallback` when absent and one is given.
+// The most any size read here may be: the largest of the scenario's ranges (scenarios/README.md, 2^24
+// positions); each is checked against its own range once it is a field of the model (scenario_parser.cc).
+// Bounded here so that nothing wraps to 32 bits on the way (2^32 + 8 heads is not 8 heads).
+constexpr std::int64_t kMaxSize = std::int64_t{1} << 24;
+
+// A positive integer at `key`, at most kMaxSize; `fallback` when absent and one is given.
 Result<std::int64_t> positive(const json& config, const std::string& path, const char* key,
                               std::optional<std::int64_t> fallback = std::nullopt) {
   if (!config.contains(key) || config[key].is_null()) {
@@ -27,8 +32,11 @@ Result<std::int64_t> positive(const json& config, const std::string& path, const
     return bad(path, key, "missing (a decoder config has it)");
   }
   const json& v = config[key];
-  if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
+  if (!v.is_number_integer() || v.get<std::int64_t>() < 1 ||
+      (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxSize)))
     return bad(path, key, "expected a positive integer, got " + printable(v.dump(), 60));
+  if (v.get<std::int64_t>() > kMaxSize)
+    return bad(path, key, printable(v.dump(), 60) + " exceeds hzp's range (" + std::to_string(kMaxSize) + ")");
   return v.get<std::int64_t>();
 }
 
@@ -36,8 +44,11 @@ Result<std::int64_t> positive(const json& config, const std::string& path, const
 Result<std::int64_t> count_or_zero(const json& config, const std::string& path, const char* key) {
   if (!config.contains(key) || config[key].is_null()) return std::int64_t{0};
   const json& v = config[key];
-  if (!v.is_number_integer() || v.get<std::int64_t>() < 0)
+  if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
+      (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxSize)))
     return bad(path, key, "expected a non-negative integer or null, got " + printable(v.dump(), 60));
+  if (v.get<std::int64_t>() > kMaxSize)
+    return bad(path, key, printable(v.dump(), 60) + " exceeds hzp's range (" + std::to_string(kMaxSize) + ")");
   return v.get<std::int64_t>();
 }
 
@@ -105,6 +116,8 @@ Status read_mla(const json& config, const std::string& path, ModelSpec& m) {
 
 Result<ModelSpec> model_from_hf_config(const json& config, const std::string& path) {
   if (!config.is_object()) return bad(path, "(document)", "not a JSON object");
+  if (config.contains("model_type") && !config["model_type"].is_string())
+    return bad(path, "model_type", "expected a string, got " + printable(config["model_type"].dump(), 60));
   const std::string type = config.value("model_type", "");
   const bool dense = type == "llama" || type == "mistral" || type == "qwen2";
   const bool deepseek = type == "deepseek_v2" || type == "deepseek_v3";
