@@ -86,7 +86,12 @@ void estimate_cost(SimCost& cost) {
                  cost.pair_work * kSecondsPerFlowPair + cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
   cost.resident_bytes = kBaseBytes + cost.actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
                         cost.peak_flows * kBytesPerFlow;
-  cost.virtual_bytes = cost.resident_bytes + cost.actors * kActorStackBytes + static_cast<double>(kSimulationStack);
+  // The address space this process already holds (binary, libraries, the compiled scenario), then what the
+  // simulation adds: its thread's stack and every actor's.
+  double mapped = 0;
+  if (std::ifstream statm("/proc/self/statm"); statm >> mapped) mapped *= static_cast<double>(sysconf(_SC_PAGESIZE));
+  cost.virtual_bytes =
+      mapped + cost.resident_bytes + cost.actors * kActorStackBytes + static_cast<double>(simulation_stack_bytes());
 }
 
 void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster) {

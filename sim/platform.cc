@@ -11,6 +11,7 @@
 #include "sim/platform.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstring>
@@ -25,6 +26,14 @@
 namespace hzp::sim {
 namespace sg4 = simgrid::s4u;
 
+std::size_t simulation_stack_bytes() {
+  std::size_t stack = std::size_t{256} << 20;
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY)
+    stack = std::max<std::size_t>(std::size_t{16} << 20, std::min<std::size_t>(stack, limit.rlim_cur / 8));
+  return stack;
+}
+
 Status run_on_simulation_stack(const std::function<void()>& body) {
   struct Call {
     const std::function<void()>* body;
@@ -32,7 +41,8 @@ Status run_on_simulation_stack(const std::function<void()>& body) {
   } call{&body, nullptr};
   pthread_attr_t attr;
   pthread_attr_init(&attr);
-  int rc = pthread_attr_setstacksize(&attr, kSimulationStack);
+  const std::size_t stack = simulation_stack_bytes();
+  int rc = pthread_attr_setstacksize(&attr, stack);
   pthread_t thread;
   if (rc == 0)
     rc = pthread_create(
@@ -49,7 +59,7 @@ Status run_on_simulation_stack(const std::function<void()>& body) {
         &call);
   pthread_attr_destroy(&attr);
   if (rc != 0)
-    return Status::Internal("cannot start the simulation thread with a " + std::to_string(kSimulationStack >> 20) +
+    return Status::Internal("cannot start the simulation thread with a " + std::to_string(stack >> 20) +
                             " MiB stack: " + std::strerror(rc));
   pthread_join(thread, nullptr);
   if (call.error) std::rethrow_exception(call.error);

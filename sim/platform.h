@@ -20,10 +20,11 @@ namespace hzp::sim {
 // SimGrid's solver recurses over the flows and links a flow shares (update_modified_cnst_set_rec), as deep
 // as the set of coupled constraints: an all-reduce over 1024 ECMP-routed nodes needs 1-2 MiB of stack, 8192
 // nodes overflow the usual 8 MiB main-thread stack (issue 35, item 11). Every simulation therefore runs on a
-// thread of its own with kSimulationStack bytes of stack (reserved address space; only the pages the
+// thread of its own with simulation_stack_bytes() of stack (reserved address space; only the pages the
 // recursion touches are committed). Runs `body` there and waits; an exception `body` throws is rethrown
 // here. kInternal when the thread cannot be created.
-inline constexpr std::size_t kSimulationStack = std::size_t{1} << 30;
+// 256 MiB (32x what 2048 ECMP nodes need), or an eighth of an address-space limit (ulimit -v) when that is less.
+std::size_t simulation_stack_bytes();
 Status run_on_simulation_stack(const std::function<void()>& body);
 
 // Sets SimGrid's configuration for NCCL-like timing (network model, sharing, contexts). Call once per
