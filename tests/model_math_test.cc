@@ -531,15 +531,16 @@ TEST_CASE("MLA's parameters and FLOPs against a hand count of its projections", 
   CHECK(attention.params == 121744);
   CHECK(attention.tensors == 8);
   // Without a query latent: q 256·8·32 = 65536 replaces 49248.
-  CHECK(module_at(model_cost(small_mla(0), training(1, 64)), ModuleKind::kAttention, 0).params ==
-        121744 - 49248 + 65536);
+  const ModelCost direct = model_cost(small_mla(0), training(1, 64));
+  CHECK(module_at(direct, ModuleKind::kAttention, 0).params == 121744 - 49248 + 65536);
   // Model FLOPs of one layer's attention, 64 tokens: 6 per weight and token (the norms are not matmuls) plus
   // the core's QK^T (32 dims) and PV (20 dims) over all 64 keys: 6·64·(121744 - 256 - 96 - 48) + 6·64·64·8·(32 + 20).
   CHECK(attention.model_flops == Approx(6.0 * 64 * (121744 - 256 - 96 - 48) + 6.0 * 64 * 64 * 8 * 52).epsilon(1e-12));
   // Tensor parallelism splits the per-head projections, not the down-projections and latent norms.
   ParallelSpec tp;
   tp.tensor = 2;
-  const ModuleCost& half = module_at(model_cost(m, training(1, 64), tp), ModuleKind::kAttention, 0);
+  const ModelCost split = model_cost(m, training(1, 64), tp);  // kept: module_at returns a reference into it
+  const ModuleCost& half = module_at(split, ModuleKind::kAttention, 0);
   CHECK(half.params == 256 + (24576 + 96) + (14336 + 48) + (24576 + 16896 + 40960) / 2);
   // Each rank runs the down-projections on all its tokens, but the MFU numerator counts them once.
   CHECK(2 * half.model_flops == Approx(attention.model_flops).epsilon(1e-12));
