@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "shared/base/json_io.h"
 #include "shared/trace/trace_format.h"
 
 namespace {
@@ -101,4 +102,37 @@ TEST_CASE("trace format: bad traces name the event and the field", "[trace][erro
   CHECK_THAT(error_of(t), Catch::Contains("more than the 2000000 a trace may hold"));
   CHECK_THAT(hzp::load_trace_file(std::string(HZP_SOURCE_DIR) + "/traces").status().message(),
              Catch::Contains("not a regular file"));
+}
+
+// A document of many tiny values takes far more memory decoded than its size: "{}" is 3 bytes of text and
+// 96 of heap. The pre-scan counts what the tree will take, exactly for such shapes, and refuses past the
+// limit before the parser allocates anything.
+TEST_CASE("json reading: the decoded tree's size is estimated and bounded before parsing", "[trace][errors]") {
+  std::string objects = "[";
+  for (int i = 0; i < 1000; ++i) objects += i ? ",{}" : "{}";
+  objects += "]";
+  // root 16 + array 32 + 1000 x (element 32 + empty object 64)
+  CHECK(hzp::json_tree_bytes(objects) == 16 + 32 + 1000 * (32 + 64));
+  // an object member is a 96-byte map node; keys and string values past 15 characters own their text
+  CHECK(hzp::json_tree_bytes(R"({"a":1,"b":"short","long_key_of_20_chars":"a value of twenty chars"})") ==
+        16 + 64 + 3 * 96 + 48 + 48 + (20 + 17) + (23 + 17));
+  // quotes and brackets inside strings are text, not structure
+  CHECK(hzp::json_tree_bytes(R"(["[{\"}]"])") == 16 + 32 + 32 + 48);
+
+  const auto refused = hzp::parse_json_strict(objects, hzp::JsonLimits{1 << 20, 8, 50'000});
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(),
+             Catch::Contains("decoding this document would take about") && Catch::Contains("refused before parsing"));
+  CHECK(hzp::parse_json_strict(objects, hzp::JsonLimits{1 << 20, 8, 200'000}).ok());
+  // a count of objects (a trace's events) is refused the same way; "{" inside strings is not one
+  const auto many = hzp::parse_json_strict(objects, hzp::JsonLimits{1 << 20, 8, 0, 999});
+  REQUIRE_FALSE(many.ok());
+  CHECK_THAT(many.status().message(), Catch::Contains("1000 JSON objects, more than the 999 accepted"));
+  CHECK(hzp::parse_json_strict(R"([{"a":"{{{{"}])", hzp::JsonLimits{1 << 20, 8, 0, 1}).ok());
+  // by default a document may decode into twelve times its byte limit
+  std::string zeros = "[0";
+  for (int i = 0; i < 5000; ++i) zeros += ",0";
+  zeros += "]";
+  CHECK_FALSE(hzp::parse_json_strict(zeros, 10'000).ok());  // 160 kB of tree > 120 kB
+  CHECK(hzp::parse_json_strict(zeros, 20'000).ok());        // < 240 kB
 }

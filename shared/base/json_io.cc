@@ -1,6 +1,8 @@
 // Strict JSON decoding (json_io.h).
 #include "shared/base/json_io.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <set>
 #include <vector>
 
@@ -12,32 +14,106 @@ namespace {
 
 using nlohmann::json;
 
-// The nesting depth outside strings, without parsing.
-Status check_shape(std::string_view text, std::size_t max_bytes, int max_depth) {
-  if (text.size() > max_bytes)
-    return Status::InvalidInput("document of " + std::to_string(text.size()) + " bytes, more than the " +
-                                std::to_string(max_bytes) + " accepted");
-  int depth = 0;
-  bool in_string = false, escaped = false;
+// What a pre-scan of the text learns without parsing it: nesting depth and what nlohmann's tree of it takes.
+struct Shape {
+  int max_depth = 0;
+  std::int64_t tree_bytes = 16;  // the root value
+  std::int64_t objects = 0;
+  std::size_t deep_at = std::string_view::npos;
+};
+
+// The heap that nlohmann's tree of a document takes, counted as glibc allocates it (16 bytes of header,
+// 32-byte minimum chunk), from its containers, members, elements and strings. A std::map node of a member
+// is 80 bytes (96 allocated); an array element is 16 bytes, up to twice that while its vector grows; a
+// string value is a heap std::string (48 allocated) with its text on the heap past 15 characters.
+// Linear, one pass, no allocation: it runs before the parser so that a document of many tiny values
+// ("[0,0,0,...]", "[{},{},...]") is refused before it takes gigabytes.
+Shape scan_shape(std::string_view text, int max_depth) {
+  constexpr std::int64_t kObject = 64, kMember = 96, kArray = 32, kElement = 32, kStringValue = 48;
+  Shape shape;
+  std::vector<char> open;  // '{' or '[' per open container
+  open.reserve(64);
+  bool in_string = false, escaped = false, in_token = false, string_is_key = false;
+  std::size_t string_start = 0;
+  bool expect_key = false;  // inside an object, after '{' or ','
+  const auto value_slot = [&] {
+    if (!open.empty()) shape.tree_bytes += open.back() == '{' ? kMember : kElement;
+  };
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     if (in_string) {
-      if (escaped)
+      if (escaped) {
         escaped = false;
-      else if (c == '\\')
+      } else if (c == '\\') {
         escaped = true;
-      else if (c == '"')
+      } else if (c == '"') {
         in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max_depth)
-        return Status::InvalidInput("malformed JSON at byte " + std::to_string(i) + ": nested deeper than " +
-                                    std::to_string(max_depth) + " levels");
-    } else if (c == '}' || c == ']') {
-      --depth;
+        const std::size_t length = i - string_start;  // escapes counted as written: an upper bound
+        if (length > 15) shape.tree_bytes += static_cast<std::int64_t>(length) + 17;
+        if (!string_is_key) shape.tree_bytes += kStringValue;
+      }
+      continue;
     }
+    const bool token_char =
+        (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || c == '-' || c == '+' || c == '.' || c == 'E';
+    if (token_char) {
+      if (!in_token) value_slot();
+      in_token = true;
+      continue;
+    }
+    in_token = false;
+    switch (c) {
+      case '"':
+        in_string = true;
+        string_start = i + 1;
+        string_is_key = expect_key;
+        if (!expect_key) value_slot();
+        expect_key = false;
+        break;
+      case '{':
+      case '[':
+        value_slot();
+        shape.tree_bytes += c == '{' ? kObject : kArray;
+        shape.objects += c == '{';
+        open.push_back(c);
+        expect_key = c == '{';
+        if (static_cast<int>(open.size()) > max_depth && shape.deep_at == std::string_view::npos) shape.deep_at = i;
+        shape.max_depth = std::max(shape.max_depth, static_cast<int>(open.size()));
+        break;
+      case '}':
+      case ']':
+        if (!open.empty()) open.pop_back();
+        expect_key = false;
+        break;
+      case ',':
+        expect_key = !open.empty() && open.back() == '{';
+        break;
+      default:
+        break;
+    }
+    if (shape.deep_at != std::string_view::npos) break;
   }
+  return shape;
+}
+
+Status check_shape(std::string_view text, const JsonLimits& limits) {
+  if (text.size() > limits.max_bytes)
+    return Status::InvalidInput("document of " + std::to_string(text.size()) + " bytes, more than the " +
+                                std::to_string(limits.max_bytes) + " accepted");
+  const Shape shape = scan_shape(text, limits.max_depth);
+  if (shape.deep_at != std::string_view::npos)
+    return Status::InvalidInput("malformed JSON at byte " + std::to_string(shape.deep_at) + ": nested deeper than " +
+                                std::to_string(limits.max_depth) + " levels");
+  if (limits.max_objects > 0 && shape.objects > limits.max_objects)
+    return Status::InvalidInput(std::to_string(shape.objects) + " JSON objects, more than the " +
+                                std::to_string(limits.max_objects) + " accepted (refused before parsing)");
+  const std::int64_t max_tree =
+      limits.max_tree_bytes > 0 ? limits.max_tree_bytes : static_cast<std::int64_t>(limits.max_bytes) * 12;
+  if (shape.tree_bytes > max_tree)
+    return Status::InvalidInput("decoding this document would take about " +
+                                std::to_string((shape.tree_bytes + (1 << 20) - 1) >> 20) + " MiB, more than the " +
+                                std::to_string(max_tree >> 20) +
+                                " MiB accepted (refused before parsing: too many small JSON values for its size)");
   return Status::Ok();
 }
 
@@ -92,10 +168,14 @@ struct DuplicateKeys : nlohmann::json_sax<json> {
 
 }  // namespace
 
-Result<json> parse_json_strict(std::string_view text, std::size_t max_bytes, int max_depth) {
+std::int64_t json_tree_bytes(std::string_view text) {
+  return scan_shape(text, 1 << 30).tree_bytes;
+}
+
+Result<json> parse_json_strict(std::string_view text, const JsonLimits& limits) {
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
     return Status::InvalidInput("empty document, expected a JSON object");
-  HZP_RETURN_IF_ERROR(check_shape(text, max_bytes, max_depth));
+  HZP_RETURN_IF_ERROR(check_shape(text, limits));
   json doc;
   try {
     doc = json::parse(text);  // no callback: nlohmann's callback parser rescans a container at every object end
@@ -116,11 +196,19 @@ Result<json> parse_json_strict(std::string_view text, std::size_t max_bytes, int
   return doc;
 }
 
-Result<json> load_json_file(const std::string& path, std::size_t max_bytes, int max_depth) {
-  HZP_ASSIGN_OR_RETURN(std::string text, read_text_file(path, static_cast<std::int64_t>(max_bytes) + 1));
-  Result<json> doc = parse_json_strict(text, max_bytes, max_depth);
+Result<json> parse_json_strict(std::string_view text, std::size_t max_bytes, int max_depth) {
+  return parse_json_strict(text, JsonLimits{max_bytes, max_depth});
+}
+
+Result<json> load_json_file(const std::string& path, const JsonLimits& limits) {
+  HZP_ASSIGN_OR_RETURN(std::string text, read_text_file(path, static_cast<std::int64_t>(limits.max_bytes) + 1));
+  Result<json> doc = parse_json_strict(text, limits);
   if (!doc.ok()) return Status::InvalidInput(printable(path, 200) + ": " + doc.status().message());
   return doc;
+}
+
+Result<json> load_json_file(const std::string& path, std::size_t max_bytes, int max_depth) {
+  return load_json_file(path, JsonLimits{max_bytes, max_depth});
 }
 
 }  // namespace hzp

@@ -437,7 +437,8 @@ Result<Trace> trace_from_json(const json& doc) {
 
 Result<Trace> load_trace_file(const std::string& path) {
   // Depth 8: the format nests four levels (events -> event -> scenario_config -> model/moe).
-  Result<json> doc = load_json_file(path, kMaxTraceBytes, 8);
+  // One object per event and one per group (fewer groups than ranks that record events), a few for the header.
+  Result<json> doc = load_json_file(path, JsonLimits{kMaxTraceBytes, 8, 0, 2 * kMaxTraceEvents + 64});
   if (!doc.ok() || !doc->is_object() || !doc->contains("format")) {
     // A PyTorch profiler trace (Chrome trace JSON: "traceEvents") is not one: say what turns it into one.
     if (Result<std::string> text = read_maybe_gzip_file(path, kMaxTraceBytes);

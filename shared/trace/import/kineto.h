@@ -37,8 +37,9 @@
 
 namespace hzp {
 
-inline constexpr std::int64_t kMaxKinetoBytes = 256ll << 20;  // inflated JSON (parsed, about ten times that in memory)
-inline constexpr std::int64_t kMaxKinetoEvents = 2'000'000;   // the 531 M-parameter MoE profile has 153 k
+inline constexpr std::int64_t kMaxKinetoBytes = 256ll
+                                                << 20;  // inflated JSON (a recorded profile decodes into about 6x that)
+inline constexpr std::int64_t kMaxKinetoEvents = 2'000'000;  // the 531 M-parameter MoE profile has 153 k
 
 enum class KinetoPhase { kForward, kBackward, kOptimizer };
 inline constexpr int kKinetoPhases = 3;
@@ -83,7 +84,8 @@ Status check_kineto_against(const std::vector<KinetoProfile>& profiles, const Sc
 // Reads one profiler document. Errors name the source, the event index and the field.
 Result<KinetoProfile> read_kineto(const nlohmann::json& doc, const std::string& source);
 // The file (JSON or gzipped JSON, at most kMaxKinetoBytes inflated) read by read_kineto. A text with more
-// than three JSON objects per allowed event is refused before it is parsed (10^7 events never are).
+// than three JSON objects per allowed event, or whose decoded tree would pass twelve times kMaxKinetoBytes
+// (many tiny values: "[0,0,...]"), is refused before it is parsed (json_io.h).
 Result<KinetoProfile> load_kineto_file(const std::string& path);
 
 struct KinetoImport {
