@@ -42,6 +42,8 @@ run "asynchzp 7B, 1024 GPUs" simulate "$out/z3.json" --out "$out/s" --set cluste
 run "zero3 7B x 2 layers, ECMP scattered, 4096 GPUs" simulate "$out/z3.json" --out "$out/s" \
   --set cluster.nodes=512 --set training.global_batch_sequences=4096 --set model.layers=2 \
   --set "cluster.inter_node=$ecmp"
+run "zero3 7B x 4096 layers, 16 GPUs, every GPU on the timeline" simulate "$out/z3.json" --out "$out/s" \
+  --set cluster.nodes=2 --set training.global_batch_sequences=16 --set model.layers=4096
 run "mixtral 8x7B EP8, 256 GPUs" simulate "$out/z3.json" --out "$out/s" --set cluster.nodes=32 \
   --set training.global_batch_sequences=256 --set model.preset=mixtral-8x7b --set policy.expert_parallel=8
 echo "{\"preset\": \"dgx-h100\", \"nodes\": 512, \"inter_node\": $ecmp}" > "$out/ecmp512.json"

@@ -28,10 +28,12 @@ constexpr double kSecondsPerHostSquared = 6e-10;    // building the platform: Si
                                                     // against every zone (16,384 A800 nodes: ~27 s)
 constexpr double kSecondsPerPortCubed = 1.3e-15;    // ECMP ports (1024, 2048, 4096 nodes x 8 NICs x 16 uplinks:
                                                     // 3.5, 21, 186 s)
+constexpr double kSecondsPerRecordedOp = 4e-6;      // a timeline span: its JSON, written (and gzipped)
 constexpr double kBaseBytes = 45e6;                 // the process: binary, SimGrid, the compiled scenario
 constexpr double kBytesPerActor = 14.5e3;           // an actor's touched stack pages, context, rank state
 constexpr double kBytesPerHost = 1.2e3;             // a SimGrid host or link with its routes
 constexpr double kBytesPerFlow = 1.7e3;             // a flow in flight: its Comm, solver variable and elements
+constexpr double kBytesPerRecordedOp = 1.2e3;       // a timeline span: recorded, its JSON tree, its text
 constexpr double kActorStackBytes = 256 * 1024;     // reserved per actor (configure_engine's contexts/stack-size)
 
 std::string count(double n) {
@@ -83,9 +85,12 @@ double rlimit(int resource) {
 void estimate_cost(SimCost& cost) {
   cost.seconds = cost.platform_hosts * cost.platform_hosts * kSecondsPerHostSquared +
                  cost.ecmp_ports * cost.ecmp_ports * cost.ecmp_ports * kSecondsPerPortCubed + cost.ops * kSecondsPerOp +
-                 cost.pair_work * kSecondsPerFlowPair + cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
-  cost.resident_bytes = kBaseBytes + cost.actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
-                        cost.peak_flows * kBytesPerFlow;
+                 cost.recorded_ops * kSecondsPerRecordedOp + cost.pair_work * kSecondsPerFlowPair +
+                 cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
+  // The timeline is written after the engine is gone, into the memory it freed: the peak is the larger of the two.
+  cost.resident_bytes = kBaseBytes + std::max(cost.actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
+                                                  cost.peak_flows * kBytesPerFlow,
+                                              cost.recorded_ops * kBytesPerRecordedOp);
   // The address space this process already holds (binary, libraries, the compiled scenario), then what the
   // simulation adds: its thread's stack and every actor's.
   double mapped = 0;

@@ -14,9 +14,10 @@
 namespace hzp::sim {
 
 struct SimCost {
-  double ops = 0;     // ops executed, every rank, every step
-  double actors = 0;  // SimGrid actors: one per (rank, stream with ops)
-  double hosts = 0;   // platform hosts and links (SimGrid's own objects)
+  double ops = 0;           // ops executed, every rank, every step
+  double recorded_ops = 0;  // of which the timeline records (spans, then timeline.json)
+  double actors = 0;        // SimGrid actors: one per (rank, stream with ops)
+  double hosts = 0;         // platform hosts and links (SimGrid's own objects)
   double links = 0;
   double collectives = 0;     // collective instances simulated with flows
   double flows = 0;           // flows started

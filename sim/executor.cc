@@ -370,9 +370,12 @@ std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks) {
 
 namespace {
 
-// The counts of cost.h a schedule gives before there is a platform: ops executed and actors, exactly.
-SimCost schedule_counts(const Schedule& schedule, int steps) {
+// The counts of cost.h a schedule gives before there is a platform: ops executed, actors and the ops the
+// timeline records (of the sampled ranks), exactly.
+SimCost schedule_counts(const Schedule& schedule, int steps, int timeline_max_ranks) {
   SimCost cost;
+  for (int r : timeline_sample(schedule.world_size, schedule.gpus_per_node, timeline_max_ranks))
+    cost.recorded_ops += static_cast<double>(schedule.program_of(r).ops.size()) * steps;
   for (int r = 0; r < schedule.world_size; ++r) {
     const Program& p = schedule.program_of(r);
     std::vector<char> used(schedule.streams.size(), 0);
@@ -383,7 +386,7 @@ SimCost schedule_counts(const Schedule& schedule, int steps) {
   return cost;
 }
 
-// Adds the flows of a dry run of each distinct collective (group, kind, algorithm, root) on the built
+// Adds the flows of a dry run of each distinct collective (group, kind, algorithm, root, size) on the built
 // platform. Every group of a role is taken to run its collectives at the same time as the others (the
 // symmetric load of a schedule), so a role's flows in flight are its groups' together.
 void add_flow_counts(SimCost& cost, const Schedule& schedule, const ClusterSpec& cluster, const Platform& platform,
@@ -400,7 +403,7 @@ void add_flow_counts(SimCost& cost, const Schedule& schedule, const ClusterSpec&
         }
       }
   }
-  std::map<std::tuple<int, int, int, int>, FlowTally> tallies;
+  std::map<std::tuple<int, int, int, int, std::int64_t>, FlowTally> tallies;
   std::vector<std::optional<GroupShape>> shapes(schedule.groups.size());  // group_shape is O(p log p): once each
   SimCost one_step;
   for (int r = 0; r < schedule.world_size; ++r)
@@ -414,7 +417,8 @@ void add_flow_counts(SimCost& cost, const Schedule& schedule, const ClusterSpec&
       if (!shapes[g]) shapes[g] = group_shape(cluster, group);
       const GroupShape& shape = *shapes[g];
       const CollectiveAlgorithm algorithm = choose_algorithm(cluster, c->kind, bytes, shape);
-      const auto key = std::make_tuple(g, static_cast<int>(c->kind), static_cast<int>(algorithm), c->root);
+      // The size is part of the key: a protocol's chunks, and which flows are under a byte, depend on it.
+      const auto key = std::make_tuple(g, static_cast<int>(c->kind), static_cast<int>(algorithm), c->root, c->bytes);
       auto it = tallies.find(key);
       if (it == tallies.end()) {
         FlowTally t;
@@ -452,7 +456,7 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
   configure_engine(engine);
   // The budget (cost.h) twice: on what the schedule and the cluster's shape tell before the platform is
   // built (building it is quadratic in its hosts), then with the platform's own counts and the flows.
-  SimCost estimate = schedule_counts(schedule, options.steps);
+  SimCost estimate = schedule_counts(schedule, options.steps, options.timeline_max_ranks);
   add_platform_estimate(estimate, scenario.cluster);
   estimate_cost(estimate);
   HZP_RETURN_IF_ERROR(check_budget(estimate, options.budget));

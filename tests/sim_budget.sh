@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every simulation estimates what it will cost to run before it starts (sim/cost.h) and is refused past its
 # budget, with the estimate and the flag that raises it (issue 35, item 12): the runaways of the attack — an
-# all-to-all over 8192 nodes (67 M flows), 262,144 GPUs — end at once with exit 2, not after minutes or an
+# all-to-all over 8192 nodes (67 M flows), 262,144 GPUs, a timeline of 4096 layers — end at once with exit 2, not after minutes or an
 # out-of-memory kill; a small simulation under a tiny budget is refused, and runs with the budget lifted.
 # Usage: bash tests/sim_budget.sh HZP_BINARY
 case "${1:-}" in -h|--help|"") sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; [ -n "${1:-}" ]; exit $? ;; esac
@@ -38,6 +38,12 @@ expect 2 "past the budget of" 60 "a small simulation under a tiny time budget" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --max-sim-seconds 0.0001
 expect 2 "of --max-sim-GiB" 60 "a small simulation under a tiny memory budget" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --max-sim-GiB 0.01
+# The timeline counts: 4096 layers on all 16 GPUs record ~650 k spans (~0.8 GB with their JSON), fewer GPUs
+# recorded fit the same budget (4096 layers once took 3.8 GB and died of bad_alloc writing the timeline).
+expect 2 "of --max-sim-GiB" 60 "a timeline of 650 k spans under 0.5 GiB" \
+  "$hzp" simulate "$out/z3.json" --out "$out/s" --set model.layers=4096 --max-sim-GiB 0.5
+expect 0 "estimated" 120 "the same with one GPU recorded" \
+  "$hzp" simulate "$out/z3.json" --out "$out/s" --set model.layers=4096 --max-sim-GiB 0.5 --timeline-ranks 1
 expect 0 "estimated" 120 "the same simulation with no time limit" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --max-sim-seconds 0
 expect 2 "max-sim-seconds" 10 "a negative budget" "$hzp" simulate "$out/z3.json" --max-sim-seconds -1
