@@ -13,12 +13,12 @@ mkfifo "$out/f.json" "$out/t.json.gz"
 mkdir -p "$out/ckpt"
 mkfifo "$out/ckpt/latest"
 failures=0
-expect_refused() {  # DESCRIPTION COMMAND...
+expect_refused() {  # DESCRIPTION COMMAND... (the message names the FIFO; EXPECT, when set, must be in it too)
   local what=$1
   shift
   timeout 20 "$@" > "$out/log" 2>&1
   local rc=$?
-  if [ $rc -ne 2 ] || ! grep -q "FIFO" "$out/log"; then
+  if [ $rc -ne 2 ] || ! grep -q "FIFO" "$out/log" || ! grep -q -- "${EXPECT:-FIFO}" "$out/log"; then
     echo "FAIL: $what: exit $rc: $(tail -2 "$out/log")"
     failures=$((failures + 1))
   fi
@@ -30,7 +30,7 @@ expect_refused "replay --scenario" "$hzp" replay "$root/traces/tiny_dense_4ranks
 expect_refused "calibrate --trace" "$hzp" calibrate --trace "$out/f.json"
 expect_refused import "$hzp" import "$out/t.json.gz" --scenario "$root/scenarios/kineto/llama134m-h100.json" \
   --out "$out/i.json"
-expect_refused "import --scenario" "$hzp" import "$root/traces/kineto/kineto_llama134m_b16_t1024.json.gz" \
+EXPECT="--scenario: " expect_refused "import --scenario" "$hzp" import "$root/traces/kineto/kineto_llama134m_b16_t1024.json.gz" \
   --scenario "$out/f.json" --out "$out/i.json"
 expect_refused "collective --cluster" "$hzp" collective --cluster "$out/f.json" --op all_reduce --group node --bytes 1K
 expect_refused "train --resume (latest)" "$hzp" train "$root/scenarios/runtime/tiny_dense.json" --nproc 1 \

@@ -588,6 +588,10 @@ TEST_CASE("text and file entry points", "[scenario][errors]") {
   REQUIRE_FALSE(s.ok());
   CHECK(s.status().code() == StatusCode::kInvalidInput);
   CHECK(s.status().message().rfind("malformed JSON at byte 22", 0) == 0);
+  // A number past double's range says where it is (it was "[json.exception.out_of_range.406] ..." alone).
+  s = parse_scenario_text(R"({"model": {"preset": "llama2-7b", "layers": 1e400}})", "x");
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.status().message() == "malformed JSON at byte 49 (near model.layers): number overflow parsing '1e400'");
 
   s = parse_scenario_text(" \n", "x");
   REQUIRE_FALSE(s.ok());
@@ -680,6 +684,14 @@ TEST_CASE("hostile documents are refused quickly, and messages never echo them w
     INFO(msg);
     CHECK(msg.find("a\\x01\\x1b[31mb") != std::string::npos);
     for (char c : msg) CHECK((static_cast<unsigned char>(c) >= 0x20 || c == '\n'));
+    // valid UTF-8 that reorders or hides what a terminal shows: a right-to-left override (U+202E), a
+    // zero-width space, a C1 control; letters of other scripts stay as they are
+    doc = base_doc();
+    doc["model"]["gpt\u202Eexe.2\u200B\u0085\u00e9\u4e2d"] = 1;
+    Result<Scenario> bidi = parse_scenario_text(doc.dump(), "bidi");
+    REQUIRE_FALSE(bidi.ok());
+    INFO(bidi.status().message());
+    CHECK(bidi.status().message().find("gpt\\u202eexe.2\\u200b\\u0085\u00e9\u4e2d") != std::string::npos);
     const std::string bad_utf8 = "{\"model\": {\"\xff\xfe\": 1}}";
     Result<Scenario> u = parse_scenario_text(bad_utf8, "utf8");
     REQUIRE_FALSE(u.ok());

@@ -380,10 +380,11 @@ int run_import(const std::vector<std::string>& argv) {
   if (parsed->positional.empty()) return usage_error("import", "missing the profiler trace file(s)");
   auto scenario_path = parsed->get("--scenario");
   if (!scenario_path) return usage_error("import", "missing --scenario (the model, cluster and policy the traces ran)");
+  // Two kinds of file are given: an error of the scenario's says so.
   auto loaded = load_scenario_file(*scenario_path, parsed->all("--set"));
-  if (!loaded.ok()) return fail(loaded.status());
+  if (!loaded.ok()) return fail(loaded.status().prefixed("--scenario: "));
   auto compiled = compile(*loaded);
-  if (!compiled.ok()) return fail(compiled.status());
+  if (!compiled.ok()) return fail(compiled.status().prefixed("--scenario: "));
   const Scenario* scenario = &compiled->scenario;
   const Schedule* schedule = &compiled->schedule;
   if (static_cast<int>(parsed->positional.size()) != schedule->world_size)

@@ -20,6 +20,7 @@ struct Shape {
   std::int64_t tree_bytes = 16;  // the root value
   std::int64_t objects = 0;
   std::size_t deep_at = std::string_view::npos;
+  std::size_t nul_at = std::string_view::npos;  // nlohmann reads a NUL byte as the end of the input
 };
 
 // The heap that nlohmann's tree of a document takes, counted as glibc allocates it (16 bytes of header,
@@ -88,6 +89,9 @@ Shape scan_shape(std::string_view text, int max_depth) {
       case ',':
         expect_key = !open.empty() && open.back() == '{';
         break;
+      case '\0':
+        if (shape.nul_at == std::string_view::npos) shape.nul_at = i;
+        break;
       default:
         break;
     }
@@ -101,6 +105,9 @@ Status check_shape(std::string_view text, const JsonLimits& limits) {
     return Status::InvalidInput("document of " + std::to_string(text.size()) + " bytes, more than the " +
                                 std::to_string(limits.max_bytes) + " accepted");
   const Shape shape = scan_shape(text, limits.max_depth);
+  if (shape.nul_at != std::string_view::npos)
+    return Status::InvalidInput("malformed JSON at byte " + std::to_string(shape.nul_at) +
+                                ": a NUL byte (not text; the document ends there or is binary)");
   if (shape.deep_at != std::string_view::npos)
     return Status::InvalidInput("malformed JSON at byte " + std::to_string(shape.deep_at) + ": nested deeper than " +
                                 std::to_string(limits.max_depth) + " levels");
@@ -128,6 +135,7 @@ struct DuplicateKeys : nlohmann::json_sax<json> {
   };
   std::vector<Frame> open;
   std::string duplicate;
+  std::string error;  // the first syntax or range error: where, in which value, what
 
   static std::string join_key(const std::string& path, const std::string& key) {
     return path.empty() ? key : path + "." + key;
@@ -163,7 +171,18 @@ struct DuplicateKeys : nlohmann::json_sax<json> {
     }
     return true;
   }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    std::string what = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep its line/column detail.
+    if (auto end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
+      what = what.substr(end + 2);
+    std::string where;
+    if (!open.empty())
+      where = open.back().object ? join_key(open.back().path, open.back().last_key) : open.back().path + "[]";
+    error = "malformed JSON at byte " + std::to_string(position) + (where.empty() ? "" : " (near " + where + ")") +
+            ": " + printable(what, 200);
+    return false;
+  }
 };
 
 }  // namespace
@@ -176,23 +195,21 @@ Result<json> parse_json_strict(std::string_view text, const JsonLimits& limits) 
   if (text.find_first_not_of(" \t\r\n") == std::string_view::npos)
     return Status::InvalidInput("empty document, expected a JSON object");
   HZP_RETURN_IF_ERROR(check_shape(text, limits));
+  // A linear SAX pass first: syntax and range errors with the byte and the value they are near ("number
+  // overflow parsing '1e400'" near model.layers), then the first repeated key (nlohmann keeps the last value
+  // silently).
+  DuplicateKeys keys;
+  if (!json::sax_parse(text, &keys)) {
+    if (!keys.duplicate.empty())
+      return Status::InvalidInput(keys.duplicate + ": duplicate key (only one value may be given)");
+    return Status::InvalidInput(keys.error.empty() ? "malformed JSON" : keys.error);
+  }
   json doc;
   try {
     doc = json::parse(text);  // no callback: nlohmann's callback parser rescans a container at every object end
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix; keep its line/column detail.
-    if (auto end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
-      what = what.substr(end + 2);
-    return Status::InvalidInput("malformed JSON at byte " + std::to_string(e.byte) + ": " + printable(what, 200));
   } catch (const json::exception& e) {
     return Status::InvalidInput("malformed JSON: " + printable(e.what(), 200));
   }
-  // A second, linear pass finds the first repeated key (nlohmann keeps the last value silently).
-  DuplicateKeys keys;
-  json::sax_parse(text, &keys);
-  if (!keys.duplicate.empty())
-    return Status::InvalidInput(keys.duplicate + ": duplicate key (only one value may be given)");
   return doc;
 }
 

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -25,6 +26,8 @@ class [[nodiscard]] Status {
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
+  // The same error with `prefix` before its message ("--scenario: "), to say which input it is about.
+  Status prefixed(std::string_view prefix) const { return Status(code_, std::string(prefix) + message_); }
 
  private:
   Status(StatusCode code, std::string msg) : code_(code), message_(std::move(msg)) {}

@@ -27,6 +27,22 @@ std::size_t utf8_length(std::string_view text, std::size_t i) {
   return n;
 }
 
+// The code point of the valid n-byte sequence at text[i].
+char32_t code_point(std::string_view text, std::size_t i, std::size_t n) {
+  const auto byte = [&](std::size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(text[i + k])); };
+  char32_t cp = n == 2 ? byte(0) & 0x1f : n == 3 ? byte(0) & 0x0f : byte(0) & 0x07;
+  for (std::size_t k = 1; k < n; ++k) cp = (cp << 6) | (byte(k) & 0x3f);
+  return cp;
+}
+
+// Characters that are valid UTF-8 but change how a terminal shows the rest of the line, or hide text: C1
+// controls, bidirectional overrides and isolates (U+202E shows what follows reversed), zero-width characters,
+// line and paragraph separators, the byte order mark.
+bool invisible(char32_t cp) {
+  return (cp >= 0x80 && cp <= 0x9f) || (cp >= 0x200b && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202e) ||
+         (cp >= 0x2060 && cp <= 0x206f) || cp == 0xfeff;
+}
+
 }  // namespace
 
 std::string printable(std::string_view text, std::size_t max_bytes) {
@@ -35,6 +51,13 @@ std::string printable(std::string_view text, std::size_t max_bytes) {
   for (; i < text.size() && out.size() < max_bytes;) {
     const unsigned char c = static_cast<unsigned char>(text[i]);
     const std::size_t n = utf8_length(text, i);
+    if (n > 1 && invisible(code_point(text, i, n))) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(code_point(text, i, n)));
+      out += buf;
+      i += n;
+      continue;
+    }
     if (n > 1) {
       out.append(text.substr(i, n));
       i += n;
