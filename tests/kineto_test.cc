@@ -216,6 +216,19 @@ TEST_CASE("kineto_to_trace: other counts are spread by bytes (with a note), and 
   auto missing = kineto_to_trace({profile(0, 1, 1, 1, 0)}, c.scenario, c.schedule, roofline, false);
   REQUIRE_FALSE(missing.ok());
   CHECK_THAT(missing.status().message(), Catch::Contains("one per rank"));
+  // A backward whose kernels span 2 years (damaged timestamps): refused, not a trace replay refuses.
+  KinetoProfile far = profile(0, 1000, 2000, 300, n);
+  far.steps[0].last_us[1] = far.steps[0].first_us[1] + 2 * 365 * 86400e6;
+  for (bool idle : {false, true}) {
+    auto spanned = kineto_to_trace({far, profile(1, 1000, 2000, 300, n)}, c.scenario, c.schedule, roofline, idle);
+    if (idle) {  // the idle gaps are laid out
+      REQUIRE_FALSE(spanned.ok());
+      CHECK_THAT(spanned.status().message(), Catch::Contains("past the year an hzp trace may span"));
+    } else {
+      REQUIRE(spanned.ok());
+      CHECK(trace_from_json(trace_to_json(spanned->trace)).ok());
+    }
+  }
 }
 
 TEST_CASE("kineto: a trace is checked against the scenario it is said to record", "[kineto]") {

@@ -79,6 +79,20 @@ TEST_CASE("trace format: bad traces name the event and the field", "[trace][erro
       copy["start_us"].get<double>() + 0.25 * (copy["end_us"].get<double>() - copy["start_us"].get<double>());
   t["events"].push_back(copy);
   CHECK_THAT(error_of(t), Catch::Contains("a stream runs one op at a time"));
+  // A zero-length op that starts where a longer one starts is serial (it comes first), in any file order.
+  t = good;
+  {
+    json first = t["events"][10];
+    json zero = first;
+    zero["op"] = first["op"].get<int>() + 1000;
+    zero["end_us"] = zero["start_us"];
+    t["events"].push_back(zero);
+    CHECK(hzp::trace_from_json(t).ok());
+  }
+  // Every event renumbered into step 0: each op twice in one step (was replayed as one step of doubled ops).
+  t = good;
+  for (json& e : t["events"]) e["step"] = 0;
+  CHECK_THAT(error_of(t), Catch::Contains("again, after event") && Catch::Contains("an op runs once a step"));
   // A collective in a group its rank is not a member of.
   t = good;
   for (json& e : t["events"])
@@ -129,6 +143,12 @@ TEST_CASE("json reading: the decoded tree's size is estimated and bounded before
   REQUIRE_FALSE(many.ok());
   CHECK_THAT(many.status().message(), Catch::Contains("1000 JSON objects, more than the 999 accepted"));
   CHECK(hzp::parse_json_strict(R"([{"a":"{{{{"}])", hzp::JsonLimits{1 << 20, 8, 0, 1}).ok());
+  // a NUL byte after the document (nlohmann would stop reading there) or inside it is refused
+  for (const std::string& nul : {std::string("{\"a\":1}\0garbage", 15), std::string("{\"a\":\0 1}", 9)}) {
+    const auto r = hzp::parse_json_strict(nul, 1 << 20);
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.status().message(), Catch::Contains("a NUL byte"));
+  }
   // by default a document may decode into twelve times its byte limit
   std::string zeros = "[0";
   for (int i = 0; i < 5000; ++i) zeros += ",0";

@@ -6,7 +6,9 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
+#include <tuple>
 #include <variant>
 
 #include "shared/base/files.h"
@@ -376,7 +378,8 @@ Status check_streams_serial(const Trace& t) {
     const TraceEvent &x = t.events[a], &y = t.events[b];
     if (x.rank != y.rank) return x.rank < y.rank;
     if (x.stream != y.stream) return x.stream < y.stream;
-    return x.start_us < y.start_us;
+    // At one start time a zero-length op comes first: [t, t] then [t, t + d] is serial, the other order not.
+    return x.start_us < y.start_us || (x.start_us == y.start_us && x.end_us < y.end_us);
   });
   for (std::size_t k = 1; k < order.size(); ++k) {
     const TraceEvent &prev = t.events[order[k - 1]], &cur = t.events[order[k]];
@@ -408,6 +411,24 @@ Status check_consecutive_steps(Trace& t) {
   return Status::Ok();
 }
 
+// An op of a rank's program runs once a step: a second event of the same (rank, step, op) is a trace edited
+// or merged wrong (every event renumbered into step 0 replayed as one step of doubled ops).
+Status check_ops_once(const Trace& t) {
+  std::vector<std::size_t> order(t.events.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  const auto key = [&](std::size_t i) { return std::tuple(t.events[i].rank, t.events[i].step, t.events[i].op); };
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return std::pair(key(a), a) < std::pair(key(b), b); });
+  for (std::size_t k = 1; k < order.size(); ++k)
+    if (key(order[k - 1]) == key(order[k])) {
+      const TraceEvent& e = t.events[order[k]];
+      return Status::InvalidInput("trace.events[" + std::to_string(order[k]) + "]: rank " + std::to_string(e.rank) +
+                                  "'s op " + std::to_string(e.op) + " of step " + std::to_string(e.step) +
+                                  " again, after event " + std::to_string(order[k - 1]) + ": an op runs once a step");
+    }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Trace> trace_from_json(const json& doc) {
@@ -431,6 +452,7 @@ Result<Trace> trace_from_json(const json& doc) {
     t.events.push_back(e);
   }
   HZP_RETURN_IF_ERROR(check_consecutive_steps(t));
+  HZP_RETURN_IF_ERROR(check_ops_once(t));
   HZP_RETURN_IF_ERROR(check_streams_serial(t));
   return t;
 }

@@ -725,8 +725,17 @@ Result<KinetoImport> kineto_to_trace(std::vector<KinetoProfile> profiles, const 
     layout.note_unscheduled(recorded);
   }
   layout.serialise_streams();
-  std::stable_sort(out.trace.events.begin(), out.trace.events.end(),
-                   [](const TraceEvent& a, const TraceEvent& b) { return a.start_us < b.start_us; });
+  // What replay would refuse is not written: a layout past the year a trace may span (timestamps of a
+  // damaged profile, idle gaps of days with --include-idle).
+  for (const TraceEvent& e : out.trace.events)
+    if (!(e.start_us >= 0 && e.end_us <= kMaxTraceMicroseconds))
+      return Status::InvalidInput("the profiles lay out step " + std::to_string(e.step) + " of rank " +
+                                  std::to_string(e.rank) + " at " + std::to_string(e.end_us / 86400e6) +
+                                  " days from the first event, past the year an hzp trace may span (are the "
+                                  "profiles' timestamps damaged?)");
+  std::stable_sort(out.trace.events.begin(), out.trace.events.end(), [](const TraceEvent& a, const TraceEvent& b) {
+    return a.start_us < b.start_us || (a.start_us == b.start_us && a.end_us < b.end_us);
+  });
   return out;
 }
 
