@@ -183,16 +183,19 @@ Status write_checkpoint(const std::string& path, CheckpointHeader header, const 
   header.checksum = sum;
   const std::string line = header.to_json().dump() + "\n";
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return Status::Internal("checkpoint: cannot write " + printable(tmp, 200) + ": " + std::strerror(errno));
+  Result<int> opened = create_temp_file(tmp);
+  if (!opened.ok()) return opened.status().prefixed("checkpoint: ");
+  const int fd = *opened;
   Status st = write_all(fd, line.data(), line.size(), tmp);
   for (const FloatSpan& s : spans)
     if (st.ok()) st = write_all(fd, s.data, static_cast<std::size_t>(s.count) * 4, tmp);
   // fsync before the rename: after a power loss the file is either the old one or complete.
   if (st.ok() && ::fsync(fd) != 0) st = Status::Internal("checkpoint: fsync of " + printable(tmp, 200) + " failed");
   ::close(fd);
+  // Something in the way of the rank file (a directory at its name) is the directory's problem: bad input.
   if (st.ok() && std::rename(tmp.c_str(), path.c_str()) != 0)
-    st = Status::Internal("checkpoint: cannot rename " + printable(tmp, 200) + ": " + std::strerror(errno));
+    st = Status::InvalidInput("checkpoint: cannot rename " + printable(tmp, 200) + " to " + printable(path, 200) +
+                              ": " + std::strerror(errno));
   if (!st.ok()) {
     ::unlink(tmp.c_str());
     return st;

@@ -230,7 +230,8 @@ Status check_outputs(const TrainOptions& options) {
   for (const auto& [flag, path] :
        {std::pair{"--trace", options.trace_path}, std::pair{"--perfetto", options.perfetto_path}}) {
     if (path.empty()) continue;
-    if (fs::is_directory(path))
+    std::error_code ec;  // the non-throwing forms throughout: a link loop in a user's path is an error, not a crash
+    if (fs::is_directory(path, ec))
       return Status::InvalidInput(std::string(flag) + " " + printable(path, 200) + ": is a directory");
     const fs::path parent = fs::path(path).parent_path();
     HZP_RETURN_IF_ERROR(ensure_writable_dir(parent.empty() ? "." : parent.string(), flag));
@@ -239,8 +240,10 @@ Status check_outputs(const TrainOptions& options) {
     HZP_RETURN_IF_ERROR(ensure_writable_dir(options.checkpoint_dir, "--checkpoint-dir"));
   if (options.resume) HZP_RETURN_IF_ERROR(read_latest(options.checkpoint_dir).status());
   // A new run into a directory of checkpoints would replace them and move `latest` back: only when asked.
+  // Anything named `latest` counts, a link (even one that loops) or a FIFO too.
+  std::error_code ec;
   if (!options.checkpoint_dir.empty() && !options.resume && !options.overwrite_checkpoints &&
-      fs::exists(fs::path(options.checkpoint_dir) / "latest")) {
+      fs::exists(fs::symlink_status(fs::path(options.checkpoint_dir) / "latest", ec))) {
     auto latest = read_latest(options.checkpoint_dir);
     return Status::InvalidInput("--checkpoint-dir " + printable(options.checkpoint_dir, 200) + " holds checkpoints" +
                                 (latest.ok() ? " (the latest at step " + std::to_string(*latest) + ")" : "") +

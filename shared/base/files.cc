@@ -126,10 +126,17 @@ Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t m
   return text;
 }
 
+Result<int> create_temp_file(const std::string& tmp) {
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+    return Status::InvalidInput(printable(tmp, 200) + ": cannot replace what is there: " + errno_text());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return Status::InvalidInput(printable(tmp, 200) + ": cannot write: " + errno_text());
+  return fd;
+}
+
 Status write_file_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return Status::InvalidInput(printable(tmp, 200) + ": cannot write: " + errno_text());
+  HZP_ASSIGN_OR_RETURN(const int fd, create_temp_file(tmp));
   Status st = write_all(fd, text, tmp);
   if (st.ok() && ::fsync(fd) != 0) st = Status::InvalidInput(printable(tmp, 200) + ": fsync failed: " + errno_text());
   ::close(fd);

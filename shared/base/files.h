@@ -23,10 +23,15 @@ Result<std::string> read_text_file(const std::string& path, std::int64_t max_byt
 // costs no more memory than the limit). A corrupt or truncated stream is an error naming the path.
 Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t max_bytes);
 
+// A new, empty regular file at `tmp` opened for writing (the caller closes it): whatever was there — a
+// leftover, a symbolic link, a FIFO that would block the open forever — is unlinked first, and the file is
+// created exclusively and never through a link. A directory there is kInvalidInput naming it.
+Result<int> create_temp_file(const std::string& tmp);
+
 // Writes `text` to `path` so that a reader sees the old file or the complete new one, and a power loss
-// after the call returns loses neither: write PATH.tmp, fsync it, rename over PATH, fsync the directory.
-// PATH.tmp is never followed if it is a symbolic link (the write fails), and the rename replaces a link at
-// PATH rather than writing through it: nothing is written outside PATH's directory.
+// after the call returns loses neither: write PATH.tmp (create_temp_file), fsync it, rename over PATH,
+// fsync the directory. The rename replaces a link at PATH rather than writing through it: nothing is
+// written outside PATH's directory.
 Status write_file_atomic(const std::string& path, const std::string& text);
 
 // `text` as a gzip stream (RFC 1952, zlib's default level), which read_maybe_gzip_file, gzip and Perfetto read.

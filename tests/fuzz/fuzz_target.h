@@ -64,5 +64,7 @@ std::unique_ptr<FuzzTarget> make_cli_target();
 std::unique_ptr<FuzzTarget> make_store_target();
 std::unique_ptr<FuzzTarget> make_checkpoint_target();  // target_files.cc
 std::unique_ptr<FuzzTarget> make_trace_target();       // target_files.cc
+std::unique_ptr<FuzzTarget> make_kineto_target();
+std::unique_ptr<FuzzTarget> make_checkpoint_dir_target();
 
 }  // namespace hzp::fuzz

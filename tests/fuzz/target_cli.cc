@@ -17,8 +17,6 @@
 //   dir NAME              a directory to create under @TMP@
 //   file NAME CONTENTS    a file to create under @TMP@
 //   arg VALUE             the next argument after `hzp`
-#include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,16 +30,13 @@
 #include "tests/fuzz/fuzz_target.h"
 #include "tests/fuzz/mutate.h"
 #include "tests/fuzz/sandbox.h"
-
-extern char** environ;
+#include "tests/fuzz/spawn.h"
 
 namespace hzp::fuzz {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-constexpr std::size_t kMaxStderrBytes = 64 << 10;
 
 struct CliCase {
   std::vector<std::string> dirs;
@@ -110,37 +105,12 @@ CliCase decode(const std::string& text) {
   return c;
 }
 
-// " (TYPE)" when stderr says an exception of TYPE escaped (std::terminate's message), else "".
-std::string escaped_exception(const std::string& err) {
-  static const std::string kTerminate = "terminate called after throwing an instance of '";
-  static const std::string kSimGrid = "Uncaught exception ";
-  std::size_t at = err.find(kTerminate);
-  if (at != std::string::npos) {
-    at += kTerminate.size();
-    return " (" + printable(err.substr(at, err.find('\'', at) - at), 80) + ")";
-  }
-  at = err.find(kSimGrid);
-  if (at != std::string::npos) {
-    at += kSimGrid.size();
-    return " (" + printable(err.substr(at, err.find(':', at) - at), 80) + ")";
-  }
-  return {};
-}
-
 std::string substitute(std::string text, const std::string& tmp, const std::string& src) {
   for (const auto& [from, to] : {std::pair{std::string("@TMP@"), tmp}, std::pair{std::string("@SRC@"), src}}) {
     for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
       text.replace(at, from.size(), to);
   }
   return text;
-}
-
-// Variables through which a launcher hands `hzp train` its rank: never passed on, so train stays local.
-bool launcher_variable(const std::string& name) {
-  static const std::set<std::string> names = {
-      "RANK",        "WORLD_SIZE",   "LOCAL_RANK",   "LOCAL_WORLD_SIZE",     "MASTER_ADDR",
-      "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"};
-  return names.count(name) > 0 || name.rfind("HZP_", 0) == 0;
 }
 
 class CliTarget : public FuzzTarget {
@@ -260,58 +230,10 @@ class CliTarget : public FuzzTarget {
                              ", a JSON object without \"fuzz_unknown_key\" | it could start real training");
     }
 
-    const std::string err_path = tmp + "/.stderr", out_path = tmp + "/.stdout";
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const int null_fd = open("/dev/null", O_RDWR);
-      const int err_fd = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int out_fd = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(null_fd, 0);
-      dup2(out_fd, 1);
-      dup2(err_fd, 2);
-      if (chdir(tmp.c_str()) != 0) _exit(126);
-      std::vector<std::string> env;
-      for (char** e = environ; *e != nullptr; ++e) {
-        const std::string kv = *e;
-        if (!launcher_variable(kv.substr(0, kv.find('=')))) env.push_back(kv);
-      }
-      std::vector<char*> argv, envp;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      for (std::string& e : env) envp.push_back(e.data());
-      envp.push_back(nullptr);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
-    if (pid < 0) return Verdict::fail("harness: fork failed");
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    const std::string err = read_file(err_path).value_or("");
-    const std::string tail = printable(err.size() > 400 ? err.substr(err.size() - 400) : err, 600);
-    if (WIFSIGNALED(status)) {
-      const char* abbrev = sigabbrev_np(WTERMSIG(status));
-      return Verdict::fail(std::string("hzp killed by SIG") + (abbrev ? abbrev : "?") + escaped_exception(err) + " | " +
-                           tail);
-    }
-    const int code = WEXITSTATUS(status);
-    if (code != 0 && code != 2) return Verdict::fail("hzp exit code " + std::to_string(code) + " | " + tail);
-    if (code == 0)
-      return command == "collective" ? check_collective_table(read_file(out_path).value_or("")) : Verdict::pass();
-    if (err.size() > kMaxStderrBytes)
-      return Verdict::fail("hzp wrote " + std::to_string(err.size()) + " bytes to stderr before exit 2 | " + tail);
-    // Line by line; a carriage return ends a line too (plan --search redraws its progress line with it).
-    std::size_t pos = 0;
-    while (pos < err.size()) {
-      std::size_t end = err.find_first_of("\r\n", pos);
-      if (end == std::string::npos) end = err.size();
-      const std::string line = err.substr(pos, end - pos);
-      pos = end + 1;
-      if (line.empty()) continue;
-      if (std::string problem = message_problem(line); !problem.empty())
-        return Verdict::fail("hzp exit 2 with a bad stderr line: " + problem + " | " + printable(line, 300));
-    }
-    return Verdict::pass();
+    const HzpRun run = run_hzp(std::move(args), tmp);
+    Verdict verdict = judge_hzp_exit(run);
+    if (verdict.passed && exit_code(run) == 0 && command == "collective") return check_collective_table(run.out);
+    return verdict;
   }
 
  private:

@@ -30,6 +30,14 @@ const std::vector<TargetEntry>& target_registry() {
        make_checkpoint_target},
       {"trace", "the shipped traces mutated as documents and bytes, through parse_json_strict and trace_from_json",
        make_trace_target},
+      {"kineto",
+       "PyTorch profiler traces (cut shipped profiles) mutated, through read_kineto and kineto_to_trace; what import "
+       "makes must read back",
+       make_kineto_target},
+      {"checkpoint_dir",
+       "a checkpoint directory's structure damaged (latest, step folders, rank files, .lock: missing, truncated, "
+       "links, FIFOs), through hzp train --resume and a fresh run into it",
+       make_checkpoint_dir_target},
   };
   return table;
 }
