@@ -84,7 +84,9 @@ HzpRun run_hzp(std::vector<std::string> args, const std::string& dir) {
   return run;
 }
 
-int exit_code(const HzpRun& run) { return WIFEXITED(run.status) ? WEXITSTATUS(run.status) : -1; }
+int exit_code(const HzpRun& run) {
+  return WIFEXITED(run.status) ? WEXITSTATUS(run.status) : -1;
+}
 
 Verdict judge_hzp_exit(const HzpRun& run) {
   const std::string& err = run.err;

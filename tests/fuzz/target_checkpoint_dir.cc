@@ -34,10 +34,18 @@ constexpr const char* kSentinel = "sentinel: hzp must not write here\n";
 
 // Names a case may touch: the seed's entries and the ones a run creates or could be tricked into.
 const std::vector<std::string>& paths() {
-  static const std::vector<std::string> p = {"latest",          "latest",          ".lock",
-                                             "step_1",          "step_2",          "step_3",
-                                             "step_1/rank_0.bin", "step_2/rank_0.bin", "step_2/rank_0.bin",
-                                             "step_2/rank_1.bin", "step_3/rank_0.bin", "latest.tmp",
+  static const std::vector<std::string> p = {"latest",
+                                             "latest",
+                                             ".lock",
+                                             "step_1",
+                                             "step_2",
+                                             "step_3",
+                                             "step_1/rank_0.bin",
+                                             "step_2/rank_0.bin",
+                                             "step_2/rank_0.bin",
+                                             "step_2/rank_1.bin",
+                                             "step_3/rank_0.bin",
+                                             "latest.tmp",
                                              "step_0"};
   return p;
 }
@@ -65,11 +73,22 @@ std::string from_hex(const std::string& hex) {
 
 json random_op(Rng& rng) {
   const auto pick = [&](const std::vector<std::string>& v) { return v[rng.below(v.size())]; };
-  static const std::vector<std::string> texts = {
-      "1\n", "2\n", "3\n", "0\n", "-1\n", "2 2\n", "abc\n", "", "99999999999\n", "4294967298\n", "2",
-      std::string("2\0\n", 3), "\xff\xfe\n", std::string(5000, '7')};
-  static const std::vector<std::string> targets = {"@OUTSIDE@", "@OUTSIDE_DIR@", "step_1", "step_1/rank_0.bin",
-                                                   "/nonexistent/x", "latest"};
+  static const std::vector<std::string> texts = {"1\n",
+                                                 "2\n",
+                                                 "3\n",
+                                                 "0\n",
+                                                 "-1\n",
+                                                 "2 2\n",
+                                                 "abc\n",
+                                                 "",
+                                                 "99999999999\n",
+                                                 "4294967298\n",
+                                                 "2",
+                                                 std::string("2\0\n", 3),
+                                                 "\xff\xfe\n",
+                                                 std::string(5000, '7')};
+  static const std::vector<std::string> targets = {"@OUTSIDE@",         "@OUTSIDE_DIR@",  "step_1",
+                                                   "step_1/rank_0.bin", "/nonexistent/x", "latest"};
   switch (rng.below(8)) {
     case 0:
       return {{"op", "write"}, {"path", pick(paths())}, {"hex", to_hex(pick(texts))}};
@@ -123,8 +142,7 @@ class CheckpointDirTarget : public FuzzTarget {
     const HzpRun resume = run_hzp(train_args(dir, 3, true), context_.work_dir);
     if (Verdict v = judge_hzp_exit(resume); !v.passed) return Verdict::fail("--resume: " + v.reason);
     if (exit_code(resume) == 0) {
-      if (read_file(dir + "/latest").value_or("") != "3\n")
-        return Verdict::fail("--resume exit 0 but latest is not 3");
+      if (read_file(dir + "/latest").value_or("") != "3\n") return Verdict::fail("--resume exit 0 but latest is not 3");
       if (!fs::is_regular_file(fs::symlink_status(dir + "/step_3/rank_0.bin", ec)))
         return Verdict::fail("--resume exit 0 but step_3/rank_0.bin is not a regular file");
     }

@@ -90,8 +90,8 @@ class KinetoTarget : public FuzzTarget {
   std::string generate(Rng& rng) override { return mutator_.generate(rng); }
   void add_seed(const std::string& input) override { mutator_.add_seed(input); }
   Verdict run(const std::string& input) override {
-    auto doc = parse_json_strict(input, JsonLimits{static_cast<std::size_t>(kMaxKinetoBytes), kMaxJsonDepth, 0,
-                                                   3 * kMaxKinetoEvents});
+    auto doc = parse_json_strict(
+        input, JsonLimits{static_cast<std::size_t>(kMaxKinetoBytes), kMaxJsonDepth, 0, 3 * kMaxKinetoEvents});
     if (auto stop = stop_on_error("parse_json_strict", doc.status())) return *stop;
     auto profile = read_kineto(*doc, "case.json");
     if (auto stop = stop_on_error("read_kineto", profile.status())) return *stop;
