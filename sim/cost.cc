@@ -1,15 +1,11 @@
 // The cost of a simulation before it runs (cost.h).
 #include "sim/cost.h"
 
-#include <sys/resource.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <limits>
 #include <string>
 
+#include "shared/base/memory_limits.h"
 #include "sim/platform.h"
 
 namespace hzp::sim {
@@ -66,20 +62,6 @@ std::string gib(double bytes) {
   return buf;
 }
 
-// cgroup v2's memory.max for this process's group, when there is one and it is a number.
-double cgroup_limit() {
-  std::ifstream in("/sys/fs/cgroup/memory.max");
-  double v = 0;
-  if (in >> v && v > 0) return v;
-  return std::numeric_limits<double>::infinity();
-}
-
-double rlimit(int resource) {
-  struct rlimit l {};
-  if (getrlimit(resource, &l) != 0 || l.rlim_cur == RLIM_INFINITY) return std::numeric_limits<double>::infinity();
-  return static_cast<double>(l.rlim_cur);
-}
-
 }  // namespace
 
 void estimate_cost(SimCost& cost) {
@@ -93,8 +75,7 @@ void estimate_cost(SimCost& cost) {
                                               cost.recorded_ops * kBytesPerRecordedOp);
   // The address space this process already holds (binary, libraries, the compiled scenario), then what the
   // simulation adds: its thread's stack and every actor's.
-  double mapped = 0;
-  if (std::ifstream statm("/proc/self/statm"); statm >> mapped) mapped *= static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double mapped = address_space_mapped();
   cost.virtual_bytes =
       mapped + cost.resident_bytes + cost.actors * kActorStackBytes + static_cast<double>(simulation_stack_bytes());
 }
@@ -106,11 +87,6 @@ void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster) {
   cost.ecmp_ports = ecmp ? nodes * nics * ecmp_uplinks_per_nic(cluster) : 0;  // as build_platform makes them
   cost.hosts = cost.platform_hosts + cost.ecmp_ports;
   cost.links = 2 * cost.platform_hosts;  // about: each GPU's port and each NIC's link, both ways
-}
-
-double memory_allowance() {
-  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-  return std::min({0.75 * physical, cgroup_limit(), rlimit(RLIMIT_DATA), rlimit(RLIMIT_RSS)});
 }
 
 std::string describe(const SimCost& cost) {
@@ -134,10 +110,10 @@ Status check_budget(const SimCost& cost, const SimBudget& budget) {
         what + ", past the " + gib(max_bytes) +
         (budget.max_bytes > 0 ? " of --max-sim-GiB" : " this machine allows (3/4 of its memory or its limits)") +
         "; --max-sim-GiB raises it, or simulate fewer GPUs (sim/README.md, \"What a simulation costs\")");
-  if (cost.virtual_bytes > rlimit(RLIMIT_AS))
+  if (cost.virtual_bytes > address_space_limit())
     return Status::InvalidInput(
         what + ", and its " + count(cost.actors) + " actors reserve " + gib(cost.virtual_bytes) +
-        " of address space, past this process's limit (ulimit -v) of " + gib(rlimit(RLIMIT_AS)));
+        " of address space, past this process's limit (ulimit -v) of " + gib(address_space_limit()));
   if (cost.seconds > budget.warn_seconds) std::fprintf(stderr, "hzp: note: %s.\n", what.c_str());
   return Status::Ok();
 }

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "shared/base/memory_limits.h"
 #include "shared/base/status.h"
 #include "shared/scenario/scenario.h"
 
@@ -47,9 +48,7 @@ struct SimBudget {
   double warn_seconds = 60;  // a line on stderr past this
 };
 
-// The memory a simulation may take here: 3/4 of physical memory, or less where a cgroup limit (memory.max)
-// or RLIMIT_DATA / RLIMIT_RSS says so.
-double memory_allowance();
+// The memory a simulation may take by default is memory_allowance() (shared/base/memory_limits.h).
 
 // One line: "about 2.1 min and 3.4 GiB (1,933,312 ops, 102 collectives, 4,096 flows at most in flight)".
 std::string describe(const SimCost& cost);

@@ -57,6 +57,16 @@ if ! ldd "$hzp" 2>/dev/null | grep -q libasan; then
   expect 2 "ulimit -v" 60 "16,384 GPUs under ulimit -v 4 GiB" \
     bash -c "ulimit -v 4194304 && exec \"\$0\" \"\$@\"" "$hzp" simulate "$out/z3.json" --out "$out/s" \
     --set cluster.nodes=2048 --set training.global_batch_sequences=16384
+  # JSON documents too: a trace of 6 M tiny members decodes into ~580 MB, refused under 1 GB of address
+  # space before parsing (it died of std::bad_alloc at 256 MiB under ulimit -v 2000000).
+  python3 - "$root/traces/tiny_dense_4ranks.json" "$out/members.json" <<'PY'
+import json, sys
+text = json.dumps(json.load(open(sys.argv[1])))
+with open(sys.argv[2], "w") as f:
+    f.write(text[:-1] + ', "x": {' + "".join('"%x":0,' % i for i in range(6_000_000)) + '"end":0}}')
+PY
+  expect 2 "can spare under its memory limits" 60 "a trace of 6 M members under ulimit -v 1 GB" \
+    bash -c "ulimit -v 1000000 && exec \"\$0\" \"\$@\"" "$hzp" replay "$out/members.json" --out "$out/r"
 fi
 [ $failures -eq 0 ] && echo "ok: runaway simulations refused with their estimate; budgets lift"
 exit $((failures > 0))

@@ -51,6 +51,9 @@ TEST_CASE("trace format: bad traces name the event and the field", "[trace][erro
   t["version"] = 2;
   CHECK_THAT(error_of(t), Catch::Contains("trace.version: this hzp reads version 1 only"));
   t = good;
+  t["x"] = json::object();
+  CHECK_THAT(error_of(t), Catch::Contains("trace.x: unknown key"));
+  t = good;
   t.erase("events");
   CHECK_THAT(error_of(t), Catch::Contains("trace.events: must be an array"));
   t = good;

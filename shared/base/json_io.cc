@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <set>
 #include <vector>
 
 #include "shared/base/files.h"
+#include "shared/base/memory_limits.h"
 #include "shared/base/text.h"
 
 namespace hzp {
@@ -116,11 +118,17 @@ Status check_shape(std::string_view text, const JsonLimits& limits) {
                                 std::to_string(limits.max_objects) + " accepted (refused before parsing)");
   const std::int64_t max_tree =
       limits.max_tree_bytes > 0 ? limits.max_tree_bytes : static_cast<std::int64_t>(limits.max_bytes) * 12;
+  const std::string needs =
+      "decoding this document would take about " + std::to_string((shape.tree_bytes + (1 << 20) - 1) >> 20) + " MiB";
   if (shape.tree_bytes > max_tree)
-    return Status::InvalidInput("decoding this document would take about " +
-                                std::to_string((shape.tree_bytes + (1 << 20) - 1) >> 20) + " MiB, more than the " +
-                                std::to_string(max_tree >> 20) +
+    return Status::InvalidInput(needs + ", more than the " + std::to_string(max_tree >> 20) +
                                 " MiB accepted (refused before parsing: too many small JSON values for its size)");
+  // And what this process can spare: half of what its limits leave (the text and what is built from the
+  // tree need the rest), so that a limit (ulimit -v, a cgroup) refuses the document instead of bad_alloc.
+  const double spare = 0.5 * std::min(memory_allowance(), address_space_limit() - address_space_mapped());
+  if (static_cast<double>(shape.tree_bytes) > spare)
+    return Status::InvalidInput(needs + ", more than this process can spare under its memory limits (" +
+                                std::to_string(static_cast<long long>(std::max(0.0, spare)) >> 20) + " MiB)");
   return Status::Ok();
 }
 
@@ -209,6 +217,8 @@ Result<json> parse_json_strict(std::string_view text, const JsonLimits& limits) 
     doc = json::parse(text);  // no callback: nlohmann's callback parser rescans a container at every object end
   } catch (const json::exception& e) {
     return Status::InvalidInput("malformed JSON: " + printable(e.what(), 200));
+  } catch (const std::bad_alloc&) {
+    return Status::InvalidInput("out of memory decoding a document of " + std::to_string(text.size()) + " bytes");
   }
   return doc;
 }

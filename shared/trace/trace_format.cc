@@ -242,6 +242,15 @@ namespace {
 
 // The trace's header: format, version, scenario, policy, world.
 Status read_trace_header(const json& doc, const Fields& top, Trace& t) {
+  // Only the format's keys: a typo, or megabytes under a key nobody reads, is refused, as in a scenario.
+  static const std::set<std::string> known = {"format",     "version",       "scenario", "scenario_config", "policy",
+                                              "world_size", "gpus_per_node", "model",    "training",        "streams",
+                                              "groups",     "pools",         "events"};
+  for (auto it = doc.begin(); it != doc.end(); ++it)
+    if (known.count(it.key()) == 0)
+      return Status::InvalidInput("trace." + printable(it.key(), 60) + ": unknown key (the format's are " +
+                                  "format, version, scenario, scenario_config, policy, world_size, gpus_per_node, "
+                                  "model, training, streams, groups, pools, events)");
   HZP_ASSIGN_OR_RETURN(std::string format, top.string("format"));
   if (format != kTraceFormat) return top.bad("format", "must be \"hzp-trace\"");
   HZP_ASSIGN_OR_RETURN(std::int64_t version, top.integer("version", 0, 1 << 20));
