@@ -35,5 +35,10 @@ EXPECT="--scenario: " expect_refused "import --scenario" "$hzp" import "$root/tr
 expect_refused "collective --cluster" "$hzp" collective --cluster "$out/f.json" --op all_reduce --group node --bytes 1K
 expect_refused "train --resume (latest)" "$hzp" train "$root/scenarios/runtime/tiny_dense.json" --nproc 1 \
   --checkpoint-dir "$out/ckpt" --resume --steps 1
+# An output that is a FIFO: train's metrics.jsonl is opened without waiting for a reader, and refused.
+mkdir -p "$out/o"
+mkfifo "$out/o/metrics.jsonl"
+expect_refused "train --out with a FIFO metrics.jsonl" "$hzp" train "$root/scenarios/runtime/tiny_dense.json" \
+  --nproc 1 --threads 1 --steps 1 --data "$root/tests/data/tinyshakespeare_200k.txt" --out "$out/o"
 [ $failures -eq 0 ] || exit 1
 echo "fifo_inputs: ok"

@@ -850,6 +850,12 @@ TEST_CASE("runtime: checkpoint directories are never overwritten by surprise nor
   CHECK(again.code == 2);
   CHECK_THAT(again.output,
              Catch::Contains("holds checkpoints (the latest at step 2)") && Catch::Contains("--overwrite-checkpoints"));
+  // Nor with `latest` gone (a run killed before writing it, a deleted file): its step folders remain.
+  fs::copy(dir / "ckpt", dir / "no_latest", fs::copy_options::recursive);
+  fs::remove(dir / "no_latest" / "latest");
+  const RunResult orphan = run(train_cmd(scen, 2, 2, dir / "b", "--checkpoint-dir " + (dir / "no_latest").string()));
+  CHECK(orphan.code == 2);
+  CHECK_THAT(orphan.output, Catch::Contains("holds checkpoints (step_") && Catch::Contains("with no latest"));
   train_ok(train_cmd(scen, 2, 2, dir / "b", ckpt + " --overwrite-checkpoints"), dir / "b");
   // The same tensor shapes, another model (8 heads of 4 instead of 4 of 8): refused, not reinterpreted.
   json heads = doc;
@@ -875,7 +881,8 @@ TEST_CASE("runtime: checkpoint directories are never overwritten by surprise nor
   fs::create_directories(dir / "stepped");
   fs::create_symlink(dir / "outside", dir / "stepped" / "step_1");
   const RunResult stepped = run(train_cmd(
-      scen, 2, 2, dir / "e", "--checkpoint-dir " + (dir / "stepped").string() + " --set run.checkpoint_interval=1"));
+      scen, 2, 2, dir / "e",
+      "--checkpoint-dir " + (dir / "stepped").string() + " --set run.checkpoint_interval=1 --overwrite-checkpoints"));
   CHECK(stepped.code == 2);
   CHECK_THAT(stepped.output, Catch::Contains("is a symlink"));
   CHECK(fs::is_empty(dir / "outside"));

@@ -5,15 +5,18 @@
 #include "runtime/train/trainer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -225,6 +228,33 @@ Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
   return run;
 }
 
+namespace {
+
+// The first entry of `dir` named step_<digits> that holds a rank file (rank_<r>.bin; a folder of only
+// temporary files is what a writer killed before its first rename leaves), or that is not a folder (a file or
+// a link in a step's place), else "".
+std::string first_step_dir(const std::string& dir) {
+  std::error_code ec;
+  const auto digits_after = [](const std::string& name, const char* prefix, const char* suffix) {
+    const std::size_t p = std::strlen(prefix), q = std::strlen(suffix);
+    if (name.size() <= p + q || name.rfind(prefix, 0) != 0 || name.compare(name.size() - q, q, suffix) != 0)
+      return false;
+    return name.substr(p, name.size() - p - q).find_first_not_of("0123456789") == std::string::npos;
+  };
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!digits_after(name, "step_", "")) continue;
+    if (!it->is_directory(ec) || it->is_symlink(ec)) return name;
+    std::error_code inner;
+    for (auto f = fs::directory_iterator(it->path(), inner); !inner && f != fs::directory_iterator();
+         f.increment(inner))
+      if (digits_after(f->path().filename().string(), "rank_", ".bin")) return name;
+  }
+  return "";
+}
+
+}  // namespace
+
 Status check_outputs(const TrainOptions& options) {
   if (!options.out_dir.empty()) HZP_RETURN_IF_ERROR(ensure_writable_dir(options.out_dir, "--out"));
   for (const auto& [flag, path] :
@@ -241,13 +271,20 @@ Status check_outputs(const TrainOptions& options) {
   if (options.resume) HZP_RETURN_IF_ERROR(read_latest(options.checkpoint_dir).status());
   // A new run into a directory of checkpoints would replace them and move `latest` back: only when asked.
   // Anything named `latest` counts, a link (even one that loops) or a FIFO too.
+  // So does a step folder without `latest` (a run killed between its rank files and `latest`, a deleted
+  // `latest`): its rank files would be replaced.
   std::error_code ec;
-  if (!options.checkpoint_dir.empty() && !options.resume && !options.overwrite_checkpoints &&
-      fs::exists(fs::symlink_status(fs::path(options.checkpoint_dir) / "latest", ec))) {
-    auto latest = read_latest(options.checkpoint_dir);
-    return Status::InvalidInput("--checkpoint-dir " + printable(options.checkpoint_dir, 200) + " holds checkpoints" +
-                                (latest.ok() ? " (the latest at step " + std::to_string(*latest) + ")" : "") +
-                                ": continue them with --resume, or start over with --overwrite-checkpoints");
+  if (!options.checkpoint_dir.empty() && !options.resume && !options.overwrite_checkpoints) {
+    const bool has_latest = fs::exists(fs::symlink_status(fs::path(options.checkpoint_dir) / "latest", ec));
+    std::string step_dir = has_latest ? "" : first_step_dir(options.checkpoint_dir);
+    if (has_latest || !step_dir.empty()) {
+      auto latest = read_latest(options.checkpoint_dir);
+      return Status::InvalidInput("--checkpoint-dir " + printable(options.checkpoint_dir, 200) + " holds checkpoints" +
+                                  (latest.ok()  ? " (the latest at step " + std::to_string(*latest) + ")"
+                                   : has_latest ? ""
+                                                : " (" + printable(step_dir, 60) + ", with no latest)") +
+                                  ": continue them with --resume, or start over with --overwrite-checkpoints");
+    }
   }
   return Status::Ok();
 }
@@ -418,14 +455,26 @@ int RankRun::join() {
 
   if (lead_ && !options_.out_dir.empty()) {
     // O_NOFOLLOW: a metrics.jsonl that is a symlink must not lead hzp to write into the file it points at.
+    // O_NONBLOCK, then a regular file only: opening a FIFO with no reader for writing would wait forever.
     const std::string metrics_path = (fs::path(options_.out_dir) / "metrics.jsonl").string();
-    const int fd = ::open(metrics_path.c_str(),
-                          O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | (options_.resume ? O_APPEND : O_TRUNC), 0644);
+    int fd =
+        ::open(metrics_path.c_str(),
+               O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (options_.resume ? O_APPEND : O_TRUNC), 0644);
+    std::string why = fd < 0 ? (errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno)) : "";
+    struct stat info {};
+    if (fd >= 0 && (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode))) {
+      ::close(fd);
+      fd = -1;
+      why = S_ISFIFO(info.st_mode) ? "a FIFO" : "not a regular file";
+    }
     if (fd >= 0) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
       metrics_.reset(::fdopen(fd, options_.resume ? "a" : "w"));
       if (!metrics_) ::close(fd);
     }
-    if (!metrics_) return fail(Status::InvalidInput("--out: cannot write " + options_.out_dir + "/metrics.jsonl"));
+    if (!metrics_)
+      return fail(Status::InvalidInput("--out: cannot write " + printable(metrics_path, 200) + ": " +
+                                       (why.empty() ? "fdopen failed" : why)));
   }
   if (options_.resume) {
     auto latest = read_latest(options_.checkpoint_dir);
