@@ -3,7 +3,8 @@
 # object, and a bad flag each exit 2 with a message naming the file and line; a row it cannot translate, or whose
 # fields have the wrong type or value, is listed as skipped with the field named; asking for a fidelity bound
 # with nothing simulated fails (exit 1). tools/fp8_transfer.py: a missing file, rows with no bf16 / FP8 pair and
-# a pair on a GPU without an FP8 peak exit 2 with the reason, never a traceback.
+# a pair on a GPU without an FP8 peak exit 2 with the reason, never a traceback. Outputs that are an input, a
+# FIFO or an empty path are refused before any work.
 # Usage: bash tests/validate_rows_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -49,6 +50,15 @@ expect 0 "skipped M3: tp {'a': 1} is not a number" "$work/malformed.jsonl"
 expect 0 "skipped M4: tokens_per_s_per_gpu 'fast' is not a positive number" "$work/malformed.jsonl"
 expect 0 "skipped M5: 16 GPUs are not a multiple of tp x pp x cp = 3" "$work/malformed.jsonl"
 expect 0 "skipped M1" --calibration "$work/malformed.jsonl" "$work/malformed.jsonl"
+# Outputs: the report never overwrites an input, never waits on a FIFO, and an empty path is refused.
+cp "$work/malformed.jsonl" "$work/keep.jsonl"
+expect 2 "is an input" --json "$work/keep.jsonl" "$work/keep.jsonl"
+cmp -s "$work/malformed.jsonl" "$work/keep.jsonl" || fail "--json equal to the input changed the input"
+mkfifo "$work/fifo.json"
+out="$(timeout 20 python3 tools/validate_rows.py --hzp "$hzp" --json "$work/fifo.json" "$work/keep.jsonl" 2>&1)"
+[ $? -eq 2 ] && grep -q "not a regular file" <<<"$out" || fail "--json FIFO: $out"
+expect 2 "--out: an empty path" --out "" "$work/keep.jsonl"
+expect 2 "--json: an empty path" --json "" "$work/keep.jsonl"
 fp8_expect() {  # code pattern rows
   out="$(python3 tools/fp8_transfer.py --hzp "$hzp" "$3" 2>&1)"
   local got=$?

@@ -399,13 +399,19 @@ int run_import(const std::vector<std::string>& argv) {
   for (const std::string& path : parsed->positional) {
     auto p = load_kineto_file(path);
     if (!p.ok()) return fail(p.status());
+    // A trace holds at most kMaxTraceSteps steps: said before a table of a million rows is printed.
+    if (static_cast<std::int64_t>(p->steps.size()) > kMaxTraceSteps)
+      return fail(Status::InvalidInput(printable(path, 200) + ": " + std::to_string(p->steps.size()) +
+                                       " training steps, more than the " + std::to_string(kMaxTraceSteps) +
+                                       " an hzp trace holds (profile fewer steps)"));
     std::printf("%s: %s, %zu step%s, %lld GPU events%s\n", printable(path, 120).c_str(),
                 p->device.empty() ? "device not named" : p->device.c_str(), p->steps.size(),
                 p->steps.size() == 1 ? "" : "s", p->gpu_events,
                 p->rank >= 0 ? (", rank " + std::to_string(p->rank)).c_str() : "");
     std::printf("  %4s %11s %11s %11s %11s %11s %6s\n", "step", "kernels_ms", "forward_ms", "backward_ms",
                 "optimizer_ms", "gpu_idle_ms", "comms");
-    for (std::size_t k = 0; k < p->steps.size(); ++k) {
+    constexpr std::size_t kRowsShown = 20;
+    for (std::size_t k = 0; k < std::min(p->steps.size(), kRowsShown); ++k) {
       const KinetoStep& st = p->steps[k];
       double first = 1e300, last = 0, busy = 0;
       for (int ph = 0; ph < kKinetoPhases; ++ph)
@@ -418,6 +424,7 @@ int run_import(const std::vector<std::string>& argv) {
                   st.busy_us[1] / 1e3, st.busy_us[2] / 1e3, std::max(0.0, last - first - busy) / 1e3,
                   st.collectives.size());
     }
+    if (p->steps.size() > kRowsShown) std::printf("  ... %zu more steps\n", p->steps.size() - kRowsShown);
     if (p->unattributed > 0)
       std::printf("  %lld GPU op%s (%.3f ms) launched outside every step's forward/backward/optimizer: ignored\n",
                   p->unattributed, p->unattributed == 1 ? "" : "s", p->unattributed_us / 1e3);

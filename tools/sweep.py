@@ -210,6 +210,8 @@ def expand_scenarios(paths):
             files.extend(found)
         elif os.path.isfile(path):
             files.append(path)
+        elif os.path.exists(path):
+            raise UsageError(f"scenario {path}: not a regular file or a directory (a FIFO or a device?)")
         else:
             raise UsageError(f"no such scenario file or directory: {path}")
     return list(dict.fromkeys(files))

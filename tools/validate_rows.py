@@ -503,11 +503,20 @@ def load_rows(path):
     return rows
 
 
-def writable_file(path, flag):
-    """An output file's folder exists and can be written (checked before any work)."""
+def writable_file(path, flag, inputs=()):
+    """An output file's folder exists and can be written, what is there is a regular file (a FIFO would block
+    the write) and it is none of the inputs (checked before any work)."""
+    if not path:
+        raise ValueError(f"{flag}: an empty path")
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise ValueError(f"{flag} {path}: cannot be written")
+    if os.path.lexists(path):
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ValueError(f"{flag} {path}: exists and is not a regular file")
+        for given in inputs:
+            if given and os.path.exists(given) and os.path.samefile(path, given):
+                raise ValueError(f"{flag} {path}: is an input ({given}); it would be overwritten")
 
 
 def main():
@@ -556,8 +565,10 @@ def main():
     try:
         rows = load_rows(args.rows)
         cal_rows = load_rows(args.calibration) if args.calibration else rows
-        if args.json:
-            writable_file(args.json, "--json")
+        if args.json is not None:
+            writable_file(args.json, "--json", (args.rows, args.calibration))
+        if args.out == "":
+            raise ValueError("--out: an empty path")
         if args.out:
             if os.path.exists(args.out) and not os.path.isdir(args.out):
                 raise ValueError(f"--out {args.out}: exists and is not a folder")
