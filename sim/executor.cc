@@ -19,6 +19,7 @@
 #include "shared/cost/collective_cost.h"
 #include "sim/collective.h"
 #include "sim/platform.h"
+#include "sim/symmetry.h"
 
 namespace hzp::sim {
 namespace sg4 = simgrid::s4u;
@@ -30,6 +31,8 @@ bool g_engine_used = false;  // SimGrid keeps one clock per process: one simulat
 struct Instance {
   int arrived = 0;
   int left = 0;
+  int pending = 0;               // symmetric: groups of the class still transferring
+  bool counted_skipped = false;  // symmetric: the left-out groups' traffic is counted
   bool done = false;
   double start = 0;
   sg4::MutexPtr mutex = sg4::Mutex::create();
@@ -65,8 +68,9 @@ struct RankState {
 class Executor {
  public:
   Executor(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule, const SimOptions& options,
-           const Platform& platform)
-      : scenario_(scenario),
+           const Platform& platform, const SymmetryPlan& symmetry)
+      : symmetry_(symmetry),
+        scenario_(scenario),
         cost_(cost),
         schedule_(schedule),
         options_(options),
@@ -95,7 +99,8 @@ class Executor {
         if (r >= 0 && std::find(sample.begin(), sample.end(), r) == sample.end()) sample.push_back(r);
       std::sort(sample.begin(), sample.end());
     }
-    for (int r : result_.timeline_ranks) ranks_[r].recorded = true;
+    for (int r : result_.timeline_ranks) ranks_[rep(r)].recorded = true;
+    if (symmetry_.enabled) choose_simulated_groups();
     // Activation bytes per (unit, module kind), in the core's unit numbering (ComputeOp::unit).
     for (const ModuleCost& m : cost.modules)
       activation_of_[{unit_of_module(m, scenario.model.layers), static_cast<int>(m.kind)}] += m.activation_bytes;
@@ -109,7 +114,7 @@ class Executor {
 
   void spawn() {
     for (int r = 0; r < schedule_.world_size; ++r)
-      for (size_t s = 0; s < schedule_.streams.size(); ++s) {
+      for (size_t s = 0; s < schedule_.streams.size() && rep(r) == r; ++s) {
         if (stream_ops_[schedule_.rank_program[r]][s].empty()) continue;
         sg4::Actor::create("r" + std::to_string(r) + "." + to_string(schedule_.streams[s]), platform_.gpus[r],
                            [this, r, s] { run_stream(r, static_cast<int>(s)); });
@@ -125,7 +130,8 @@ class Executor {
     out.total_time_s = sg4::Engine::get_clock();
     out.step_time_s = out.total_time_s / steps;
     double comm_sum = 0;
-    for (const RankState& r : ranks_) {
+    for (int rank = 0; rank < world; ++rank) {
+      const RankState& r = ranks_[rep(rank)];
       out.compute_s = std::max(out.compute_s, r.compute_busy / steps);
       comm_sum += r.comm_busy / steps;
     }
@@ -140,7 +146,7 @@ class Executor {
     double worst = -1;
     for (int r = 0; r < world; ++r) {
       MemoryBreakdown m = fixed[schedule_.rank_program[r]];
-      m.activations = ranks_[r].peak_activations + cost_.transient_bytes;
+      m.activations = ranks_[rep(r)].peak_activations + cost_.transient_bytes;
       if (m.total() > worst) {
         worst = m.total();
         out.memory = m;
@@ -155,6 +161,19 @@ class Executor {
                   out.fits_memory ? "fits" : "OUT OF MEMORY", out.peak_memory_rank, worst / GiB, capacity / GiB);
     out.memory_verdict = verdict;
     out.sim_wall_s = wall_s;
+    out.ops_simulated = ops_simulated_;
+    out.symmetric = symmetry_.enabled;
+    // A rank that followed its representative has its timeline.
+    if (symmetry_.enabled) {
+      const std::size_t recorded = out.spans.size();
+      for (int r : out.timeline_ranks)
+        if (rep(r) != r)
+          for (std::size_t i = 0; i < recorded; ++i)
+            if (out.spans[i].rank == rep(r)) {
+              out.spans.push_back(out.spans[i]);
+              out.spans.back().rank = r;
+            }
+    }
     return std::move(out);
   }
 
@@ -194,7 +213,8 @@ class Executor {
         }
         const double start = sg4::Engine::get_clock();
         const double transfer_start = execute(rank, op, start);
-        ++ops_executed_;
+        ops_executed_ += symmetry_.enabled ? symmetry_.ranks_of_program[schedule_.rank_program[rank]] : 1;
+        ++ops_simulated_;
         if (st.recorded) result_.spans.push_back({rank, index, step, start, sg4::Engine::get_clock(), transfer_start});
         st.completed_step[index] = step;
         for (RankState::Waiter& w : st.waiters)
@@ -248,10 +268,12 @@ class Executor {
     }
     const double begin = sg4::Engine::get_clock();
     while (work > 0) {
-      const double rate = st.comm_in_flight > 0 ? 1 / (1 + slowdown) : 1;
-      const double from = sg4::Engine::get_clock();
+      // The rate is read once this op counts as computing: taking the lock is a simcall, and a collective
+      // starting meanwhile notifies only ops that count (reading it first lost that change).
       std::unique_lock<sg4::Mutex> lock(*st.mutex);
       ++st.computing;
+      const double rate = st.comm_in_flight > 0 ? 1 / (1 + slowdown) : 1;
+      const double from = sg4::Engine::get_clock();
       const std::cv_status status = st.rate_cv->wait_for(lock, work / rate);
       --st.computing;
       if (status == std::cv_status::timeout) break;
@@ -274,39 +296,72 @@ class Executor {
     }
   }
 
+  // A collective's flows on `group_index` (the calling actor runs them).
+  CollectiveTraffic run_group(int group_index, const CollectiveOp& op) {
+    const double bytes = static_cast<double>(op.bytes);
+    const GroupShape& shape = shapes_[group_index];
+    const CollectiveAlgorithm algorithm = choose_algorithm(scenario_.cluster, op.kind, bytes, shape);
+    return run_collective(platform_, {op.kind, bytes, &schedule_.groups[group_index], algorithm,
+                                      choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape), op.root});
+  }
+
+  // The instance of `key`, created on first use. Creating its SimGrid mutex and condition variable are
+  // simcalls: other actors may run meanwhile and create the same instance. Build it first, then look again
+  // before inserting.
+  Instance& instance(long long key) {
+    auto it = instances_.find(key);
+    if (it == instances_.end()) {
+      Instance fresh;
+      it = instances_.find(key);
+      if (it == instances_.end()) it = instances_.emplace(key, std::move(fresh)).first;
+    }
+    return it->second;
+  }
+
+  int rep(int rank) const { return symmetry_.enabled ? symmetry_.rep_of[rank] : rank; }
+
+  // Per class, the groups whose flows run. A group inside one node that holds no representative is left
+  // out: its flows use only that node's links, which no representative's flows share beyond what the
+  // representatives' own nodes show (every node of a symmetric schedule carries the same groups), so it
+  // could not change when a representative's collective ends. Its traffic is counted as its class's
+  // simulated intra-node group's.
+  void choose_simulated_groups() {
+    std::vector<char> rep_node(platform_.cluster->nodes, 0);
+    for (int r = 0; r < schedule_.world_size; ++r)
+      if (rep(r) == r) rep_node[platform_.node_of(r)] = 1;
+    simulated_.resize(symmetry_.class_groups.size());
+    skipped_.assign(symmetry_.class_groups.size(), 0);
+    for (std::size_t c = 0; c < symmetry_.class_groups.size(); ++c)
+      for (int g : symmetry_.class_groups[c]) {
+        const ProcessGroup& group = schedule_.groups[g];
+        if (group.intra_node && !rep_node[platform_.node_of(group.ranks.front())])
+          ++skipped_[c];
+        else
+          simulated_[c].push_back(g);
+      }
+  }
+
   double collective(int rank, const CollectiveOp& op) {
     RankState& st = ranks_[rank];
     const int group_index = schedule_.rank_groups[rank][op.role];
     const ProcessGroup& group = schedule_.groups[group_index];
     const long long seq = st.collective_seq[op.role]++;
-    const long long key = static_cast<long long>(group_index) << 32 | seq;
     if (group.ranks.size() <= 1) return sg4::Engine::get_clock();
-    auto it = instances_.find(key);
-    if (it == instances_.end()) {
-      // Creating the instance's SimGrid mutex and condition variable are simcalls: other actors may run
-      // meanwhile and create the same instance. Build it first, then look again before inserting.
-      Instance fresh;
-      it = instances_.find(key);
-      if (it == instances_.end()) it = instances_.emplace(key, std::move(fresh)).first;
-    }
-    Instance& inst = it->second;
+    if (symmetry_.enabled) return symmetric_collective(rank, op, group_index, seq);
+    const long long key = static_cast<long long>(group_index) << 32 | seq;
+    Instance& inst = instance(key);
     ++inst.arrived;
     if (inst.arrived == static_cast<int>(group.ranks.size())) {
       // Last to arrive: every member is at the head of its stream, so the collective runs now.
       inst.start = sg4::Engine::get_clock();
       comm_in_flight(group, +1);
-      const GroupShape& shape = shapes_[group_index];
       const std::optional<double> recorded =
           options_.collectives ? options_.collectives->transfer_s(group_index, seq) : std::nullopt;
       CollectiveTraffic t;
-      if (recorded) {
+      if (recorded)
         sg4::this_actor::sleep_for(*recorded);
-      } else {
-        const double bytes = static_cast<double>(op.bytes);
-        const CollectiveAlgorithm algorithm = choose_algorithm(scenario_.cluster, op.kind, bytes, shape);
-        t = run_collective(platform_, {op.kind, bytes, &group, algorithm,
-                                       choose_protocol(scenario_.cluster, algorithm, op.kind, bytes, shape), op.root});
-      }
+      else
+        t = run_group(group_index, op);
       traffic_.intra_node_bytes += t.intra_node_bytes;
       traffic_.inter_node_bytes += t.inter_node_bytes;
       ++result_.collectives;
@@ -323,11 +378,59 @@ class Executor {
     return transfer_start;
   }
 
+  // symmetry.h: the n-th collective of a group class starts when the representatives of its programs have
+  // arrived; every group of the class transfers at once (one helper actor per group past the first), and
+  // the representatives leave when the last group is done.
+  double symmetric_collective(int rank, const CollectiveOp& op, int group_index, long long seq) {
+    RankState& st = ranks_[rank];
+    const int cls = symmetry_.group_class[group_index];
+    const int expected = symmetry_.class_arrivals[cls];
+    const long long key = static_cast<long long>(cls) << 32 | seq;
+    Instance& inst = instance(key);
+    if (++inst.arrived == expected) {
+      inst.start = sg4::Engine::get_clock();
+      const std::vector<int>& groups = simulated_[cls];
+      for (int g : groups) comm_in_flight(schedule_.groups[g], +1);
+      inst.pending = static_cast<int>(groups.size());
+      const int skipped = skipped_[cls];
+      const auto transfer = [this, &inst, op, skipped](int g) {
+        const CollectiveTraffic t = run_group(g, op);
+        // the left-out groups of the class (symmetry: as many bytes as a simulated one inside a node)
+        const double times =
+            schedule_.groups[g].intra_node && skipped > 0 && !inst.counted_skipped ? 1.0 + skipped : 1.0;
+        if (times > 1) inst.counted_skipped = true;
+        traffic_.intra_node_bytes += t.intra_node_bytes * times;
+        traffic_.inter_node_bytes += t.inter_node_bytes * times;
+        if (--inst.pending == 0) inst.cv->notify_all();
+      };
+      for (std::size_t i = 1; i < groups.size(); ++i)
+        sg4::Actor::create("c" + std::to_string(groups[i]), platform_.gpus[schedule_.groups[groups[i]].ranks.front()],
+                           [transfer, g = groups[i]] { transfer(g); });
+      transfer(groups.front());
+      {
+        std::unique_lock<sg4::Mutex> lock(*inst.mutex);
+        while (inst.pending > 0) inst.cv->wait(lock);
+      }
+      result_.collectives += static_cast<long long>(groups.size()) + skipped;
+      for (int g : groups) comm_in_flight(schedule_.groups[g], -1);
+      inst.done = true;
+      inst.cv->notify_all();
+    } else {
+      std::unique_lock<sg4::Mutex> lock(*inst.mutex);
+      while (!inst.done) inst.cv->wait(lock);
+    }
+    const double transfer_start = inst.start;
+    st.comm_busy += sg4::Engine::get_clock() - transfer_start;
+    if (++inst.left == expected) instances_.erase(key);
+    return transfer_start;
+  }
+
   double activation(int unit, ModuleKind kind) const {
     auto it = activation_of_.find({unit, static_cast<int>(kind)});
     return it == activation_of_.end() ? 0 : it->second;
   }
 
+  const SymmetryPlan& symmetry_;
   const Scenario& scenario_;
   const ModelCost& cost_;
   const Schedule& schedule_;
@@ -341,8 +444,11 @@ class Executor {
   std::vector<std::vector<std::vector<int>>> stream_ops_;  // [program][stream] -> op indices
   std::map<std::pair<int, int>, double> activation_of_;    // (unit, module kind) -> bytes
   std::unordered_map<long long, Instance> instances_;
+  std::vector<std::vector<int>> simulated_;  // symmetric: per class, the groups whose flows run
+  std::vector<int> skipped_;                 // symmetric: per class, the groups left out
   CollectiveTraffic traffic_;
   long long ops_executed_ = 0;
+  long long ops_simulated_ = 0;
   SimResult result_;
 
  public:
@@ -372,11 +478,12 @@ namespace {
 
 // The counts of cost.h a schedule gives before there is a platform: ops executed, actors and the ops the
 // timeline records (of the sampled ranks), exactly.
-SimCost schedule_counts(const Schedule& schedule, int steps, int timeline_max_ranks) {
+SimCost schedule_counts(const Schedule& schedule, int steps, int timeline_max_ranks, const SymmetryPlan& symmetry) {
   SimCost cost;
   for (int r : timeline_sample(schedule.world_size, schedule.gpus_per_node, timeline_max_ranks))
     cost.recorded_ops += static_cast<double>(schedule.program_of(r).ops.size()) * steps;
   for (int r = 0; r < schedule.world_size; ++r) {
+    if (symmetry.enabled && symmetry.rep_of[r] != r) continue;  // follows its representative
     const Program& p = schedule.program_of(r);
     std::vector<char> used(schedule.streams.size(), 0);
     for (const Op& op : p.ops) used[op.stream] = 1;
@@ -456,7 +563,17 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
   configure_engine(engine);
   // The budget (cost.h) twice: on what the schedule and the cluster's shape tell before the platform is
   // built (building it is quadratic in its hosts), then with the platform's own counts and the flows.
-  SimCost estimate = schedule_counts(schedule, options.steps, options.timeline_max_ranks);
+  // One rank per program where nothing is per rank (symmetry.h).
+  SymmetryPlan symmetry;
+  if (options.exact)
+    symmetry.why_not = "--exact";
+  else if (scenario.cluster.compute_spread > 0)
+    symmetry.why_not = "cluster.compute_spread gives every GPU its own speed";
+  else if (options.durations != nullptr || options.collectives != nullptr)
+    symmetry.why_not = "recorded durations are per rank";
+  else
+    symmetry = plan_symmetry(schedule);
+  SimCost estimate = schedule_counts(schedule, options.steps, options.timeline_max_ranks, symmetry);
   add_platform_estimate(estimate, scenario.cluster);
   estimate_cost(estimate);
   HZP_RETURN_IF_ERROR(check_budget(estimate, options.budget));
@@ -468,7 +585,7 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
   estimate.links = static_cast<double>(engine.get_link_count());
   estimate_cost(estimate);
   HZP_RETURN_IF_ERROR(check_budget(estimate, after_build));
-  Executor executor(scenario, cost, schedule, options, platform);
+  Executor executor(scenario, cost, schedule, options, platform, symmetry);
   executor.spawn();
   const auto t0 = std::chrono::steady_clock::now();
   engine.run();
@@ -483,6 +600,7 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
                             " of " + std::to_string(expected) + " ops (a deadlock the validator did not catch)");
   SimResult result = executor.finish(wall);
   result.ops_executed = expected;
+  result.symmetry_note = symmetry.why_not;
   result.cost_estimate = estimate;
   return result;
 }

@@ -7,6 +7,7 @@
 // stream per GPU: nothing to share). A collective starts when every member of its group has reached it (NCCL
 // semantics); the last member to arrive runs its flows (sim/collective.h), which share links with every other flow in
 // flight — including collectives of other streams of the same GPU. The executor never re-decides what the IR says.
+// Unless SimOptions::exact, ranks that run one program are simulated once and the others follow (symmetry.h).
 #pragma once
 
 #include <string>
@@ -35,7 +36,8 @@ struct SimOptions {
   // Collectives it has a time for take that time from the last member's arrival instead of running flows
   // (a replayed trace); the others are simulated.
   const CollectiveDurations* collectives = nullptr;
-  SimBudget budget;  // what the simulation may cost to run (cost.h); refused before it starts when past it
+  SimBudget budget;    // what the simulation may cost to run (cost.h); refused before it starts when past it
+  bool exact = false;  // every rank simulated; else one per program where that is exact (symmetry.h)
 };
 
 // One executed op of a recorded rank.
@@ -57,8 +59,11 @@ struct SimResult : StepPerformance {  // memory: of the rank with the highest pe
   int peak_memory_rank = 0;
   std::string memory_verdict;
   double sim_wall_s = 0;
-  SimCost cost_estimate;  // what it was expected to cost before it ran (cost.h)
-  long long ops_executed = 0;
+  SimCost cost_estimate;        // what it was expected to cost before it ran (cost.h)
+  long long ops_executed = 0;   // by every rank (a symmetric simulation counts its ranks' ops too)
+  long long ops_simulated = 0;  // by actors: ops_executed, or the representatives' when symmetric
+  bool symmetric = false;       // one rank per program simulated (symmetry.h)
+  std::string symmetry_note;    // why not, when it could not be
   long long collectives = 0;
   std::vector<int> timeline_ranks;
   std::vector<OpSpan> spans;

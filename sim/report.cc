@@ -40,6 +40,8 @@ nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
        {{"intra_node_per_gpu", r.comm_bytes_intra_node}, {"inter_node_per_gpu", r.comm_bytes_inter_node}}},
       {"sim_wall_s", r.sim_wall_s},
       {"ops_executed", r.ops_executed},
+      {"ops_simulated", r.ops_simulated},
+      {"symmetric", r.symmetric},
       {"collectives", r.collectives},
       {"events_per_s", r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0},
       {"sim_estimated_wall_s", r.cost_estimate.seconds},  // sim/cost.h: what the budget was checked against

@@ -311,10 +311,11 @@ std::string default_scenario_path() {
 
 int run_simulate(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {"--out", "--steps", "--timeline-ranks", "--max-sim-seconds", "--max-sim-GiB"},
-                         /*scenario_required=*/false, {"--timeline-gz"});
+                         /*scenario_required=*/false, {"--timeline-gz", "--exact"});
   if (!args.ok()) return usage_error("simulate", args.status().message());
   const std::string path = args->scenario.value_or(default_scenario_path());
   sim::SimOptions options;
+  options.exact = args->has("--exact");
   auto budget = read_sim_budget([&](const char* flag) { return args->get(flag); });
   if (!budget.ok()) return usage_error("simulate", budget.status().message());
   options.budget = *budget;
@@ -365,6 +366,11 @@ int run_simulate(const std::vector<std::string>& argv) {
   std::printf("  simulation    %lld ops, %lld collectives in %.2f s wall (%.0f ops/s; estimated %.2f s, %.2f GiB)\n",
               r.ops_executed, r.collectives, r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0,
               r.cost_estimate.seconds, r.cost_estimate.resident_bytes / GiB);
+  if (r.symmetric)
+    std::printf("  symmetry      %lld ops simulated: one rank per program, every group's flows (--exact: every rank)\n",
+                r.ops_simulated);
+  else
+    std::printf("  symmetry      every rank simulated (%s)\n", r.symmetry_note.c_str());
   return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r,
                            args->has("--timeline-gz"));
 }
@@ -636,7 +642,7 @@ const std::vector<Command>& commands() {
        "groups, then ops in program order with their stream and dependencies.\n" HZP_SCENARIO_INPUT_HELP,
        run_schedule},
       {"simulate", "simulate a training step on the SimGrid model of the cluster",
-       "usage: hzp simulate [SCENARIO] [--out DIR] [--steps N] [--timeline-ranks K] [--timeline-gz]\n"
+       "usage: hzp simulate [SCENARIO] [--out DIR] [--steps N] [--timeline-ranks K] [--timeline-gz] [--exact]\n"
        "                    [--max-sim-seconds S] [--max-sim-GiB G] [--set PATH=VALUE]...\n\n"
        "Runs the scenario's schedule on a SimGrid model of its cluster (NVSwitch or full-mesh nodes, NIC\n"
        "rails, fat-tree) with every collective as flows that share links. SCENARIO defaults to\n"
@@ -646,7 +652,8 @@ const std::vector<Command>& commands() {
        "well: a smaller K samples fewer GPUs; --timeline-gz gzips it at any size). DIR defaults to out/<scenario "
        "name>. --steps N runs N steps back to\n"
        "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory "
-       "false).\n" HZP_SCENARIO_INPUT_HELP "\n" HZP_SIM_BUDGET_HELP,
+       "false).\nRanks that run the same program are simulated once, with every group's flows (sim/symmetry.h);\n"
+       "--exact simulates every rank.\n" HZP_SCENARIO_INPUT_HELP "\n" HZP_SIM_BUDGET_HELP,
        run_simulate},
       {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU) or a trace",
        "usage: hzp calibrate SCENARIO (--tokens-per-gpu-s X | --step-time-s X | --mfu X) [--out FILE]\n"
