@@ -54,9 +54,9 @@ expect 2 "past the budget of" 60 "replay under a tiny time budget" \
 # Under an address-space limit, the actors' reserved stacks (256 KiB each) count: refused, not killed. (Not
 # under AddressSanitizer, whose shadow memory alone is terabytes of address space.)
 if ! ldd "$hzp" 2>/dev/null | grep -q libasan; then
-  expect 2 "ulimit -v" 60 "16,384 GPUs under ulimit -v 4 GiB" \
+  expect 2 "ulimit -v" 60 "16,384 GPUs under ulimit -v 4 GiB, every rank simulated" \
     bash -c "ulimit -v 4194304 && exec \"\$0\" \"\$@\"" "$hzp" simulate "$out/z3.json" --out "$out/s" \
-    --set cluster.nodes=2048 --set training.global_batch_sequences=16384
+    --set cluster.nodes=2048 --set training.global_batch_sequences=16384 --exact
   # JSON documents too: a trace of 6 M tiny members decodes into ~580 MB, refused under 1 GB of address
   # space before parsing (it died of std::bad_alloc at 256 MiB under ulimit -v 2000000).
   python3 - "$root/traces/tiny_dense_4ranks.json" "$out/members.json" <<'PY'

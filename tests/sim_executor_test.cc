@@ -2,10 +2,13 @@
 // own process: ctest does that (one test per case); running this binary on several cases at once does not.
 #include "tests/test_util.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "shared/cost/collective_cost.h"
 #include "sim/breakdown.h"
@@ -16,9 +19,10 @@ using namespace hzp::test;
 
 namespace {
 
-sim::SimResult run_sim(const Built& b, int steps = 1) {
+sim::SimResult run_sim(const Built& b, int steps = 1, bool exact = false) {
   sim::SimOptions options;
   options.steps = steps;
+  options.exact = exact;
   auto r = sim::simulate(b, options);
   if (!r.ok()) FAIL(r.status().message());
   return *r;
@@ -135,19 +139,28 @@ TEST_CASE("sim: a second simulation in the same process is refused", "[sim]") {
   CHECK_THAT(again.status().message(), Catch::Contains("one SimGrid simulation per process"));
 }
 
-TEST_CASE("sim: the event log of a tiny scenario matches its golden file", "[sim][golden]") {
-  auto scenario = load_scenario_file(std::string(HZP_TEST_DATA_DIR) + "/golden/zero3.json");
-  REQUIRE(scenario.ok());
-  const Built b = build(*scenario);
-  const sim::SimResult r = run_sim(b);
-  std::ostringstream log;
+// One line per op span: "start end rank=R step=S op=O [stream]".
+std::vector<std::string> event_log(const Built& b, const sim::SimResult& r) {
+  std::vector<std::string> lines;
   char line[256];
   for (const sim::OpSpan& s : r.spans) {
     std::snprintf(line, sizeof line, "%.9f %.9f rank=%d step=%d op=%d [%s]\n", s.start, s.end, s.rank, s.step, s.op,
                   to_string(b.schedule.streams[b.schedule.program_of(s.rank).ops[s.op].stream]));
-    log << line;
+    lines.push_back(line);
   }
-  const std::string path = std::string(HZP_SOURCE_DIR) + "/tests/golden/sim_zero3_events.txt";
+  return lines;
+}
+
+const char* kGoldenEvents = "/tests/golden/sim_zero3_events.txt";
+
+TEST_CASE("sim: the event log of a tiny scenario matches its golden file", "[sim][golden]") {
+  auto scenario = load_scenario_file(std::string(HZP_TEST_DATA_DIR) + "/golden/zero3.json");
+  REQUIRE(scenario.ok());
+  const Built b = build(*scenario);
+  const sim::SimResult r = run_sim(b, 1, /*exact=*/true);  // every rank: the reference the symmetric run matches
+  std::ostringstream log;
+  for (const std::string& line : event_log(b, r)) log << line;
+  const std::string path = std::string(HZP_SOURCE_DIR) + kGoldenEvents;
   if (std::getenv("HZP_UPDATE_GOLDEN")) {
     std::ofstream(path) << log.str();
     WARN("rewrote " << path);
@@ -155,6 +168,23 @@ TEST_CASE("sim: the event log of a tiny scenario matches its golden file", "[sim
   }
   INFO("golden file " << path << " (HZP_UPDATE_GOLDEN=1 regenerates it after an intended change)");
   CHECK(log.str() == read_file(path));
+}
+
+// sim/symmetry.h: the symmetric run simulates rank 0 alone and lets the other ranks follow it; every rank's
+// events are the full simulation's, to the nanosecond (the golden file, in another order).
+TEST_CASE("sim: the symmetric event log is the full simulation's, rank by rank", "[sim][golden]") {
+  auto scenario = load_scenario_file(std::string(HZP_TEST_DATA_DIR) + "/golden/zero3.json");
+  REQUIRE(scenario.ok());
+  const Built b = build(*scenario);
+  const sim::SimResult r = run_sim(b);
+  REQUIRE(r.symmetric);
+  CHECK(r.ops_simulated * b.schedule.world_size == r.ops_executed);
+  std::vector<std::string> got = event_log(b, r), want;
+  std::istringstream golden(read_file(std::string(HZP_SOURCE_DIR) + kGoldenEvents));
+  for (std::string line; std::getline(golden, line);) want.push_back(line + "\n");
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  CHECK(got == want);
 }
 
 TEST_CASE("sim: timeline is a Chrome trace with one process per GPU and one thread per stream", "[sim]") {
