@@ -32,11 +32,14 @@ double memory_allowance() {
   return std::min({0.75 * physical, cgroup_limit(), rlimit(RLIMIT_DATA), rlimit(RLIMIT_RSS)});
 }
 
-double address_space_limit() { return rlimit(RLIMIT_AS); }
+double address_space_limit() {
+  return rlimit(RLIMIT_AS);
+}
 
 double address_space_mapped() {
   double pages = 0;
-  if (std::ifstream statm("/proc/self/statm"); statm >> pages) return pages * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (std::ifstream statm("/proc/self/statm"); statm >> pages)
+    return pages * static_cast<double>(sysconf(_SC_PAGESIZE));
   return 0;
 }
 
