@@ -1,6 +1,7 @@
 // Entry point of the `hzp` CLI: dispatches to the subcommand table in cli_commands.cc.
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -47,7 +48,16 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
-    return c.run(rest);
+    // Memory a command could not get (an input past what the process's limits allow, where no estimate
+    // refused it first) ends the command with a message, not std::terminate.
+    try {
+      return c.run(rest);
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr,
+                   "hzp: error: out of memory: the input needs more than this process's memory limits "
+                   "(ulimit -v, cgroup) allow\n");
+      return 2;
+    }
   }
   std::fprintf(stderr, "hzp: unknown command %s\n\n", hzp::quoted(args[0], 60).c_str());
   print_usage(stderr);
