@@ -368,13 +368,20 @@ class Executor {
       comm_in_flight(group, -1);
       inst.done = true;
       inst.cv->notify_all();
-    } else {
+    }
+    return leave(st, inst, key, static_cast<int>(group.ranks.size()));
+  }
+
+  // A member leaves a collective instance once it is done (waiting for it unless it ran it): its transfer
+  // time is counted, and the last of `members` to leave drops the instance. Returns the transfer's start.
+  double leave(RankState& st, Instance& inst, long long key, int members) {
+    if (!inst.done) {
       std::unique_lock<sg4::Mutex> lock(*inst.mutex);
       while (!inst.done) inst.cv->wait(lock);
     }
     const double transfer_start = inst.start;
     st.comm_busy += sg4::Engine::get_clock() - transfer_start;
-    if (++inst.left == static_cast<int>(group.ranks.size())) instances_.erase(key);
+    if (++inst.left == members) instances_.erase(key);
     return transfer_start;
   }
 
@@ -415,14 +422,8 @@ class Executor {
       for (int g : groups) comm_in_flight(schedule_.groups[g], -1);
       inst.done = true;
       inst.cv->notify_all();
-    } else {
-      std::unique_lock<sg4::Mutex> lock(*inst.mutex);
-      while (!inst.done) inst.cv->wait(lock);
     }
-    const double transfer_start = inst.start;
-    st.comm_busy += sg4::Engine::get_clock() - transfer_start;
-    if (++inst.left == expected) instances_.erase(key);
-    return transfer_start;
+    return leave(st, inst, key, expected);
   }
 
   double activation(int unit, ModuleKind kind) const {
