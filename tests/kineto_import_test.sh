@@ -4,7 +4,7 @@
 # back within 3 % of the GPU kernel time per step the recording script measured (61.0 ms dense, 110 ms
 # MoE; traces/kineto/README.md); the two DDP/gloo rank files merge into one 2-rank trace whose replay
 # is within 3 % of its own recorded step; the one-GPU dense trace's what-ifs at 8 and 1024 GPUs run; each
-# trace given the other model's scenario is refused.
+# trace given the other model's scenario is refused; so is a profile whose trace would pass what replay reads.
 # Usage: bash tests/kineto_import_test.sh HZP_BINARY
 case "${1:-}" in -h|--help|"") sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; [ -n "${1:-}" ]; exit $? ;; esac
 set -euo pipefail
@@ -58,4 +58,25 @@ mismatch() {  # TRACE SCENARIO EXPECTED_TEXT
 }
 mismatch kineto_llama134m_b16_t1024.json.gz moe-e8top2-h100 "shows no token routing"
 mismatch kineto_moe_e8top2_b16_t1024.json.gz llama134m-h100 "routes tokens as a MoE does"
+# A profile of 7,000 tiny steps of a 48-layer model makes a trace past the 256 MiB hzp replay reads: import
+# stops there, naming the event, and writes nothing (it wrote 1.8 GB of JSON tree before).
+python3 - "$out/many.json" <<'PY'
+import json, sys
+events, t, cid = [], 1000.0, 1
+for step in range(7000):
+    for phase in ("forward", "backward", "optimizer"):
+        events.append({"ph": "X", "cat": "user_annotation", "name": phase, "pid": 1, "tid": 1, "ts": t, "dur": 10.0})
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t + 1,
+                       "dur": 1.0, "args": {"correlation": cid}})
+        events.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t + 2, "dur": 5.0,
+                       "args": {"correlation": cid, "device": 0}})
+        cid, t = cid + 1, t + 12
+json.dump({"traceEvents": events, "deviceProperties": [{"name": "NVIDIA H100 80GB HBM3"}]}, open(sys.argv[1], "w"))
+PY
+if "$hzp" import "$out/many.json" --scenario "$root/scenarios/kineto/llama134m-h100.json" --set model.layers=48 \
+  --out "$out/many-trace.json" >"$out/log" 2>&1; then
+  echo "FAIL: a trace past 256 MiB was written"; exit 1
+fi
+grep -q "the trace passes 256 MiB, what hzp replay reads, at event" "$out/log" || { cat "$out/log"; exit 1; }
+[ ! -e "$out/many-trace.json" ] && [ ! -e "$out/many-trace.json.tmp" ] || { echo "FAIL: a file was left"; exit 1; }
 echo "kineto import: all checks passed"

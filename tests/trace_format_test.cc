@@ -42,7 +42,25 @@ TEST_CASE("trace format: the shipped traces read back and write out the same eve
     auto again = hzp::trace_from_json(hzp::trace_to_json(*t));
     REQUIRE(again.ok());
     CHECK(again->events.size() == t->events.size());
+    // The text made one event at a time is the tree's text, byte for byte.
+    auto text = hzp::trace_json_text(*t);
+    REQUIRE(text.ok());
+    CHECK(*text == hzp::trace_to_json(*t).dump());
   }
+}
+
+TEST_CASE("trace format: a trace's text stops at its byte limit, naming the event and step", "[trace][errors]") {
+  auto t = hzp::load_trace_file(std::string(HZP_SOURCE_DIR) + "/traces/tiny_dense_4ranks.json");
+  REQUIRE(t.ok());
+  const std::size_t bytes = hzp::trace_to_json(*t).dump().size();
+  CHECK(hzp::trace_json_text(*t, bytes).ok());
+  auto cut = hzp::trace_json_text(*t, bytes - 1);
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.status().code() == hzp::StatusCode::kInvalidInput);
+  CHECK_THAT(cut.status().message(),
+             Catch::Contains("what hzp replay reads, at event " + std::to_string(t->events.size() - 1) + " of " +
+                             std::to_string(t->events.size())));
+  CHECK_THAT(hzp::trace_json_text(*t, 1000).status().message(), Catch::Contains("at event 0 of"));
 }
 
 TEST_CASE("trace format: bad traces name the event and the field", "[trace][errors]") {

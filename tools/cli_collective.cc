@@ -365,6 +365,10 @@ int run_collective_command(const std::vector<std::string>& args) {
   auto options = parse_options(args);
   if (!options.ok()) return usage_error(options.status().message());
   const Options& o = *options;
+  std::vector<NamedPath> outputs;
+  for (const auto& [flag, path] : {std::pair{"--csv", o.csv}, std::pair{"--json", o.json}})
+    if (path) outputs.push_back({flag, *path});
+  if (Status st = check_output_files(outputs, {{"--cluster", o.cluster}}); !st.ok()) return fail(st);
   auto json = cluster_json(o.cluster);
   if (!json.ok()) return fail(json.status());
   auto probe = parse_cluster(*json);  // the preset's GPUs per node decide the default node count

@@ -86,6 +86,12 @@ Status write_output(const std::string& dir, const std::string& name, const std::
   return write_file_atomic((std::filesystem::path(dir) / name).string(), text);
 }
 
+// Checks up front (files.h) the files write_sim_outputs writes into DIR: none may be an input, a FIFO, a
+// device or a directory, and DIR must be writable.
+Status check_sim_outputs(const std::string& dir, const std::vector<NamedPath>& inputs) {
+  return check_output_files(files_in_dir("--out", dir, {"summary.json", "timeline.json", "timeline.json.gz"}), inputs);
+}
+
 // A timeline of more JSON than this is written gzipped (a 256-GPU tensor x pipeline step writes ~140 MB).
 constexpr std::size_t kTimelineGzipBytes = 32u << 20;
 
@@ -159,6 +165,8 @@ int run_validate(const std::vector<std::string>& argv) {
 
 // `hzp calibrate --trace TRACE`: the efficiencies of the trace's scenario fitted to its recorded op times.
 int calibrate_from_trace(const std::string& path, const std::optional<std::string>& out) {
+  if (out)
+    if (Status st = check_output_files({{"--out", *out}}, {{"--trace", path}}); !st.ok()) return fail(st);
   auto trace = load_trace_file(path);
   if (!trace.ok()) return fail(trace.status());
   auto recorded = parse_scenario(trace->scenario_config, trace->scenario);
@@ -212,6 +220,8 @@ int run_calibrate(const std::vector<std::string>& argv) {
   }
   if (!measured)
     return usage_error("calibrate", "missing the measurement (--tokens-per-gpu-s, --step-time-s or --mfu)");
+  if (auto out = args->get("--out"))
+    if (Status st = check_output_files({{"--out", *out}}, {{"SCENARIO", *args->scenario}}); !st.ok()) return fail(st);
   auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   auto fit = fit_compute_efficiency(*scenario, *measured);
@@ -264,11 +274,17 @@ int run_plan(const std::vector<std::string>& argv) {
         *field = *n;
       }
     }
-    return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs),
-                           args->get("--out").value_or("out/" + safe_file_name(scenario->name) + "-plan"));
+    const std::string out = args->get("--out").value_or("out/" + safe_file_name(scenario->name) + "-plan");
+    if (Status st =
+            check_output_files(files_in_dir("--out", out, {"plan.json", "best.json"}), {{"SCENARIO", *args->scenario}});
+        !st.ok())
+      return fail(st);
+    return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs), out);
   }
-  if (auto out = args->get("--out"); out && !ensure_writable_dir(*out, "--out").ok())
-    return fail(ensure_writable_dir(*out, "--out"));
+  if (auto out = args->get("--out"))
+    if (Status st = check_output_files(files_in_dir("--out", *out, {"plan.json"}), {{"SCENARIO", *args->scenario}});
+        !st.ok())
+      return fail(st);
   auto plan = plan_presets(*scenario);
   if (!plan.ok()) return fail(plan.status());
   std::printf("%s", plan_table(*scenario, *plan).c_str());
@@ -332,7 +348,7 @@ int run_simulate(const std::vector<std::string>& argv) {
   auto scenario = load(path, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   const std::string out_dir = args->get("--out").value_or("out/" + safe_file_name(scenario->name));
-  if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
+  if (Status s = check_sim_outputs(out_dir, {{"SCENARIO", path}}); !s.ok()) return fail(s);
   auto compiled = compile(*scenario);
   if (!compiled.ok()) return fail(compiled.status());
   const Schedule* schedule = &compiled->schedule;
@@ -393,13 +409,14 @@ int run_import(const std::vector<std::string>& argv) {
   if (!compiled.ok()) return fail(compiled.status().prefixed("--scenario: "));
   const Scenario* scenario = &compiled->scenario;
   const Schedule* schedule = &compiled->schedule;
+  const std::string out = parsed->get("--out").value_or("out/import-" + safe_file_name(scenario->name) + ".json");
+  std::vector<NamedPath> inputs = {{"--scenario", *scenario_path}};
+  for (const std::string& path : parsed->positional) inputs.push_back({"profile", path});
+  if (Status s = check_output_files({{"--out", out}}, inputs); !s.ok()) return fail(s);
   if (static_cast<int>(parsed->positional.size()) != schedule->world_size)
     return fail(Status::InvalidInput("the scenario has " + std::to_string(schedule->world_size) + " ranks; " +
                                      std::to_string(parsed->positional.size()) +
                                      " profiler files were given (one per rank)"));
-  const std::string out = parsed->get("--out").value_or("out/import-" + safe_file_name(scenario->name) + ".json");
-  const std::string out_dir = std::filesystem::path(out).parent_path().string();
-  if (Status s = ensure_writable_dir(out_dir.empty() ? "." : out_dir, "--out"); !s.ok()) return fail(s);
 
   std::vector<KinetoProfile> profiles;
   for (const std::string& path : parsed->positional) {
@@ -450,7 +467,9 @@ int run_import(const std::vector<std::string>& argv) {
               scenario->name.c_str(), to_string(schedule->policy), schedule->world_size,
               schedule->world_size == 1 ? "" : "s", imported->steps, imported->steps == 1 ? "" : "s", compute[0],
               parsed->has("--include-idle") ? " (GPU idle gaps inside each phase included)" : "");
-  if (Status s = write_file_atomic(out, trace_to_json(imported->trace).dump()); !s.ok()) return fail(s);
+  auto text = trace_json_text(imported->trace);
+  if (!text.ok()) return fail(text.status());
+  if (Status s = write_file_atomic(out, *text); !s.ok()) return fail(s);
   std::printf("wrote %s (hzp replay %s [--scenario OVERRIDES.json])\n", out.c_str(), out.c_str());
   return 0;
 }
@@ -500,7 +519,10 @@ int run_replay(const std::vector<std::string>& argv) {
       options.steps = static_cast<int>(*n);
     }
     const std::string out_dir = args->get("--out").value_or("out/what-if-" + safe_file_name(scenario->name));
-    if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
+    if (Status s =
+            check_sim_outputs(out_dir, {{"TRACE", *args->scenario}, {"--scenario", overrides_path.value_or("")}});
+        !s.ok())
+      return fail(s);
     auto compiled = compile(*scenario);
     if (!compiled.ok()) return fail(compiled.status());
     const Schedule* schedule = &compiled->schedule;
@@ -545,7 +567,7 @@ int run_replay(const std::vector<std::string>& argv) {
   const Scenario& scenario = replayed.scenario;
   const Schedule& schedule = replayed.schedule;
   const std::string out_dir = args->get("--out").value_or("out/replay-" + safe_file_name(scenario.name));
-  if (Status s = ensure_writable_dir(out_dir, "--out"); !s.ok()) return fail(s);
+  if (Status s = check_sim_outputs(out_dir, {{"TRACE", *args->scenario}}); !s.ok()) return fail(s);
   const RooflineDurations roofline(scenario.cluster);
   auto recorded = TraceDurations::make(*trace, schedule, roofline);
   if (!recorded.ok()) return fail(recorded.status());

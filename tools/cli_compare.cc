@@ -206,6 +206,8 @@ int run_compare_command(const std::vector<std::string>& args) {
   const std::string b_arg = b_given ? parsed->positional[1] : a_arg;
   if (a_arg == "-" && b_arg == "-")
     return usage_error(b_given ? "stdin can be only one side" : "without B, A cannot be stdin");
+  if (auto path = parsed->get("--json"))
+    if (Status st = check_output_files({{"--json", *path}}, {{"A", a_arg}, {"B", b_arg}}); !st.ok()) return fail(st);
   auto a = read_side(a_arg, b_given ? sets : std::vector<std::string>{});
   if (!a.ok()) return fail(a.status());
   auto b = read_side(b_arg, sets);

@@ -403,8 +403,11 @@ void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const st
     const std::string stdout_path = (run.out / "stdout.txt").string(), stderr_path = (run.out / "stderr.txt").string();
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    // New files, never through what a folder left over from an earlier run holds there (a link, a FIFO).
+    for (const std::string& path : {stdout_path, stderr_path}) ::unlink(path.c_str());
+    constexpr int kNew = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;  // no O_CLOEXEC: these are fds 1 and 2 of the child
+    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), kNew, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), kNew, 0644);
     std::vector<std::string> args = {exe, "simulate", file.string(), "--out", run.out.string(), "--timeline-ranks",
                                      "8"};
     std::vector<char*> argv;

@@ -256,16 +256,18 @@ std::string first_step_dir(const std::string& dir) {
 }  // namespace
 
 Status check_outputs(const TrainOptions& options) {
-  if (!options.out_dir.empty()) HZP_RETURN_IF_ERROR(ensure_writable_dir(options.out_dir, "--out"));
-  for (const auto& [flag, path] :
-       {std::pair{"--trace", options.trace_path}, std::pair{"--perfetto", options.perfetto_path}}) {
-    if (path.empty()) continue;
-    std::error_code ec;  // the non-throwing forms throughout: a link loop in a user's path is an error, not a crash
-    if (fs::is_directory(path, ec))
-      return Status::InvalidInput(std::string(flag) + " " + printable(path, 200) + ": is a directory");
-    const fs::path parent = fs::path(path).parent_path();
-    HZP_RETURN_IF_ERROR(ensure_writable_dir(parent.empty() ? "." : parent.string(), flag));
+  // Every output file up front (rank 0's memory file stands for the others): none is an input, a FIFO, a
+  // device or a directory, none is another, and each folder is writable.
+  std::vector<NamedPath> outputs;
+  if (!options.out_dir.empty()) {
+    HZP_RETURN_IF_ERROR(ensure_writable_dir(options.out_dir, "--out"));
+    outputs = files_in_dir("--out", options.out_dir, {"summary.json", "metrics.jsonl", "memory_rank0.json"});
   }
+  for (const auto& [flag, path] :
+       {std::pair{"--trace", options.trace_path}, std::pair{"--perfetto", options.perfetto_path}})
+    if (!path.empty()) outputs.push_back({flag, path});
+  HZP_RETURN_IF_ERROR(
+      check_output_files(outputs, {{"SCENARIO", options.scenario_path}, {"--data", options.data_path}}));
   if (!options.checkpoint_dir.empty())
     HZP_RETURN_IF_ERROR(ensure_writable_dir(options.checkpoint_dir, "--checkpoint-dir"));
   if (options.resume) HZP_RETURN_IF_ERROR(read_latest(options.checkpoint_dir).status());
@@ -651,10 +653,10 @@ int RankRun::write_traces() {
   const std::string base =
       options_.trace_path.empty() ? options_.perfetto_path + ".hzp-trace.json" : options_.trace_path;
   const std::string part = base + ".rank" + std::to_string(env_.rank);
-  if (Status st =
-          write_json_atomic(part, trace_to_json(rank_trace(scenario_, schedule_, env_.rank, executor_->trace())));
-      !st.ok())
-    return fatal(st);
+  // As text, one event at a time, and no larger than hzp replay (and the merge below) reads.
+  auto text = trace_json_text(rank_trace(scenario_, schedule_, env_.rank, executor_->trace()));
+  if (!text.ok()) return fatal(text.status().prefixed("--trace: "));
+  if (Status st = write_file_atomic(part, *text); !st.ok()) return fatal(st);
   if (Status st = store_barrier(*store_, "hzp/trace", env_.rank, env_.world_size, false, timeout_); !st.ok())
     return fatal(st);
   if (!lead_) return 0;
@@ -670,7 +672,9 @@ int RankRun::write_traces() {
   auto trace = merge_traces(std::move(parts));
   if (!trace.ok()) return fatal(trace.status());
   if (!options_.trace_path.empty()) {
-    if (Status st = write_json_atomic(options_.trace_path, trace_to_json(*trace)); !st.ok()) return fatal(st);
+    auto merged = trace_json_text(*trace);
+    if (!merged.ok()) return fatal(merged.status().prefixed("--trace: "));
+    if (Status st = write_file_atomic(options_.trace_path, *merged); !st.ok()) return fatal(st);
     wrote_.push_back(options_.trace_path + " (trace)");
   }
   if (!options_.perfetto_path.empty()) {

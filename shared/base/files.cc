@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <utility>
 
 #include <zlib.h>
 
@@ -42,6 +44,34 @@ void sync_dir(const fs::path& dir) {
   ::close(fd);
 }
 
+// What a file that is not a regular one is, for errors: " (a FIFO)".
+std::string kind_note(mode_t mode) {
+  return S_ISDIR(mode)    ? " (a directory)"
+         : S_ISFIFO(mode) ? " (a FIFO)"
+         : S_ISCHR(mode)  ? " (a device)"
+         : S_ISBLK(mode)  ? " (a block device)"
+         : S_ISSOCK(mode) ? " (a socket)"
+                          : "";
+}
+
+// The identity of what `path` names (links followed), if it exists.
+std::optional<std::pair<dev_t, ino_t>> file_id(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::pair{st.st_dev, st.st_ino};
+}
+
+// Whether two paths name the same file: the same inode when both exist, else the same absolute path once
+// `.`, `..` and the links of the existing part are resolved.
+bool same_file(const std::string& a, const std::string& b) {
+  const auto ia = file_id(a), ib = file_id(b);
+  if (ia || ib) return ia == ib;
+  std::error_code ec1, ec2;
+  const fs::path ca = fs::weakly_canonical(fs::absolute(a, ec1), ec1);
+  const fs::path cb = fs::weakly_canonical(fs::absolute(b, ec2), ec2);
+  return !ec1 && !ec2 && ca == cb;
+}
+
 }  // namespace
 
 Result<int> open_regular_file(const std::string& path) {
@@ -52,11 +82,7 @@ Result<int> open_regular_file(const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::InvalidInput(shown + ": not a regular file" +
-                                (S_ISDIR(st.st_mode)    ? " (a directory)"
-                                 : S_ISFIFO(st.st_mode) ? " (a FIFO)"
-                                 : S_ISCHR(st.st_mode)  ? " (a device)"
-                                                        : ""));
+    return Status::InvalidInput(shown + ": not a regular file" + kind_note(st.st_mode));
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
@@ -135,6 +161,10 @@ Result<int> create_temp_file(const std::string& tmp) {
 }
 
 Status write_file_atomic(const std::string& path, const std::string& text) {
+  struct stat there {};
+  if (::stat(path.c_str(), &there) == 0 && !S_ISREG(there.st_mode))
+    return Status::InvalidInput(printable(path, 200) + ": not a regular file" + kind_note(there.st_mode) +
+                                ", not replaced");
   const std::string tmp = path + ".tmp";
   HZP_ASSIGN_OR_RETURN(const int fd, create_temp_file(tmp));
   Status st = write_all(fd, text, tmp);
@@ -194,6 +224,43 @@ Status ensure_writable_dir(const std::string& dir, const std::string& what) {
   ::close(fd);
   ::unlink(probe.c_str());
   return Status::Ok();
+}
+
+Status check_output_files(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [what, path] = outputs[i];
+    const std::string shown = what + " " + printable(path, 200);
+    if (path.empty()) return Status::InvalidInput(what + ": empty path");
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      return Status::InvalidInput(shown + ": not a regular file" + kind_note(st.st_mode) +
+                                  "; hzp writes a new file and renames it over the old one");
+    if (path.back() == '/') return Status::InvalidInput(shown + ": names a directory, not a file");
+    const fs::path parent = fs::path(path).parent_path();
+    HZP_RETURN_IF_ERROR(ensure_writable_dir(parent.empty() ? "." : parent.string(), what));
+    for (const auto& [input_what, input] : inputs) {
+      const auto id = input == "-" ? std::nullopt : file_id(input);  // one not there is not overwritten
+      if (!id) continue;
+      const std::string named = input_what + " " + printable(input, 200);
+      if (file_id(path) == id)
+        return Status::InvalidInput(shown + ": is the same file as " + named + ", which it would overwrite");
+      if (file_id(path + ".tmp") == id)
+        return Status::InvalidInput(shown + ": its temporary file " + printable(path + ".tmp", 200) + " is " + named);
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (!same_file(path, outputs[j].path)) continue;
+      return Status::InvalidInput(shown + ": is the same file as " + outputs[j].what + " " +
+                                  printable(outputs[j].path, 200) + "; give each output its own");
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<NamedPath> files_in_dir(const std::string& what, const std::string& dir,
+                                    const std::vector<std::string>& names) {
+  std::vector<NamedPath> out;
+  for (const std::string& name : names) out.push_back({what, (fs::path(dir) / name).string()});
+  return out;
 }
 
 std::string safe_file_name(const std::string& name) {

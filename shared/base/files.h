@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "shared/base/status.h"
 
@@ -31,7 +32,8 @@ Result<int> create_temp_file(const std::string& tmp);
 // Writes `text` to `path` so that a reader sees the old file or the complete new one, and a power loss
 // after the call returns loses neither: write PATH.tmp (create_temp_file), fsync it, rename over PATH,
 // fsync the directory. The rename replaces a link at PATH rather than writing through it: nothing is
-// written outside PATH's directory.
+// written outside PATH's directory. A directory, FIFO, device or socket at PATH (or a link's target) is
+// kInvalidInput and stays as it is.
 Status write_file_atomic(const std::string& path, const std::string& text);
 
 // `text` as a gzip stream (RFC 1952, zlib's default level), which read_maybe_gzip_file, gzip and Perfetto read.
@@ -40,6 +42,25 @@ Result<std::string> gzip_text(const std::string& text);
 // Creates `dir` (and parents) if needed and proves it writable by creating and removing a probe file.
 // `what` names the option or field in the error, e.g. "--out".
 Status ensure_writable_dir(const std::string& dir, const std::string& what);
+
+// A path a command reads or writes, named by its option or field: {"--out", "plan.json"}.
+struct NamedPath {
+  std::string what;
+  std::string path;
+};
+
+// Checks a command's output files before its work, so that it fails at once rather than after it (or
+// half-way through its outputs). Each output is a non-empty path that names a regular file or nothing —
+// not a directory, FIFO, device or socket, nor a link to one (write_file_atomic would replace it) — in a
+// directory that exists or can be created, and is writable. No two outputs are the same file, and no output
+// is one of `inputs` (a file that exists; "-", stdin, and preset names are skipped), nor would its
+// temporary PATH.tmp replace one. Two paths are the same file when they name one inode (a link or another
+// spelling counts) or, before either exists, the same absolute path. Errors name both options.
+Status check_output_files(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs = {});
+
+// The outputs DIR/name for each of `names`, named "WHAT DIR/name" in errors (--out out/x/summary.json).
+std::vector<NamedPath> files_in_dir(const std::string& what, const std::string& dir,
+                                    const std::vector<std::string>& names);
 
 // A name made safe as one path component: letters, digits, '-', '_', '.' kept; everything else becomes
 // '_'; never empty, never "." or "..", at most 100 bytes.

@@ -179,37 +179,40 @@ TraceEvent trace_event(const Schedule& schedule, int rank, int op, std::int64_t 
   return e;
 }
 
-json trace_to_json(const Trace& t) {
+namespace {
+
+json event_to_json(const Trace& t, const TraceEvent& e) {
+  json j = {{"rank", e.rank},
+            {"step", e.step},
+            {"op", e.op},
+            {"stream", t.streams[e.stream]},
+            {"kind", to_string(e.kind)},
+            {"start_us", e.start_us},
+            {"end_us", e.end_us},
+            {"layer", e.layer}};
+  if (e.kind == TraceKind::kCompute) {
+    j["module"] = to_string(e.module);
+    j["phase"] = to_string(e.phase);
+    j["micro_batch"] = e.micro_batch;
+  } else if (is_collective(e.kind)) {
+    j["micro_batch"] = e.micro_batch;
+    j["bytes"] = e.bytes;
+    j["payload"] = to_string(e.payload);
+    j["group"] = e.group;
+    j["role"] = t.groups[e.group].role;
+  } else if (e.kind == TraceKind::kOptimizerStep) {
+    j["bucket"] = e.bucket;
+  } else {
+    j["pool"] = t.pools[e.pool];
+  }
+  return j;
+}
+
+// The document without its events (an empty "events" array).
+json header_to_json(const Trace& t) {
   json groups = json::array();
   for (std::size_t g = 0; g < t.groups.size(); ++g)
     groups.push_back({{"index", g}, {"role", t.groups[g].role}, {"ranks", t.groups[g].ranks}});
-  json events = json::array();
-  for (const TraceEvent& e : t.events) {
-    json j = {{"rank", e.rank},
-              {"step", e.step},
-              {"op", e.op},
-              {"stream", t.streams[e.stream]},
-              {"kind", to_string(e.kind)},
-              {"start_us", e.start_us},
-              {"end_us", e.end_us},
-              {"layer", e.layer}};
-    if (e.kind == TraceKind::kCompute) {
-      j["module"] = to_string(e.module);
-      j["phase"] = to_string(e.phase);
-      j["micro_batch"] = e.micro_batch;
-    } else if (is_collective(e.kind)) {
-      j["micro_batch"] = e.micro_batch;
-      j["bytes"] = e.bytes;
-      j["payload"] = to_string(e.payload);
-      j["group"] = e.group;
-      j["role"] = t.groups[e.group].role;
-    } else if (e.kind == TraceKind::kOptimizerStep) {
-      j["bucket"] = e.bucket;
-    } else {
-      j["pool"] = t.pools[e.pool];
-    }
-    events.push_back(std::move(j));
-  }
   // Summaries for readers, from the scenario as recorded (whatever its fields hold: null when not an integer).
   const json& sc = t.scenario_config;
   auto field = [&](const char* object, const char* key) -> json {
@@ -235,7 +238,38 @@ json trace_to_json(const Trace& t) {
           {"streams", t.streams},
           {"groups", groups},
           {"pools", t.pools},
-          {"events", events}};
+          {"events", json::array()}};
+}
+
+}  // namespace
+
+json trace_to_json(const Trace& t) {
+  json doc = header_to_json(t);
+  json& events = doc["events"];
+  for (const TraceEvent& e : t.events) events.push_back(event_to_json(t, e));
+  return doc;
+}
+
+Result<std::string> trace_json_text(const Trace& t, std::size_t max_bytes) {
+  // nlohmann orders an object's keys: "events" is the document's first, so its array opens the text.
+  const std::string header = header_to_json(t).dump();
+  const std::string opening = R"({"events":[],)";
+  if (header.compare(0, opening.size(), opening) != 0) return Status::Internal("trace header: unexpected layout");
+  std::string text = R"({"events":[)";
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    if (i > 0) text += ',';
+    text += event_to_json(t, t.events[i]).dump();
+    if (text.size() + 2 + header.size() - opening.size() > max_bytes)  // the whole text, were it to end here
+      return Status::InvalidInput("the trace passes " +
+                                  (max_bytes % (1u << 20) == 0 ? std::to_string(max_bytes >> 20) + " MiB"
+                                                               : std::to_string(max_bytes) + " bytes") +
+                                  ", what hzp replay reads, at event " + std::to_string(i) + " of " +
+                                  std::to_string(t.events.size()) + " (step " + std::to_string(t.events[i].step) +
+                                  "): profile fewer steps");
+  }
+  text += "],";
+  text.append(header, opening.size());
+  return text;
 }
 
 namespace {

@@ -92,6 +92,10 @@ TraceEvent trace_event(const Schedule& schedule, int rank, int op, std::int64_t 
 
 // The document of traces/README.md. `model` and `training` summaries are taken from scenario_config.
 nlohmann::json trace_to_json(const Trace& trace);
+// The same document as compact text (trace_to_json(t).dump()), made one event at a time: a tree of 2 M
+// events would take ~2 GB. kInvalidInput once the text passes `max_bytes` (load_trace_file refuses more
+// than kMaxTraceBytes).
+Result<std::string> trace_json_text(const Trace& trace, std::size_t max_bytes = kMaxTraceBytes);
 Result<Trace> trace_from_json(const nlohmann::json& doc);
 Result<Trace> load_trace_file(const std::string& path);
 
