@@ -4,7 +4,9 @@
 # fields have the wrong type or value, is listed as skipped with the field named; asking for a fidelity bound
 # with nothing simulated fails (exit 1). tools/fp8_transfer.py: a missing file, rows with no bf16 / FP8 pair and
 # a pair on a GPU without an FP8 peak exit 2 with the reason, never a traceback. Outputs that are an input, a
-# FIFO or an empty path are refused before any work.
+# FIFO or an empty path are refused before any work; rows without an id, with a repeated id or a number Python
+# cannot convert are refused naming the line; files of the --out folder are never written through a link or a
+# FIFO, and never replace an input.
 # Usage: bash tests/validate_rows_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -58,6 +60,28 @@ mkfifo "$work/fifo.json"
 out="$(timeout 20 python3 tools/validate_rows.py --hzp "$hzp" --json "$work/fifo.json" "$work/keep.jsonl" 2>&1)"
 [ $? -eq 2 ] && grep -q "not a regular file" <<<"$out" || fail "--json FIFO: $out"
 expect 2 "--out: an empty path" --out "" "$work/keep.jsonl"
+# Rows: one without an id, a repeated id, a 5000-digit integer: exit 2 naming the file and line.
+printf '{"model": "m"}\n' >"$work/no_id.jsonl"
+expect 2 "no_id.jsonl:1: a row needs an id" "$work/no_id.jsonl"
+printf '{"id": "A"}\n{"id": "A"}\n' >"$work/twice.jsonl"
+expect 2 "twice.jsonl:2: id A is also line 1's" "$work/twice.jsonl"
+python3 -c 'print("{\"id\": \"A\", \"layers\": " + "9" * 5000 + "}")' >"$work/digits.jsonl"
+expect 2 "digits.jsonl:1: Exceeds the limit" "$work/digits.jsonl"
+# The work folder (--out): what is at a file's name there — a FIFO, a link out of the folder — is replaced,
+# never waited on or written through, and an input there is never replaced.
+head -1 scenarios/validation/one_node_rows.jsonl >"$work/one.jsonl"
+id=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["id"])' "$work/one.jsonl")
+mkdir -p "$work/out"
+mkfifo "$work/out/cal-$id.json"
+echo "outside" >"$work/outside.txt"
+ln -s ../outside.txt "$work/out/$id-8.json"
+out="$(timeout 60 python3 tools/validate_rows.py --hzp "$hzp" --out "$work/out" "$work/one.jsonl" 2>&1)"
+[ $? -eq 0 ] || fail "--out with a FIFO and a link in it: $out"
+[ "$(cat "$work/outside.txt")" = "outside" ] || fail "a link in --out was written through"
+[ -f "$work/out/cal-$id.json" ] && [ ! -L "$work/out/$id-8.json" ] || fail "the FIFO or the link is still there"
+cp "$work/one.jsonl" "$work/out/cal-$id.json"
+expect 2 "is an input" --out "$work/out" "$work/out/cal-$id.json"
+cmp -s "$work/one.jsonl" "$work/out/cal-$id.json" || fail "an input in --out was replaced"
 expect 2 "--json: an empty path" --json "" "$work/keep.jsonl"
 fp8_expect() {  # code pattern rows
   out="$(python3 tools/fp8_transfer.py --hzp "$hzp" "$3" 2>&1)"

@@ -441,11 +441,34 @@ def run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+INPUTS = []  # the files main() read: never replaced by a file of the work folder
+
+
+class OutputError(Exception):
+    """A file of the work folder or the report that cannot be written: the run stops (exit 2)."""
+
+
+def write_new(path, text):
+    """`text` as a new regular file at `path`: what was there (a leftover, a link, a FIFO that would block the
+    open) is removed first and the file created exclusively, never through a link; an input is refused."""
+    for given in INPUTS:
+        if os.path.lexists(path) and os.path.exists(given) and os.path.samefile(path, given):
+            raise OutputError(f"{path}: is an input ({given}); use another --out folder")
+    try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot be written ({e.strerror})") from None
+
+
 def calibrate(hzp, row, workdir, cluster_extra):
     doc, _, _ = scenario_of(row, cluster_extra)
     path = os.path.join(workdir, f"cal-{row['id']}.json")
-    with open(path, "w") as f:
-        json.dump(doc, f)
+    write_new(path, json.dumps(doc))
     out = path + ".fitted.json"
     metric, value = published_of(row)
     flag = "--tokens-per-gpu-s" if metric == "tgs" else "--mfu"
@@ -458,8 +481,7 @@ def calibrate(hzp, row, workdir, cluster_extra):
 
 def simulate(hzp, doc, workdir):
     path = os.path.join(workdir, doc["name"] + ".json")
-    with open(path, "w") as f:
-        json.dump(doc, f)
+    write_new(path, json.dumps(doc))
     outdir = os.path.join(workdir, doc["name"])
     r = run([hzp, "simulate", path, "--timeline-ranks", "1", "--out", outdir])
     if r.returncode != 0:
@@ -484,7 +506,7 @@ def load_rows(path):
         raise ValueError(f"{path}: not a regular file")
     if st.st_size > MAX_ROWS_BYTES:
         raise ValueError(f"{path}: {st.st_size} bytes, more than the {MAX_ROWS_BYTES} a rows file may hold")
-    rows = []
+    rows, seen = [], {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
@@ -494,11 +516,18 @@ def load_rows(path):
                     raise ValueError(f"{path}:{n}: not JSON: {e}") from None
                 except RecursionError:
                     raise ValueError(f"{path}:{n}: nested too deep to be a row") from None
+                except ValueError as e:  # an integer of more digits than Python converts
+                    raise ValueError(f"{path}:{n}: {str(e)[:200]}") from None
                 if not isinstance(row, dict):
                     raise ValueError(f"{path}:{n}: a row must be a JSON object")
-                if "id" in row and not (isinstance(row["id"], str) and ROW_ID.fullmatch(row["id"])):
+                if "id" not in row:
+                    raise ValueError(f"{path}:{n}: a row needs an id (it names the row and its files)")
+                if not (isinstance(row["id"], str) and ROW_ID.fullmatch(row["id"])):
                     raise ValueError(f"{path}:{n}: id must be 1 to 100 letters, digits or _.+- (it names files), "
                                      f"got {str(row['id'])[:40]!r}")
+                if row["id"] in seen:
+                    raise ValueError(f"{path}:{n}: id {row['id']} is also line {seen[row['id']]}'s")
+                seen[row["id"]] = n
                 rows.append(row)
     return rows
 
@@ -581,10 +610,15 @@ def main():
     except (OSError, ValueError) as e:
         print(f"validate_rows: {e}", file=sys.stderr)
         return 2
-    if args.out:
-        return report_rows(args, rows, cal_rows, args.out)
-    with tempfile.TemporaryDirectory(prefix="hzp-validate-") as workdir:
-        return report_rows(args, rows, cal_rows, workdir)
+    INPUTS.extend(p for p in (args.rows, args.calibration, args.hzp) if p)
+    try:
+        if args.out:
+            return report_rows(args, rows, cal_rows, args.out)
+        with tempfile.TemporaryDirectory(prefix="hzp-validate-") as workdir:
+            return report_rows(args, rows, cal_rows, workdir)
+    except OutputError as e:
+        print(f"validate_rows: {e}", file=sys.stderr)
+        return 2
 
 
 def report_rows(args, rows, cal_rows, workdir):
@@ -714,9 +748,13 @@ def report_rows(args, rows, cal_rows, workdir):
                   f"hzp {sim:.2f}x ({100 * (sim - pub) / pub:+.1f} %)")
     for i, why in skipped:
         print(f"skipped {i}: {why}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    if args.json:  # whole or not at all: a temporary file renamed over the old one (a link is replaced)
+        tmp = args.json + ".tmp"
+        write_new(tmp, json.dumps(report, indent=1))
+        try:
+            os.replace(tmp, args.json)
+        except OSError as e:
+            raise OutputError(f"--json {args.json}: cannot be written ({e.strerror})") from None
 
     failed = []
     if args.max_error is not None and multi and max(multi) > args.max_error:
