@@ -94,8 +94,9 @@ std::string describe(const SimCost& cost) {
   if (cost.collectives == 0)  // the first check, before the platform is built and the flows counted
     return head + count(cost.ops) + " ops and a platform of " + count(cost.hosts) +
            " hosts, before its flows are counted)";
-  return head + count(cost.ops) + " ops, " + count(cost.collectives) + " collectives, " + count(cost.flows) +
-         " flows, up to " + count(cost.peak_flows) + " at once)";
+  return head + count(cost.ops) + " ops, " + count(cost.collectives) + " collectives, " +
+         (cost.flows_at_least ? "at least " : "") + count(cost.flows) + " flows, up to " + count(cost.peak_flows) +
+         " at once" + (cost.flows_at_least ? ", from its node pairs, before the platform is built)" : ")");
 }
 
 Status check_budget(const SimCost& cost, const SimBudget& budget) {

@@ -20,13 +20,14 @@ struct SimCost {
   double actors = 0;        // SimGrid actors: one per (rank, stream with ops)
   double hosts = 0;         // platform hosts and links (SimGrid's own objects)
   double links = 0;
-  double collectives = 0;     // collective instances simulated with flows
-  double flows = 0;           // flows started
-  double peak_flows = 0;      // flows in flight at once, at most (every group of a role at once)
-  double platform_hosts = 0;  // GPUs, NICs and node bundles: what building the platform costs (quadratic)
-  double ecmp_ports = 0;      // and ECMP's ports (cubic)
-  double pair_work = 0;       // the max-min solver's work (collective.h FlowTally), plain flows
-  double ecmp_pair_work = 0;  // and ECMP-hashed ones
+  double collectives = 0;       // collective instances simulated with flows
+  double flows = 0;             // flows started
+  double peak_flows = 0;        // flows in flight at once, at most (every group of a role at once)
+  double platform_hosts = 0;    // GPUs, NICs and node bundles: what building the platform costs (quadratic)
+  double ecmp_ports = 0;        // and ECMP's ports (cubic)
+  double pair_work = 0;         // the max-min solver's work (collective.h FlowTally), plain flows
+  double ecmp_pair_work = 0;    // and ECMP-hashed ones
+  bool flows_at_least = false;  // the flows are a lower bound, counted before the platform is built
   // The estimates (estimate_cost): wall seconds, resident bytes, and address space reserved (actor stacks).
   double seconds = 0;
   double resident_bytes = 0;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/base/files.h"
 #include "tests/run_util.h"
 
 namespace {
@@ -274,6 +275,20 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
   }
   // The gzipped good file reads as the plain one.
   REQUIRE(hzp_import({gz}, scenario(1), (scratch() / "from_gz.json").string()).code == 0);
+  // So does a file of several gzip members, as gzip -d reads it: an empty one first (it read as empty), or
+  // the text split in two.
+  const std::string members = (scratch() / "members.json.gz").string();
+  const std::string split = (scratch() / "split.json.gz").string();
+  REQUIRE(std::system(("printf '' | gzip -c > '" + members + "' && gzip -c '" + good_file + "' >> '" + members + "'")
+                          .c_str()) == 0);
+  REQUIRE(std::system(("head -c 100 '" + good_file + "' | gzip -c > '" + split + "' && tail -c +101 '" + good_file +
+                       "' | gzip -c >> '" + split + "'")
+                          .c_str()) == 0);
+  for (const std::string& file : {members, split}) {
+    INFO(file);
+    CHECK(hzp_import({file}, scenario(1), (scratch() / "from_members.json").string()).code == 0);
+    CHECK(hzp::read_maybe_gzip_file(file, 1 << 20).value() == slurp(good_file));
+  }
 }
 
 TEST_CASE("import: more steps than a trace may hold is refused before the trace is built", "[cli][import]") {

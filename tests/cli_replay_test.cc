@@ -66,6 +66,22 @@ TEST_CASE("replay: the shipped traces come back within 3 % of their recorded ste
   }
 }
 
+TEST_CASE("replay: a trace of subnormal times replays with no relative error, not a 300-digit one", "[cli][replay]") {
+  const std::string trace = edited_trace("subnormal.json", [](nlohmann::json& d) {
+    for (auto& e : d["events"])
+      for (const char* key : {"start_us", "end_us"}) e[key] = e[key].get<double>() * 1e-315;
+  });
+  const auto out = scratch() / "out_subnormal";
+  const RunResult r = replay(trace, out);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) CHECK(line.size() < 200);
+  const auto summary = nlohmann::json::parse(slurp(out / "summary.json"));
+  for (const auto& rank : summary["replay"]["ranks"]) CHECK(rank["error"].is_null());
+  CHECK(summary["replay"]["worst_abs_error"] == 0);
+}
+
 TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, naming the event", "[cli][replay]") {
   struct Case {
     const char* name;

@@ -864,6 +864,9 @@ TEST_CASE("runtime: checkpoint directories are never overwritten by surprise nor
   const RunResult other = run(train_cmd(write_scenario(dir, "heads", heads), 2, 2, dir / "c", ckpt + " --resume"));
   CHECK(other.code == 2);
   CHECK_THAT(other.output, Catch::Contains("was written for another model"));
+  // Said once, by rank 0, for both ranks: one line, no launcher summary under it.
+  CHECK_THAT(other.output, Catch::Contains("rank 0: --resume") && !Catch::Contains("rank 1: --resume") &&
+                               !Catch::Contains("first to fail") && !Catch::Contains("exited with code"));
   // A .lock that is a symbolic link: its target is left alone, the run refused.
   const fs::path target = dir / "precious.txt";
   std::ofstream(target) << "keep me";

@@ -601,16 +601,21 @@ int run_replay(const std::vector<std::string>& argv) {
   for (int rank = 0; rank < trace->world_size; ++rank) {
     if (!(last[rank] > first[rank])) continue;  // not among the simulator's recorded ranks (over 4096)
     const double replayed = (last[rank] - first[rank]) / r.steps;
-    const double error = before[rank] > 0 ? (replayed - before[rank]) / before[rank] : 0;
-    const double idle = before[rank] > 0 ? 1 - busy[rank] / before[rank] : 0;
+    // A recorded step under a nanosecond (an empty or damaged trace; subnormal times) has no relative error.
+    constexpr double kShortestComparedS = 1e-9;
+    const bool compared = before[rank] >= kShortestComparedS;
+    const double error = compared ? (replayed - before[rank]) / before[rank] : 0;
+    const double idle = compared ? 1 - busy[rank] / before[rank] : 0;
     worst = std::max(worst, std::abs(error));
     most_idle = std::max(most_idle, idle);
-    std::printf("  %4d %14.6f %14.6f %14.6f %+7.2f%%\n", rank, before[rank], busy[rank], replayed, 100 * error);
+    char error_text[32] = "-";
+    if (compared) std::snprintf(error_text, sizeof error_text, "%+.2f%%", 100 * error);
+    std::printf("  %4d %14.6f %14.6f %14.6f %8s\n", rank, before[rank], busy[rank], replayed, error_text);
     per_rank.push_back({{"rank", rank},
                         {"recorded_step_s", before[rank]},
                         {"recorded_busy_s", busy[rank]},
                         {"replayed_step_s", replayed},
-                        {"error", error}});
+                        {"error", compared ? nlohmann::json(error) : nlohmann::json(nullptr)}});
   }
   std::printf("  worst |error| %.2f %% (replayed vs recorded step); %lld op%s not in the trace timed by the roofline\n",
               100 * worst, recorded->fallbacks(), recorded->fallbacks() == 1 ? "" : "s");

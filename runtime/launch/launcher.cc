@@ -173,7 +173,9 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
       if (bad && first_failed < 0 && g_interrupted < 2) {  // a second interrupt killed it: not a failure
         first_failed = r;
         const std::string what = std::to_string(r) + " (" + describe(status) + ")";
-        std::fprintf(stderr, "hzp train: rank %s\n", what.c_str());
+        // Exit 2: the rank said what was wrong with its input; anything else may leave it silent.
+        if (!(WIFEXITED(status) && WEXITSTATUS(status) == 2))
+          std::fprintf(stderr, "hzp train: rank %s\n", what.c_str());
         // A rank killed by a signal is lost; one that exited reported its own error (often a consequence).
         if (WIFSIGNALED(status)) (void)(*client)->set("hzp/lost", what);
         deadline = std::chrono::steady_clock::now() + grace;
@@ -229,6 +231,7 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
     std::fprintf(stderr, "hzp train: interrupted; the ranks were stopped before their step ended\n");
     return kExitInterrupted;
   }
+  if (all_bad_input) return 2;  // every rank said why (rank 0 once for all, when they agree)
   std::string summary;
   for (const auto& [r, status] : status_of) {
     const bool joined = (*client)->get("hzp/joined/" + std::to_string(r), std::chrono::milliseconds(20)).ok();

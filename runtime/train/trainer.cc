@@ -327,9 +327,19 @@ class RankRun {
   bool interrupted() const { return interrupted_; }
 
  private:
+  // Bad input that every rank finds (a checkpoint of another model) is said once: rank 0 says it and
+  // publishes it, and a rank that finds the same says nothing.
   int fail(const Status& st) const {
-    std::fprintf(stderr, "hzp train: rank %d: %s\n", env_.rank, st.message().c_str());
-    return st.code() == StatusCode::kInvalidInput ? 2 : 1;
+    const bool bad_input = st.code() == StatusCode::kInvalidInput;
+    constexpr const char* kBadInputKey = "hzp/bad_input/0";
+    bool said = false;
+    if (bad_input && store_ && env_.rank != 0) {
+      auto rank0 = store_->get(kBadInputKey, milliseconds(1000));
+      said = rank0.ok() && *rank0 == st.message();
+    }
+    if (!said) std::fprintf(stderr, "hzp train: rank %d: %s\n", env_.rank, st.message().c_str());
+    if (bad_input && store_ && env_.rank == 0) (void)store_->set(kBadInputKey, st.message());
+    return bad_input ? 2 : 1;
   }
   // Reported once even when a stream thread and the main thread both fail.
   int fatal(const Status& st) {

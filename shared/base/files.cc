@@ -131,7 +131,12 @@ Result<std::string> read_maybe_gzip_file(const std::string& path, std::int64_t m
   std::string text;
   char buf[1 << 16];
   int rc = Z_OK;
-  while (rc != Z_STREAM_END) {
+  for (;;) {
+    if (rc == Z_STREAM_END) {
+      // Members follow one another (`cat a.gz b.gz`, as gzip -d reads it): each inflates after the last.
+      if (z.avail_in == 0) break;
+      if (inflateReset(&z) != Z_OK) break;
+    }
     z.next_out = reinterpret_cast<Bytef*>(buf);
     z.avail_out = sizeof buf;
     rc = inflate(&z, Z_NO_FLUSH);
