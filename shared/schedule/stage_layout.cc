@@ -55,7 +55,9 @@ void StageLayout::lay_out_units_and_buckets(const ModelCost& cost, Schedule& sch
   // Buckets: with sharded parameters every unit is its own bucket (FSDP's wrapping unit); with replicated
   // parameters, consecutive units in backward order are packed until bucket_bytes (DDP / DeepSpeed). A
   // bucket counts bytes of working-precision gradients, i.e. parameters (the frameworks size theirs in
-  // elements): gradients reduced in fp32 move twice its bytes.
+  // elements): gradients reduced in fp32 move twice its bytes. A bucket never spans two model chunks of an
+  // interleaved stage (Megatron-LM wraps each chunk in its own DDP): the backward of one chunk runs between
+  // micro-batches of the other, so such a bucket would be taken again before its reduction freed it.
   const double bucket_params = static_cast<double>(scenario.policy.overlap.bucket_bytes) /
                                state_bytes_per_param(scenario.training.precision).grad;
   for (int k = 0; k < num_kinds; ++k)
@@ -63,6 +65,7 @@ void StageLayout::lay_out_units_and_buckets(const ModelCost& cost, Schedule& sch
       if (units[u].params[k] == 0) continue;
       const bool per_unit = kind(k).s_p > 1;
       if (buckets.empty() || buckets.back().kind != k || per_unit ||
+          chunk_of(buckets.back().units.back()) != chunk_of(u) ||
           static_cast<double>(buckets.back().params) >= bucket_params)
         buckets.push_back(Bucket{k, {}, 0});
       buckets.back().units.push_back(u);
