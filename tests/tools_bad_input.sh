@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every Python tool of tools/ and bench/ on bad input — an unknown flag, a missing file, /dev/zero, a FIFO
 # without a writer, a rows file nested 100,000 deep, an id holding '/' or 10,000 characters — exits 2 with a
-# message naming what is wrong, never a traceback and never a hang (each run under `timeout 30`).
+# message naming what is wrong, never a traceback and never a hang (each run under `timeout 30`); so do a nan
+# gate (--max-error nan would always pass), a flooding --progress-s, and a sweep input that is its own output.
 # Usage: bash tests/tools_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -34,5 +35,17 @@ expect_2 tools/validate_rows.py "$rows" --hzp /nonexistent/hzp
 expect_2 tools/validate_rows.py "$rows" --hzp "$hzp" --json /proc/nope/report.json
 expect_2 tools/validate_rows.py "$rows" --hzp "$hzp" --out /proc/nope
 expect_2 tools/validate_rows.py "$rows" --hzp "$hzp" --out "$rows"
+# Gates that a nan would always pass, and a progress interval that floods the output.
+expect_2 tools/fp8_transfer.py "$rows" --hzp "$hzp" --max-error nan
+expect_2 tools/validate_rows.py "$rows" --hzp "$hzp" --max-error nan
+expect_2 tools/sweep.py scenarios/default.json --hzp "$hzp" --out "$out/sweep" --progress-s 1e-300
+expect_2 tools/sweep.py scenarios/default.json --hzp "$hzp" --out "$out/sweep" --progress-s nan
+# A scenario the sweep would overwrite with its own output (its report, or a grid file) is refused.
+mkdir -p "$out/sweep/grid"
+cp scenarios/default.json "$out/sweep/index.html"
+cp scenarios/default.json "$out/sweep/grid/000.json"
+expect_2 tools/sweep.py "$out/sweep/index.html" --hzp "$hzp" --out "$out/sweep"
+expect_2 tools/sweep.py "$out/sweep/grid/000.json" --hzp "$hzp" --out "$out/sweep" --grid cluster.nodes=1,2
+cmp -s scenarios/default.json "$out/sweep/index.html" || { echo "FAIL: the sweep replaced its input"; failures=$((failures + 1)); }
 [ $failures -eq 0 ] || exit 1
 echo "tools_bad_input: ok"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/validate_collectives.py on bad input: an unreadable rows file, a line that is not JSON, a row that is
 # not an object, a row missing a field, and a bad flag each exit 2 with a message naming the file and line;
-# a not-modelled row is listed, and asking for an error bound with nothing scored fails (exit 1).
+# a not-modelled row is listed, and asking for an error bound with nothing scored fails (exit 1). A nan bound,
+# a bad --hzp and an output that is an input, a FIFO, a folder or "" are refused (exit 2), never a traceback.
 # Usage: bash tests/validate_collectives_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -32,4 +33,20 @@ expect 2 "needs a \"cluster\" object" "$work/nocluster.jsonl"
 expect 2 "jobs must be 1 to 64" --jobs 0 "$work/unmodelled.jsonl"
 expect 0 "T1 .*not compared: NVLS tree" "$work/unmodelled.jsonl"
 expect 1 "no row of at least --min-bytes was scored" --max-error 15 "$work/unmodelled.jsonl"
+# Flags that would make the gate pass whatever the error (nan), and outputs that are an input (also through a
+# link), a FIFO, a folder or "": exit 2 with one line, before anything is simulated; the input is untouched.
+expect 2 "argument --max-error: 'nan' is not a number" --max-error nan "$work/unmodelled.jsonl"
+expect 2 "min-bytes must be 1 to" --min-bytes -5 "$work/unmodelled.jsonl"
+cp "$work/unmodelled.jsonl" "$work/keep.jsonl"
+ln -s keep.jsonl "$work/link.jsonl"
+expect 2 "is an input" --json "$work/keep.jsonl" "$work/keep.jsonl"
+expect 2 "is an input" --json "$work/link.jsonl" "$work/keep.jsonl"
+cmp -s "$work/unmodelled.jsonl" "$work/keep.jsonl" || fail "--json equal to the input changed the input"
+mkfifo "$work/fifo.json"
+out="$(timeout 20 python3 tools/validate_collectives.py --hzp "$hzp" --json "$work/fifo.json" "$work/keep.jsonl" 2>&1)"
+[ $? -eq 2 ] && grep -q "not a regular file" <<<"$out" || fail "--json FIFO: $out"
+expect 2 "a folder, not a file" --json "$work" "$work/keep.jsonl"
+expect 2 "--json: an empty path" --json "" "$work/keep.jsonl"
+out="$(python3 tools/validate_collectives.py --hzp "$work" "$work/keep.jsonl" 2>&1)"
+[ $? -eq 2 ] && grep -q -- "--hzp .*not an executable" <<<"$out" || fail "--hzp a folder: $out"
 echo "validate_collectives_bad_input: ok"

@@ -94,7 +94,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rows")
     ap.add_argument("--hzp", default=os.path.join("build", "hzp"))
-    ap.add_argument("--max-error", type=float, default=None)
+    ap.add_argument("--max-error", type=vr.number(0, 1e6), default=None)
     args = ap.parse_args()
     try:
         rows = vr.load_rows(args.rows)

@@ -1,10 +1,21 @@
 #!/usr/bin/env python3
-"""One JSON input file for the repo's scripts: load_json_input(path, what) returns the document, or exits 2
-with one line naming it when it is not a regular file (a FIFO, /dev/zero), is over 256 MiB, or is not JSON.
+"""Inputs, outputs and flags shared by the repo's scripts (with tools/ on sys.path):
 
-    from json_input import load_json_input   (with tools/ on sys.path)
+    load_json_input(path, what)    the document, or exit 2 with one line naming it when it is not a regular
+                                   file (a FIFO, /dev/zero), is over 256 MiB, or is not JSON
+    number(low, high)              an argparse type: a finite number in [low, high] ("nan" and "inf" refused)
+    check_output_file(path, flag, inputs)
+                                   ValueError naming FLAG unless PATH can be written: not "", not a directory,
+                                   a FIFO or a device (or a link to one), in a writable folder, and none of
+                                   INPUTS (by inode: a link or a hard link counts)
+    create_new_file(path, text)    TEXT as a new file at PATH: what was there (a leftover, a link, a FIFO that
+                                   would block the open) is removed first, never written through
+    write_output_file(path, text)  TEXT written whole to PATH.tmp (create_new_file), then renamed over PATH
+    check_executable(path, flag)   ValueError naming FLAG unless PATH is an executable regular file
 """
+import argparse
 import json
+import math
 import os
 import stat
 import sys
@@ -20,6 +31,52 @@ def load_json_input(path, what):
     except (OSError, ValueError, RecursionError) as e:
         print(f"{what} {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         sys.exit(2)
+
+
+def number(low, high):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number in [{low:g}, {high:g}]")
+        return value
+    return parse
+
+
+def check_output_file(path, flag, inputs=()):
+    if not path:
+        raise ValueError(f"{flag}: an empty path")
+    if path.endswith("/") or os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: a folder, not a file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: its folder cannot be written")
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f"{flag} {path}: exists and is not a regular file")
+    for given in inputs:
+        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(path, given):
+            raise ValueError(f"{flag} {path}: is an input ({given}); it would be overwritten")
+
+
+def create_new_file(path, text):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
+        f.write(text)
+
+
+def write_output_file(path, text):
+    create_new_file(path + ".tmp", text)
+    os.replace(path + ".tmp", path)
+
+
+def check_executable(path, flag):
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise ValueError(f"{flag} {path}: not an executable (build first: bash tools/setup.sh)")
 
 
 if __name__ == "__main__":

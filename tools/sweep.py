@@ -108,8 +108,8 @@ def parse_args(argv):
     check_out_dir(args.out)
     if args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    if not args.progress_s > 0:
-        raise UsageError(f"--progress-s must be positive, got {args.progress_s}")
+    if not 0.01 <= args.progress_s <= 86400:  # also refuses nan
+        raise UsageError(f"--progress-s must be in [0.01, 86400] seconds, got {args.progress_s}")
     if args.task is not None or args.collect:
         if args.scenarios or args.grid or args.slurm:
             raise UsageError("--task and --collect read OUT/slurm/files.txt: give no scenarios, --grid or --slurm")
@@ -128,10 +128,25 @@ def parse_args(argv):
     if args.grid:
         if len(args.scenarios) != 1 or not os.path.isfile(args.scenarios[0]):
             raise UsageError("--grid needs exactly one base scenario file")
+        check_not_an_output(args.scenarios[0], args.out)
         args.files = grid_scenarios(args.hzp, args.scenarios[0], parse_grid(args.grid), args.out)
     else:
         args.files = expand_scenarios(args.scenarios)
+        for path in args.files:
+            check_not_an_output(path, args.out)
     return args
+
+
+OUTPUT_NAMES = ("results.csv", "index.html", "rows", "slurm", "grid", "runs")
+
+
+def check_not_an_output(path, out):
+    """A scenario given as input may not be one of the files the sweep writes in OUT (its report, plots, rows,
+    grid, runs): it would be overwritten."""
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(out))
+    head = rel.split(os.sep)[0]
+    if head != ".." and (head in OUTPUT_NAMES or (os.sep not in rel and rel.endswith((".png", ".svg")))):
+        raise UsageError(f"{path}: is where the sweep writes its output in --out {out}; move it or pick another --out")
 
 
 def check_out_dir(out):

@@ -27,6 +27,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from json_input import check_executable, check_output_file, number, write_output_file  # noqa: E402
+
 
 class BadRow(Exception):
     pass
@@ -99,17 +102,20 @@ def main():
                     help="published nccl-tests rows (default: the repo's scenarios/validation/nccl_tests_rows.jsonl)")
     ap.add_argument("--hzp", default=os.path.join(repo, "build", "hzp"))
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--max-error", type=float)
+    ap.add_argument("--max-error", type=number(0, 1e6), help="fail when the worst scored |error| passes this %%")
     ap.add_argument("--min-bytes", type=int, default=2**30, help="smallest size scored against --max-error")
     ap.add_argument("--json", help="write the per-row results to FILE")
     args = ap.parse_args()
     if args.jobs < 1 or args.jobs > 64:
         ap.error("--jobs must be 1 to 64")
-    if not os.access(args.hzp, os.X_OK):
-        ap.error(f"--hzp {args.hzp}: not an executable (build first: bash tools/setup.sh)")
+    if not 1 <= args.min_bytes <= 2**50:
+        ap.error("--min-bytes must be 1 to 2^50")
     try:
+        check_executable(args.hzp, "--hzp")
         rows = load_rows(args.rows)
-    except BadRow as e:
+        if args.json is not None:
+            check_output_file(args.json, "--json", (args.rows, args.hzp))
+    except (BadRow, ValueError) as e:
         print(f"validate_collectives: {e}", file=sys.stderr)
         return 2
 
@@ -142,9 +148,12 @@ def main():
         if errs:
             print(f"scored rows {name}: {len(errs)}, median |error| {statistics.median(errs):.1f} %, "
                   f"worst {max(errs):.1f} %")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+    if args.json is not None:
+        try:
+            write_output_file(args.json, json.dumps(report, indent=1))
+        except OSError as e:
+            print(f"validate_collectives: --json {args.json}: {e.strerror}", file=sys.stderr)
+            return 2
     if failed:
         print(f"validate_collectives: {failed} row(s) failed to simulate", file=sys.stderr)
         return 1

@@ -54,6 +54,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from json_input import create_new_file, number  # noqa: E402
+
 GPU_PRESETS = [  # (substring of the row's "gpu", cluster preset)
     ("A100", "dgx-a100"),
     ("A800", "a800"),
@@ -455,12 +458,7 @@ def write_new(path, text):
         if os.path.lexists(path) and os.path.exists(given) and os.path.samefile(path, given):
             raise OutputError(f"{path}: is an input ({given}); use another --out folder")
     try:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
-            f.write(text)
+        create_new_file(path, text)
     except OSError as e:
         raise OutputError(f"{path}: cannot be written ({e.strerror})") from None
 
@@ -557,9 +555,9 @@ def main():
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", help="keep scenarios and summaries here (default: a temporary folder)")
     ap.add_argument("--json", help="write the report as JSON")
-    ap.add_argument("--compute-spread", type=float, default=0.0,
+    ap.add_argument("--compute-spread", type=number(0, 0.2), default=0.0,
                     help="cluster.compute_spread of every scenario (per-GPU speed variability; 0: identical GPUs)")
-    ap.add_argument("--overlap-slowdown", type=float,
+    ap.add_argument("--overlap-slowdown", type=number(0, 1),
                     help="cluster.overlap_slowdown of every scenario (compute slowed while a collective of the "
                          "same GPU transfers; 0: no interference; default: hzp's, the measured 0.189)")
     ap.add_argument("--protocol", choices=["simple", "ll", "ll128", "auto"], default="simple",
@@ -575,16 +573,12 @@ def main():
                     help="skip a row without a one-node row of its own configuration (default: calibrate on the "
                          "nearest one-node run of the same GPU, framework and precision, else use the preset's "
                          "table efficiencies, and say so)")
-    ap.add_argument("--max-error", type=float)
-    ap.add_argument("--min-ratio", type=float)
-    ap.add_argument("--max-ratio", type=float)
+    ap.add_argument("--max-error", type=number(0, 1e6))
+    ap.add_argument("--min-ratio", type=number(0, 1e6))
+    ap.add_argument("--max-ratio", type=number(0, 1e6))
     args = ap.parse_args()
     if args.jobs < 1 or args.jobs > 64:
         ap.error("--jobs must be in [1, 64]")
-    if not 0 <= args.compute_spread <= 0.2:
-        ap.error("--compute-spread must be in [0, 0.2]")
-    if args.overlap_slowdown is not None and not 0 <= args.overlap_slowdown <= 1:
-        ap.error("--overlap-slowdown must be in [0, 1]")
     if args.seed is not None and not 0 <= args.seed <= 2**31 - 1:
         ap.error("--seed must be in [0, 2147483647]")
     if args.rail_optimized and args.routing != "ecmp":
