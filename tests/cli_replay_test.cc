@@ -112,6 +112,47 @@ TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, 
        "other ranks than the rebuilt schedule's"},
       {"scenario.json", [](nlohmann::json& d) { d["scenario_config"]["model"]["layers"] = "two"; },
        "scenario_config: model.layers"},
+      // Every field an event repeats from its op must be the op's (they were read and never compared).
+      {"layer.json", [](nlohmann::json& d) { d["events"][5]["layer"] = 3; }, "layer: 3, but the rebuilt"},
+      {"micro_batch.json",
+       [](nlohmann::json& d) {
+         for (auto& e : d["events"])
+           if (e["kind"] == "compute") {
+             e["micro_batch"] = 4;
+             break;
+           }
+       },
+       "micro_batch: 4, but the rebuilt"},
+      {"pool.json",
+       [](nlohmann::json& d) {
+         for (auto& e : d["events"])
+           if (e["kind"] == "acquire") {
+             e["pool"] = e["pool"] == "param_gather" ? "grad_reduce" : "param_gather";
+             break;
+           }
+       },
+       "pool: "},
+      {"stream.json",
+       [](nlohmann::json& d) {
+         for (auto& e : d["events"])
+           if (e["kind"] == "all_gather") {
+             e["stream"] = "compute";
+             break;
+           }
+       },
+       "stream: compute, but the rebuilt"},
+      {"role.json",
+       [](nlohmann::json& d) {
+         d["groups"][0]["role"] = "x";
+         for (auto& e : d["events"])
+           if (e.contains("group") && e["group"] == 0) e["role"] = "x";
+       },
+       "group 0 has role x, the rebuilt"},
+      {"gpus_per_node.json", [](nlohmann::json& d) { d["gpus_per_node"] = 1; }, "gpus_per_node 1 differs"},
+      {"event_key.json", [](nlohmann::json& d) { d["events"][3]["colour"] = "red"; }, "events[3].colour: unknown key"},
+      {"event_role.json", [](nlohmann::json& d) { d["events"][5]["role"] = nlohmann::json::array(); },
+       "events[5].role: must be its group's role"},
+      {"model_summary.json", [](nlohmann::json& d) { d["model"] = "big"; }, "trace.model: must be a summary object"},
   };
   for (const Case& c : cases) {
     const auto out = scratch() / (std::string("bad_") + c.name);

@@ -295,6 +295,15 @@ Status read_trace_header(const json& doc, const Fields& top, Trace& t) {
   if (const json* sc = top.find("scenario_config"); sc == nullptr || !sc->is_object())
     return top.bad("scenario_config", "must be the resolved scenario object");
   t.scenario_config = doc["scenario_config"];
+  // The readers' summaries (written from scenario_config, read by nothing): objects of numbers, booleans or null.
+  for (const char* summary : {"model", "training"}) {
+    const json* s = top.find(summary);
+    if (s == nullptr) continue;
+    if (!s->is_object() || s->size() > 16) return top.bad(summary, "must be a summary object");
+    for (const auto& [key, value] : s->items())
+      if (!value.is_number() && !value.is_boolean() && !value.is_null())
+        return top.bad(summary, "holds " + printable(key, 40) + ", not a number, boolean or null");
+  }
   HZP_ASSIGN_OR_RETURN(std::int64_t world, top.integer("world_size", 1, 1 << 20));
   HZP_ASSIGN_OR_RETURN(std::int64_t per_node, top.integer("gpus_per_node", 1, world));
   if (world % per_node != 0) return top.bad("gpus_per_node", "must divide world_size (" + std::to_string(world) + ")");
@@ -358,6 +367,11 @@ Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& i
   const std::string where = "trace.events[" + std::to_string(i) + "]";
   if (!ej.is_object()) return Status::InvalidInput(where + ": must be an object");
   const Fields f(ej, where);
+  static const std::set<std::string> kKeys = {"rank",    "step",  "op",     "stream", "kind",  "start_us",
+                                              "end_us",  "layer", "module", "phase",  "bytes", "micro_batch",
+                                              "payload", "group", "role",   "bucket", "pool"};
+  for (auto it = ej.begin(); it != ej.end(); ++it)
+    if (!kKeys.count(it.key())) return Status::InvalidInput(where + "." + printable(it.key(), 60) + ": unknown key");
   TraceEvent e;
   HZP_ASSIGN_OR_RETURN(std::int64_t rank, f.integer("rank", 0, world - 1));
   e.rank = static_cast<int>(rank);
@@ -396,6 +410,8 @@ Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& i
     const std::vector<int>& members = t.groups[e.group].ranks;
     if (std::find(members.begin(), members.end(), e.rank) == members.end())
       return f.bad("group", "names a group rank " + std::to_string(e.rank) + " is not a member of");
+    if (ej.contains("role") && !(ej["role"].is_string() && ej["role"].get<std::string>() == t.groups[e.group].role))
+      return f.bad("role", "must be its group's role, " + t.groups[e.group].role);
   } else if (e.kind == TraceKind::kOptimizerStep) {
     HZP_ASSIGN_OR_RETURN(std::int64_t bucket, f.integer("bucket", 0, 1 << 20));
     e.bucket = static_cast<int>(bucket);

@@ -6,6 +6,8 @@
 #include <string>
 #include <variant>
 
+#include "shared/base/text.h"
+
 namespace hzp {
 namespace {
 
@@ -31,6 +33,30 @@ bool kind_matches(const TraceEvent& e, const Op& op) {
   }
 }
 
+// The first field of `e` that differs from what the rebuilt schedule's op says (trace_event), with both
+// values; empty when they agree. Bytes are the executed ones and are not compared.
+std::string differing_field(const Trace& trace, const TraceEvent& e, const Trace& rebuilt, const TraceEvent& want) {
+  const auto differs = [](const char* field, const std::string& got, const std::string& expected) {
+    return std::string(field) + ": " + got + ", but the rebuilt schedule's op has " + expected;
+  };
+  if (e.layer != want.layer) return differs("layer", std::to_string(e.layer), std::to_string(want.layer));
+  if (e.micro_batch != want.micro_batch)
+    return differs("micro_batch", std::to_string(e.micro_batch), std::to_string(want.micro_batch));
+  if (e.module != want.module) return differs("module", to_string(e.module), to_string(want.module));
+  if (e.phase != want.phase) return differs("phase", to_string(e.phase), to_string(want.phase));
+  if (e.payload != want.payload) return differs("payload", to_string(e.payload), to_string(want.payload));
+  if (e.bucket != want.bucket) return differs("bucket", std::to_string(e.bucket), std::to_string(want.bucket));
+  // Pools and streams by name (a version-1 trace without a pools table numbers them as its events name them).
+  const auto name = [](const std::vector<std::string>& names, int i) {
+    return i >= 0 && i < static_cast<int>(names.size()) ? names[i] : std::string("none");
+  };
+  if (name(trace.pools, e.pool) != name(rebuilt.pools, want.pool))
+    return differs("pool", name(trace.pools, e.pool), name(rebuilt.pools, want.pool));
+  if (name(trace.streams, e.stream) != name(rebuilt.streams, want.stream))
+    return differs("stream", name(trace.streams, e.stream), name(rebuilt.streams, want.stream));
+  return "";
+}
+
 }  // namespace
 
 Status check_trace_against(const Trace& trace, const Schedule& schedule) {
@@ -42,10 +68,20 @@ Status check_trace_against(const Trace& trace, const Schedule& schedule) {
   if (trace.groups.size() != schedule.groups.size())
     return Status::InvalidInput("trace: " + std::to_string(trace.groups.size()) + " groups, the rebuilt schedule has " +
                                 std::to_string(schedule.groups.size()));
-  for (std::size_t g = 0; g < trace.groups.size(); ++g)
+  // The header is the rebuilt schedule's: its groups (ranks and role) and node size.
+  const Trace rebuilt = trace_header(Scenario{}, schedule);
+  for (std::size_t g = 0; g < trace.groups.size(); ++g) {
     if (trace.groups[g].ranks != schedule.groups[g].ranks)
       return Status::InvalidInput("trace: group " + std::to_string(g) + " (" + trace.groups[g].role +
                                   ") has other ranks than the rebuilt schedule's");
+    if (trace.groups[g].role != rebuilt.groups[g].role)
+      return Status::InvalidInput("trace: group " + std::to_string(g) + " has role " +
+                                  printable(trace.groups[g].role, 40) + ", the rebuilt schedule's has " +
+                                  rebuilt.groups[g].role);
+  }
+  if (trace.gpus_per_node != schedule.gpus_per_node)
+    return Status::InvalidInput("trace: gpus_per_node " + std::to_string(trace.gpus_per_node) +
+                                " differs from the rebuilt schedule's " + std::to_string(schedule.gpus_per_node));
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     const TraceEvent& e = trace.events[i];
     const auto& ops = schedule.program_of(e.rank).ops;
@@ -57,6 +93,11 @@ Status check_trace_against(const Trace& trace, const Schedule& schedule) {
     if (!kind_matches(e, op))
       return Status::InvalidInput(at_event(i, "kind") + to_string(e.kind) + " but op " + std::to_string(e.op) +
                                   " of rank " + std::to_string(e.rank) + " in the rebuilt schedule is another kind");
+    const std::string differs =
+        differing_field(trace, e, rebuilt, trace_event(schedule, e.rank, e.op, e.step, op.stream, 0, 0, 0));
+    if (!differs.empty())
+      return Status::InvalidInput("trace event " + std::to_string(i) + " (op " + std::to_string(e.op) + " of rank " +
+                                  std::to_string(e.rank) + "): " + differs);
     if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
       const int group = schedule.rank_groups[e.rank][c->role];
       if (e.group != group)
