@@ -157,45 +157,48 @@ TEST_CASE("search: the ranked plans are distinct, and tied estimates rank by mem
 
 TEST_CASE("plan: when nothing fits, the fewest nodes on which each policy would", "[planner]") {
   // LLaMA-2 70B on one node of 8 H100s: no preset fits; the advice is checked against scenarios written out
-  // independently at its size and one node fewer, with the same micro-batches per GPU.
-  const int micro_batches = 2;
-  auto at = [&](int nodes, const std::string& policy, Recompute recompute) {
-    nlohmann::json doc = scenario_json("llama2-70b", "dgx-h100", nodes, policy, 4096, micro_batches * 8 * nodes);
-    doc["training"]["recompute"] = to_string(recompute);
-    return evaluate(scenario_from(doc));
-  };
-  const Scenario s = scenario_from(scenario_json("llama2-70b", "dgx-h100", 1, "zero3", 4096, micro_batches * 8));
-  auto plan = plan_presets(s);
-  REQUIRE(plan.ok());
-  REQUIRE(plan->best == -1);
-  REQUIRE(!plan->would_fit.empty());
-  int fitting = 0;
-  for (const FitAdvice& a : plan->would_fit) {
-    INFO(to_string(a.policy) << " " << to_string(a.recompute) << " on " << a.nodes << " nodes");
-    if (a.nodes == 0) {
-      auto largest = at(kMaxAdviceNodes, to_string(a.policy), a.recompute);
-      REQUIRE(largest.ok());
-      CHECK_FALSE(largest->fits_memory);
-      continue;
+  // independently at its size and one node fewer, with the same micro-batches per GPU. With 8 the search
+  // evaluates 2 (what a stage can hold in flight) and must find the same sizes and the same memory.
+  for (const int micro_batches : {2, 8}) {
+    INFO(micro_batches << " micro-batches per GPU");
+    auto at = [&](int nodes, const std::string& policy, Recompute recompute) {
+      nlohmann::json doc = scenario_json("llama2-70b", "dgx-h100", nodes, policy, 4096, micro_batches * 8 * nodes);
+      doc["training"]["recompute"] = to_string(recompute);
+      return evaluate(scenario_from(doc));
+    };
+    const Scenario s = scenario_from(scenario_json("llama2-70b", "dgx-h100", 1, "zero3", 4096, micro_batches * 8));
+    auto plan = plan_presets(s);
+    REQUIRE(plan.ok());
+    REQUIRE(plan->best == -1);
+    REQUIRE(!plan->would_fit.empty());
+    int fitting = 0;
+    for (const FitAdvice& a : plan->would_fit) {
+      INFO(to_string(a.policy) << " " << to_string(a.recompute) << " on " << a.nodes << " nodes");
+      if (a.nodes == 0) {
+        auto largest = at(kMaxAdviceNodes, to_string(a.policy), a.recompute);
+        REQUIRE(largest.ok());
+        CHECK_FALSE(largest->fits_memory);
+        continue;
+      }
+      ++fitting;
+      CHECK(a.gpus == 8 * a.nodes);
+      auto there = at(a.nodes, to_string(a.policy), a.recompute);
+      REQUIRE(there.ok());
+      CHECK(there->fits_memory);
+      CHECK(there->memory.total() == a.memory.total());
+      CHECK(a.memory.total() <= s.cluster.gpu.memory_bytes);
+      if (a.nodes > 1) {
+        auto fewer = at(a.nodes - 1, to_string(a.policy), a.recompute);
+        REQUIRE(fewer.ok());
+        CHECK_FALSE(fewer->fits_memory);
+      }
     }
-    ++fitting;
-    CHECK(a.gpus == 8 * a.nodes);
-    auto there = at(a.nodes, to_string(a.policy), a.recompute);
-    REQUIRE(there.ok());
-    CHECK(there->fits_memory);
-    CHECK(there->memory.total() == a.memory.total());
-    CHECK(a.memory.total() <= s.cluster.gpu.memory_bytes);
-    if (a.nodes > 1) {
-      auto fewer = at(a.nodes - 1, to_string(a.policy), a.recompute);
-      REQUIRE(fewer.ok());
-      CHECK_FALSE(fewer->fits_memory);
-    }
+    CHECK(fitting > 0);
+    // Without recomputation a 4096-token sequence's activations alone outgrow 80 GiB: no size helps.
+    for (const FitAdvice& a : plan->would_fit)
+      if (a.recompute == Recompute::kNone) CHECK(a.nodes == 0);
+    const std::string table = plan_table(s, *plan);
+    CHECK(table.find("what would fit") != std::string::npos);
+    CHECK(plan_to_json(s, *plan).at("would_fit").size() == plan->would_fit.size());
   }
-  CHECK(fitting > 0);
-  // Without recomputation a 4096-token sequence's activations alone outgrow 80 GiB: no size helps.
-  for (const FitAdvice& a : plan->would_fit)
-    if (a.recompute == Recompute::kNone) CHECK(a.nodes == 0);
-  const std::string table = plan_table(s, *plan);
-  CHECK(table.find("what would fit") != std::string::npos);
-  CHECK(plan_to_json(s, *plan).at("would_fit").size() == plan->would_fit.size());
 }

@@ -26,10 +26,22 @@ Result<Scenario> with_policy(const Scenario& scenario, Policy policy) {
 
 namespace {
 
-// `scenario` on `nodes` nodes under `recompute`, with the same micro-batches per GPU per step; an error when
-// the layout does not divide there (e.g. pipeline stages that are not whole nodes).
+// `scenario` on `nodes` nodes under `recompute`, with the same micro-batches per GPU per step — or fewer,
+// where the memory peak cannot tell: at most (virtual_stages + 1) x pipeline, more than a stage ever holds in
+// flight (1F1B: pipeline; interleaved: (v - 1)p + 2(p - 1) + 1 chunks), so that a search over a model of 128
+// micro-batches does not build schedules of 128 (DeepSeek-V3 on one node took 30 s). An error when the
+// layout does not divide there (e.g. pipeline stages that are not whole nodes).
 Result<Scenario> resized(const Scenario& scenario, int nodes, Recompute recompute) {
-  const std::int64_t global_batch = scenario.training.global_batch / scenario.cluster.nodes * nodes;
+  const std::int64_t per_gpu = scenario.grad_accum_steps();
+  const std::int64_t in_flight =
+      static_cast<std::int64_t>(scenario.policy.parallel.virtual_stages + 1) * scenario.mesh.pipeline;
+  const std::int64_t kept = std::min(per_gpu, in_flight);
+  const std::int64_t gpus = static_cast<std::int64_t>(nodes) * scenario.cluster.gpus_per_node;
+  const std::int64_t model_parallel =
+      static_cast<std::int64_t>(scenario.mesh.tensor) * scenario.mesh.pipeline * scenario.mesh.context;
+  if (gpus % model_parallel != 0)
+    return Status::InvalidInput("the layout does not divide " + std::to_string(gpus) + " GPUs");
+  const std::int64_t global_batch = kept * scenario.training.micro_batch * (gpus / model_parallel);
   const nlohmann::json patch = {
       {"cluster", {{"nodes", nodes}}},
       {"training", {{"global_batch_sequences", global_batch}, {"recompute", to_string(recompute)}}}};
