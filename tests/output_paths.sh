@@ -3,6 +3,8 @@
 # output that is a FIFO, a link to a device, a directory, "" or DIR/, that is one of the command's inputs (by
 # inode: a link or ./name counts), whose PATH.tmp is an input, or that is another output of the same run, is
 # refused with exit 2 and a message naming the option — and the input, FIFO or device is left as it was.
+# Inputs include a model's Hugging Face config and a compared folder's summary.json; train's outputs include
+# every rank's memory file and may not be a checkpoint's file; a scenario on stdin is read to its limit only.
 # Each command runs under `timeout 20`: a hang (a FIFO opened for writing) fails the test instead of the suite.
 # Usage: bash tests/output_paths.sh HZP_BINARY
 case "${1:-}" in -h|--help|"") sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; [ -n "${1:-}" ]; exit $? ;; esac
@@ -24,7 +26,14 @@ ln -s /dev/null devnull  # a link to a device: replacing the link would be harml
 ln -s s.json link.json
 mkdir -p sim dir
 cp s.json sim/summary.json
-snapshot() { sha256sum s.json plan.json trace.json k.json.gz data.txt sim/summary.json timeline.json k.json; }
+echo '{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+  "num_key_value_heads": 4, "intermediate_size": 176, "vocab_size": 256, "max_position_embeddings": 2048}' > hf.json
+python3 -c 'import json, sys
+s = json.load(open(sys.argv[1])); del s["model"]["preset"]; s["model"]["from_hf_config"] = "hf.json"
+json.dump(s, open("hfs.json", "w"))' "$root/scenarios/runtime/tiny_dense.json"
+mkdir -p hfsim
+cp hf.json hfsim/summary.json
+snapshot() { sha256sum s.json plan.json trace.json k.json.gz data.txt sim/summary.json timeline.json k.json hf.json hfsim/summary.json; }
 before=$(snapshot)
 failures=0
 refused() {  # EXPECTED_TEXT COMMAND...: exit 2 with EXPECTED_TEXT in the message
@@ -73,6 +82,32 @@ refused "--trace devnull: not a regular file (a device)" train "${tiny[@]}" --tr
 cp data.txt metrics.jsonl
 refused "--out ./metrics.jsonl: is the same file as --data" train "$root/scenarios/runtime/tiny_dense.json" \
   --nproc 1 --steps 1 --data metrics.jsonl --out .
+# Rank 1's memory file too (it was found only after training, and rank 0 then waited a minute for rank 1).
+mkdir -p two
+mkfifo two/memory_rank1.json
+refused "--out two/memory_rank1.json: not a regular file (a FIFO)" train "$root/scenarios/runtime/tiny_dense.json" \
+  --nproc 2 --threads 1 --steps 1 --data data.txt --out two
+# A checkpoint's own files: `latest`, `.lock`, a step folder's rank file.
+for file in latest .lock step_2/rank_0.bin; do
+  refused "--trace ck/$file: is a checkpoint file of --checkpoint-dir ck" train "${tiny[@]}" --checkpoint-dir ck \
+    --trace "ck/$file"
+done
+# The Hugging Face config a model starts from is an input like the scenario.
+refused "--trace hf.json: is the same file as model.from_hf_config" train hfs.json --nproc 1 --steps 1 \
+  --data data.txt --trace hf.json
+refused "--out hfsim/summary.json: is the same file as model.from_hf_config" simulate hfs.json --out hfsim \
+  --set model.from_hf_config=hfsim/summary.json
+# compare: a folder A is its summary.json, which neither --json nor B's simulation may replace.
+"$hzp" simulate s.json --out cmp/b-default --set cluster.nodes=1 > /dev/null 2>&1
+cmp_before=$(sha256sum cmp/b-default/summary.json)
+refused "--out cmp/b-default/summary.json: is the same file as A" compare cmp/b-default s.json --simulate --out cmp
+refused "--json cmp/b-default/summary.json: is the same file as A" compare cmp/b-default s.json \
+  --json cmp/b-default/summary.json
+[ "$cmp_before" = "$(sha256sum cmp/b-default/summary.json)" ] || { echo "FAIL: compare replaced A"; failures=$((failures + 1)); }
+# A scenario on stdin is read to one byte past its limit, not to the end: /dev/zero is refused at once.
+timeout 20 "$hzp" validate - < /dev/zero > log 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "stdin: over" log || { echo "FAIL: validate - < /dev/zero: exit $rc: $(tail -1 log)"; failures=$((failures + 1)); }
 after=$(snapshot)
 if [ "$before" != "$after" ]; then
   echo "FAIL: an input changed:"

@@ -240,8 +240,8 @@ TEST_CASE("runtime: a rank that never joins is named as such, MASTER_ADDR may be
   // Rank 0 of 2 alone: it hosts the store at "localhost" and waits for rank 1, which never comes.
   const RunResult r =
       run("RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=" + std::to_string(port) +
-          " HZP_STORE_TOKEN=t " + std::string(HZP_BINARY) + " train " + scen + " --threads 1 --timeout-s 3 --data " +
-          kData);
+          " HZP_STORE_TOKEN=0123456789abcdef " + std::string(HZP_BINARY) + " train " + scen +
+          " --threads 1 --timeout-s 3 --data " + kData);
   INFO(r.output);
   CHECK(r.code == 1);
   CHECK_THAT(r.output, Catch::Contains("rank 1 never joined"));

@@ -29,6 +29,7 @@
 
 #include "runtime/store/gloo_store.h"
 #include "runtime/store/hmac.h"
+#include "runtime/store/launch_env.h"
 #include "runtime/store/store.h"
 
 using namespace hzp;
@@ -220,6 +221,28 @@ TEST_CASE("store: a bad token is refused with a clear error", "[store]") {
   CHECK_THAT(c.status().message(), Catch::Contains("did not prove it holds this job's token"));
   // The store still serves good clients.
   CHECK(client(*server)->set("k", "v").ok());
+}
+
+TEST_CASE("store: an external launch needs a token of at least 16 characters", "[store]") {
+  for (const char* token : {"", "a", "0123456789abcde", "0123456789abcdef"}) {
+    INFO("HZP_STORE_TOKEN=" << token);
+    const auto env = [token](const char* name) -> const char* {
+      const std::string n = name;
+      if (n == "RANK") return "0";
+      if (n == "WORLD_SIZE") return "2";
+      if (n == "MASTER_ADDR") return "127.0.0.1";
+      if (n == "MASTER_PORT") return "29500";
+      if (n == "HZP_STORE_TOKEN") return token;
+      return nullptr;
+    };
+    auto detected = hzp::runtime::detect_launch_env(env);
+    if (std::string(token).size() >= 16) {
+      CHECK(detected.ok());
+    } else {
+      REQUIRE_FALSE(detected.ok());
+      CHECK_THAT(detected.status().message(), Catch::Contains("HZP_STORE_TOKEN"));
+    }
+  }
 }
 
 TEST_CASE("store: malformed and oversized requests are refused, the server keeps serving", "[store]") {

@@ -86,6 +86,15 @@ Status write_output(const std::string& dir, const std::string& name, const std::
   return write_file_atomic((std::filesystem::path(dir) / name).string(), text);
 }
 
+// What a scenario read from `path` read: the file (SCENARIO) and the Hugging Face config its model starts
+// from, if any — the files no output may replace.
+std::vector<NamedPath> scenario_inputs(const std::string& path, const Scenario& scenario,
+                                       const char* what = "SCENARIO") {
+  std::vector<NamedPath> inputs = {{what, path}};
+  if (!scenario.model.hf_config_path.empty()) inputs.push_back({"model.from_hf_config", scenario.model.hf_config_path});
+  return inputs;
+}
+
 // Checks up front (files.h) the files write_sim_outputs writes into DIR: none may be an input, a FIFO, a
 // device or a directory, and DIR must be writable.
 Status check_sim_outputs(const std::string& dir, const std::vector<NamedPath>& inputs) {
@@ -220,10 +229,11 @@ int run_calibrate(const std::vector<std::string>& argv) {
   }
   if (!measured)
     return usage_error("calibrate", "missing the measurement (--tokens-per-gpu-s, --step-time-s or --mfu)");
-  if (auto out = args->get("--out"))
-    if (Status st = check_output_files({{"--out", *out}}, {{"SCENARIO", *args->scenario}}); !st.ok()) return fail(st);
   auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
+  if (auto out = args->get("--out"))
+    if (Status st = check_output_files({{"--out", *out}}, scenario_inputs(*args->scenario, *scenario)); !st.ok())
+      return fail(st);
   auto fit = fit_compute_efficiency(*scenario, *measured);
   if (!fit.ok()) return fail(fit.status());
   const Efficiency& table = scenario->cluster.efficiency;
@@ -275,14 +285,15 @@ int run_plan(const std::vector<std::string>& argv) {
       }
     }
     const std::string out = args->get("--out").value_or("out/" + safe_file_name(scenario->name) + "-plan");
-    if (Status st =
-            check_output_files(files_in_dir("--out", out, {"plan.json", "best.json"}), {{"SCENARIO", *args->scenario}});
+    if (Status st = check_output_files(files_in_dir("--out", out, {"plan.json", "best.json"}),
+                                       scenario_inputs(*args->scenario, *scenario));
         !st.ok())
       return fail(st);
     return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs), out);
   }
   if (auto out = args->get("--out"))
-    if (Status st = check_output_files(files_in_dir("--out", *out, {"plan.json"}), {{"SCENARIO", *args->scenario}});
+    if (Status st =
+            check_output_files(files_in_dir("--out", *out, {"plan.json"}), scenario_inputs(*args->scenario, *scenario));
         !st.ok())
       return fail(st);
   auto plan = plan_presets(*scenario);
@@ -348,7 +359,7 @@ int run_simulate(const std::vector<std::string>& argv) {
   auto scenario = load(path, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   const std::string out_dir = args->get("--out").value_or("out/" + safe_file_name(scenario->name));
-  if (Status s = check_sim_outputs(out_dir, {{"SCENARIO", path}}); !s.ok()) return fail(s);
+  if (Status s = check_sim_outputs(out_dir, scenario_inputs(path, *scenario)); !s.ok()) return fail(s);
   auto compiled = compile(*scenario);
   if (!compiled.ok()) return fail(compiled.status());
   const Schedule* schedule = &compiled->schedule;
@@ -410,7 +421,7 @@ int run_import(const std::vector<std::string>& argv) {
   const Scenario* scenario = &compiled->scenario;
   const Schedule* schedule = &compiled->schedule;
   const std::string out = parsed->get("--out").value_or("out/import-" + safe_file_name(scenario->name) + ".json");
-  std::vector<NamedPath> inputs = {{"--scenario", *scenario_path}};
+  std::vector<NamedPath> inputs = scenario_inputs(*scenario_path, *scenario, "--scenario");
   for (const std::string& path : parsed->positional) inputs.push_back({"profile", path});
   if (Status s = check_output_files({{"--out", out}}, inputs); !s.ok()) return fail(s);
   if (static_cast<int>(parsed->positional.size()) != schedule->world_size)

@@ -59,6 +59,7 @@ struct Side {
   std::string kind;                  // "estimate", "simulation", "summary"
   std::optional<Scenario> scenario;  // a scenario still to estimate or simulate
   nlohmann::json summary;
+  std::vector<NamedPath> read;  // the files it was read from: no output may replace them
 };
 
 // A summary.json of hzp simulate / replay: an object with a step time and a GPU count.
@@ -92,13 +93,14 @@ Result<nlohmann::json> estimate_summary(const Scenario& scenario) {
 }
 
 // A side from the command line: a summary (file or folder) is read as it is; anything else is a scenario.
-Result<Side> read_side(const std::string& arg, const std::vector<std::string>& sets) {
-  Side side{arg, "summary", std::nullopt, {}};
+Result<Side> read_side(const std::string& arg, const std::vector<std::string>& sets, const std::string& label) {
+  Side side{arg, "summary", std::nullopt, {}, {{label, arg}}};
   std::error_code ec;
   const fs::path folder_summary = fs::path(arg) / "summary.json";
   if (arg != "-" && fs::is_directory(arg, ec)) {
     if (!fs::exists(folder_summary, ec))
       return Status::InvalidInput(printable(arg, 200) + ": a folder without summary.json (hzp simulate --out DIR)");
+    side.read = {{label, folder_summary.string()}};
     HZP_ASSIGN_OR_RETURN(side.summary, load_json_file(folder_summary.string(), 64 << 20));
     if (!is_summary(side.summary))
       return Status::InvalidInput(printable(folder_summary.string(), 200) + ": not a summary of hzp simulate");
@@ -112,6 +114,8 @@ Result<Side> read_side(const std::string& arg, const std::vector<std::string>& s
     }
   }
   HZP_ASSIGN_OR_RETURN(Scenario scenario, load_scenario_file(arg, sets));
+  if (!scenario.model.hf_config_path.empty())
+    side.read.push_back({label + " model.from_hf_config", scenario.model.hf_config_path});
   side.kind = "estimate";
   side.scenario = std::move(scenario);
   return side;
@@ -165,7 +169,8 @@ std::vector<Metric> metrics(const nlohmann::json& a, const nlohmann::json& b) {
 }
 
 // Estimates or simulates the sides that are scenarios.
-Status evaluate_sides(std::vector<Side*> sides, bool simulate, const fs::path& out_dir) {
+Status evaluate_sides(std::vector<Side*> sides, bool simulate, const fs::path& out_dir,
+                      const std::vector<NamedPath>& inputs) {
   if (!simulate) {
     for (Side* s : sides) {
       if (s->scenario) {
@@ -181,6 +186,11 @@ Status evaluate_sides(std::vector<Side*> sides, bool simulate, const fs::path& o
     if (!s->scenario) continue;
     const fs::path out = out_dir / (std::string(i == 0 ? "a-" : "b-") + safe_file_name(s->scenario->name));
     HZP_RETURN_IF_ERROR(ensure_writable_dir(out.string(), "--out"));
+    // What the simulation writes there (simulate_in_children, hzp simulate) replaces no input (A a folder).
+    HZP_RETURN_IF_ERROR(check_output_files(files_in_dir("--out", out.string(),
+                                                        {"scenario.json", "summary.json", "timeline.json",
+                                                         "timeline.json.gz", "stdout.txt", "stderr.txt"}),
+                                           inputs));
     runs.push_back({*s->scenario, out, {}});
     simulated.push_back(s);
   }
@@ -206,18 +216,20 @@ int run_compare_command(const std::vector<std::string>& args) {
   const std::string b_arg = b_given ? parsed->positional[1] : a_arg;
   if (a_arg == "-" && b_arg == "-")
     return usage_error(b_given ? "stdin can be only one side" : "without B, A cannot be stdin");
-  if (auto path = parsed->get("--json"))
-    if (Status st = check_output_files({{"--json", *path}}, {{"A", a_arg}, {"B", b_arg}}); !st.ok()) return fail(st);
-  auto a = read_side(a_arg, b_given ? sets : std::vector<std::string>{});
+  auto a = read_side(a_arg, b_given ? sets : std::vector<std::string>{}, "A");
   if (!a.ok()) return fail(a.status());
-  auto b = read_side(b_arg, sets);
+  auto b = read_side(b_arg, sets, "B");
   if (!b.ok()) return fail(b.status());
+  std::vector<NamedPath> inputs = a->read;
+  inputs.insert(inputs.end(), b->read.begin(), b->read.end());
+  if (auto path = parsed->get("--json"))
+    if (Status st = check_output_files({{"--json", *path}}, inputs); !st.ok()) return fail(st);
   if (!b_given) {
     if (!a->scenario) return usage_error("--set edits a scenario; " + printable(a_arg, 100) + " is a summary");
     b->source = a_arg + " --set " + join(sets, " --set ");
   }
   const fs::path out_dir = parsed->get("--out").value_or("out/compare");
-  if (Status st = evaluate_sides({&*a, &*b}, parsed->has("--simulate"), out_dir); !st.ok()) return fail(st);
+  if (Status st = evaluate_sides({&*a, &*b}, parsed->has("--simulate"), out_dir, inputs); !st.ok()) return fail(st);
 
   std::printf("A  %s  (%s)\nB  %s  (%s)\n", a->source.c_str(), a->kind.c_str(), b->source.c_str(), b->kind.c_str());
   std::printf("%-24s %-10s %14s %14s %14s %9s\n", "metric", "unit", "A", "B", "B - A", "B / A");

@@ -60,7 +60,7 @@ int launch_local(const TrainOptions& options, const std::vector<std::string>& ar
   const int n = options.nproc > 0 ? options.nproc : 1;
   // Bad scenarios, flags, data and output paths are reported once, here, before any rank starts.
   auto prepared = prepare_run(options, n);
-  Status checked = prepared.ok() ? check_outputs(options) : prepared.status();
+  Status checked = prepared.ok() ? check_outputs(options, prepared->compiled.scenario, n) : prepared.status();
   std::unique_ptr<CheckpointDirLock> lock;  // held for the job's lifetime; released if the launcher dies
   if (checked.ok() && !options.checkpoint_dir.empty()) {
     auto locked = CheckpointDirLock::acquire(options.checkpoint_dir);

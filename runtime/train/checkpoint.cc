@@ -231,9 +231,10 @@ Result<CheckpointHeader> read_checkpoint(const std::string& path, const Checkpoi
   auto parsed = parse_checkpoint_header(line);
   if (!parsed.ok()) return Status::InvalidInput(shown + ": header " + parsed.status().message());
   const CheckpointHeader& h = *parsed;
-  if (h.precision != expected.precision)
-    return Status::InvalidInput(shown + " holds a " + h.precision + " training state; this run trains in " +
-                                expected.precision + " (set training.precision to resume it)");
+  if (h.precision != expected.precision)  // the step's, named by its folder: every rank says the same
+    return Status::InvalidInput(printable(std::filesystem::path(path).parent_path().string(), 200) + " holds a " +
+                                h.precision + " training state; this run trains in " + expected.precision +
+                                " (set training.precision to resume it)");
   if (!h.same_layout(expected))
     return Status::InvalidInput(shown + " was written by another layout (world " + std::to_string(h.world_size) +
                                 ", policy " + quoted(h.policy, 40) + ", rank " + std::to_string(h.rank) +

@@ -662,10 +662,24 @@ Result<std::int64_t> Executor::load(const std::string& path) {
   CheckpointHeader expected = d.checkpoint_header(0);
   expected.rank = 0;
   // Weights of another model can have the same shapes (4 heads of 32 or 8 of 16): the record says which.
-  if (first.layout.contains("model") && first.layout["model"] != expected.layout["model"])
-    return Status::InvalidInput("--resume: " + printable(step_dir.string(), 200) + " was written for another model (" +
-                                printable(first.layout["model"].dump(), 300) +
-                                "; this run: " + printable(expected.layout["model"].dump(), 300) + ")");
+  if (first.layout.contains("model") && first.layout["model"] != expected.layout["model"]) {
+    // What differs, key by key (the whole records ran past 400 characters).
+    const nlohmann::json& was = first.layout["model"];
+    const nlohmann::json& now = expected.layout["model"];
+    std::string differs;
+    for (const auto* side : {&was, &now})
+      for (auto it = side->begin(); side->is_object() && it != side->end(); ++it) {
+        const std::string& key = it.key();
+        const nlohmann::json a = was.is_object() ? was.value(key, nlohmann::json()) : nlohmann::json();
+        const nlohmann::json b = now.value(key, nlohmann::json());
+        if (a == b || (side == &now && was.is_object() && was.contains(key))) continue;
+        if (differs.size() > 200) break;
+        differs += (differs.empty() ? "" : ", ") + printable(key, 30) + " " + printable(a.dump(), 30) + " (this run " +
+                   printable(b.dump(), 30) + ")";
+      }
+    return Status::InvalidInput("--resume: " + printable(step_dir.string(), 200) + " was written for another model: " +
+                                (differs.empty() ? printable(was.dump(), 200) : differs));
+  }
   const bool other_layout =
       !first.same_layout(expected) || (!first.layout.is_null() && first.layout != expected.layout);
   if (first.precision == expected.precision && other_layout) {

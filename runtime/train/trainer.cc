@@ -255,19 +255,37 @@ std::string first_step_dir(const std::string& dir) {
 
 }  // namespace
 
-Status check_outputs(const TrainOptions& options) {
-  // Every output file up front (rank 0's memory file stands for the others): none is an input, a FIFO, a
-  // device or a directory, none is another, and each folder is writable.
+Status check_outputs(const TrainOptions& options, const Scenario& scenario, int world_size) {
+  // Every output file up front: none is an input, a FIFO, a device or a directory, none is another, and
+  // each folder is writable.
   std::vector<NamedPath> outputs;
   if (!options.out_dir.empty()) {
     HZP_RETURN_IF_ERROR(ensure_writable_dir(options.out_dir, "--out"));
-    outputs = files_in_dir("--out", options.out_dir, {"summary.json", "metrics.jsonl", "memory_rank0.json"});
+    std::vector<std::string> names = {"summary.json", "metrics.jsonl"};
+    for (int r = 0; r < world_size; ++r) names.push_back("memory_rank" + std::to_string(r) + ".json");
+    outputs = files_in_dir("--out", options.out_dir, names);
   }
   for (const auto& [flag, path] :
        {std::pair{"--trace", options.trace_path}, std::pair{"--perfetto", options.perfetto_path}})
     if (!path.empty()) outputs.push_back({flag, path});
-  HZP_RETURN_IF_ERROR(
-      check_output_files(outputs, {{"SCENARIO", options.scenario_path}, {"--data", options.data_path}}));
+  std::vector<NamedPath> inputs = {{"SCENARIO", options.scenario_path}, {"--data", options.data_path}};
+  if (!scenario.model.hf_config_path.empty()) inputs.push_back({"model.from_hf_config", scenario.model.hf_config_path});
+  HZP_RETURN_IF_ERROR(check_output_files(outputs, inputs));
+  // Nor a checkpoint's file: `latest`, `.lock` or anything in a step folder (a resumed run reads them).
+  if (!options.checkpoint_dir.empty()) {
+    std::error_code ec;
+    const fs::path dir = fs::weakly_canonical(fs::absolute(options.checkpoint_dir, ec), ec);
+    for (const auto& [what, path] : outputs) {
+      std::error_code ec2;
+      const fs::path at = fs::weakly_canonical(fs::absolute(path, ec2), ec2);
+      if (ec || ec2 || at.parent_path().empty()) continue;
+      const fs::path rel = at.lexically_relative(dir);
+      const std::string head = rel.empty() ? "" : rel.begin()->string();
+      if (head == "latest" || head == ".lock" || head.rfind("step_", 0) == 0)
+        return Status::InvalidInput(what + " " + printable(path, 200) + ": is a checkpoint file of --checkpoint-dir " +
+                                    printable(options.checkpoint_dir, 200) + ", which it would overwrite");
+    }
+  }
   if (!options.checkpoint_dir.empty())
     HZP_RETURN_IF_ERROR(ensure_writable_dir(options.checkpoint_dir, "--checkpoint-dir"));
   if (options.resume) HZP_RETURN_IF_ERROR(read_latest(options.checkpoint_dir).status());
@@ -286,6 +304,19 @@ Status check_outputs(const TrainOptions& options) {
                                    : has_latest ? ""
                                                 : " (" + printable(step_dir, 60) + ", with no latest)") +
                                   ": continue them with --resume, or start over with --overwrite-checkpoints");
+    }
+  }
+  // A step folder that is a link (or not a folder) is refused when a checkpoint is written there: say so
+  // now, not after the steps before it have trained.
+  if (!options.checkpoint_dir.empty()) {
+    for (auto it = fs::directory_iterator(options.checkpoint_dir, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      std::error_code kind;
+      if (name.rfind("step_", 0) == 0 && (it->is_symlink(kind) || !it->is_directory(kind)))
+        return Status::InvalidInput("--checkpoint-dir " + printable(options.checkpoint_dir, 200) + ": " +
+                                    printable(name, 60) +
+                                    " is not a folder (a link or a file): hzp writes no checkpoint through it");
     }
   }
   return Status::Ok();
@@ -415,7 +446,7 @@ class RankRun {
 int RankRun::join() {
   // Under hzp's launcher these checks already passed once, before any rank started.
   if (!env_.hosted_by_launcher && lead_) {
-    if (Status st = check_outputs(options_); !st.ok()) return fail(st);
+    if (Status st = check_outputs(options_, scenario_, env_.world_size); !st.ok()) return fail(st);
     if (!options_.checkpoint_dir.empty()) {
       auto locked = CheckpointDirLock::acquire(options_.checkpoint_dir);
       if (!locked.ok()) return fail(locked.status());

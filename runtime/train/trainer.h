@@ -56,9 +56,10 @@ struct PreparedRun {
 };
 Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size);
 
-// Output paths are writable before any work starts: --out, the folders of --trace / --perfetto,
-// --checkpoint-dir (and its `latest` with --resume).
-Status check_outputs(const TrainOptions& options);
+// Output paths are writable before any work starts: --out (summary.json, metrics.jsonl and every rank's
+// memory file), --trace / --perfetto, --checkpoint-dir (and its `latest` with --resume). No output is an
+// input (the scenario, its Hugging Face config, --data), another output, or a checkpoint's file.
+Status check_outputs(const TrainOptions& options, const Scenario& scenario, int world_size);
 
 // Told about an error the rank cannot recover from once it depends on its peers (a collective failed, a peer
 // was lost), with a one-line message naming the lost rank where it can be found; called at most once, maybe

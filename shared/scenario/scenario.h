@@ -61,6 +61,7 @@ struct ModelSpec {
   MoeSpec moe;
   bool has_mla = false;  // multi-head latent attention instead of (grouped-query) multi-head attention
   MlaSpec mla;
+  std::string hf_config_path;  // model.from_hf_config, as read (a file the scenario reads; outputs avoid it)
 
   std::int64_t head_dim() const { return hidden / heads; }
   // Per-head widths of queries and keys, and of values (== head_dim() but under MLA).

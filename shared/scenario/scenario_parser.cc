@@ -311,6 +311,7 @@ Result<ModelSpec> model_starting_point(const ObjectReader& r) {
     std::string path;
     HZP_RETURN_IF_ERROR(r.read_string("from_hf_config", path));
     HZP_ASSIGN_OR_RETURN(m, load_hf_config(path));
+    m.hf_config_path = path;
     const std::pair<std::int64_t, std::int64_t> checks[] = {{m.layers, range::kLayers},
                                                             {m.hidden, range::kHidden},
                                                             {m.heads, range::kHeads},
@@ -1219,7 +1220,10 @@ Result<Scenario> parse_scenario_text(std::string_view text, std::string_view nam
 Result<json> load_scenario_document(const std::string& path, const std::vector<std::string>& sets, std::string* name) {
   std::string text;
   if (path == "-") {
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    // At most one byte past the limit is read: /dev/zero on stdin is refused at once, not read to the end.
+    text.resize(kMaxScenarioBytes + 1);
+    std::cin.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<std::size_t>(std::cin.gcount()));
     if (std::cin.bad()) return Status::InvalidInput("stdin: cannot be read");
     if (text.size() > kMaxScenarioBytes)
       return Status::InvalidInput("stdin: over " + std::to_string(kMaxScenarioBytes) + " bytes, not a scenario");
