@@ -263,7 +263,7 @@ TEST_CASE("launch environment: ranks per host from LOCAL_WORLD_SIZE and Slurm's 
     };
   };
   const std::map<std::string, std::string> base = {
-      {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "t"}};
+      {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "0123456789abcdef"}};
   auto with = [&](std::map<std::string, std::string> extra) {
     extra.insert(base.begin(), base.end());
     return detect_launch_env(from(extra));

@@ -359,7 +359,7 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
                                           {"LOCAL_RANK", "1"},
                                           {"MASTER_ADDR", "10.0.0.1"},
                                           {"MASTER_PORT", "29500"},
-                                          {"HZP_STORE_TOKEN", "t"}}));
+                                          {"HZP_STORE_TOKEN", "0123456789abcdef"}}));
   REQUIRE(torchrun.ok());
   CHECK((*torchrun)->source == "torchrun");
   CHECK((*torchrun)->rank == 3);
@@ -374,7 +374,7 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
                                        {"MASTER_ADDR", "n1"},
                                        {"MASTER_PORT", "29500"},
                                        {"HZP_STORE_PORT", "29600"},
-                                       {"HZP_STORE_TOKEN", "t"}}));
+                                       {"HZP_STORE_TOKEN", "0123456789abcdef"}}));
   REQUIRE(slurm.ok());
   CHECK((*slurm)->source == "slurm");
   CHECK((*slurm)->rank == 5);
@@ -383,22 +383,28 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
                                       {"OMPI_COMM_WORLD_SIZE", "2"},
                                       {"MASTER_ADDR", "h"},
                                       {"MASTER_PORT", "1234"},
-                                      {"HZP_STORE_TOKEN", "t"}}));
+                                      {"HZP_STORE_TOKEN", "0123456789abcdef"}}));
   REQUIRE(ompi.ok());
   CHECK((*ompi)->source == "openmpi");
   auto partial = detect_launch_env(from({{"RANK", "0"}}));
   REQUIRE(!partial.ok());
   CHECK_THAT(partial.status().message(), Catch::Contains("WORLD_SIZE"));
-  auto bad = detect_launch_env(
-      from({{"RANK", "9"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}, {"HZP_STORE_TOKEN", "t"}}));
+  auto bad = detect_launch_env(from({{"RANK", "9"},
+                                     {"WORLD_SIZE", "8"},
+                                     {"MASTER_ADDR", "h"},
+                                     {"MASTER_PORT", "1"},
+                                     {"HZP_STORE_TOKEN", "0123456789abcdef"}}));
   REQUIRE(!bad.ok());
   CHECK_THAT(bad.status().message(), Catch::Contains("RANK='9'"));
   auto no_token =
       detect_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
   REQUIRE(!no_token.ok());
   CHECK_THAT(no_token.status().message(), Catch::Contains("HZP_STORE_TOKEN"));
-  auto bad_port = detect_launch_env(from(
-      {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}, {"HZP_STORE_TOKEN", "t"}}));
+  auto bad_port = detect_launch_env(from({{"RANK", "0"},
+                                          {"WORLD_SIZE", "1"},
+                                          {"MASTER_ADDR", "h"},
+                                          {"MASTER_PORT", "99999"},
+                                          {"HZP_STORE_TOKEN", "0123456789abcdef"}}));
   REQUIRE(!bad_port.ok());
   CHECK_THAT(bad_port.status().message(), Catch::Contains("MASTER_PORT"));
 }
