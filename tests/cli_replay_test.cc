@@ -149,7 +149,16 @@ TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, 
        },
        "group 0 has role x, the rebuilt"},
       {"gpus_per_node.json", [](nlohmann::json& d) { d["gpus_per_node"] = 1; }, "gpus_per_node 1 differs"},
-      {"event_key.json", [](nlohmann::json& d) { d["events"][3]["colour"] = "red"; }, "events[3].colour: unknown key"},
+      {"event_key.json", [](nlohmann::json& d) { d["events"][3]["colour"] = "red"; }, "events[3].colour: not a key of"},
+      {"kind_key.json",
+       [](nlohmann::json& d) {
+         for (std::size_t i = 0; i < d["events"].size(); ++i)
+           if (d["events"][i]["kind"] == "all_gather") {
+             d["events"][i]["phase"] = "bwd";
+             break;
+           }
+       },
+       "phase: not a key of all_gather events"},
       {"event_role.json", [](nlohmann::json& d) { d["events"][5]["role"] = nlohmann::json::array(); },
        "events[5].role: must be its group's role"},
       {"model_summary.json", [](nlohmann::json& d) { d["model"] = "big"; }, "trace.model: must be a summary object"},

@@ -105,9 +105,12 @@ refused "--json cmp/b-default/summary.json: is the same file as A" compare cmp/b
   --json cmp/b-default/summary.json
 [ "$cmp_before" = "$(sha256sum cmp/b-default/summary.json)" ] || { echo "FAIL: compare replaced A"; failures=$((failures + 1)); }
 # A scenario on stdin is read to one byte past its limit, not to the end: /dev/zero is refused at once.
-timeout 20 "$hzp" validate - < /dev/zero > log 2>&1
-rc=$?
-[ $rc -eq 2 ] && grep -q "stdin: over" log || { echo "FAIL: validate - < /dev/zero: exit $rc: $(tail -1 log)"; failures=$((failures + 1)); }
+for command in validate train; do
+  timeout 20 "$hzp" $command - < /dev/zero > log 2>&1
+  rc=$?
+  [ $rc -eq 2 ] && grep -q "stdin: over" log ||
+    { echo "FAIL: $command - < /dev/zero: exit $rc: $(tail -1 log)"; failures=$((failures + 1)); }
+done
 after=$(snapshot)
 if [ "$before" != "$after" ]; then
   echo "FAIL: an input changed:"

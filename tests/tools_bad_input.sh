@@ -47,5 +47,12 @@ cp scenarios/default.json "$out/sweep/grid/000.json"
 expect_2 tools/sweep.py "$out/sweep/index.html" --hzp "$hzp" --out "$out/sweep"
 expect_2 tools/sweep.py "$out/sweep/grid/000.json" --hzp "$hzp" --out "$out/sweep" --grid cluster.nodes=1,2
 cmp -s scenarios/default.json "$out/sweep/index.html" || { echo "FAIL: the sweep replaced its input"; failures=$((failures + 1)); }
+# ... and so are the Hugging Face config a scenario's model starts from, and the hzp binary, at such a path.
+echo '{"name": "hf", "model": {"from_hf_config": "sweep/results.csv"}}' > "$out/hf.json"
+echo '{}' > "$out/sweep/results.csv"
+expect_2 tools/sweep.py "$out/hf.json" --hzp "$hzp" --out "$out/sweep"
+cp "$hzp" "$out/sweep/index.html"
+expect_2 tools/sweep.py scenarios/default.json --hzp "$out/sweep/index.html" --out "$out/sweep"
+cmp -s "$hzp" "$out/sweep/index.html" || { echo "FAIL: the sweep replaced its hzp"; failures=$((failures + 1)); }
 [ $failures -eq 0 ] || exit 1
 echo "tools_bad_input: ok"

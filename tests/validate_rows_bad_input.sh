@@ -47,6 +47,7 @@ expect 2 "rail-optimized needs --routing ecmp" --rail-optimized "$work/untransla
 expect 2 "argument --placement: invalid choice" --placement random "$work/untranslatable.jsonl"
 expect 0 "skipped R1: layers not published" "$work/untranslatable.jsonl"
 expect 1 "no multi-node row was simulated" --max-error 15 "$work/untranslatable.jsonl"
+expect 1 "no multi-node row was simulated" --max-ratio 2 "$work/untranslatable.jsonl"
 expect 0 "skipped M1: gpus_per_node 0 is not a positive whole number" "$work/malformed.jsonl"
 expect 0 "skipped M2: layers '32' is not a positive whole number" "$work/malformed.jsonl"
 expect 0 "skipped M3: tp {'a': 1} is not a number" "$work/malformed.jsonl"

@@ -4,9 +4,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-#include <iterator>
 
 #include "shared/base/files.h"
+#include "shared/base/json_io.h"
 #include "tools/cli.h"
 #include "tools/cli_flags.h"
 
@@ -79,11 +79,17 @@ std::string default_data_path() {
 }
 
 // Standard input to TMPDIR/hzp-stdin-XXXXXX/stdin.json (so the scenario keeps the name "stdin").
+// Read to one byte past a scenario's limit, as every command reads "-" (/dev/zero grew to GBs).
 Result<std::filesystem::path> copy_stdin_scenario() {
+  std::string text(kMaxScenarioBytes + 1, '\0');
+  std::cin.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(std::cin.gcount()));
+  if (std::cin.bad()) return Status::InvalidInput("stdin: cannot be read");
+  if (text.size() > kMaxScenarioBytes)
+    return Status::InvalidInput("stdin: over " + std::to_string(kMaxScenarioBytes) + " bytes, not a scenario");
   std::string dir = (std::filesystem::temp_directory_path() / "hzp-stdin-XXXXXX").string();
   if (::mkdtemp(dir.data()) == nullptr) return Status::Internal("cannot create a folder for the stdin scenario");
   const std::filesystem::path file = std::filesystem::path(dir) / "stdin.json";
-  std::string text(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>{});
   if (Status s = write_file_atomic(file.string(), text); !s.ok()) return s;
   return file;
 }

@@ -125,24 +125,43 @@ def parse_args(argv):
     if not args.scenarios:
         raise UsageError("no scenarios given (pass scenario files or directories of *.json)")
     args.hzp = resolve_binary(args.hzp)
+    check_not_an_output(args.hzp, args.out)
     if args.grid:
         if len(args.scenarios) != 1 or not os.path.isfile(args.scenarios[0]):
             raise UsageError("--grid needs exactly one base scenario file")
-        check_not_an_output(args.scenarios[0], args.out)
-        args.files = grid_scenarios(args.hzp, args.scenarios[0], parse_grid(args.grid), args.out)
+        inputs = [args.scenarios[0]]
+        args.files = None
     else:
         args.files = expand_scenarios(args.scenarios)
-        for path in args.files:
-            check_not_an_output(path, args.out)
+        inputs = args.files
+    for path in inputs:  # each scenario, and the Hugging Face config its model starts from
+        check_not_an_output(path, args.out)
+        hf = hf_config_of(path)
+        if hf:
+            check_not_an_output(hf, args.out)
+    if args.grid:
+        args.files = grid_scenarios(args.hzp, args.scenarios[0], parse_grid(args.grid), args.out)
     return args
+
+
+def hf_config_of(path):
+    """model.from_hf_config of the scenario file at `path`, relative to its folder as hzp reads it; None when
+    there is none (or the file is no scenario: hzp says so when it runs)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            model = json.load(f).get("model", {})
+        hf = model.get("from_hf_config") if isinstance(model, dict) else None
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return os.path.join(os.path.dirname(path), hf) if isinstance(hf, str) and hf else None
 
 
 OUTPUT_NAMES = ("results.csv", "index.html", "rows", "slurm", "grid", "runs")
 
 
 def check_not_an_output(path, out):
-    """A scenario given as input may not be one of the files the sweep writes in OUT (its report, plots, rows,
-    grid, runs): it would be overwritten."""
+    """An input (a scenario, its Hugging Face config, the hzp binary) may not be one of the files the sweep
+    writes in OUT (its report, plots, rows, grid, runs): it would be overwritten."""
     rel = os.path.relpath(os.path.realpath(path), os.path.realpath(out))
     head = rel.split(os.sep)[0]
     if head != ".." and (head in OUTPUT_NAMES or (os.sep not in rel and rel.endswith((".png", ".svg")))):

@@ -764,7 +764,7 @@ def report_rows(args, rows, cal_rows, workdir):
                     (args.max_ratio is not None and top > args.max_ratio):
                 failed.append(f"hierarchical/flat ratio {top:.2f} at {ratio['gpus']} GPUs outside "
                               f"[{args.min_ratio}, {args.max_ratio}]")
-    if (args.max_error is not None or args.min_ratio is not None) and not multi:
+    if (args.max_error is not None or args.min_ratio is not None or args.max_ratio is not None) and not multi:
         failed.append("no multi-node row was simulated")
     for f in failed:
         print(f"validate_rows: FAILED: {f}", file=sys.stderr)

@@ -81,10 +81,12 @@ Result<std::optional<LaunchEnv>> detect_launch_env(const GetEnv& getenv) {
                                   std::string(f.source) + " launches");
     // A secret one can guess is none: at least 16 characters (`openssl rand -hex 16` gives 32).
     constexpr std::size_t kMinTokenChars = 16;
-    if (std::strlen(getenv("HZP_STORE_TOKEN")) < kMinTokenChars)
-      return Status::InvalidInput("environment: HZP_STORE_TOKEN has " +
-                                  std::to_string(std::strlen(getenv("HZP_STORE_TOKEN"))) + " characters; a shared " +
-                                  "secret needs at least 16 (openssl rand -hex 16)");
+    std::size_t chars = 0;  // UTF-8 characters: bytes that do not continue one
+    for (const char* c = getenv("HZP_STORE_TOKEN"); *c != '\0'; ++c)
+      chars += (static_cast<unsigned char>(*c) & 0xC0) != 0x80 ? 1 : 0;
+    if (chars < kMinTokenChars)
+      return Status::InvalidInput("environment: HZP_STORE_TOKEN has " + std::to_string(chars) +
+                                  " characters; a shared secret needs at least 16 (openssl rand -hex 16)");
     env.token = getenv("HZP_STORE_TOKEN");
     env.hosted_by_launcher = getenv("HZP_LAUNCHED") != nullptr && std::strcmp(getenv("HZP_LAUNCHED"), "1") == 0;
     if (env.hosted_by_launcher) env.source = "hzp";

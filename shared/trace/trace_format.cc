@@ -367,11 +367,6 @@ Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& i
   const std::string where = "trace.events[" + std::to_string(i) + "]";
   if (!ej.is_object()) return Status::InvalidInput(where + ": must be an object");
   const Fields f(ej, where);
-  static const std::set<std::string> kKeys = {"rank",    "step",  "op",     "stream", "kind",  "start_us",
-                                              "end_us",  "layer", "module", "phase",  "bytes", "micro_batch",
-                                              "payload", "group", "role",   "bucket", "pool"};
-  for (auto it = ej.begin(); it != ej.end(); ++it)
-    if (!kKeys.count(it.key())) return Status::InvalidInput(where + "." + printable(it.key(), 60) + ": unknown key");
   TraceEvent e;
   HZP_ASSIGN_OR_RETURN(std::int64_t rank, f.integer("rank", 0, world - 1));
   e.rank = static_cast<int>(rank);
@@ -383,6 +378,19 @@ Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& i
   if (s == index.stream.end()) return f.bad("stream", "is not one of the trace's streams");
   e.stream = s->second;
   HZP_ASSIGN_OR_RETURN(e.kind, f.name("kind", kKinds));
+  // The keys its kind carries, as trace_to_json writes them, and no others.
+  static const std::set<std::string> kCommon = {"rank", "step", "op", "stream", "kind", "start_us", "end_us", "layer"};
+  static const std::set<std::string> kCompute = {"module", "phase", "micro_batch"};
+  static const std::set<std::string> kCollective = {"micro_batch", "bytes", "payload", "group", "role"};
+  static const std::set<std::string> kOptimizer = {"bucket"}, kBuffer = {"pool"};
+  const std::set<std::string>& own = e.kind == TraceKind::kCompute         ? kCompute
+                                     : is_collective(e.kind)               ? kCollective
+                                     : e.kind == TraceKind::kOptimizerStep ? kOptimizer
+                                                                           : kBuffer;
+  for (auto it = ej.begin(); it != ej.end(); ++it)
+    if (!kCommon.count(it.key()) && !own.count(it.key()))
+      return Status::InvalidInput(where + "." + printable(it.key(), 60) + ": not a key of " + to_string(e.kind) +
+                                  " events");
   HZP_ASSIGN_OR_RETURN(e.start_us, f.number("start_us"));
   HZP_ASSIGN_OR_RETURN(e.end_us, f.number("end_us"));
   // Microseconds from the trace's first event, within a year (±1.7e308 reached the simulator as infinity).
