@@ -35,7 +35,7 @@ bool kind_matches(const TraceEvent& e, const Op& op) {
 
 // The first field of `e` that differs from what the rebuilt schedule's op says (trace_event), with both
 // values; empty when they agree. Bytes are the executed ones and are not compared.
-std::string differing_field(const Trace& trace, const TraceEvent& e, const Trace& rebuilt, const TraceEvent& want) {
+std::string differing_field(const Trace& trace, const TraceEvent& e, const Schedule& schedule, const TraceEvent& want) {
   const auto differs = [](const char* field, const std::string& got, const std::string& expected) {
     return std::string(field) + ": " + got + ", but the rebuilt schedule's op has " + expected;
   };
@@ -50,10 +50,11 @@ std::string differing_field(const Trace& trace, const TraceEvent& e, const Trace
   const auto name = [](const std::vector<std::string>& names, int i) {
     return i >= 0 && i < static_cast<int>(names.size()) ? names[i] : std::string("none");
   };
-  if (name(trace.pools, e.pool) != name(rebuilt.pools, want.pool))
-    return differs("pool", name(trace.pools, e.pool), name(rebuilt.pools, want.pool));
-  if (name(trace.streams, e.stream) != name(rebuilt.streams, want.stream))
-    return differs("stream", name(trace.streams, e.stream), name(rebuilt.streams, want.stream));
+  const std::string want_pool = want.pool >= 0 ? schedule.pools[want.pool].name : "none";
+  if (name(trace.pools, e.pool) != want_pool) return differs("pool", name(trace.pools, e.pool), want_pool);
+  const std::string want_stream = to_string(schedule.streams[want.stream]);
+  if (name(trace.streams, e.stream) != want_stream)
+    return differs("stream", name(trace.streams, e.stream), want_stream);
   return "";
 }
 
@@ -69,15 +70,14 @@ Status check_trace_against(const Trace& trace, const Schedule& schedule) {
     return Status::InvalidInput("trace: " + std::to_string(trace.groups.size()) + " groups, the rebuilt schedule has " +
                                 std::to_string(schedule.groups.size()));
   // The header is the rebuilt schedule's: its groups (ranks and role) and node size.
-  const Trace rebuilt = trace_header(Scenario{}, schedule);
   for (std::size_t g = 0; g < trace.groups.size(); ++g) {
     if (trace.groups[g].ranks != schedule.groups[g].ranks)
       return Status::InvalidInput("trace: group " + std::to_string(g) + " (" + trace.groups[g].role +
                                   ") has other ranks than the rebuilt schedule's");
-    if (trace.groups[g].role != rebuilt.groups[g].role)
+    if (trace.groups[g].role != to_string(schedule.groups[g].role))
       return Status::InvalidInput("trace: group " + std::to_string(g) + " has role " +
                                   printable(trace.groups[g].role, 40) + ", the rebuilt schedule's has " +
-                                  rebuilt.groups[g].role);
+                                  to_string(schedule.groups[g].role));
   }
   if (trace.gpus_per_node != schedule.gpus_per_node)
     return Status::InvalidInput("trace: gpus_per_node " + std::to_string(trace.gpus_per_node) +
@@ -94,7 +94,7 @@ Status check_trace_against(const Trace& trace, const Schedule& schedule) {
       return Status::InvalidInput(at_event(i, "kind") + to_string(e.kind) + " but op " + std::to_string(e.op) +
                                   " of rank " + std::to_string(e.rank) + " in the rebuilt schedule is another kind");
     const std::string differs =
-        differing_field(trace, e, rebuilt, trace_event(schedule, e.rank, e.op, e.step, op.stream, 0, 0, 0));
+        differing_field(trace, e, schedule, trace_event(schedule, e.rank, e.op, e.step, op.stream, 0, 0, 0));
     if (!differs.empty())
       return Status::InvalidInput("trace event " + std::to_string(i) + " (op " + std::to_string(e.op) + " of rank " +
                                   std::to_string(e.rank) + "): " + differs);
