@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The symmetric simulation (sim/symmetry.h: one rank per program, every group's flows) against the full one
+# The symmetric simulation (sim/symmetry.h: one rank per program, the flows of the groups
+# that share a link with one of its groups) against the full one
 # (--exact) on the same scenarios, in the same run: step time, peak memory, traffic per GPU, wall seconds of
 # each and the speed-up. Exit 1 when a step time differs by more than 1 %, or memory or traffic by more than
 # 1e-9 relative (CHECK_ONLY=1: no table, only failures; what tests/CMakeLists.txt runs in CI).

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <tuple>
@@ -31,8 +33,7 @@ bool g_engine_used = false;  // SimGrid keeps one clock per process: one simulat
 struct Instance {
   int arrived = 0;
   int left = 0;
-  int pending = 0;               // symmetric: groups of the class still transferring
-  bool counted_skipped = false;  // symmetric: the left-out groups' traffic is counted
+  int pending = 0;  // symmetric: groups of the class still transferring
   bool done = false;
   double start = 0;
   sg4::MutexPtr mutex = sg4::Mutex::create();
@@ -100,7 +101,6 @@ class Executor {
       std::sort(sample.begin(), sample.end());
     }
     for (int r : result_.timeline_ranks) ranks_[rep(r)].recorded = true;
-    if (symmetry_.enabled) choose_simulated_groups();
     // Activation bytes per (unit, module kind), in the core's unit numbering (ComputeOp::unit).
     for (const ModuleCost& m : cost.modules)
       activation_of_[{unit_of_module(m, scenario.model.layers), static_cast<int>(m.kind)}] += m.activation_bytes;
@@ -320,27 +320,6 @@ class Executor {
 
   int rep(int rank) const { return symmetry_.enabled ? symmetry_.rep_of[rank] : rank; }
 
-  // Per class, the groups whose flows run. A group inside one node that holds no representative is left
-  // out: its flows use only that node's links, which no representative's flows share beyond what the
-  // representatives' own nodes show (every node of a symmetric schedule carries the same groups), so it
-  // could not change when a representative's collective ends. Its traffic is counted as its class's
-  // simulated intra-node group's.
-  void choose_simulated_groups() {
-    std::vector<char> rep_node(platform_.cluster->nodes, 0);
-    for (int r = 0; r < schedule_.world_size; ++r)
-      if (rep(r) == r) rep_node[platform_.node_of(r)] = 1;
-    simulated_.resize(symmetry_.class_groups.size());
-    skipped_.assign(symmetry_.class_groups.size(), 0);
-    for (std::size_t c = 0; c < symmetry_.class_groups.size(); ++c)
-      for (int g : symmetry_.class_groups[c]) {
-        const ProcessGroup& group = schedule_.groups[g];
-        if (group.intra_node && !rep_node[platform_.node_of(group.ranks.front())])
-          ++skipped_[c];
-        else
-          simulated_[c].push_back(g);
-      }
-  }
-
   double collective(int rank, const CollectiveOp& op) {
     RankState& st = ranks_[rank];
     const int group_index = schedule_.rank_groups[rank][op.role];
@@ -365,6 +344,7 @@ class Executor {
       traffic_.intra_node_bytes += t.intra_node_bytes;
       traffic_.inter_node_bytes += t.inter_node_bytes;
       ++result_.collectives;
+      if (!recorded) ++result_.collectives_with_flows;
       comm_in_flight(group, -1);
       inst.done = true;
       inst.cv->notify_all();
@@ -396,34 +376,70 @@ class Executor {
     Instance& inst = instance(key);
     if (++inst.arrived == expected) {
       inst.start = sg4::Engine::get_clock();
-      const std::vector<int>& groups = simulated_[cls];
-      for (int g : groups) comm_in_flight(schedule_.groups[g], +1);
+      const std::vector<std::pair<int, int>>& groups = symmetry_.simulated[cls];
+      for (const auto& [g, count] : groups) comm_in_flight(schedule_.groups[g], +1);
       inst.pending = static_cast<int>(groups.size());
-      const int skipped = skipped_[cls];
-      const auto transfer = [this, &inst, op, skipped](int g) {
+      const auto transfer = [this, &inst, op](int g, int count) {
         const CollectiveTraffic t = run_group(g, op);
-        // the left-out groups of the class (symmetry: as many bytes as a simulated one inside a node)
-        const double times =
-            schedule_.groups[g].intra_node && skipped > 0 && !inst.counted_skipped ? 1.0 + skipped : 1.0;
-        if (times > 1) inst.counted_skipped = true;
-        traffic_.intra_node_bytes += t.intra_node_bytes * times;
-        traffic_.inter_node_bytes += t.inter_node_bytes * times;
+        traffic_.intra_node_bytes += t.intra_node_bytes * count;  // and the left-out groups it stands for
+        traffic_.inter_node_bytes += t.inter_node_bytes * count;
         if (--inst.pending == 0) inst.cv->notify_all();
       };
-      for (std::size_t i = 1; i < groups.size(); ++i)
-        sg4::Actor::create("c" + std::to_string(groups[i]), platform_.gpus[schedule_.groups[groups[i]].ranks.front()],
-                           [transfer, g = groups[i]] { transfer(g); });
-      transfer(groups.front());
+      for (std::size_t i = 1; i < groups.size(); ++i) {
+        const auto [g, count] = groups[i];
+        hand_off([transfer, g, count] { transfer(g, count); });
+      }
+      transfer(groups.front().first, groups.front().second);
       {
         std::unique_lock<sg4::Mutex> lock(*inst.mutex);
         while (inst.pending > 0) inst.cv->wait(lock);
       }
-      result_.collectives += static_cast<long long>(groups.size()) + skipped;
-      for (int g : groups) comm_in_flight(schedule_.groups[g], -1);
+      result_.collectives += static_cast<long long>(symmetry_.class_groups[cls].size());
+      result_.collectives_with_flows += static_cast<long long>(groups.size());
+      for (const auto& [g, count] : groups) comm_in_flight(schedule_.groups[g], -1);
       inst.done = true;
       inst.cv->notify_all();
     }
     return leave(st, inst, key, expected);
+  }
+
+  // Helper actors that run one group's transfer each for a symmetric collective, reused: creating an actor
+  // allocates and zeroes its stack (256 KiB), which cost a fifth of a large recipe's simulation when every
+  // group of every collective had an actor of its own. An idle helper waits on its condition variable; the
+  // helpers are daemons, so the simulation ends when the ranks' actors do.
+  struct Helper {
+    std::function<void()> job;  // empty: idle
+    sg4::MutexPtr mutex = sg4::Mutex::create();
+    sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
+  };
+
+  void hand_off(std::function<void()> job) {
+    if (idle_helpers_.empty()) {
+      helpers_.push_back(std::make_unique<Helper>());
+      Helper* helper = helpers_.back().get();
+      helper->job = std::move(job);
+      sg4::Actor::create("collective-helper", platform_.gpus.front(), [this, helper] {
+        run_helper(helper);
+      })->daemonize();
+      return;
+    }
+    Helper* helper = idle_helpers_.back();
+    idle_helpers_.pop_back();
+    helper->job = std::move(job);
+    helper->cv->notify_one();
+  }
+
+  void run_helper(Helper* helper) {
+    for (;;) {
+      {
+        std::unique_lock<sg4::Mutex> lock(*helper->mutex);
+        while (!helper->job) helper->cv->wait(lock);  // a job handed off while locking is seen here
+      }
+      const std::function<void()> job = std::move(helper->job);
+      helper->job = nullptr;
+      job();
+      idle_helpers_.push_back(helper);
+    }
   }
 
   double activation(int unit, ModuleKind kind) const {
@@ -445,8 +461,8 @@ class Executor {
   std::vector<std::vector<std::vector<int>>> stream_ops_;  // [program][stream] -> op indices
   std::map<std::pair<int, int>, double> activation_of_;    // (unit, module kind) -> bytes
   std::unordered_map<long long, Instance> instances_;
-  std::vector<std::vector<int>> simulated_;  // symmetric: per class, the groups whose flows run
-  std::vector<int> skipped_;                 // symmetric: per class, the groups left out
+  std::vector<std::unique_ptr<Helper>> helpers_;
+  std::vector<Helper*> idle_helpers_;
   CollectiveTraffic traffic_;
   long long ops_executed_ = 0;
   long long ops_simulated_ = 0;
@@ -495,17 +511,21 @@ SimCost schedule_counts(const Schedule& schedule, int steps, int timeline_max_ra
 }
 
 // Adds the flows of a dry run of each distinct collective (group, kind, algorithm, root, size) on the built
-// platform. Every group of a role is taken to run its collectives at the same time as the others (the
-// symmetric load of a schedule), so a role's flows in flight are its groups' together.
+// platform, for the groups whose flows run (a symmetric simulation's SymmetryPlan::simulated, else all).
+// Every group of a role is taken to run its collectives at the same time as the others (the symmetric load
+// of a schedule), so a role's flows in flight are its groups' together.
 void add_flow_counts(SimCost& cost, const Schedule& schedule, const ClusterSpec& cluster, const Platform& platform,
-                     int steps) {
+                     const SymmetryPlan& symmetry, int steps) {
+  std::vector<char> runs(schedule.groups.size(), symmetry.enabled ? 0 : 1);
+  for (const auto& groups : symmetry.simulated)
+    for (const auto& [g, stands_for] : groups) runs[g] = 1;
   std::vector<double> groups_of_role(schedule.roles.size(), 0);
   {
     std::vector<char> seen(schedule.groups.size(), 0);
     for (int r = 0; r < schedule.world_size; ++r)
       for (size_t role = 0; role < schedule.roles.size(); ++role) {
         const int g = schedule.rank_groups[r][role];
-        if (g >= 0 && !seen[g]) {
+        if (g >= 0 && runs[g] && !seen[g]) {
           seen[g] = 1;
           ++groups_of_role[role];
         }
@@ -520,7 +540,8 @@ void add_flow_counts(SimCost& cost, const Schedule& schedule, const ClusterSpec&
       if (c == nullptr) continue;
       const int g = schedule.rank_groups[r][c->role];
       const ProcessGroup& group = schedule.groups[g];
-      if (group.ranks.size() <= 1 || group.ranks.front() != r) continue;  // one instance, counted by its first member
+      if (group.ranks.size() <= 1 || group.ranks.front() != r || !runs[g])
+        continue;  // one instance, counted by its first member
       const double bytes = static_cast<double>(c->bytes);
       if (!shapes[g]) shapes[g] = group_shape(cluster, group);
       const GroupShape& shape = *shapes[g];
@@ -583,7 +604,8 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
   HZP_ASSIGN_OR_RETURN(Platform platform, build_platform(engine, scenario.cluster));
   SimBudget after_build = options.budget;
   if (estimate.seconds > options.budget.warn_seconds) after_build.warn_seconds = 1e300;  // said once already
-  add_flow_counts(estimate, schedule, scenario.cluster, platform, options.steps);
+  if (symmetry.enabled) choose_simulated_groups(schedule, platform, symmetry);
+  add_flow_counts(estimate, schedule, scenario.cluster, platform, symmetry, options.steps);
   estimate.hosts = static_cast<double>(engine.get_host_count());
   estimate.links = static_cast<double>(engine.get_link_count());
   estimate_cost(estimate);

@@ -59,12 +59,13 @@ struct SimResult : StepPerformance {  // memory: of the rank with the highest pe
   int peak_memory_rank = 0;
   std::string memory_verdict;
   double sim_wall_s = 0;
-  SimCost cost_estimate;        // what it was expected to cost before it ran (cost.h)
-  long long ops_executed = 0;   // by every rank (a symmetric simulation counts its ranks' ops too)
-  long long ops_simulated = 0;  // by actors: ops_executed, or the representatives' when symmetric
-  bool symmetric = false;       // one rank per program simulated (symmetry.h)
-  std::string symmetry_note;    // why not, when it could not be
-  long long collectives = 0;
+  SimCost cost_estimate;                 // what it was expected to cost before it ran (cost.h)
+  long long ops_executed = 0;            // by every rank (a symmetric simulation counts its ranks' ops too)
+  long long ops_simulated = 0;           // by actors: ops_executed, or the representatives' when symmetric
+  bool symmetric = false;                // one rank per program simulated (symmetry.h)
+  std::string symmetry_note;             // why not, when it could not be
+  long long collectives = 0;             // group collective instances, every group of every rank
+  long long collectives_with_flows = 0;  // of which ran flows (symmetric: the others counted, symmetry.h)
   std::vector<int> timeline_ranks;
   std::vector<OpSpan> spans;
 };

@@ -43,6 +43,7 @@ nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
       {"ops_simulated", r.ops_simulated},
       {"symmetric", r.symmetric},
       {"collectives", r.collectives},
+      {"collectives_with_flows", r.collectives_with_flows},
       {"events_per_s", r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0},
       {"sim_estimated_wall_s", r.cost_estimate.seconds},  // sim/cost.h: what the budget was checked against
       {"sim_estimated_resident_bytes", r.cost_estimate.resident_bytes},

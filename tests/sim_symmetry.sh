@@ -2,7 +2,7 @@
 # The symmetric simulation (sim/symmetry.h) gives the full simulation's step time within 1 % and the same
 # memory, traffic and collectives (bench/sim_symmetry.sh, CHECK_ONLY) on one scenario of each kind: ZeRO-3
 # and the default, AsyncHZP / MiCS / ZeRO++ at 128 GPUs, MoE with expert parallelism, context parallelism,
-# tensor x interleaved pipeline; and on ECMP fabrics, where symmetry is off (groups of one class hash onto
+# tensor x interleaved pipeline, a 4-D MoE recipe in miniature (on a non-blocking and an oversubscribed fabric); and on ECMP fabrics, where symmetry is off (groups of one class hash onto
 # different paths), that it is (the full simulation both times). The full simulation is what the symmetric one is checked against: no tolerance
 # here was fitted to make it pass.
 # Usage: bash tests/sim_symmetry.sh HZP_BINARY
@@ -28,6 +28,19 @@ cat > "$out/ecmp_pipeline.json" <<'JSON'
  "training": {"seq_len": 2048, "micro_batch": 1, "global_batch_sequences": 16, "precision": "bf16"},
  "policy": {"preset": "zero1", "parallel": {"tensor": 4, "pipeline": 2, "virtual_stages": 2}}}
 JSON
+# A recipe in miniature (tensor 4 x context 2 x interleaved pipeline 4 x expert 8 on 32 DGX H100 nodes), where
+# the symmetric simulation leaves out the flows of the groups that share no port with a representative's (a
+# third of them), and the same on an oversubscribed fabric, where every inter-node group runs.
+cat > "$out/recipe.json" <<'JSON'
+{"name": "mini-recipe", "model": {"name": "moe-mini", "family": "llama", "layers": 16, "hidden": 2048, "heads": 16,
+  "kv_heads": 8, "ffn_hidden": 8192, "vocab": 32768, "max_positions": 8192,
+  "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 4096}},
+ "cluster": {"preset": "dgx-h100", "nodes": 32},
+ "training": {"seq_len": 8192, "micro_batch": 1, "global_batch_sequences": 128, "precision": "bf16",
+              "recompute": "selective"},
+ "policy": {"preset": "zero1", "expert_parallel": 8, "comm": {"framework": "megatron"},
+            "parallel": {"tensor": 4, "pipeline": 4, "virtual_stages": 2, "sequence_parallel": true, "context": 2}}}
+JSON
 export CHECK_ONLY=1
 failures=0
 run() { bash "$check" "$hzp" "$@" || failures=$((failures + 1)); }
@@ -37,6 +50,8 @@ run "$root/scenarios/default.json" "$root/scenarios/dense/llama2-7b-a800-64-zero
 run "$root/scenarios/papers/amsp-llama2-7b-asynchzp.json" "$root/scenarios/papers/amsp-llama2-7b-mics.json" \
   "$root/scenarios/papers/amsp-llama2-7b-zeropp.json" -- --set cluster.nodes=16 \
   --set training.global_batch_tokens=524288
+run "$out/recipe.json"
+run "$out/recipe.json" -- --set 'cluster.inter_node={"leaf_size": 4, "oversubscription": 2}'
 run "$root/scenarios/dense/llama2-7b-a800-64-zero3.json" -- \
   --set 'cluster.inter_node={"routing": "ecmp", "placement": "scattered", "rail_optimized": true}'
 [ $failures -eq 0 ] && echo "ok: symmetric simulations match the full ones"

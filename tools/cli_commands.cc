@@ -394,8 +394,10 @@ int run_simulate(const std::vector<std::string>& argv) {
               r.ops_executed, r.collectives, r.sim_wall_s, r.sim_wall_s > 0 ? r.ops_executed / r.sim_wall_s : 0.0,
               r.cost_estimate.seconds, r.cost_estimate.resident_bytes / GiB);
   if (r.symmetric)
-    std::printf("  symmetry      %lld ops simulated: one rank per program, every group's flows (--exact: every rank)\n",
-                r.ops_simulated);
+    std::printf(
+        "  symmetry      %lld ops simulated: one rank per program; %lld collectives ran flows, the others "
+        "share no link with a representative's (--exact: every rank, every flow)\n",
+        r.ops_simulated, r.collectives_with_flows);
   else
     std::printf("  symmetry      every rank simulated (%s)\n", r.symmetry_note.c_str());
   return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r,
@@ -690,7 +692,8 @@ const std::vector<Command>& commands() {
        "well: a smaller K samples fewer GPUs; --timeline-gz gzips it at any size). DIR defaults to out/<scenario "
        "name>. --steps N runs N steps back to\n"
        "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory "
-       "false).\nRanks that run the same program are simulated once, with every group's flows (sim/symmetry.h);\n"
+       "false).\nRanks that run the same program are simulated once, with the flows of every group that may share a\n"
+       "link with theirs (sim/symmetry.h);\n"
        "--exact simulates every rank.\n" HZP_SCENARIO_INPUT_HELP "\n" HZP_SIM_BUDGET_HELP,
        run_simulate},
       {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU) or a trace",
