@@ -266,6 +266,9 @@ constexpr long long kMaxTop = 1000;
 constexpr long long kMaxJobs = 64;
 constexpr long long kMaxSimSteps = 1000;
 constexpr long long kMaxTimelineRanks = 4096;
+// Without --timeline-ranks, a timeline records up to 64 GPUs but stops near this many op spans: writing 1.7 M
+// spans (the Grok-1-like recipe's 71 GPUs) took 20 s and 3 GB, and Perfetto's UI slows down well before that.
+constexpr double kDefaultTimelineSpans = 500e3;
 
 int run_plan(const std::vector<std::string>& argv) {
   auto args = parse_args(argv, {"--out", "--top", "--jobs"}, true, {"--search"});
@@ -363,6 +366,14 @@ int run_simulate(const std::vector<std::string>& argv) {
   auto compiled = compile(*scenario);
   if (!compiled.ok()) return fail(compiled.status());
   const Schedule* schedule = &compiled->schedule;
+  const bool timeline_capped = !args->get("--timeline-ranks") && [&] {
+    std::size_t ops = 0;
+    for (const Program& p : schedule->programs) ops = std::max(ops, p.ops.size());
+    const double fit = kDefaultTimelineSpans / (static_cast<double>(ops) * options.steps);
+    if (fit >= options.timeline_max_ranks) return false;
+    options.timeline_max_ranks = std::max(1, static_cast<int>(fit));
+    return true;
+  }();
   auto analytic = estimate(*scenario, compiled->cost, *schedule);
   if (!analytic.ok()) return fail(analytic.status());
   std::fprintf(stderr, "sim: %s — %s, %s on %d GPUs, %zu ops per rank per step\n", scenario->name.c_str(),
@@ -400,6 +411,11 @@ int run_simulate(const std::vector<std::string>& argv) {
         r.ops_simulated, r.collectives_with_flows);
   else
     std::printf("  symmetry      every rank simulated (%s)\n", r.symmetry_note.c_str());
+  if (timeline_capped)
+    std::printf(
+        "  timeline      %zu GPUs recorded, not 64: a default timeline stops near %.0fk op spans "
+        "(--timeline-ranks K records more)\n",
+        r.timeline_ranks.size(), kDefaultTimelineSpans / 1e3);
   return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r,
                            args->has("--timeline-gz"));
 }
@@ -687,7 +703,8 @@ const std::vector<Command>& commands() {
        "Runs the scenario's schedule on a SimGrid model of its cluster (NVSwitch or full-mesh nodes, NIC\n"
        "rails, fat-tree) with every collective as flows that share links. SCENARIO defaults to\n"
        "scenarios/default.json. Prints a summary and writes DIR/summary.json and DIR/timeline.json (Chrome /\n"
-       "Perfetto trace: one process per GPU, one thread per stream; all GPUs up to K = 64, else a sample of\n"
+       "Perfetto trace: one process per GPU, one thread per stream; all GPUs up to K = 64 (by default fewer where\n"
+       "64 would record more than 500k op spans), else a sample of\n"
        "node 0 and evenly spaced nodes; above 32 MiB of JSON it is DIR/timeline.json.gz, which Perfetto opens as\n"
        "well: a smaller K samples fewer GPUs; --timeline-gz gzips it at any size). DIR defaults to out/<scenario "
        "name>. --steps N runs N steps back to\n"
