@@ -343,6 +343,31 @@ TEST_CASE("runtime: ranks started by an external launcher (torchrun-style variab
   fs::remove_all(dir);
 }
 
+TEST_CASE("runtime: ranks an external launcher starts with different runs are refused by both, naming the difference",
+          "[train]") {
+  const fs::path dir = fresh_dir("external_mismatch");
+  const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero2"}}, 3));
+  // Another learning rate trained silently; another layer count aborted in a collective of another size.
+  for (const std::string& set : {"run.lr=0.01", "model.layers=3"}) {
+    const int port = hzp::test::free_port();
+    std::string cmd;
+    for (int r = 0; r < 2; ++r)
+      cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " HZP_STORE_TOKEN=0123456789abcdef0123 " +
+             HZP_BINARY + " train " + scen + " --threads 1 --timeout-s 30 --data " + kData +
+             (r == 1 ? " --set " + set : "") + " & p" + std::to_string(r) + "=$!; ";
+    cmd += "wait $p0; a=$?; wait $p1; b=$?; echo codes $a $b";
+    const RunResult r = run("bash -c '" + cmd + "'");
+    INFO(r.output);
+    CHECK_THAT(r.output, Catch::Contains("codes 2 2"));
+    CHECK_THAT(
+        r.output,
+        Catch::Contains("rank 1 was started with another run than rank 0: " + set.substr(0, set.find('=')) + " is"));
+    CHECK_THAT(r.output, !Catch::Contains("terminate called"));
+  }
+  fs::remove_all(dir);
+}
+
 TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their errors", "[train]") {
   using hzp::runtime::detect_launch_env;
   auto from = [](std::map<std::string, std::string> vars) {

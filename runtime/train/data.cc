@@ -26,6 +26,12 @@ Result<ByteDataset> ByteDataset::load(const std::string& path, std::int64_t seq_
   return d;
 }
 
+std::uint64_t ByteDataset::content_hash() const {
+  std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the bytes, then the split and the random vocabulary
+  for (unsigned char c : text_) h = (h ^ c) * 0x100000001b3ULL;
+  return splitmix64(h ^ splitmix64(static_cast<std::uint64_t>(split_) ^ splitmix64(random_vocab_)));
+}
+
 ByteDataset ByteDataset::random_tokens(std::int64_t vocab, std::int64_t seq_len) {
   ByteDataset d;
   d.seq_len_ = seq_len;

@@ -32,6 +32,9 @@ class ByteDataset {
   std::int64_t vocab() const { return random_vocab_ > 0 ? random_vocab_ : 256; }
 
   std::int64_t train_bytes() const { return split_; }
+  // A hash of what the batches are drawn from (the text, or the random tokens' vocabulary): ranks that disagree
+  // on it would train on different data.
+  std::uint64_t content_hash() const;
   std::int64_t val_bytes() const { return static_cast<std::int64_t>(text_.size()) - split_; }
 
   // Tokens and next-token targets of micro-batch group `group` of training step `step`: `micro_batch`

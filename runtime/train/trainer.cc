@@ -324,6 +324,39 @@ Status check_outputs(const TrainOptions& options, const Scenario& scenario, int 
 
 namespace {
 
+// What every rank of a run must agree on: the scenario as compiled, the step and checkpoint flags, the
+// backend and the training data. Ranks an external launcher starts with another --set or data file would
+// otherwise train inconsistently (another learning rate on each shard) or abort in a collective of another size.
+nlohmann::json run_fingerprint(const TrainOptions& o, const PreparedRun& prepared) {
+  nlohmann::json doc = scenario_to_json(prepared.compiled.scenario);
+  doc["train flags"] = {{"--steps", o.steps},
+                        {"--stop-after", o.stop_after},
+                        {"--resume", o.resume},
+                        {"--overwrite-checkpoints", o.overwrite_checkpoints},
+                        {"--checkpoint-dir given", !o.checkpoint_dir.empty()},
+                        {"--backend", o.backend}};
+  char hash[24];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(prepared.data.content_hash()));
+  doc["--data"] = {{"train_bytes", prepared.data.train_bytes()}, {"content hash", hash}};
+  return doc;
+}
+
+// The first place two fingerprints differ: "model.layers is 3 on rank 1, 2 on rank 0".
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b, const std::string& a_name,
+                             const std::string& b_name, const std::string& path = "") {
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [key, value] : b.items()) {
+      auto it = a.find(key);
+      if (it == a.end()) return path + key + " is missing on " + a_name;
+      if (*it != value) return first_difference(*it, value, a_name, b_name, path + key + ".");
+    }
+    for (const auto& [key, value] : a.items())
+      if (!b.contains(key)) return path + key + " is missing on " + b_name;
+  }
+  return (path.empty() ? std::string("the run") : path.substr(0, path.size() - 1)) + " is " + printable(a.dump(), 60) +
+         " on " + a_name + ", " + printable(b.dump(), 60) + " on " + b_name;
+}
+
 // One rank's run in four phases — join (store, device, executor, resume point), train (the step loop with
 // evaluation and checkpoints), write (memory, traces, summary), leave (the exit barrier). A phase returns 0
 // to go on or the process exit code. Errors before the rank depends on its peers are plain (exit 2 for bad
@@ -352,6 +385,7 @@ class RankRun {
         takes_norm_(takes_grad_norm(prepared.compiled.schedule)) {}
 
   int join();
+  Status check_same_run();
   int train();
   int write_outputs();
   int leave();
@@ -443,6 +477,42 @@ class RankRun {
   std::vector<std::string> wrote_;
 };
 
+// Every rank publishes its run (run_fingerprint) and rank 0 compares each with its own, then publishes the
+// verdict: a rank started with another scenario, --set, --data or step flag is refused by every rank, before
+// any collective. Rank 0 hosts the store under an external launcher: on a refusal it waits (a few seconds at
+// most) until every rank has read the verdict before leaving.
+Status RankRun::check_same_run() {
+  const std::string text = run_fingerprint(options_, prepared_).dump();
+  HZP_RETURN_IF_ERROR(store_->set("hzp/run/" + std::to_string(env_.rank), text));
+  constexpr const char* kVerdict = "hzp/run_verdict";
+  auto missing = [&](int r, const Status& st) {
+    return Status::Internal("rank " + std::to_string(r) + " did not join within --timeout-s " +
+                            std::to_string(options_.timeout_s) + " (" + st.message() + ")");
+  };
+  if (!lead_) {
+    auto verdict = store_->get(kVerdict, timeout_);
+    if (!verdict.ok()) return missing(0, verdict.status());
+    (void)store_->set("hzp/run_seen/" + std::to_string(env_.rank), "1");
+    return verdict->empty() ? Status::Ok() : Status::InvalidInput(*verdict);
+  }
+  std::string verdict;
+  for (int r = 1; r < env_.world_size && verdict.empty(); ++r) {
+    auto theirs = store_->get("hzp/run/" + std::to_string(r), timeout_);
+    if (!theirs.ok()) return missing(r, theirs.status());
+    if (*theirs == text) continue;
+    const std::string rank = "rank " + std::to_string(r);
+    verdict = rank + " was started with another run than rank 0: " +
+              first_difference(nlohmann::json::parse(*theirs, nullptr, /*allow_exceptions=*/false),
+                               nlohmann::json::parse(text), rank, "rank 0") +
+              " (every rank needs the same scenario, --set, --data and step flags)";
+  }
+  HZP_RETURN_IF_ERROR(store_->set(kVerdict, verdict));
+  if (verdict.empty()) return Status::Ok();
+  for (int r = 1; r < env_.world_size; ++r)
+    (void)store_->get("hzp/run_seen/" + std::to_string(r), std::min(timeout_, milliseconds(5000)));
+  return Status::InvalidInput(verdict);
+}
+
 int RankRun::join() {
   // Under hzp's launcher these checks already passed once, before any rank started.
   if (!env_.hosted_by_launcher && lead_) {
@@ -484,6 +554,7 @@ int RankRun::join() {
   if (!store_or.ok()) return fail(store_or.status());
   store_ = std::move(store_or).value();
   if (Status st = store_->set("hzp/joined/" + std::to_string(env_.rank), "1"); !st.ok()) return fail(st);
+  if (Status st = check_same_run(); !st.ok()) return fail(st);
 
   auto device_or = make_device(options_, env_, timeout_, host_threads_, local_ranks_);
   if (!device_or.ok()) return fail(device_or.status());
