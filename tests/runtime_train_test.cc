@@ -322,6 +322,14 @@ TEST_CASE("runtime: bad input is refused with the path and exit code 2", "[train
   CHECK_THAT(r.output, Catch::Contains("/nonexistent/file.txt"));
   r = run(std::string(HZP_BINARY) + " train " + ok + " --nproc zero");
   CHECK(r.code == 2);
+  // A pool past the host's memory is refused before it is allocated (4 TiB per rank: past any host), not left
+  // to the kernel's OOM killer or blamed on a lost peer.
+  r = run(std::string(HZP_BINARY) + " train " + ok +
+          " --nproc 2 --threads 1 --data random --steps 1 --set model.vocab=4194304 --set training.micro_batch=4096 "
+          "--set training.global_batch_sequences=8192");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("the host memory pool needs") && Catch::Contains("this machine allows"));
+  CHECK_THAT(r.output, !Catch::Contains("lost rank"));
   fs::remove_all(dir);
 }
 

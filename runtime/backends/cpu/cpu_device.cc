@@ -5,8 +5,10 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -17,16 +19,29 @@
 #include "runtime/backends/cpu/gloo_comm.h"
 #include "runtime/device/communicator.h"
 #include "runtime/device/kernels.h"
+#include "shared/base/memory_limits.h"
 
 namespace hzp::runtime {
 
 // --- MemoryPool ------------------------------------------------------------------------------------------
 
-CpuMemoryPool::CpuMemoryPool(std::int64_t capacity_bytes) {
+CpuMemoryPool::CpuMemoryPool(std::int64_t capacity_bytes, double host_share_bytes, int host_ranks) {
   // A negative capacity is an empty pool. Pieces are whole multiples of kPoolAlignment bytes
   // (pool_piece_bytes), so used_ stays aligned.
   capacity_ = capacity_bytes > 0 ? capacity_bytes : 0;
   if (capacity_ == 0) return;
+  if (static_cast<double>(capacity_) > host_share_bytes) {
+    constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+    char why[400];
+    std::snprintf(why, sizeof why,
+                  "the host memory pool needs %.2f GiB per rank: %d rank%s on this host would take %.2f GiB of the "
+                  "%.2f GiB this machine allows (3/4 of its memory, or its limits); train fewer ranks per host, or "
+                  "a smaller model, micro-batch or sequence",
+                  static_cast<double>(capacity_) / GiB, host_ranks, host_ranks > 1 ? "s" : "",
+                  static_cast<double>(capacity_) * host_ranks / GiB, host_share_bytes * host_ranks / GiB);
+    refused_ = why;
+    return;
+  }
   base_ = static_cast<char*>(
       ::operator new(static_cast<std::size_t>(capacity_), std::align_val_t(kPoolAlignment), std::nothrow));
   // A failed allocation leaves base_ null: allocate() then reports it (a constructor cannot return a Status).
@@ -41,6 +56,7 @@ Result<Buffer> CpuMemoryPool::allocate(const std::string& category, std::int64_t
   if (count < 0)
     return Status::InvalidInput("memory pool: category '" + category + "' asked for a negative size (" +
                                 std::to_string(count) + " elements)");
+  if (!refused_.empty()) return Status::InvalidInput(refused_);
   if (capacity_ > 0 && base_ == nullptr)
     return Status::Internal("memory pool: the host could not allocate the pool's " + std::to_string(capacity_) +
                             " bytes (category '" + category + "' asked for " + std::to_string(count) + " " +
@@ -187,7 +203,8 @@ class CpuDevice final : public Device {
     return "cpu (host memory, a thread per stream, reference kernels, Gloo over TCP)";
   }
   std::unique_ptr<MemoryPool> create_pool(std::int64_t capacity_bytes) override {
-    return std::make_unique<CpuMemoryPool>(capacity_bytes);
+    const int host_ranks = std::max(1, options_.local_world_size);
+    return std::make_unique<CpuMemoryPool>(capacity_bytes, memory_allowance() / host_ranks, host_ranks);
   }
   std::unique_ptr<Stream> create_stream(const std::string& name) override { return std::make_unique<CpuStream>(name); }
   std::unique_ptr<Kernels> create_kernels(Stream& stream) override { return make_cpu_kernels(stream); }

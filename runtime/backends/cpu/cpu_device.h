@@ -20,7 +20,11 @@ namespace hzp::runtime {
 // runtime sizes everything before the first step).
 class CpuMemoryPool final : public MemoryPool {
  public:
-  explicit CpuMemoryPool(std::int64_t capacity_bytes);
+  // `host_share_bytes`: what this rank may take of the host's memory (its share of memory_allowance()); a pool
+  // past it is not allocated (overcommit would let the allocation succeed and the kernel's OOM killer end a
+  // rank, or another process, mid-run) and every allocate() says why, as bad input.
+  explicit CpuMemoryPool(std::int64_t capacity_bytes, double host_share_bytes = std::numeric_limits<double>::infinity(),
+                         int host_ranks = 1);
   ~CpuMemoryPool() override;
   CpuMemoryPool(const CpuMemoryPool&) = delete;
   CpuMemoryPool& operator=(const CpuMemoryPool&) = delete;
@@ -34,6 +38,7 @@ class CpuMemoryPool final : public MemoryPool {
   std::int64_t capacity_ = 0;
   std::int64_t used_ = 0;
   char* base_ = nullptr;
+  std::string refused_;  // why the pool was not allocated (past the host's share), or empty
   std::map<std::string, std::int64_t> by_category_;
 };
 
