@@ -1,4 +1,5 @@
 // The planner end to end through the hzp command: its simulated pick against every candidate simulated.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -49,5 +50,20 @@ TEST_CASE("planner pick, simulated, is within 2 % of every candidate simulated (
   }
   INFO("picked " << picked << " s, best of " << i << " simulated " << best << " s");
   CHECK(picked <= best * 1.02);
+
+  // The same folder searched again where nothing fits: exit 1, a plan.json that says so, and no best.json
+  // of the earlier search left for a script to read.
+  doc["cluster"]["gpu"] = {{"memory_GiB", 0.001}};
+  std::ofstream(dir / "nomem.json") << doc.dump();
+  const std::string none_cmd = std::string("'") + HZP_BINARY + "' plan '" + (dir / "nomem.json").string() +
+                               "' --search --top 2 --jobs 1 --out '" + (dir / "plan").string() + "' >/dev/null 2>&1";
+  const int status = std::system(none_cmd.c_str());
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  std::ifstream none_in(dir / "plan" / "plan.json");
+  const nlohmann::json none = nlohmann::json::parse(none_in);
+  CHECK(none["best"].is_null());
+  CHECK(none["candidates"].empty());
+  CHECK(!std::filesystem::exists(dir / "plan" / "best.json"));
   std::filesystem::remove_all(dir);
 }

@@ -335,27 +335,32 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
     return found.status().code() == StatusCode::kInvalidInput ? 2 : 1;
   }
-  if (found->zero.ranked.empty() && found->nd.ranked.empty()) {
+  // A best.json of an earlier search in the same folder must not outlive this one's plan.json.
+  std::error_code ignored;
+  fs::remove(fs::path(out_dir) / "best.json", ignored);
+  const bool none_fit = found->zero.ranked.empty() && found->nd.ranked.empty();
+  if (none_fit)
     std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
-    return 0;
-  }
-  std::vector<Simulation> sims = to_simulate(scenario, *found, top_k);
+  std::vector<Simulation> sims = none_fit ? std::vector<Simulation>{} : to_simulate(scenario, *found, top_k);
   const auto t1 = std::chrono::steady_clock::now();
   simulate_all(sims, jobs, dir);
   const double sim_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   const std::vector<size_t> order = simulated_order(sims);
   const int best = !order.empty() && tier(sims[order.front()]) == 0 ? static_cast<int>(order.front()) : -1;
-  print_simulated(sims, order, best);
-  std::printf("simulated %zu scenarios with %d parallel processes in %.1f s; each in %s/<candidate>/\n", sims.size(),
-              jobs, sim_s, dir.c_str());
+  if (!none_fit) {
+    print_simulated(sims, order, best);
+    std::printf("simulated %zu scenarios with %d parallel processes in %.1f s; each in %s/<candidate>/\n", sims.size(),
+                jobs, sim_s, dir.c_str());
+  }
 
   const nlohmann::json plan = plan_json(scenario, *found, sims, order, best, jobs, sim_s);
   if (Status st = write_file_atomic((fs::path(out_dir) / "plan.json").string(), plan.dump(2) + "\n"); !st.ok()) {
     std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
     return 2;
   }
-  if (best < 0) {
-    std::printf("wrote %s/plan.json; no simulated candidate fits in memory\n", out_dir.c_str());
+  if (best < 0) {  // exit 1, as a search that finds nothing runnable; plan.json says what was tried
+    std::printf("wrote %s/plan.json; no %s candidate fits in memory\n", out_dir.c_str(),
+                none_fit ? "estimated" : "simulated");
     return 1;
   }
   nlohmann::json winner = scenario_to_json(sims[best].scenario);
