@@ -400,6 +400,10 @@ TEST_CASE("compare: two runs side by side, from scenarios, simulations or summar
   REQUIRE(r.code == 0);
   for (const auto& [metric, row] : rows_of((dir / "same.json").string()))
     if (!row["delta"].is_null()) CHECK(row["delta"].get<double>() == 0);
+  // Edits that a summary side would silently not take are refused, naming it.
+  r = run("compare '" + (dir / "sim" / "a-golden-zero3").string() + "' " + zero3 + " --set policy.preset=ddp");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("is a summary") != std::string::npos);
   // Bad input: no B and no edits, a folder without a summary, a scenario that is not one.
   CHECK(run("compare " + zero3).code == 2);
   CHECK(run("compare '" + dir.string() + "' " + zero3).code == 2);

@@ -224,6 +224,11 @@ int run_compare_command(const std::vector<std::string>& args) {
   inputs.insert(inputs.end(), b->read.begin(), b->read.end());
   if (auto path = parsed->get("--json"))
     if (Status st = check_output_files({{"--json", *path}}, inputs); !st.ok()) return fail(st);
+  if (b_given && !sets.empty())  // edits that a summary would silently not take
+    for (const auto* side : {&*a, &*b})
+      if (!side->scenario)
+        return usage_error("--set edits both sides' scenarios; " + printable(side == &*a ? a_arg : b_arg, 100) +
+                           " is a summary");
   if (!b_given) {
     if (!a->scenario) return usage_error("--set edits a scenario; " + printable(a_arg, 100) + " is a summary");
     b->source = a_arg + " --set " + join(sets, " --set ");
