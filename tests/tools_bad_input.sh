@@ -40,6 +40,31 @@ expect_2 tools/fp8_transfer.py "$rows" --hzp "$hzp" --max-error nan
 expect_2 tools/validate_rows.py "$rows" --hzp "$hzp" --max-error nan
 expect_2 tools/sweep.py scenarios/default.json --hzp "$hzp" --out "$out/sweep" --progress-s 1e-300
 expect_2 tools/sweep.py scenarios/default.json --hzp "$hzp" --out "$out/sweep" --progress-s nan
+# megatron_table.py: bad --jobs, no hzp, a gate nan passes, and a table written over one of its scenarios.
+cp scenarios/papers/megatron-gpt-1.7b.json "$out/megatron.json"
+for bad in "--jobs 0" "--hzp /nonexistent/hzp" "--max-error nan" "--markdown $out" "--markdown /proc/nope/t.md" \
+  "--markdown scenarios/papers/megatron-gpt-1.7b.json"; do
+  # shellcheck disable=SC2086 # the flags split on purpose
+  expect_2 tools/megatron_table.py --hzp "$hzp" --estimate $bad
+done
+cmp -s scenarios/papers/megatron-gpt-1.7b.json "$out/megatron.json" ||
+  { echo "FAIL: megatron_table replaced its scenario"; failures=$((failures + 1)); }
+# fp8_transfer.py: no hzp; a pair whose rows carry a precision that is a number, or a throughput of 0 or text.
+expect_2 tools/fp8_transfer.py "$rows" --hzp /nonexistent/hzp
+fp8_pair() {  # PRECISION TGS -> a bf16 / FP8 pair of one configuration
+  local base='"model": "m", "gpu": "H100 SXM", "gpu_count": 8, "gpus_per_node": 8, "layers": 2, "hidden": 64,
+    "heads": 4, "ffn": 256, "vocab": 256, "seq_len": 64, "micro_batch": 1, "global_batch": 8'
+  echo "{\"id\": \"a\", $base, \"precision\": \"bf16\", \"tokens_per_s_per_gpu\": 1000}" | tr -d '\n'
+  echo
+  echo "{\"id\": \"b\", $base, \"precision\": $1, \"tokens_per_s_per_gpu\": $2}" | tr -d '\n'
+  echo
+}
+fp8_pair '"fp8"' 0 > "$out/fp8_zero.jsonl"
+fp8_pair '"fp8"' '"fast"' > "$out/fp8_text.jsonl"
+fp8_pair 5 1000 > "$out/fp8_number.jsonl"
+for rows_file in "$out/fp8_zero.jsonl" "$out/fp8_text.jsonl" "$out/fp8_number.jsonl"; do
+  expect_2 tools/fp8_transfer.py "$rows_file" --hzp "$hzp"
+done
 # A scenario the sweep would overwrite with its own output (its report, or a grid file) is refused.
 mkdir -p "$out/sweep/grid"
 cp scenarios/default.json "$out/sweep/index.html"

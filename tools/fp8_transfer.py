@@ -25,6 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import validate_rows as vr  # noqa: E402
+from json_input import check_executable  # noqa: E402
 
 PAIR_FIELDS = tuple(k for k in vr.CONFIG_FIELDS if k not in ("precision", "other", "act_recompute"))
 
@@ -97,9 +98,10 @@ def main():
     ap.add_argument("--max-error", type=vr.number(0, 1e6), default=None)
     args = ap.parse_args()
     try:
+        check_executable(args.hzp, "--hzp")
         rows = vr.load_rows(args.rows)
     except (OSError, ValueError) as e:
-        print(f"fp8_transfer: {args.rows}: {e}", file=sys.stderr)
+        print(f"fp8_transfer: {e}", file=sys.stderr)
         return 2
     pairs = pairs_of(rows)
     if not pairs:
@@ -111,11 +113,13 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for bf16_row, fp8_row in pairs:
             try:
+                base, published = (vr.positive(r, "tokens_per_s_per_gpu") for r in (bf16_row, fp8_row))
+                if base is None or published is None:
+                    raise vr.Skip("both rows of a pair need tokens_per_s_per_gpu")
                 tgs = predict(args.hzp, bf16_row, fp8_row, work)
             except vr.Skip as e:
                 print(f"fp8_transfer: {bf16_row['id']} -> {fp8_row['id']}: {e}", file=sys.stderr)
                 return 2
-            base, published = bf16_row["tokens_per_s_per_gpu"], fp8_row["tokens_per_s_per_gpu"]
 
             def cell(x):
                 return f"{x:7.0f} {100 * (x / published - 1):+6.1f}%"

@@ -22,6 +22,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from json_input import check_executable, check_output_file, number, write_output_file  # noqa: E402
+
 # Table 1: parameters (billions) -> (GPUs, global batch, TFLOP/s per GPU, % of peak).
 PUBLISHED = {
     "1.7b": (32, 512, 137, 44),
@@ -69,12 +72,21 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--estimate", action="store_true", help="use the analytic estimator (hzp plan), not SimGrid")
     ap.add_argument("--markdown", help="also write the table to FILE")
-    ap.add_argument("--max-error", type=float, metavar="PCT",
+    ap.add_argument("--max-error", type=number(0, 1e6), metavar="PCT",
                     help="exit 1 when any row's |error| is above PCT percent (a fidelity check)")
     args = ap.parse_args()
+    if not 1 <= args.jobs <= 64:
+        ap.error("--jobs must be 1 to 64")
     paths = sorted(glob.glob("scenarios/papers/megatron-gpt-*.json"), key=lambda p: float(p.split("-")[-1][:-6]))
     if not paths:
         sys.exit("megatron_table: no scenarios/papers/megatron-gpt-*.json (run from the repository root)")
+    try:  # before any run: a table that cannot be written, or that would replace an input, is refused now
+        check_executable(args.hzp, "--hzp")
+        if args.markdown is not None:
+            check_output_file(args.markdown, "--markdown", paths + [args.hzp])
+    except ValueError as e:
+        print(f"megatron_table: {e}", file=sys.stderr)
+        return 2
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         results = list(pool.map(lambda p: run(args.hzp, p, args.estimate), paths))
     lines = ["| model | t | p | GPUs | batch | published TFLOP/s/GPU | hzp step (s) | hzp TFLOP/s/GPU | error |",
@@ -99,9 +111,8 @@ def main():
                f"worst {max(errors):.1f} %" if errors else "no row simulated")
     text = "\n".join(lines) + "\n\n" + summary + "\n"
     print(text, end="")
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
+    if args.markdown is not None:
+        write_output_file(args.markdown, text)
     if len(errors) != len(results):
         return 1
     if args.max_error is not None and max(errors) > args.max_error:

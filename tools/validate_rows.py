@@ -274,7 +274,10 @@ def precision_of(row):
     """(training.precision, fp8, assumption or None): FP8 runs keep bf16 weights, gradients and
     communication (Transformer Engine's default; the gradients are reduced as the framework reduces them
     under bf16); only the linear layers' GEMMs run in FP8."""
-    text = (row.get("precision") or "bf16").lower()
+    text = row.get("precision") or "bf16"
+    if not isinstance(text, str):
+        raise Skip(f"precision {text!r} is not a name (bf16, fp16, fp32, FP8)")
+    text = text.lower()
     if "fp8" in text or "float8" in text:
         return "bf16", True, ("FP8: linear-layer GEMMs in FP8, everything else (and all states and communication, "
                               "but gradients a framework reduces in fp32) in bf16")
@@ -285,7 +288,10 @@ def precision_of(row):
 
 
 def recompute_of(row):
-    text = (row.get("act_recompute") or "none").lower()
+    text = row.get("act_recompute") or "none"
+    if not isinstance(text, str):
+        raise Skip(f"act_recompute {text!r} is not a name (none, selective, full)")
+    text = text.lower()
     if text.startswith("none") or text in ("false", "no"):
         return "none", None
     if text.startswith("selective"):
