@@ -148,6 +148,12 @@ TEST_CASE("schedule dumps one rank, or all", "[cli]") {
   const RunResult all = run("schedule '" + kData + "/golden/zero3.json' --rank all");
   REQUIRE(all.code == 0);
   CHECK(all.out.find("rank 3 program 0") != std::string::npos);
+  // Every rank's group members, 32,768 ranks: gigabytes, refused before they are built.
+  const RunResult huge = run("schedule '" + kData +
+                             "/golden/zero3.json' --rank all --set cluster.nodes=16384 "
+                             "--set training.global_batch_sequences=32768");
+  CHECK(huge.code == 2);
+  CHECK(huge.err.find("print one rank with --rank R") != std::string::npos);
 }
 
 TEST_CASE("simulate writes summary.json and a Perfetto timeline, bad flags exit 2", "[cli][sim]") {

@@ -327,6 +327,25 @@ int run_schedule(const std::vector<std::string>& argv) {
   }
   auto compiled = compile(*scenario);
   if (!compiled.ok()) return fail(compiled.status());
+  if (rank < 0) {
+    // Every rank's line lists the members of each of its groups: quadratic in the world. The dump is built
+    // in memory before it is printed, so a size past this is refused before it is built.
+    constexpr double kMaxDumpBytes = 512.0 * 1024 * 1024;
+    const Schedule& s = compiled->schedule;
+    const double digits = std::to_string(s.world_size).size() + 1.0;
+    double bytes = 0;
+    for (int r = 0; r < s.world_size; ++r)
+      for (int g : s.rank_groups[r])
+        if (g >= 0) bytes += static_cast<double>(s.groups[g].ranks.size()) * digits;
+    for (const Program& p : s.programs) bytes += 100.0 * static_cast<double>(p.ops.size());
+    if (bytes > kMaxDumpBytes) {
+      std::fprintf(stderr,
+                   "hzp schedule: --rank all would print about %.0f MB (the members of every rank's groups, %d "
+                   "ranks), past %.0f MB: print one rank with --rank R\n",
+                   bytes / 1e6, s.world_size, kMaxDumpBytes / 1e6);
+      return 2;
+    }
+  }
   std::printf("%s", dump_schedule(compiled->schedule, rank).c_str());
   return 0;
 }
