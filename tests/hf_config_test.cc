@@ -235,5 +235,18 @@ TEST_CASE("model.from_hf_config in a scenario: next to the file, overridable, ex
   auto both = load_scenario_file((dir / "both.json").string());
   REQUIRE_FALSE(both.ok());
   CHECK(both.status().message().find("model.from_hf_config") != std::string::npos);
+  // A size past the scenario's range names the model field and its value, not only the file.
+  json big = json::parse(kLlama3_8b);
+  big["vocab_size"] = 5000000;
+  std::ofstream(dir / "models" / "big.json") << big.dump();
+  doc["model"] = {{"from_hf_config", "models/big.json"}};
+  std::ofstream(dir / "big.json") << doc.dump();
+  auto past = load_scenario_file((dir / "big.json").string());
+  REQUIRE_FALSE(past.ok());
+  CHECK(past.status().message().find("vocab 5000000, past hzp's range") != std::string::npos);
+  big["vocab_size"] = 128256;
+  big["max_position_embeddings"] = 16777217;  // past the config reader's bound: said so, not "not positive"
+  CHECK(model_from_hf_config(big, "c.json").status().message().find("16777217 exceeds hzp's range") !=
+        std::string::npos);
   std::filesystem::remove_all(dir);
 }

@@ -32,10 +32,10 @@ Result<std::int64_t> positive(const json& config, const std::string& path, const
     return bad(path, key, "missing (a decoder config has it)");
   }
   const json& v = config[key];
-  if (!v.is_number_integer() || v.get<std::int64_t>() < 1 ||
-      (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxSize)))
+  const bool too_large = v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxSize);
+  if (!v.is_number_integer() || (!too_large && v.get<std::int64_t>() < 1))
     return bad(path, key, "expected a positive integer, got " + printable(v.dump(), 60));
-  if (v.get<std::int64_t>() > kMaxSize)
+  if (too_large || v.get<std::int64_t>() > kMaxSize)
     return bad(path, key, printable(v.dump(), 60) + " exceeds hzp's range (" + std::to_string(kMaxSize) + ")");
   return v.get<std::int64_t>();
 }
@@ -44,10 +44,10 @@ Result<std::int64_t> positive(const json& config, const std::string& path, const
 Result<std::int64_t> count_or_zero(const json& config, const std::string& path, const char* key) {
   if (!config.contains(key) || config[key].is_null()) return std::int64_t{0};
   const json& v = config[key];
-  if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
-      (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxSize)))
+  const bool too_large = v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(kMaxSize);
+  if (!v.is_number_integer() || (!too_large && v.get<std::int64_t>() < 0))
     return bad(path, key, "expected a non-negative integer or null, got " + printable(v.dump(), 60));
-  if (v.get<std::int64_t>() > kMaxSize)
+  if (too_large || v.get<std::int64_t>() > kMaxSize)
     return bad(path, key, printable(v.dump(), 60) + " exceeds hzp's range (" + std::to_string(kMaxSize) + ")");
   return v.get<std::int64_t>();
 }

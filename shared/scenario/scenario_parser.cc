@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "shared/base/files.h"
@@ -312,24 +313,27 @@ Result<ModelSpec> model_starting_point(const ObjectReader& r) {
     HZP_RETURN_IF_ERROR(r.read_string("from_hf_config", path));
     HZP_ASSIGN_OR_RETURN(m, load_hf_config(path));
     m.hf_config_path = path;
-    const std::pair<std::int64_t, std::int64_t> checks[] = {{m.layers, range::kLayers},
-                                                            {m.hidden, range::kHidden},
-                                                            {m.heads, range::kHeads},
-                                                            {m.ffn_hidden, range::kFfn},
-                                                            {m.vocab, range::kVocab},
-                                                            {m.max_positions, range::kPositions},
-                                                            {m.moe.experts, range::kExperts},
-                                                            {m.moe.top_k, range::kTopK},
-                                                            {m.moe.expert_ffn_hidden, range::kFfn},
-                                                            {m.moe.shared_ffn_hidden, range::kFfn},
-                                                            {m.mla.q_lora_rank, range::kHidden},
-                                                            {m.mla.kv_lora_rank, range::kHidden},
-                                                            {m.mla.qk_nope_head_dim, range::kHeadDim},
-                                                            {m.mla.qk_rope_head_dim, range::kHeadDim},
-                                                            {m.mla.v_head_dim, range::kHeadDim}};
-    for (const auto& [value, most] : checks)
+    const std::tuple<const char*, std::int64_t, std::int64_t> checks[] = {
+        {"layers", m.layers, range::kLayers},
+        {"hidden", m.hidden, range::kHidden},
+        {"heads", m.heads, range::kHeads},
+        {"ffn_hidden", m.ffn_hidden, range::kFfn},
+        {"vocab", m.vocab, range::kVocab},
+        {"max_positions", m.max_positions, range::kPositions},
+        {"moe.experts", m.moe.experts, range::kExperts},
+        {"moe.top_k", m.moe.top_k, range::kTopK},
+        {"moe.expert_ffn_hidden", m.moe.expert_ffn_hidden, range::kFfn},
+        {"moe.shared_ffn_hidden", m.moe.shared_ffn_hidden, range::kFfn},
+        {"mla.q_lora_rank", m.mla.q_lora_rank, range::kHidden},
+        {"mla.kv_lora_rank", m.mla.kv_lora_rank, range::kHidden},
+        {"mla.qk_nope_head_dim", m.mla.qk_nope_head_dim, range::kHeadDim},
+        {"mla.qk_rope_head_dim", m.mla.qk_rope_head_dim, range::kHeadDim},
+        {"mla.v_head_dim", m.mla.v_head_dim, range::kHeadDim}};
+    for (const auto& [field, value, most] : checks)
       if (value > most)
-        return invalid(r.path_of("from_hf_config"), "a size in it exceeds hzp's range (" + std::to_string(most) + ")",
+        return invalid(r.path_of("from_hf_config"),
+                       "the config gives the model's " + std::string(field) + " " + std::to_string(value) +
+                           ", past hzp's range (" + std::to_string(most) + ")",
                        r.at("from_hf_config"));
     return m;
   }
