@@ -31,13 +31,14 @@ measure() {
   shift
   /usr/bin/time -f "%e %M" -o "$work/time-$name" timeout "$limit" "$hzp" "$@" >"$work/log-$name" 2>&1
   local rc=$?
-  read -r wall kb <"$work/time-$name" 2>/dev/null || { wall=0; kb=0; }
+  read -r wall kb < <(tail -n 1 "$work/time-$name" 2>/dev/null) || { wall=0; kb=0; }
+  [[ "$kb" =~ ^[0-9]+$ ]] || kb=0
   [ $rc -eq 124 ] && wall=">$limit"
   echo "$wall $(python3 -c "print(f'{$kb / 2**20:.2f}')") $rc"
 }
 
 step_of() {  # OUT_DIR -> the simulated step time
-  python3 -c 'import json,sys; print(f"{json.load(open(sys.argv[1]))[\"step_time_s\"]:.4f}")' "$1/summary.json" 2>/dev/null ||
+  python3 -c 'import json,sys; print("%.4f" % json.load(open(sys.argv[1]))["step_time_s"])' "$1/summary.json" 2>/dev/null ||
     echo "-"
 }
 

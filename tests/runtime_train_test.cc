@@ -356,7 +356,7 @@ TEST_CASE("runtime: ranks an external launcher starts with different runs are re
   const fs::path dir = fresh_dir("external_mismatch");
   const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero2"}}, 3));
   // Another learning rate trained silently; another layer count aborted in a collective of another size.
-  for (const std::string& set : {"run.lr=0.01", "model.layers=3"}) {
+  for (const std::string set : {"run.lr=0.01", "model.layers=3"}) {
     const int port = hzp::test::free_port();
     std::string cmd;
     for (int r = 0; r < 2; ++r)
