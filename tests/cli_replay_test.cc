@@ -82,6 +82,24 @@ TEST_CASE("replay: a trace of subnormal times replays with no relative error, no
   CHECK(summary["replay"]["worst_abs_error"] == 0);
 }
 
+TEST_CASE("replay: a trace with a rank missing, or of zero-length events, is refused", "[cli][replay]") {
+  const std::string missing = edited_trace("missing_rank.json", [](nlohmann::json& d) {
+    nlohmann::json kept = nlohmann::json::array();
+    for (auto& e : d["events"])
+      if (e["rank"] != 3) kept.push_back(e);
+    d["events"] = kept;
+  });
+  RunResult r = replay(missing, scratch() / "out_missing_rank");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("has no events of rank 3"));
+  const std::string zero = edited_trace("zero_times.json", [](nlohmann::json& d) {
+    for (auto& e : d["events"]) e["start_us"] = e["end_us"] = 0;
+  });
+  r = replay(zero, scratch() / "out_zero_times");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("no time was recorded"));
+}
+
 TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, naming the event", "[cli][replay]") {
   struct Case {
     const char* name;

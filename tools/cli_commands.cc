@@ -534,6 +534,24 @@ int run_replay(const std::vector<std::string>& argv) {
   auto trace = load_trace_file(*args->scenario);
   if (!trace.ok()) return fail(trace.status());
   if (trace->events.empty()) return fail(Status::InvalidInput("trace " + *args->scenario + " has no events"));
+  {
+    // Every rank recorded, and recorded time: a rank missing would be timed by the roofline as if measured,
+    // and a trace of zero-length events replays as a step of 0 s.
+    std::vector<char> seen(static_cast<std::size_t>(std::max(trace->world_size, 0)), 0);
+    double longest_us = 0;
+    for (const TraceEvent& e : trace->events) {
+      if (e.rank >= 0 && e.rank < trace->world_size) seen[e.rank] = 1;
+      longest_us = std::max(longest_us, e.end_us - e.start_us);
+    }
+    for (int r = 0; r < trace->world_size; ++r)
+      if (!seen[r])
+        return fail(Status::InvalidInput("trace " + printable(*args->scenario, 200) + " has no events of rank " +
+                                         std::to_string(r) + " of its " + std::to_string(trace->world_size) +
+                                         ": a trace records every rank"));
+    if (longest_us <= 0)
+      return fail(Status::InvalidInput("trace " + printable(*args->scenario, 200) +
+                                       ": every event starts and ends at the same instant: no time was recorded"));
+  }
   auto recorded_scenario = parse_scenario(trace->scenario_config, trace->scenario);
   if (!recorded_scenario.ok())
     return fail(Status::InvalidInput("trace scenario_config: " + recorded_scenario.status().message()));
