@@ -118,6 +118,15 @@ TEST_CASE("kineto: bad traces are refused with the event and field named", "[kin
   json bad_rank = doc_of(two_steps());
   bad_rank["distributedInfo"] = {{"rank", 3}, {"world_size", 2}};
   CHECK_THAT(message(bad_rank), Catch::Contains("distributedInfo"));
+  // Only a memset of GPU time, every kernel of 0 us: nothing a replay could time.
+  json memset_only = json::array({ev("user_annotation", "ProfilerStep#0", 0, 1000),
+                                  ev("user_annotation", "DistributedDataParallel.forward", 10, 190)});
+  gpu_work(memset_only, "gpu_memset", "Memset (Device)", 20, 50, 10, 1);
+  gpu_work(memset_only, "kernel", "ampere_sgemm_128x64_tn", 30, 70, 0, 2);
+  CHECK_THAT(message(doc_of(memset_only)), Catch::Contains("no GPU kernel time"));
+  json bad_device = doc_of(two_steps());
+  bad_device["deviceProperties"] = "x";  // skipped the GPU check before
+  CHECK_THAT(message(bad_device), Catch::Contains("deviceProperties"));
 }
 
 namespace {

@@ -159,9 +159,15 @@ Status read_header(const json& doc, const std::string& shown, KinetoProfile& p) 
       return Status::InvalidInput(shown + ": distributedInfo: rank " + std::to_string(p.rank) + " of world_size " +
                                   std::to_string(p.world_size) + " is not a rank of that world");
   }
-  if (auto d = doc.find("deviceProperties"); d != doc.end() && d->is_array() && !d->empty() && (*d)[0].is_object())
-    if (auto n = (*d)[0].find("name"); n != (*d)[0].end() && n->is_string())
-      p.device = printable(n->get<std::string>(), 80);
+  if (auto d = doc.find("deviceProperties"); d != doc.end()) {
+    // Present but not the profiler's array of objects: the GPU check would be skipped ("device not named").
+    if (!d->is_array() || (!d->empty() && !(*d)[0].is_object()))
+      return Status::InvalidInput(shown + ": deviceProperties: expected the profiler's array of device objects, got " +
+                                  printable(d->dump(), 60));
+    if (!d->empty())
+      if (auto n = (*d)[0].find("name"); n != (*d)[0].end() && n->is_string())
+        p.device = printable(n->get<std::string>(), 80);
+  }
   return Status::Ok();
 }
 
@@ -397,6 +403,10 @@ Result<KinetoProfile> read_kineto(const json& doc, const std::string& source) {
     p.steps.pop_back();
   }
   if (p.steps.empty()) return Status::InvalidInput(shown + ": its steps hold no GPU work (a CPU-only profile?)");
+  double kernel_us = 0;
+  for (const KinetoStep& st : p.steps) kernel_us += st.kernel_us;
+  if (kernel_us <= 0)
+    return Status::InvalidInput(shown + ": its steps run no GPU kernel time (no kernels, or every kernel's dur is 0)");
   return p;
 }
 
