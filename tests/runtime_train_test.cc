@@ -330,6 +330,13 @@ TEST_CASE("runtime: bad input is refused with the path and exit code 2", "[train
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Catch::Contains("the host memory pool needs") && Catch::Contains("this machine allows"));
   CHECK_THAT(r.output, !Catch::Contains("lost rank"));
+  // Flags that would do nothing: overwriting no checkpoint folder, stopping after the run's end.
+  r = run(std::string(HZP_BINARY) + " train " + ok + " --overwrite-checkpoints");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--overwrite-checkpoints needs --checkpoint-dir"));
+  r = run(std::string(HZP_BINARY) + " train " + ok + " --steps 3 --stop-after 4");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("--stop-after 4 is past the run's 3 steps"));
   fs::remove_all(dir);
 }
 

@@ -152,6 +152,8 @@ int run_train_command(const std::vector<std::string>& args) {
   o.backend = a.get("--backend").value_or("cpu");
   o.sets = a.all("--set");
   if (o.resume && o.checkpoint_dir.empty()) return usage("--resume needs --checkpoint-dir");
+  if (o.overwrite_checkpoints && o.checkpoint_dir.empty())
+    return usage("--overwrite-checkpoints needs --checkpoint-dir (the checkpoints it may replace)");
 
   auto env = runtime::detect_launch_env([](const char* name) { return std::getenv(name); });
   if (!env.ok()) {

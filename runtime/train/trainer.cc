@@ -219,6 +219,10 @@ Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
                                 std::to_string(run.data.vocab()) + " tokens, the model says " +
                                 std::to_string(run.compiled.scenario.model.vocab) +
                                 " (--data random trains on random tokens of any vocabulary)");
+  if (options.stop_after > run.compiled.scenario.run.steps)
+    return Status::InvalidInput("--stop-after " + std::to_string(options.stop_after) + " is past the run's " +
+                                std::to_string(run.compiled.scenario.run.steps) +
+                                " steps (run.steps or --steps): it would never stop the run early");
   const std::int64_t steps = options.stop_after > 0 ? std::min(options.stop_after, run.compiled.scenario.run.steps)
                                                     : run.compiled.scenario.run.steps;
   if ((!options.trace_path.empty() || !options.perfetto_path.empty()) && steps > kMaxTracedSteps)
