@@ -47,7 +47,9 @@ std::string count(double n) {
 
 std::string duration(double s) {
   char buf[32];
-  if (s < 120)
+  if (s < 10)  // a budget below a second ("--max-sim-seconds 1e-7") read "past the budget of 0 s"
+    std::snprintf(buf, sizeof buf, "%.2g s", s);
+  else if (s < 120)
     std::snprintf(buf, sizeof buf, "%.0f s", s);
   else if (s < 7200)
     std::snprintf(buf, sizeof buf, "%.1f min", s / 60);

@@ -183,5 +183,9 @@ TEST_CASE("hzp collective writes nccl-tests' columns as CSV and JSON, and its he
   for (const char* text : {"dgx-h200", "dgx-b200", "else simple", "--dtype TYPE", "--csv FILE", "--json FILE"})
     CHECK(help.text.find(text) != std::string::npos);
   CHECK(hzp_collective("--cluster dgx-h100 --op all_gather --group node --bytes 1K --dtype fp7").code == 2);
+  // nccl-tests counts whole elements: 3 bytes of double is not a size.
+  const Output part = hzp_collective("--cluster dgx-h100 --op all_reduce --group node --bytes 3 --dtype double");
+  CHECK(part.code == 2);
+  CHECK(part.text.find("not a whole number of double elements") != std::string::npos);
   std::filesystem::remove_all(dir);
 }

@@ -286,6 +286,10 @@ Result<Options> parse_options(const std::vector<std::string>& args) {
       return Status::InvalidInput("--dtype: expected " + names_of(kDataTypes, ", ") + ", got " + quoted(*v, 40));
     o.dtype = *found;
   }
+  for (long long size : {o.min_bytes, o.max_bytes})  // nccl-tests counts whole elements
+    if (size % o.dtype.bytes != 0)
+      return Status::InvalidInput("--bytes: " + std::to_string(size) + " bytes is not a whole number of " +
+                                  o.dtype.name + " elements (" + std::to_string(o.dtype.bytes) + " bytes each)");
   o.csv = a.get("--csv");
   o.json = a.get("--json");
   HZP_ASSIGN_OR_RETURN(o.budget, read_sim_budget([&](const char* flag) { return a.get(flag); }));

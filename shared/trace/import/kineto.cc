@@ -33,7 +33,8 @@ struct Span {
 };
 
 std::string at_event(const std::string& source, std::size_t index, const char* field) {
-  return printable(source, 200) + ": traceEvents[" + std::to_string(index) + "]." + field + ": ";
+  return printable(source, 200) + ": traceEvents[" + std::to_string(index) + "]" + (*field == '\0' ? "" : ".") + field +
+         ": ";
 }
 
 Result<double> number_field(const json& e, const char* key, const std::string& source, std::size_t index) {
