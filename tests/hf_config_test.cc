@@ -143,6 +143,9 @@ TEST_CASE("hf config: DeepSeek and Qwen-MoE configs read as the presets and thei
   auto every_other = model_from_hf_config(sparse, "config.json");
   REQUIRE(every_other.ok());
   CHECK(every_other->moe.layers == std::vector<int>{5, 7, 9, 11, 13, 15, 17, 19, 21, 23});  // (i + 1) % 2 == 0
+  sparse["mlp_only_layers"] = {-5, 99};  // not layers of this model: refused, not ignored
+  CHECK(model_from_hf_config(sparse, "config.json").status().message().find("-5 is not a layer index") !=
+        std::string::npos);
   json dense_only = json::parse(kDeepSeekV2Lite);
   dense_only["first_k_dense_replace"] = 27;
   auto all_dense = model_from_hf_config(dense_only, "config.json");

@@ -113,11 +113,20 @@ Result<std::vector<std::vector<float>>> reshard_state(const std::string& step_di
     HZP_ASSIGN_OR_RETURN(StateLayout theirs, StateLayout::build(*old, cfg, r, ep_position(scenario, *old, r)));
     const std::string file = (fs::path(step_dir) / ("rank_" + std::to_string(r) + ".bin")).string();
     HZP_ASSIGN_OR_RETURN(CheckpointHeader header, read_checkpoint_header(file));
-    if (header.world_size != saved.world_size || header.rank != r || header.precision != saved.precision ||
-        header.next_step != saved.next_step || header.adam_steps != saved.adam_steps)
-      return Status::InvalidInput(shown + ": rank_" + std::to_string(r) +
-                                  ".bin disagrees with rank_0.bin (world, rank, "
-                                  "precision or step)");
+    // Each field named with both values: rank_0.bin itself can be the one whose header was changed.
+    const std::string which = "rank_" + std::to_string(r) + ".bin";
+    auto differs = [&](const char* field, const std::string& here, const std::string& expected) {
+      return Status::InvalidInput(shown + ": " + which + " says " + field + " " + here + ", where " + expected +
+                                  " is expected (the world's rank 0 header and the file's place)");
+    };
+    if (header.rank != r) return differs("rank", std::to_string(header.rank), std::to_string(r));
+    if (header.world_size != saved.world_size)
+      return differs("world_size", std::to_string(header.world_size), std::to_string(saved.world_size));
+    if (header.precision != saved.precision) return differs("precision", header.precision, saved.precision);
+    if (header.next_step != saved.next_step)
+      return differs("next_step", std::to_string(header.next_step), std::to_string(saved.next_step));
+    if (header.adam_steps != saved.adam_steps)
+      return differs("adam_steps", std::to_string(header.adam_steps), std::to_string(saved.adam_steps));
     if (header.segments.size() != theirs.segments().size())
       return Status::InvalidInput(shown + ": rank_" + std::to_string(r) + ".bin has " +
                                   std::to_string(header.segments.size()) + " segments; its layout rebuilt has " +

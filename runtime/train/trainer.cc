@@ -489,9 +489,12 @@ Status RankRun::check_same_run() {
   const std::string text = run_fingerprint(options_, prepared_).dump();
   HZP_RETURN_IF_ERROR(store_->set("hzp/run/" + std::to_string(env_.rank), text));
   constexpr const char* kVerdict = "hzp/run_verdict";
-  auto missing = [&](int r, const Status& st) {
-    return Status::Internal("rank " + std::to_string(r) + " did not join within --timeout-s " +
-                            std::to_string(options_.timeout_s) + " (" + st.message() + ")");
+  auto missing = [&](int r, const Status& st) {  // named as a lost rank is ("rank 1 never joined ...")
+    const std::string note = lost_rank_note(env_);
+    return Status::Internal(!note.empty()
+                                ? note
+                                : "rank " + std::to_string(r) + " did not publish its run within --timeout-s " +
+                                      std::to_string(options_.timeout_s) + " (" + st.message() + ")");
   };
   if (!lead_) {
     auto verdict = store_->get(kVerdict, timeout_);

@@ -89,6 +89,9 @@ Status read_moe(const json& config, const std::string& path, const std::string& 
         return bad(path, "mlp_only_layers", "expected an array of layer indices");
       for (const json& i : v) {
         if (!i.is_number_integer()) return bad(path, "mlp_only_layers", "expected an array of layer indices");
+        if (i.get<std::int64_t>() < 0 || i.get<std::int64_t>() >= m.layers)
+          return bad(path, "mlp_only_layers",
+                     printable(i.dump(), 30) + " is not a layer index (0 to " + std::to_string(m.layers - 1) + ")");
         dense_only.push_back(i.get<std::int64_t>());
       }
     }
