@@ -169,6 +169,16 @@ TEST_CASE("runtime: damaged, foreign, inconsistent and non-finite checkpoints ar
   expect_refused("next_step beyond the run", "next_step 1000 is beyond the run's 6 steps");
 
   f = original;
+  f.header["adam_steps"] = 0;  // fp32 skips no step: Adam's bias correction would restart silently
+  write_rank_file(rank1, f);
+  expect_refused("adam_steps behind next_step in fp32", "adam_steps: must equal next_step (3)");
+
+  f = original;
+  f.header["note"] = "edited";
+  write_rank_file(rank1, f);
+  expect_refused("a key hzp does not write", "unknown key \"note\"");
+
+  f = original;
   f.payload[f.payload.size() / 2] ^= 0x40;
   write_rank_file(rank1, f);
   expect_refused("a flipped payload bit", "(the file is damaged)");

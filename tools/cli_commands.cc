@@ -223,7 +223,8 @@ int run_calibrate(const std::vector<std::string>& argv) {
   for (const auto& [flag, kind] : kinds) {
     if (!args->has(flag)) continue;
     if (measured) return usage_error("calibrate", "give one measurement (--tokens-per-gpu-s, --step-time-s or --mfu)");
-    auto v = parse_number_flag(flag, *args->get(flag), 1e-9, 1e12);
+    // --mfu is a fraction: its range says so up front (compute_fit.h refuses 1 and above too).
+    auto v = parse_number_flag(flag, *args->get(flag), 1e-9, kind == MeasureKind::kMfu ? 0.999999 : 1e12);
     if (!v.ok()) return usage_error("calibrate", v.status().message());
     measured = OneNodeMeasurement{kind, *v};
   }

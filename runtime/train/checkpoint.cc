@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -118,6 +119,15 @@ Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
     if (!v->is_string()) return bad(key, "must be a string, got " + printable(v->dump(), 60));
     return v->get<std::string>();
   };
+  // A key hzp does not write is an edit (or another program's file): refused, not ignored.
+  static const char* const kKeys[] = {"format",     "rank",          "world_size",
+                                      "policy",     "precision",     "next_step",
+                                      "adam_steps", "loss_scale",    "loss_scale_good_steps",
+                                      "segments",   "payload_bytes", "payload_fnv1a64",
+                                      "layout"};
+  for (const auto& [key, value] : h.items())
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
+      return bad("header", "unknown key " + quoted(key, 40));
   HZP_ASSIGN_OR_RETURN(std::string format, string("format"));
   const bool v1 = format == kCheckpointFormatV1;
   if (format != kCheckpointFormat && !v1) return bad("format", "not an hzp checkpoint (" + quoted(format, 40) + ")");
@@ -141,6 +151,10 @@ Result<CheckpointHeader> parse_checkpoint_header(const std::string& line) {
     out.loss_scale = scale->get<double>();
     HZP_ASSIGN_OR_RETURN(out.loss_scale_good_steps, integer("loss_scale_good_steps", 0, out.next_step));
   }
+  // Only fp16's loss scaler skips optimizer steps: elsewhere every step is an Adam step (its bias correction).
+  if (out.precision != "fp16" && out.adam_steps != out.next_step)
+    return bad("adam_steps", "must equal next_step (" + std::to_string(out.next_step) + ") in " + out.precision +
+                                 " training, where no step is skipped; got " + std::to_string(out.adam_steps));
   HZP_ASSIGN_OR_RETURN(out.payload_bytes, integer("payload_bytes", 0, std::int64_t{1} << 50));
   HZP_ASSIGN_OR_RETURN(std::string sum, string("payload_fnv1a64"));
   if (sum.size() != 16 || sum.find_first_not_of("0123456789abcdef") != std::string::npos)
