@@ -340,16 +340,23 @@ TEST_CASE("runtime: bad input is refused with the path and exit code 2", "[train
   fs::remove_all(dir);
 }
 
-TEST_CASE("runtime: ranks started by an external launcher (torchrun-style variables) train", "[train]") {
-  const fs::path dir = fresh_dir("external");
-  const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero2"}}, 3));
+// A bash line starting `hzp train SCEN` as ranks 0 and 1 of a torchrun-style launch in the background (rank r
+// with extra[r] appended), as $p0 and $p1.
+static std::string external_ranks(const std::string& scen, const std::string (&extra)[2]) {
   const int port = hzp::test::free_port();
   std::string cmd;
   for (int r = 0; r < 2; ++r)
     cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
            " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " HZP_STORE_TOKEN=0123456789abcdef0123 " +
-           HZP_BINARY + " train " + scen + " --threads 1 --timeout-s 30 --data " + kData +
-           (r == 0 ? " --out " + (dir / "o").string() : "") + " & p" + std::to_string(r) + "=$!; ";
+           HZP_BINARY + " train " + scen + " --threads 1 --timeout-s 30 --data " + kData + extra[r] + " & p" +
+           std::to_string(r) + "=$!; ";
+  return cmd;
+}
+
+TEST_CASE("runtime: ranks started by an external launcher (torchrun-style variables) train", "[train]") {
+  const fs::path dir = fresh_dir("external");
+  const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero2"}}, 3));
+  std::string cmd = external_ranks(scen, {" --out " + (dir / "o").string(), ""});
   cmd += "wait $p0 && wait $p1";  // by pid: a finished job may already be gone from the job table
   const RunResult r = run("bash -c '" + cmd + "'");
   INFO(r.output);
@@ -364,13 +371,7 @@ TEST_CASE("runtime: ranks an external launcher starts with different runs are re
   const std::string scen = write_scenario(dir, "s", tiny_scenario(false, {{"preset", "zero2"}}, 3));
   // Another learning rate trained silently; another layer count aborted in a collective of another size.
   for (const std::string set : {"run.lr=0.01", "model.layers=3"}) {
-    const int port = hzp::test::free_port();
-    std::string cmd;
-    for (int r = 0; r < 2; ++r)
-      cmd += "RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
-             " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " HZP_STORE_TOKEN=0123456789abcdef0123 " +
-             HZP_BINARY + " train " + scen + " --threads 1 --timeout-s 30 --data " + kData +
-             (r == 1 ? " --set " + set : "") + " & p" + std::to_string(r) + "=$!; ";
+    std::string cmd = external_ranks(scen, {"", " --set " + set});
     cmd += "wait $p0; a=$?; wait $p1; b=$?; echo codes $a $b";
     const RunResult r = run("bash -c '" + cmd + "'");
     INFO(r.output);
