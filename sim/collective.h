@@ -13,13 +13,19 @@
 
 namespace hzp::sim {
 
+// An actor starts at most this many flows of a phase; pooled actors start the rest at the same simulated
+// instant (sim/collectives/flows.cc, run_flows). SimGrid 3.32 scans an actor's own flows in flight each time
+// one of them finishes.
+constexpr int kFlowsPerActor = 64;
+
 // Flows a dry run of a collective (CollectiveCall::tally) would have started.
 struct FlowTally {
   double flows = 0;  // in all phases
   double peak = 0;   // in its largest phase (all of a phase's flows are in flight at once)
-  // Sum over phases of (flows of the kind) x (flows in flight): SimGrid's solver pays O(flows in flight) per
-  // finished flow. ECMP-hashed flows (between leaves under ECMP routing) cross more links each and collide,
-  // and cost the solver far more per pair than the others (sim/README.md, "What a simulation costs").
+  // Sum over phases of (flows of the kind) x (flows of the phase), for the phases whose flows share links
+  // (a pairwise exchange's): SimGrid's solver re-solves the flows linked to each finished one. ECMP-hashed
+  // flows (between leaves under ECMP routing) cross more links each and collide, and cost the solver far
+  // more per pair than the others (sim/README.md, "What a simulation costs").
   double pair_work = 0;
   double ecmp_pair_work = 0;
 };

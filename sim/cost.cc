@@ -2,10 +2,12 @@
 #include "sim/cost.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
 #include "shared/base/memory_limits.h"
+#include "sim/collective.h"
 #include "sim/platform.h"
 
 namespace hzp::sim {
@@ -13,12 +15,13 @@ namespace {
 
 // Measured on the 2-core reference machine by bench/sim_cost.sh (sim/README.md, "What a simulation costs",
 // has the runs and how close the estimate comes): the cost of the simulator itself, not a property of any
-// simulated cluster. Seconds: least squares over the ZeRO-3 series (128 to 16,384 GPUs) for the op term,
-// the largest all-to-all (512 nodes, 262,144 flows) for the solver term, the largest ECMP all-reduce (1024
-// nodes) for the ECMP term; the solver grows faster than quadratically, so smaller cases are overestimated
-// (up to ~3x) rather than larger ones under.
+// simulated cluster. Seconds: least squares over the ZeRO-3 series (128 to 16,384 GPUs) for the op term;
+// the published recipes (4 to 10 M flows) for the flow term; the pairwise all-to-alls over 256 to 1024 nodes
+// (65 k to 1 M flows in one phase) for the pair term; the largest ECMP all-reduce (1024 nodes) for the ECMP
+// term. Rounded up: a simulation is rather overestimated (up to ~2x) than under.
 constexpr double kSecondsPerOp = 2.8e-6;            // an op executed, with its simcalls and wake-ups
-constexpr double kSecondsPerFlowPair = 1.0e-8;      // the max-min solver, per (finished flow x flow in flight)
+constexpr double kSecondsPerFlow = 1e-5;            // a flow: its execution, its actor's wait, its solve
+constexpr double kSecondsPerFlowPair = 1.2e-11;     // the max-min solver, per (finished flow x flow it shares with)
 constexpr double kSecondsPerEcmpFlowPair = 7.0e-8;  // the same for an ECMP-hashed flow (more links, collisions)
 constexpr double kSecondsPerHostSquared = 6e-10;    // building the platform: SimGrid checks each new name
                                                     // against every zone (16,384 A800 nodes: ~27 s)
@@ -64,22 +67,28 @@ std::string gib(double bytes) {
   return buf;
 }
 
+// The ranks' actors and the pooled ones that start the flows of large phases (collective.h, kFlowsPerActor).
+double all_actors(const SimCost& cost) {
+  return cost.actors + std::ceil(cost.peak_flows / kFlowsPerActor);
+}
+
 }  // namespace
 
 void estimate_cost(SimCost& cost) {
   cost.seconds = cost.platform_hosts * cost.platform_hosts * kSecondsPerHostSquared +
                  cost.ecmp_ports * cost.ecmp_ports * cost.ecmp_ports * kSecondsPerPortCubed + cost.ops * kSecondsPerOp +
-                 cost.recorded_ops * kSecondsPerRecordedOp + cost.pair_work * kSecondsPerFlowPair +
-                 cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
+                 cost.recorded_ops * kSecondsPerRecordedOp + cost.flows * kSecondsPerFlow +
+                 cost.pair_work * kSecondsPerFlowPair + cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
   // The timeline is written after the engine is gone, into the memory it freed: the peak is the larger of the two.
-  cost.resident_bytes = kBaseBytes + std::max(cost.actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
+  const double actors = all_actors(cost);
+  cost.resident_bytes = kBaseBytes + std::max(actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
                                                   cost.peak_flows * kBytesPerFlow,
                                               cost.recorded_ops * kBytesPerRecordedOp);
   // The address space this process already holds (binary, libraries, the compiled scenario), then what the
   // simulation adds: its thread's stack and every actor's.
   const double mapped = address_space_mapped();
   cost.virtual_bytes =
-      mapped + cost.resident_bytes + cost.actors * kActorStackBytes + static_cast<double>(simulation_stack_bytes());
+      mapped + cost.resident_bytes + actors * kActorStackBytes + static_cast<double>(simulation_stack_bytes());
 }
 
 void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster) {
@@ -115,7 +124,7 @@ Status check_budget(const SimCost& cost, const SimBudget& budget) {
         "; --max-sim-GiB raises it, or simulate fewer GPUs (sim/README.md, \"What a simulation costs\")");
   if (cost.virtual_bytes > address_space_limit())
     return Status::InvalidInput(
-        what + ", and its " + count(cost.actors) + " actors reserve " + gib(cost.virtual_bytes) +
+        what + ", and its " + count(all_actors(cost)) + " actors reserve " + gib(cost.virtual_bytes) +
         " of address space, past this process's limit (ulimit -v) of " + gib(address_space_limit()));
   if (cost.seconds > budget.warn_seconds) std::fprintf(stderr, "hzp: note: %s.\n", what.c_str());
   return Status::Ok();

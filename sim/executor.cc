@@ -20,6 +20,7 @@
 
 #include "shared/cost/collective_cost.h"
 #include "sim/collective.h"
+#include "sim/collectives/actor_pool.h"
 #include "sim/platform.h"
 #include "sim/symmetry.h"
 
@@ -387,7 +388,7 @@ class Executor {
       };
       for (std::size_t i = 1; i < groups.size(); ++i) {
         const auto [g, count] = groups[i];
-        hand_off([transfer, g, count] { transfer(g, count); });
+        helpers_.run(platform_.gpus.front(), [transfer, g, count] { transfer(g, count); });
       }
       transfer(groups.front().first, groups.front().second);
       {
@@ -401,45 +402,6 @@ class Executor {
       inst.cv->notify_all();
     }
     return leave(st, inst, key, expected);
-  }
-
-  // Helper actors that run one group's transfer each for a symmetric collective, reused: creating an actor
-  // allocates and zeroes its stack (256 KiB), which cost a fifth of a large recipe's simulation when every
-  // group of every collective had an actor of its own. An idle helper waits on its condition variable; the
-  // helpers are daemons, so the simulation ends when the ranks' actors do.
-  struct Helper {
-    std::function<void()> job;  // empty: idle
-    sg4::MutexPtr mutex = sg4::Mutex::create();
-    sg4::ConditionVariablePtr cv = sg4::ConditionVariable::create();
-  };
-
-  void hand_off(std::function<void()> job) {
-    if (idle_helpers_.empty()) {
-      helpers_.push_back(std::make_unique<Helper>());
-      Helper* helper = helpers_.back().get();
-      helper->job = std::move(job);
-      sg4::Actor::create("collective-helper", platform_.gpus.front(), [this, helper] {
-        run_helper(helper);
-      })->daemonize();
-      return;
-    }
-    Helper* helper = idle_helpers_.back();
-    idle_helpers_.pop_back();
-    helper->job = std::move(job);
-    helper->cv->notify_one();
-  }
-
-  void run_helper(Helper* helper) {
-    for (;;) {
-      {
-        std::unique_lock<sg4::Mutex> lock(*helper->mutex);
-        while (!helper->job) helper->cv->wait(lock);  // a job handed off while locking is seen here
-      }
-      const std::function<void()> job = std::move(helper->job);
-      helper->job = nullptr;
-      job();
-      idle_helpers_.push_back(helper);
-    }
   }
 
   double activation(int unit, ModuleKind kind) const {
@@ -461,8 +423,7 @@ class Executor {
   std::vector<std::vector<std::vector<int>>> stream_ops_;  // [program][stream] -> op indices
   std::map<std::pair<int, int>, double> activation_of_;    // (unit, module kind) -> bytes
   std::unordered_map<long long, Instance> instances_;
-  std::vector<std::unique_ptr<Helper>> helpers_;
-  std::vector<Helper*> idle_helpers_;
+  ActorPool helpers_{"collective-helper"};  // run the transfers of a symmetric collective's other groups
   CollectiveTraffic traffic_;
   long long ops_executed_ = 0;
   long long ops_simulated_ = 0;
@@ -559,7 +520,7 @@ void add_flow_counts(SimCost& cost, const Schedule& schedule, const ClusterSpec&
       one_step.collectives += 1;
       one_step.flows += it->second.flows;
       one_step.peak_flows = std::max(one_step.peak_flows, it->second.peak * concurrent);
-      one_step.pair_work += it->second.pair_work * concurrent;
+      one_step.pair_work += it->second.pair_work;
       one_step.ecmp_pair_work += it->second.ecmp_pair_work * concurrent;
     }
   cost.collectives = one_step.collectives * steps;

@@ -304,6 +304,20 @@ TEST_CASE("sim collective: all-to-all traffic and time match the pairwise closed
         Approx(closed_form(c, CollectiveAlgorithm::kPairwise, CollectiveKind::kAllToAll, S, node)).epsilon(kTolerance));
 }
 
+TEST_CASE("sim collective: a phase started by many actors shares links as if started by one", "[sim][collective]") {
+  // 32 nodes: the pairwise all-to-all's phases have hundreds of flows, started 64 per pooled actor
+  // (flows.cc run_flows); they start at one simulated instant and share every NIC as one actor's would.
+  Sim sim(cluster("a800", 32));
+  const ClusterSpec& c = sim.cluster;
+  const ProcessGroup all = group_of(c, range(0, 256));
+  const double S = 1 * GiB;
+  Measured m;
+  sim.run([&] { m = measure(sim.platform, CollectiveKind::kAllToAll, S, all, CollectiveAlgorithm::kPairwise); });
+  CHECK(m.traffic.inter_node_bytes == Approx(256 * 248.0 / 256 * S));
+  CHECK(m.seconds ==
+        Approx(closed_form(c, CollectiveAlgorithm::kPairwise, CollectiveKind::kAllToAll, S, all)).epsilon(kTolerance));
+}
+
 TEST_CASE("sim collective: full-mesh node: direct and ring and 2-level match the closed forms", "[sim][collective]") {
   Sim sim(cluster("npu-16", 2));
   const ClusterSpec& c = sim.cluster;

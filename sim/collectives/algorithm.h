@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include <simgrid/s4u/Comm.hpp>
+#include <simgrid/s4u/Host.hpp>
 
 #include "sim/collective.h"
 
@@ -47,6 +47,9 @@ struct Flow {
   simgrid::s4u::Host* dst;
   std::uint64_t bytes;
 };
+
+// Starts every flow at the current simulated instant and returns once all have landed.
+void run_flows(const std::vector<Flow>& flows);
 
 // The flows of one phase, collected as they are added; finish() starts them all at once, waits for all of
 // them and then sleeps the phase's latency. Counts bytes per link class into `traffic`.

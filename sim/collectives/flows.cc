@@ -4,7 +4,10 @@
 #include <cstdint>
 
 #include <simgrid/s4u/Actor.hpp>
+#include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/Exec.hpp>
 
+#include "sim/collectives/actor_pool.h"
 #include "sim/collectives/algorithm.h"
 
 namespace hzp::sim::collectives {
@@ -45,6 +48,55 @@ Context make_context(const Platform& platform, const CollectiveCall& call) {
   ctx.links = link_params(c, ctx.shape, call.protocol);
   ctx.full_mesh = c.intra.topology == IntraNodeTopology::kFullMesh;
   return ctx;
+}
+
+namespace {
+
+// A flow is a two-host execution that computes nothing and moves `bytes` from the first host to the second:
+// SimGrid's default host model makes it the very network action a host-to-host Comm makes (CM02, the same
+// route, rate and sharing). Not Comm::sendto_async: SimGrid 3.32 detaches every host-to-host Comm and removes
+// each finished one from a single list of all the detached Comms in flight (std::list::remove, a linear
+// scan), which was half of a large simulation's time and grew with its concurrent flows. An execution is
+// listed on the actor that started it only, so that scan covers one actor's flows.
+void start_and_wait(const Flow* flows, std::size_t count) {
+  std::vector<sg4::ExecPtr> execs;
+  execs.reserve(count);
+  for (std::size_t i = 0; i < count; ++i)
+    execs.push_back(sg4::this_actor::exec_init({flows[i].src, flows[i].dst}, {0, 0},
+                                               {0, static_cast<double>(flows[i].bytes), 0, 0}));
+  for (const sg4::ExecPtr& e : execs) e->start();
+  for (const sg4::ExecPtr& e : execs) e->wait();
+}
+
+// The pool of the current simulation (one per process: build_platform refuses a second platform). Never
+// destroyed: its actors' mutexes must not outlive the engine in a static destructor.
+ActorPool& flow_actors() {
+  static const sg4::Engine* engine = nullptr;
+  static ActorPool* pool = nullptr;
+  if (pool == nullptr || engine != sg4::Engine::get_instance()) {
+    engine = sg4::Engine::get_instance();
+    pool = new ActorPool("flows");
+  }
+  return *pool;
+}
+
+}  // namespace
+
+void run_flows(const std::vector<Flow>& flows) {
+  const std::size_t n = flows.size();
+  const std::size_t share = kFlowsPerActor;
+  const std::size_t shares = (n + share - 1) / share;
+  if (shares <= 1) return start_and_wait(flows.data(), n);
+  Countdown others(static_cast<int>(shares - 1));
+  for (std::size_t s = 1; s < shares; ++s) {
+    const std::size_t first = s * share;
+    flow_actors().run(flows[first].src, [&flows, &others, first, n, share] {
+      start_and_wait(&flows[first], std::min(share, n - first));
+      others.done();
+    });
+  }
+  start_and_wait(flows.data(), share);
+  others.wait();
 }
 
 void Phase::start(sg4::Host* src, sg4::Host* dst, double bytes) {
@@ -108,19 +160,19 @@ void Phase::finish(double latency_s) {
   if (FlowTally* tally = ctx_.call.tally) {
     tally->flows += tallied_;
     tally->peak = std::max(tally->peak, tallied_);
-    tally->pair_work += (tallied_ - tallied_ecmp_) * tallied_;
+    // A finished flow makes SimGrid re-solve the sharing of the flows linked to it through shared links: a
+    // pairwise exchange's flows all share their nodes' NICs (pairs), a ring's hops each run on links of
+    // their own (the per-flow term), and ECMP-hashed flows collide on uplinks (pairs, costlier).
+    if (ctx_.call.algorithm == CollectiveAlgorithm::kPairwise)
+      tally->pair_work += (tallied_ - tallied_ecmp_) * tallied_;
     tally->ecmp_pair_work += tallied_ecmp_ * tallied_;
     tallied_ = 0;
     tallied_ecmp_ = 0;
     return;
   }
   // All flows of the phase start at the same simulated instant; every one must land before the next phase
-  // reads its data. (SimGrid 3.32 spends time linear in the number of flows in flight on each completion,
-  // whichever actor issues or waits: see bench/README.md.)
-  std::vector<sg4::CommPtr> comms;
-  comms.reserve(flows_.size());
-  for (const Flow& f : flows_) comms.push_back(sg4::Comm::sendto_async(f.src, f.dst, f.bytes));
-  sg4::Comm::wait_all(comms);
+  // reads its data.
+  run_flows(flows_);
   flows_.clear();
   if (latency_s > 0) sg4::this_actor::sleep_for(latency_s);
 }
