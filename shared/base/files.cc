@@ -187,7 +187,8 @@ Status write_file_atomic(const std::string& path, const std::string& text) {
 
 Result<std::string> gzip_text(const std::string& text) {
   z_stream z{};
-  if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+  // Level 1: a 172 MB timeline packs to 18.7 MB in 0.7 s, against 13.4 MB in 1.8 s at zlib's default 6.
+  if (deflateInit2(&z, Z_BEST_SPEED, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK)
     return Status::Internal("zlib: deflateInit2 failed");
   // zlib counts in 32 bits: feed and drain at most 1 GiB at a time.
   constexpr std::size_t kChunk = std::size_t{1} << 30;

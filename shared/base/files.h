@@ -36,7 +36,7 @@ Result<int> create_temp_file(const std::string& tmp);
 // kInvalidInput and stays as it is.
 Status write_file_atomic(const std::string& path, const std::string& text);
 
-// `text` as a gzip stream (RFC 1952, zlib's default level), which read_maybe_gzip_file, gzip and Perfetto read.
+// `text` as a gzip stream (RFC 1952, zlib's fastest level), which read_maybe_gzip_file, gzip and Perfetto read.
 Result<std::string> gzip_text(const std::string& text);
 
 // Creates `dir` (and parents) if needed and proves it writable by creating and removing a probe file.
