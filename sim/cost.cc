@@ -23,10 +23,13 @@ constexpr double kSecondsPerOp = 2.8e-6;            // an op executed, with its 
 constexpr double kSecondsPerFlow = 1e-5;            // a flow: its execution, its actor's wait, its solve
 constexpr double kSecondsPerFlowPair = 1.2e-11;     // the max-min solver, per (finished flow x flow it shares with)
 constexpr double kSecondsPerEcmpFlowPair = 7.0e-8;  // the same for an ECMP-hashed flow (more links, collisions)
-constexpr double kSecondsPerHostSquared = 6e-10;    // building the platform: SimGrid checks each new name
-                                                    // against every zone (16,384 A800 nodes: ~27 s)
+constexpr double kSecondsPerHostZone = 2.5e-7;      // building the platform: SimGrid checks each new host
+                                                    // name against every zone (16,384 A800 nodes in 514 zones:
+                                                    // ~27 s; an ECMP port host, its route of three links: x3)
 constexpr double kSecondsPerPortCubed = 1.3e-15;    // ECMP ports (1024, 2048, 4096 nodes x 8 NICs x 16 uplinks:
                                                     // 3.5, 21, 186 s)
+constexpr double kSecondsPerMeshLink = 1e-5;        // a full-mesh pair link and its route (64-GPU mesh nodes,
+constexpr double kSecondsPerMeshLinkZone = 2e-7;    // 64 to 512 of them: 1.2, 2.8, 6.3, 21 s), and per zone
 constexpr double kSecondsPerRecordedOp = 4e-6;      // a timeline span: its JSON, written (and gzipped)
 constexpr double kBaseBytes = 45e6;                 // the process: binary, SimGrid, the compiled scenario
 constexpr double kBytesPerActor = 14.5e3;           // an actor's touched stack pages, context, rank state
@@ -75,9 +78,10 @@ double all_actors(const SimCost& cost) {
 }  // namespace
 
 void estimate_cost(SimCost& cost) {
-  cost.seconds = cost.platform_hosts * cost.platform_hosts * kSecondsPerHostSquared +
-                 cost.ecmp_ports * cost.ecmp_ports * cost.ecmp_ports * kSecondsPerPortCubed + cost.ops * kSecondsPerOp +
-                 cost.recorded_ops * kSecondsPerRecordedOp + cost.flows * kSecondsPerFlow +
+  cost.seconds = (cost.platform_hosts + 3 * cost.ecmp_ports) * cost.zones * kSecondsPerHostZone +
+                 cost.ecmp_ports * cost.ecmp_ports * cost.ecmp_ports * kSecondsPerPortCubed +
+                 cost.mesh_links * (kSecondsPerMeshLink + cost.zones * kSecondsPerMeshLinkZone) +
+                 cost.ops * kSecondsPerOp + cost.recorded_ops * kSecondsPerRecordedOp + cost.flows * kSecondsPerFlow +
                  cost.pair_work * kSecondsPerFlowPair + cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
   // The timeline is written after the engine is gone, into the memory it freed: the peak is the larger of the two.
   const double actors = all_actors(cost);
@@ -97,7 +101,15 @@ void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster) {
   const bool ecmp = cluster.inter.routing == Routing::kEcmp && cluster.nodes > cluster.inter.leaf_size;
   cost.ecmp_ports = ecmp ? nodes * nics * ecmp_uplinks_per_nic(cluster) : 0;  // as build_platform makes them
   cost.hosts = cost.platform_hosts + cost.ecmp_ports;
+  const bool mesh = cluster.intra.topology == IntraNodeTopology::kFullMesh;
+  const double R = cluster.gpus_per_node;
+  // As build_platform makes them: the root, one zone per leaf, one zone of GPUs (or of kMeshZoneGpus mesh GPUs).
+  cost.zones = 1 + cluster.leaves() + (mesh ? std::ceil(nodes / std::max(1.0, std::floor(kMeshZoneGpus / R))) : 1);
   cost.links = 2 * cost.platform_hosts;  // about: each GPU's port and each NIC's link, both ways
+  if (mesh) {
+    cost.mesh_links = nodes * R * (R - 1) / 2;
+    cost.links += 2 * cost.mesh_links;
+  }
 }
 
 std::string describe(const SimCost& cost) {

@@ -23,8 +23,10 @@ struct SimCost {
   double collectives = 0;       // collective instances simulated with flows
   double flows = 0;             // flows started
   double peak_flows = 0;        // flows in flight at once, at most (every group of a role at once)
-  double platform_hosts = 0;    // GPUs, NICs and node bundles: what building the platform costs (quadratic)
+  double platform_hosts = 0;    // GPUs, NICs and node bundles, each checked against every zone (zones)
+  double zones = 0;             // SimGrid zones of the platform: its leaves and GPU zones
   double ecmp_ports = 0;        // and ECMP's ports (cubic)
+  double mesh_links = 0;        // full-mesh nodes' pair links, each checked against every zone too
   double pair_work = 0;         // the max-min solver's work (collective.h FlowTally), plain flows
   double ecmp_pair_work = 0;    // and ECMP-hashed ones
   bool flows_at_least = false;  // the flows are a lower bound, counted before the platform is built

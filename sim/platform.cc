@@ -156,7 +156,6 @@ Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
   // exactly the per-node switch ports; cross-node GPU routes exist but no flow uses them), and full-mesh
   // nodes are packed into full zones of up to kMeshZoneGpus GPUs (a full zone's table is quadratic).
   const bool mesh = c.intra.topology == IntraNodeTopology::kFullMesh;
-  constexpr int kMeshZoneGpus = 512;
   const int nodes_per_zone = mesh ? std::max(1, kMeshZoneGpus / R) : c.nodes;
   for (int first_node = 0; first_node < c.nodes; first_node += nodes_per_zone) {
     const int last_node = std::min(c.nodes, first_node + nodes_per_zone);
@@ -222,7 +221,7 @@ Result<Platform> build_platform(sg4::Engine& engine, const ClusterSpec& c) {
       // The node's NICs together: every rail's traffic also crosses this bundle, whose capacity is the sum of
       // the rails, so it never limits rail traffic alone. A collective that spreads its bytes evenly over
       // all rails sends one flow through the bundle instead of one per rail: same link loads, far fewer
-      // flows (SimGrid 3.32 pays O(flows in flight) per finished flow, sim/README.md).
+      // flows (each flow costs the simulator time and memory, sim/README.md).
       const std::string node = "nic-" + std::to_string(n);
       sg4::SplitDuplexLink* bundle = zone->create_split_duplex_link(node + "-bundle", c.nic.per_node * nic_link);
       bundle->seal();

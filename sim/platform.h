@@ -27,6 +27,10 @@ namespace hzp::sim {
 std::size_t simulation_stack_bytes();
 Status run_on_simulation_stack(const std::function<void()>& body);
 
+// Full-mesh nodes are packed into SimGrid full zones of at most this many GPUs (a full zone's routing table
+// is quadratic in its hosts; fewer zones because SimGrid checks every new name against every zone).
+constexpr int kMeshZoneGpus = 512;
+
 // Sets SimGrid's configuration for NCCL-like timing (network model, sharing, contexts). Call once per
 // process, before build_platform and before any other SimGrid call that creates resources.
 void configure_engine(simgrid::s4u::Engine& engine);

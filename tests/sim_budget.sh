@@ -32,6 +32,17 @@ echo '{"preset": "dgx-h100", "nodes": 8192, "inter_node": {"leaf_size": 16, "rou
       "rail_optimized": true, "placement": "scattered"}}' > "$out/ecmp8192.json"
 expect 2 "--max-sim-seconds raises it" 30 "all_reduce over 8192 ECMP nodes, refused before its platform (25 min)" \
   "$hzp" collective --cluster "$out/ecmp8192.json" --op all_reduce --group all --bytes 1G
+# Platforms whose build is the cost, refused before it starts (each took 30 s to minutes to refuse, or ran):
+# 64-GPU full-mesh nodes (2 M pair links), and 1024 ECMP leaves of one node (a zone each, SimGrid checking
+# every new host and link against every zone).
+echo '{"preset": "dgx-a100", "gpus_per_node": 64, "intra_node": {"topology": "full_mesh"}}' > "$out/mesh64.json"
+expect 2 "before its flows are counted" 10 "1024 nodes of 64-GPU full mesh, refused before its platform" \
+  "$hzp" collective --cluster "$out/mesh64.json" --nodes 1024 --op broadcast --group all --bytes 1G --max-sim-seconds 30
+echo '{"preset": "dgx-h100", "inter_node": {"routing": "ecmp", "leaf_size": 1, "qps_per_connection": 64}}' \
+  > "$out/ecmp_leaf1.json"
+expect 2 "before its flows are counted" 10 "1024 one-node ECMP leaves, refused before its platform" \
+  "$hzp" collective --cluster "$out/ecmp_leaf1.json" --nodes 1024 --op all_reduce --group all --bytes 1G \
+  --max-sim-seconds 30
 expect 2 "--max-sim-seconds raises it" 30 "262,144 GPUs, refused before the platform is built" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --set cluster.nodes=32768 \
   --set training.global_batch_sequences=262144 --set model.layers=2 --max-sim-seconds 60

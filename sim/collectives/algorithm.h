@@ -89,8 +89,8 @@ class Phase {
 // `wrap`: the last member sends too (a ring closed inside the node); otherwise the chain ends there
 // (the ring leaves the node through a NIC, or a broadcast chain ends).
 // Simulated as one representative hop (member 0's): every hop loads its own links identically, and
-// SimGrid 3.32's cost per finished flow grows with the flows in flight (sim/README.md). All hops' bytes
-// are counted in the traffic.
+// every flow costs the simulator time and memory (sim/README.md). All hops' bytes are counted in the
+// traffic.
 void add_ring_hops(Phase& phase, const Context& ctx, const Block& block, double hop_bytes, bool wrap, int spread);
 
 // Direct exchange inside one node block: every member sends `pair_bytes` to every other member
