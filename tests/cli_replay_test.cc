@@ -315,3 +315,17 @@ TEST_CASE("replay and calibrate refuse hostile trace fields naming them (issue 3
   CHECK(r.code == 0);
   CHECK(nlohmann::json::parse(slurp(scratch() / "later" / "summary.json"))["replay"]["steps"] == 2);
 }
+
+TEST_CASE("replay: --timeline-ranks K records K GPUs, as its message about a large timeline says", "[cli][replay]") {
+  const auto out = scratch() / "out_timeline_ranks";
+  const RunResult r = hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + kTraces +
+                                     "/tiny_dense_4ranks.json' --timeline-ranks 2 --out '" + out.string() + "'");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto timeline = nlohmann::json::parse(slurp(out / "timeline.json"));
+  CHECK(timeline["otherData"]["recorded_ranks"] == 2);
+  const RunResult zero = hzp::test::run(std::string("'") + HZP_BINARY + "' replay '" + kTraces +
+                                        "/tiny_dense_4ranks.json' --timeline-ranks 0 --out '" + out.string() + "'");
+  CHECK(zero.code == 2);
+  CHECK(zero.output.find("--timeline-ranks") != std::string::npos);
+}

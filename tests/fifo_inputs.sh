@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A FIFO without a writer given where hzp reads a file — a scenario, a trace, a profiler trace, a cluster file,
-# a checkpoint's `latest` — is refused at once (exit 2, "not a regular file (a FIFO)"), never waited on.
+# a checkpoint's `latest` — is refused at once (exit 2, "not a regular file (a FIFO)"), never waited on; so is
+# a "regular" file whose reads wait for the kernel (/proc/kmsg, where it is readable: as root).
 # Each command runs under `timeout 20`: a hang fails the test instead of the suite.
 # Usage: bash tests/fifo_inputs.sh HZP_BINARY
 case "${1:-}" in -h|--help|"") sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; [ -n "${1:-}" ]; exit $? ;; esac
@@ -13,12 +14,12 @@ mkfifo "$out/f.json" "$out/t.json.gz"
 mkdir -p "$out/ckpt"
 mkfifo "$out/ckpt/latest"
 failures=0
-expect_refused() {  # DESCRIPTION COMMAND... (the message names the FIFO; EXPECT, when set, must be in it too)
+expect_refused() {  # DESCRIPTION COMMAND... (the message says KIND, "FIFO" unless set; EXPECT, when set, too)
   local what=$1
   shift
   timeout 20 "$@" > "$out/log" 2>&1
   local rc=$?
-  if [ $rc -ne 2 ] || ! grep -q "FIFO" "$out/log" || ! grep -q -- "${EXPECT:-FIFO}" "$out/log"; then
+  if [ $rc -ne 2 ] || ! grep -q -- "${KIND:-FIFO}" "$out/log" || ! grep -q -- "${EXPECT:-FIFO}" "$out/log"; then
     echo "FAIL: $what: exit $rc: $(tail -2 "$out/log")"
     failures=$((failures + 1))
   fi
@@ -40,5 +41,10 @@ mkdir -p "$out/o"
 mkfifo "$out/o/metrics.jsonl"
 expect_refused "train --out with a FIFO metrics.jsonl" "$hzp" train "$root/scenarios/runtime/tiny_dense.json" \
   --nproc 1 --threads 1 --steps 1 --data "$root/tests/data/tinyshakespeare_200k.txt" --out "$out/o"
+if [ -r /proc/kmsg ]; then
+  KIND="would wait for data" EXPECT="/proc/kmsg: read failed" expect_refused "validate /proc/kmsg" "$hzp" validate /proc/kmsg
+  KIND="would wait for data" EXPECT="--data: /proc/kmsg" expect_refused "train --data /proc/kmsg" "$hzp" train \
+    "$root/scenarios/runtime/tiny_dense.json" --nproc 1 --threads 1 --steps 1 --data /proc/kmsg --out "$out/k"
+fi
 [ $failures -eq 0 ] || exit 1
 echo "fifo_inputs: ok"

@@ -2,7 +2,8 @@
 # Every Python tool of tools/ and bench/ on bad input — an unknown flag, a missing file, /dev/zero, a FIFO
 # without a writer, a rows file nested 100,000 deep, an id holding '/' or 10,000 characters — exits 2 with a
 # message naming what is wrong, never a traceback and never a hang (each run under `timeout 30`); so do a nan
-# gate (--max-error nan would always pass), a flooding --progress-s, and a sweep input that is its own output.
+# gate (--max-error nan would always pass), a flooding --progress-s, a sweep input that is its own output, an
+# --hzp that is not hzp, an output folder that takes no file (/proc), and /proc/kmsg (its reads wait).
 # Usage: bash tests/tools_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -79,5 +80,29 @@ expect_2 tools/sweep.py "$out/hf.json" --hzp "$hzp" --out "$out/sweep"
 cp "$hzp" "$out/sweep/index.html"
 expect_2 tools/sweep.py scenarios/default.json --hzp "$out/sweep/index.html" --out "$out/sweep"
 cmp -s "$hzp" "$out/sweep/index.html" || { echo "FAIL: the sweep replaced its hzp"; failures=$((failures + 1)); }
+# An --hzp that is an executable but not hzp (it would fail or pass every row), or a folder.
+for not_hzp in /bin/true "$out"; do
+  expect_2 tools/validate_rows.py "$rows" --hzp "$not_hzp"
+  expect_2 tools/validate_collectives.py --hzp "$not_hzp"
+  expect_2 tools/fp8_transfer.py "$rows" --hzp "$not_hzp"
+  expect_2 tools/doc_tables.py --check --hzp "$not_hzp"
+done
+# Outputs where no file can be made: a file for a folder, a folder of the kernel's, nothing.
+touch "$out/a_file"
+for bad in "$out/a_file" /proc/nope ""; do expect_2 tools/gen_scenarios.py --out "$bad"; done
+expect_2 tools/megatron_table.py --hzp "$hzp" --estimate --markdown /proc/nope.md
+# A "regular" file whose reads wait for the kernel (readable as root only).
+if [ -r /proc/kmsg ]; then
+  expect_2 tools/validate_rows.py /proc/kmsg --hzp "$hzp"
+  expect_2 tools/fp8_transfer.py /proc/kmsg --hzp "$hzp"
+fi
+# Rows that validate nothing (none at all) are a failure, not a pass.
+: > "$out/empty.jsonl"
+timeout 30 python3 tools/validate_rows.py "$out/empty.jsonl" --hzp "$hzp" > "$out/log" 2>&1
+rc=$?
+if [ $rc -ne 1 ] || ! grep -q "no row was validated" "$out/log"; then
+  echo "FAIL: validate_rows on an empty rows file -> exit $rc: $(tail -1 "$out/log")"
+  failures=$((failures + 1))
+fi
 [ $failures -eq 0 ] || exit 1
 echo "tools_bad_input: ok"

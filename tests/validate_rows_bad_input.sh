@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # tools/validate_rows.py on bad input: an unreadable rows file, a line that is not JSON, a row that is not an
 # object, and a bad flag each exit 2 with a message naming the file and line; a row it cannot translate, or whose
-# fields have the wrong type or value, is listed as skipped with the field named; asking for a fidelity bound
-# with nothing simulated fails (exit 1). tools/fp8_transfer.py: a missing file, rows with no bf16 / FP8 pair and
-# a pair on a GPU without an FP8 peak exit 2 with the reason, never a traceback. Outputs that are an input, a
-# FIFO or an empty path are refused before any work; rows without an id, with a repeated id or a number Python
-# cannot convert are refused naming the line; files of the --out folder are never written through a link or a
-# FIFO, and never replace an input.
+# fields have the wrong type or value, is listed as skipped with the field named (exit 1 when no row is left to
+# validate); asking for a fidelity bound with nothing simulated fails (exit 1). tools/fp8_transfer.py: a missing
+# file, rows with no bf16 / FP8 pair and a pair on a GPU without an FP8 peak exit 2 with the reason, never a
+# traceback. Outputs that are an input, a FIFO or an empty path are refused before any work; rows without an id,
+# with a repeated id or a number Python cannot convert are refused naming the line; files of the --out folder are
+# never written through a link or a FIFO, and never replace an input.
 # Usage: bash tests/validate_rows_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -45,15 +45,15 @@ expect 2 "argument --protocol: invalid choice" --protocol ll256 "$work/untransla
 expect 2 "seed must be in" --routing ecmp --seed -1 "$work/untranslatable.jsonl"
 expect 2 "rail-optimized needs --routing ecmp" --rail-optimized "$work/untranslatable.jsonl"
 expect 2 "argument --placement: invalid choice" --placement random "$work/untranslatable.jsonl"
-expect 0 "skipped R1: layers not published" "$work/untranslatable.jsonl"
+expect 1 "skipped R1: layers not published" "$work/untranslatable.jsonl"
 expect 1 "no multi-node row was simulated" --max-error 15 "$work/untranslatable.jsonl"
 expect 1 "no multi-node row was simulated" --max-ratio 2 "$work/untranslatable.jsonl"
-expect 0 "skipped M1: gpus_per_node 0 is not a positive whole number" "$work/malformed.jsonl"
-expect 0 "skipped M2: layers '32' is not a positive whole number" "$work/malformed.jsonl"
-expect 0 "skipped M3: tp {'a': 1} is not a number" "$work/malformed.jsonl"
-expect 0 "skipped M4: tokens_per_s_per_gpu 'fast' is not a positive number" "$work/malformed.jsonl"
-expect 0 "skipped M5: 16 GPUs are not a multiple of tp x pp x cp = 3" "$work/malformed.jsonl"
-expect 0 "skipped M1" --calibration "$work/malformed.jsonl" "$work/malformed.jsonl"
+expect 1 "skipped M1: gpus_per_node 0 is not a positive whole number" "$work/malformed.jsonl"
+expect 1 "skipped M2: layers '32' is not a positive whole number" "$work/malformed.jsonl"
+expect 1 "skipped M3: tp {'a': 1} is not a number" "$work/malformed.jsonl"
+expect 1 "skipped M4: tokens_per_s_per_gpu 'fast' is not a positive number" "$work/malformed.jsonl"
+expect 1 "skipped M5: 16 GPUs are not a multiple of tp x pp x cp = 3" "$work/malformed.jsonl"
+expect 1 "skipped M1" --calibration "$work/malformed.jsonl" "$work/malformed.jsonl"
 # Outputs: the report never overwrites an input, never waits on a FIFO, and an empty path is refused.
 cp "$work/malformed.jsonl" "$work/keep.jsonl"
 expect 2 "is an input" --json "$work/keep.jsonl" "$work/keep.jsonl"

@@ -528,8 +528,15 @@ int run_import(const std::vector<std::string>& argv) {
 // With --scenario OVERRIDES.json: a what-if — the overrides merged into the recorded scenario, the schedule
 // rebuilt for it, compute at the trace's rates per FLOP (TraceRates), the network simulated.
 int run_replay(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--out", "--scenario", "--steps", "--max-sim-seconds", "--max-sim-GiB"});
+  auto args =
+      parse_args(argv, {"--out", "--scenario", "--steps", "--timeline-ranks", "--max-sim-seconds", "--max-sim-GiB"});
   if (!args.ok()) return usage_error("replay", args.status().message());
+  int timeline_ranks = kMaxTimelineRanks;
+  if (auto v = args->get("--timeline-ranks")) {
+    auto n = parse_int_flag("--timeline-ranks", *v, 1, kMaxTimelineRanks);
+    if (!n.ok()) return usage_error("replay", n.status().message());
+    timeline_ranks = static_cast<int>(*n);
+  }
   auto budget = read_sim_budget([&](const char* flag) { return args->get(flag); });
   if (!budget.ok()) return usage_error("replay", budget.status().message());
   auto trace = load_trace_file(*args->scenario);
@@ -580,6 +587,7 @@ int run_replay(const std::vector<std::string>& argv) {
           Status::InvalidInput("--scenario (merged into the trace's scenario): " + scenario.status().message()));
     sim::SimOptions options;
     options.budget = *budget;
+    if (args->get("--timeline-ranks")) options.timeline_max_ranks = timeline_ranks;
     if (auto v = args->get("--steps")) {
       auto n = parse_int_flag("--steps", *v, 1, kMaxSimSteps);
       if (!n.ok()) return usage_error("replay", n.status().message());
@@ -641,7 +649,7 @@ int run_replay(const std::vector<std::string>& argv) {
   sim::SimOptions options;
   options.budget = *budget;
   options.steps = recorded->steps();
-  options.timeline_max_ranks = static_cast<int>(std::min<long long>(trace->world_size, kMaxTimelineRanks));
+  options.timeline_max_ranks = static_cast<int>(std::min<long long>(trace->world_size, timeline_ranks));
   options.durations = &*recorded;
   options.collectives = &*recorded;
   auto result = sim::simulate(replayed, options);
@@ -771,9 +779,9 @@ const std::vector<Command>& commands() {
        "do. --out FILE writes the trace's scenario with the fitted efficiencies.\n" HZP_SCENARIO_INPUT_HELP,
        run_calibrate},
       {"replay", "re-run a recorded trace (hzp train --trace) in the simulator, as recorded or as a what-if",
-       "usage: hzp replay TRACE [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G]\n"
+       "usage: hzp replay TRACE [--out DIR] [--timeline-ranks K] [--max-sim-seconds S] [--max-sim-GiB G]\n"
        "       hzp replay TRACE [--scenario OVERRIDES.json] [--set PATH=VALUE]... [--steps N] [--out DIR]\n"
-       "                        [--max-sim-seconds S] [--max-sim-GiB G]\n\n"
+       "                        [--timeline-ranks K] [--max-sim-seconds S] [--max-sim-GiB G]\n\n"
        "Reads TRACE (traces/README.md, format v1) and rebuilds the schedule from the scenario it recorded.\n"
        "Without --scenario it runs that schedule in the SimGrid executor with the recorded durations: compute\n"
        "and optimizer ops take what the same op took in the same step, each collective its recorded transfer\n"
@@ -788,7 +796,8 @@ const std::vector<Command>& commands() {
        "in the trace (so it scales with the op's FLOPs), the optimizer at the recorded seconds per parameter,\n"
        "and the collectives are simulated on the new cluster. --steps N simulates N steps (default 1). Writes\n"
        "DIR/summary.json (plus a \"what_if\" object) and DIR/timeline.json (default DIR:\n"
-       "out/what-if-<scenario name>). --set PATH=VALUE (repeatable) is a what-if too, one field at a time\n"
+       "out/what-if-<scenario name>). --timeline-ranks K records at most K GPUs on the timeline (as hzp\n"
+       "simulate's). --set PATH=VALUE (repeatable) is a what-if too, one field at a time\n"
        "(hzp replay TRACE --set cluster.nodes=64), applied to OVERRIDES.json when both are "
        "given.\n\n" HZP_SIM_BUDGET_HELP,
        run_replay},

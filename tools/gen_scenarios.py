@@ -9,6 +9,10 @@ them as out of memory. Re-run after changing the list; the files are checked in.
 import argparse
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from json_input import write_output_file  # noqa: E402
 
 SETUPS = [
     # model, cluster preset, GPU counts, recompute
@@ -40,14 +44,18 @@ def main():
     parser.add_argument("--out", default=os.path.join("scenarios", "dense"),
                         help="folder to (re)write the scenarios into (default: scenarios/dense)")
     out = parser.parse_args().out
-    os.makedirs(out, exist_ok=True)
-    for model, cluster, counts, recompute in SETUPS:
-        for gpus in counts:
-            for policy in POLICIES:
-                s = scenario(model, cluster, gpus, recompute, policy)
-                with open(os.path.join(out, s["name"] + ".json"), "w") as f:
-                    json.dump(s, f, indent=2)
-                    f.write("\n")
+    if not out:
+        parser.error("--out: an empty path")
+    try:
+        os.makedirs(out, exist_ok=True)
+        for model, cluster, counts, recompute in SETUPS:
+            for gpus in counts:
+                for policy in POLICIES:
+                    s = scenario(model, cluster, gpus, recompute, policy)
+                    write_output_file(os.path.join(out, s["name"] + ".json"), json.dumps(s, indent=2) + "\n")
+    except OSError as e:  # --out names a file, or a folder that takes no file (/proc)
+        print(f"gen_scenarios: --out {out}: {e.strerror}: {e.filename}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

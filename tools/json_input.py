@@ -1,33 +1,62 @@
 #!/usr/bin/env python3
 """Inputs, outputs and flags shared by the repo's scripts (with tools/ on sys.path):
 
-    load_json_input(path, what)    the document, or exit 2 with one line naming it when it is not a regular
-                                   file (a FIFO, /dev/zero), is over 256 MiB, or is not JSON
+    read_regular_file(path)        its bytes, read without blocking; OSError or ValueError when it is not a
+                                   regular file (a FIFO, /dev/zero), its reads would wait (/proc/kmsg), or
+                                   it is over 256 MiB
+    load_json_input(path, what)    the document, or exit 2 with one line naming it when read_regular_file
+                                   refuses it or it is not JSON
     number(low, high)              an argparse type: a finite number in [low, high] ("nan" and "inf" refused)
     check_output_file(path, flag, inputs)
                                    ValueError naming FLAG unless PATH can be written: not "", not a directory,
-                                   a FIFO or a device (or a link to one), in a writable folder, and none of
+                                   a FIFO or a device (or a link to one), in a folder that takes a new file
+                                   (a probe is created and removed), and none of
                                    INPUTS (by inode: a link or a hard link counts)
     create_new_file(path, text)    TEXT as a new file at PATH: what was there (a leftover, a link, a FIFO that
                                    would block the open) is removed first, never written through
     write_output_file(path, text)  TEXT written whole to PATH.tmp (create_new_file), then renamed over PATH
-    check_executable(path, flag)   ValueError naming FLAG unless PATH is an executable regular file
+    check_executable(path, flag)   ValueError naming FLAG unless PATH is an executable regular file whose
+                                   --version says "hzp VERSION"
 """
 import argparse
 import json
 import math
 import os
 import stat
+import subprocess
 import sys
+import tempfile
+
+
+def read_regular_file(path, limit=256 << 20):
+    """The bytes of PATH if it is a regular file of at most LIMIT bytes; OSError or ValueError otherwise. Read
+    without blocking: a FIFO, or a "regular" file of the kernel's whose reads wait (/proc/kmsg), is refused."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"{st.st_size} bytes, more than the {limit} accepted")
+        chunks, size = [], 0
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                raise ValueError("its reads would wait for data (a kernel or device file, not a file on disk)")
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise ValueError(f"more than the {limit} bytes accepted")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def load_json_input(path, what):
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > (256 << 20):
-            raise ValueError("not a regular JSON file of at most 256 MiB")
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(read_regular_file(path))
     except (OSError, ValueError, RecursionError) as e:
         print(f"{what} {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         sys.exit(2)
@@ -53,6 +82,12 @@ def check_output_file(path, flag, inputs=()):
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise ValueError(f"{flag} {path}: its folder cannot be written")
+    try:  # a folder of the kernel's (/proc) passes os.access and takes no new file
+        probe, probe_path = tempfile.mkstemp(dir=folder, prefix=".hzp-probe-")
+        os.close(probe)
+        os.unlink(probe_path)
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: its folder cannot be written ({e.strerror})") from None
     if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
         raise ValueError(f"{flag} {path}: exists and is not a regular file")
     for given in inputs:
@@ -77,6 +112,12 @@ def write_output_file(path, text):
 def check_executable(path, flag):
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
         raise ValueError(f"{flag} {path}: not an executable (build first: bash tools/setup.sh)")
+    try:  # an executable that is not hzp (/bin/true) would fail every run, or pass none
+        first = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag} {path}: cannot run it ({e})") from None
+    if not first.startswith("hzp "):
+        raise ValueError(f"{flag} {path}: not hzp (its --version says {first[:60]!r}, not \"hzp VERSION\")")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,13 @@ import concurrent.futures
 import json
 import os
 import re
-import stat
 import statistics
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from json_input import check_executable, check_output_file, number, write_output_file  # noqa: E402
+from json_input import check_executable, check_output_file, number, read_regular_file, write_output_file  # noqa: E402
 
 
 class BadRow(Exception):
@@ -36,39 +35,36 @@ class BadRow(Exception):
 
 
 def load_rows(path):
-    rows = []
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadRow(f"{path}: not a regular file")
-        if st.st_size > 64 << 20:
-            raise BadRow(f"{path}: {st.st_size} bytes, more than a rows file may hold")
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BadRow(f"{path}:{n}: not JSON ({e.msg})")
-                except RecursionError:
-                    raise BadRow(f"{path}:{n}: nested too deep to be a row")
-                if not isinstance(row, dict):
-                    raise BadRow(f"{path}:{n}: a row must be a JSON object")
-                for key, kind in (("id", str), ("op", str), ("gpus", int), ("gpus_per_node", int),
-                                  ("message_bytes", int), ("busbw_gbps", (int, float)), ("hzp", dict)):
-                    if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
-                        raise BadRow(f"{path}:{n}: \"{key}\" missing or of the wrong type ({row.get(key)!r})")
-                if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,100}", row["id"]):
-                    raise BadRow(f"{path}:{n}: id must be 1 to 100 letters, digits or _.+- (it names files)")
-                if row["gpus"] < 1 or row["gpus_per_node"] < 1 or row["gpus"] % row["gpus_per_node"]:
-                    raise BadRow(f"{path}:{n}: gpus {row['gpus']} must be a positive multiple of gpus_per_node {row['gpus_per_node']}")
-                hzp = row["hzp"]
-                if "not_modelled" not in hzp and not isinstance(hzp.get("cluster"), dict):
-                    raise BadRow(f"{path}:{n}: \"hzp\" needs a \"cluster\" object or a \"not_modelled\" reason")
-                rows.append(row)
+        text = read_regular_file(path, 64 << 20).decode("utf-8", errors="replace")
     except OSError as e:
         raise BadRow(f"{path}: {e.strerror}")
+    except ValueError as e:
+        raise BadRow(f"{path}: {e}")
+    rows = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadRow(f"{path}:{n}: not JSON ({e.msg})")
+        except RecursionError:
+            raise BadRow(f"{path}:{n}: nested too deep to be a row")
+        if not isinstance(row, dict):
+            raise BadRow(f"{path}:{n}: a row must be a JSON object")
+        for key, kind in (("id", str), ("op", str), ("gpus", int), ("gpus_per_node", int),
+                          ("message_bytes", int), ("busbw_gbps", (int, float)), ("hzp", dict)):
+            if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
+                raise BadRow(f"{path}:{n}: \"{key}\" missing or of the wrong type ({row.get(key)!r})")
+        if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,100}", row["id"]):
+            raise BadRow(f"{path}:{n}: id must be 1 to 100 letters, digits or _.+- (it names files)")
+        if row["gpus"] < 1 or row["gpus_per_node"] < 1 or row["gpus"] % row["gpus_per_node"]:
+            raise BadRow(f"{path}:{n}: gpus {row['gpus']} must be a positive multiple of gpus_per_node {row['gpus_per_node']}")
+        hzp = row["hzp"]
+        if "not_modelled" not in hzp and not isinstance(hzp.get("cluster"), dict):
+            raise BadRow(f"{path}:{n}: \"hzp\" needs a \"cluster\" object or a \"not_modelled\" reason")
+        rows.append(row)
     return rows
 
 

@@ -55,7 +55,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from json_input import create_new_file, number  # noqa: E402
+from json_input import check_executable, create_new_file, number, read_regular_file  # noqa: E402
 
 GPU_PRESETS = [  # (substring of the row's "gpu", cluster preset)
     ("A100", "dgx-a100"),
@@ -503,36 +503,33 @@ def load_rows(path):
     """Rows of a JSONL file; ValueError naming the file (and line) for anything else: not a regular file (a FIFO,
     /dev/zero), over MAX_ROWS_BYTES, not JSON, nested too deep, not an object, an id that is not a short name."""
     try:
-        st = os.stat(path)
+        text = read_regular_file(path, MAX_ROWS_BYTES).decode("utf-8", errors="replace")
     except OSError as e:
         raise ValueError(f"{path}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path}: not a regular file")
-    if st.st_size > MAX_ROWS_BYTES:
-        raise ValueError(f"{path}: {st.st_size} bytes, more than the {MAX_ROWS_BYTES} a rows file may hold")
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
     rows, seen = [], {}
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON: {e}") from None
-                except RecursionError:
-                    raise ValueError(f"{path}:{n}: nested too deep to be a row") from None
-                except ValueError as e:  # an integer of more digits than Python converts
-                    raise ValueError(f"{path}:{n}: {str(e)[:200]}") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{path}:{n}: a row must be a JSON object")
-                if "id" not in row:
-                    raise ValueError(f"{path}:{n}: a row needs an id (it names the row and its files)")
-                if not (isinstance(row["id"], str) and ROW_ID.fullmatch(row["id"])):
-                    raise ValueError(f"{path}:{n}: id must be 1 to 100 letters, digits or _.+- (it names files), "
-                                     f"got {str(row['id'])[:40]!r}")
-                if row["id"] in seen:
-                    raise ValueError(f"{path}:{n}: id {row['id']} is also line {seen[row['id']]}'s")
-                seen[row["id"]] = n
-                rows.append(row)
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not JSON: {e}") from None
+            except RecursionError:
+                raise ValueError(f"{path}:{n}: nested too deep to be a row") from None
+            except ValueError as e:  # an integer of more digits than Python converts
+                raise ValueError(f"{path}:{n}: {str(e)[:200]}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: a row must be a JSON object")
+            if "id" not in row:
+                raise ValueError(f"{path}:{n}: a row needs an id (it names the row and its files)")
+            if not (isinstance(row["id"], str) and ROW_ID.fullmatch(row["id"])):
+                raise ValueError(f"{path}:{n}: id must be 1 to 100 letters, digits or _.+- (it names files), "
+                                 f"got {str(row['id'])[:40]!r}")
+            if row["id"] in seen:
+                raise ValueError(f"{path}:{n}: id {row['id']} is also line {seen[row['id']]}'s")
+            seen[row["id"]] = n
+            rows.append(row)
     return rows
 
 
@@ -589,8 +586,10 @@ def main():
         ap.error("--seed must be in [0, 2147483647]")
     if args.rail_optimized and args.routing != "ecmp":
         ap.error("--rail-optimized needs --routing ecmp")
-    if not os.path.isfile(args.hzp) or not os.access(args.hzp, os.X_OK):
-        ap.error(f"--hzp {args.hzp}: not an executable (build first: bash tools/setup.sh)")
+    try:
+        check_executable(args.hzp, "--hzp")
+    except ValueError as e:
+        ap.error(str(e))
     try:
         rows = load_rows(args.rows)
         cal_rows = load_rows(args.calibration) if args.calibration else rows
@@ -770,6 +769,8 @@ def report_rows(args, rows, cal_rows, workdir):
                     (args.max_ratio is not None and top > args.max_ratio):
                 failed.append(f"hierarchical/flat ratio {top:.2f} at {ratio['gpus']} GPUs outside "
                               f"[{args.min_ratio}, {args.max_ratio}]")
+    if not results:  # an empty file, a broken --hzp, or every row malformed: nothing was checked
+        failed.append(f"no row was validated ({len(skipped)} skipped)")
     if (args.max_error is not None or args.min_ratio is not None or args.max_ratio is not None) and not multi:
         failed.append("no multi-node row was simulated")
     for f in failed:

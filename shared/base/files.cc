@@ -76,7 +76,9 @@ bool same_file(const std::string& a, const std::string& b) {
 
 Result<int> open_regular_file(const std::string& path) {
   const std::string shown = printable(path, 200);
-  // O_NONBLOCK: opening a FIFO without a writer would otherwise wait for one, forever.
+  // O_NONBLOCK, kept for the reads: opening a FIFO without a writer would otherwise wait for one, forever,
+  // and a "regular" file of the kernel's (/proc/kmsg) blocks its reads until the kernel has something to
+  // say. On a file of a disk it changes nothing.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Status::InvalidInput(shown + ": cannot open: " + errno_text());
   struct stat st {};
@@ -84,7 +86,6 @@ Result<int> open_regular_file(const std::string& path) {
     ::close(fd);
     return Status::InvalidInput(shown + ": not a regular file" + kind_note(st.st_mode));
   }
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 
@@ -104,7 +105,8 @@ Result<std::string> read_text_file(const std::string& path, std::int64_t max_byt
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const std::string why = errno_text();
+      const std::string why =
+          errno == EAGAIN ? "it would wait for data (a kernel or device file, not a file on disk)" : errno_text();
       ::close(fd);
       return Status::InvalidInput(shown + ": read failed: " + why);
     }

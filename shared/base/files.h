@@ -12,7 +12,8 @@
 namespace hzp {
 
 // A descriptor of `path` opened for reading if it is a regular file (the caller closes it); a FIFO, a device
-// or a directory is kInvalidInput naming it, at once (opening never waits for a FIFO's writer).
+// or a directory is kInvalidInput naming it, at once (opening never waits for a FIFO's writer). The
+// descriptor is non-blocking: a read that would wait (/proc/kmsg) fails with EAGAIN instead.
 Result<int> open_regular_file(const std::string& path);
 
 // The whole file, if it is a regular file of at most `max_bytes`. Errors (kInvalidInput) name the path
