@@ -81,7 +81,7 @@ std::vector<int> timeline_sample(int world, int gpus_per_node, int max_ranks);
 // summary.json (documented in sim/README.md).
 nlohmann::json summary_json(const Scenario& scenario, const SimResult& result);
 
-// Chrome / Perfetto trace: one process per recorded GPU, one thread per stream, ts/dur in µs.
-nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule, const SimResult& result);
+// Chrome / Perfetto trace as JSON text: one process per recorded GPU, one thread per stream, ts/dur in µs.
+std::string timeline_text(const Scenario& scenario, const Schedule& schedule, const SimResult& result);
 
 }  // namespace hzp::sim

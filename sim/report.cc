@@ -66,7 +66,7 @@ std::string op_name(const Schedule& schedule, const Op& op) {
 
 }  // namespace
 
-nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule, const SimResult& r) {
+std::string timeline_text(const Scenario& scenario, const Schedule& schedule, const SimResult& r) {
   PerfettoTimeline timeline;
   std::map<std::pair<int, int>, const char*> algorithm_cache;  // (group, op index) -> algorithm name
   const int R = scenario.cluster.gpus_per_node;
@@ -86,34 +86,34 @@ nlohmann::json timeline_json(const Scenario& scenario, const Schedule& schedule,
     const bool buffer_op =
         std::holds_alternative<BufferAcquireOp>(op.body) || std::holds_alternative<BufferReleaseOp>(op.body);
     if (buffer_op && span.end <= span.start) continue;
-    nlohmann::json args = {{"step", span.step}, {"op", span.op}};
+    SpanArgs args;
+    args.add("step", static_cast<long long>(span.step)).add("op", static_cast<long long>(span.op));
     const char* cat = "compute";
     if (const auto* c = std::get_if<ComputeOp>(&op.body)) {
-      args["flops"] = c->flops;
-      args["micro_batch"] = c->micro_batch;
+      args.add("flops", c->flops).add("micro_batch", static_cast<long long>(c->micro_batch));
     } else if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
       cat = "comm";
       const ProcessGroup& g = schedule.group_of(span.rank, c->role);
-      args["bytes"] = c->bytes;
-      args["group"] = schedule.rank_groups[span.rank][c->role];
-      args["group_role"] = to_string(schedule.roles[c->role]);
-      args["group_size"] = g.ranks.size();
       const int group = schedule.rank_groups[span.rank][c->role];
       auto [it, fresh] = algorithm_cache.try_emplace({group, span.op}, nullptr);
       if (fresh)
         it->second = to_string(choose_algorithm(scenario.cluster, c->kind, static_cast<double>(c->bytes),
                                                 group_shape(scenario.cluster, g)));
-      args["algorithm"] = it->second;
-      args["wait_for_peers_us"] = (span.transfer_start - span.start) * 1e6;
-      args["micro_batch"] = c->micro_batch;
+      args.add("bytes", static_cast<long long>(c->bytes))
+          .add("group", static_cast<long long>(group))
+          .add("group_role", to_string(schedule.roles[c->role]))
+          .add("group_size", static_cast<long long>(g.ranks.size()))
+          .add("algorithm", it->second)
+          .add("wait_for_peers_us", (span.transfer_start - span.start) * 1e6)
+          .add("micro_batch", static_cast<long long>(c->micro_batch));
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body)) {
-      args["shard_params"] = o->shard_params;
-      args["bucket"] = o->bucket;
+      args.add("shard_params", static_cast<long long>(o->shard_params))
+          .add("bucket", static_cast<long long>(o->bucket));
     }
     timeline.span(span.rank, op.stream, op_name(schedule, op), cat, span.start * 1e6, (span.end - span.start) * 1e6,
-                  std::move(args));
+                  args);
   }
-  return std::move(timeline).to_json({{"scenario", scenario.name},
+  return std::move(timeline).to_text({{"scenario", scenario.name},
                                       {"policy", to_string(scenario.policy.preset)},
                                       {"gpus", r.gpus},
                                       {"recorded_ranks", r.timeline_ranks.size()}});

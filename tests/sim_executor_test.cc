@@ -190,7 +190,7 @@ TEST_CASE("sim: the symmetric event log is the full simulation's, rank by rank",
 TEST_CASE("sim: timeline is a Chrome trace with one process per GPU and one thread per stream", "[sim]") {
   const Built b = build(scenario_from(scenario_json("tiny-dense", "dgx-a100", 2, "zero3", 64)));
   const sim::SimResult r = run_sim(b);
-  const nlohmann::json t = sim::timeline_json(b.scenario, b.schedule, r);
+  const nlohmann::json t = nlohmann::json::parse(sim::timeline_text(b.scenario, b.schedule, r));
   int complete = 0;
   std::set<int> pids;
   for (const auto& e : t["traceEvents"]) {

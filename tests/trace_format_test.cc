@@ -8,6 +8,7 @@
 #include <string>
 
 #include "shared/base/json_io.h"
+#include "shared/trace/perfetto.h"
 #include "shared/trace/trace_format.h"
 
 namespace {
@@ -176,4 +177,39 @@ TEST_CASE("json reading: the decoded tree's size is estimated and bounded before
   zeros += "]";
   CHECK_FALSE(hzp::parse_json_strict(zeros, 10'000).ok());  // 160 kB of tree > 120 kB
   CHECK(hzp::parse_json_strict(zeros, 20'000).ok());        // < 240 kB
+}
+
+TEST_CASE("perfetto: spans written as text read back as nlohmann::json writes them", "[trace]") {
+  // The timeline writer builds its JSON text directly (no document per span); nlohmann::json is the reference.
+  const std::string odd = std::string("a\"b\\c\nd\te\x01f\x1f") + "\xc3\xa9 L3";
+  hzp::PerfettoTimeline t;
+  t.process(0, odd);
+  t.thread(0, 1, "compute");
+  hzp::SpanArgs args;
+  args.add("step", 3LL).add("bytes", 123456789012LL).add("flops", 1.5e12).add("tiny", 1e-300).add("third", 1.0 / 3);
+  args.add("nan", std::nan("")).add("role", odd.c_str());
+  t.span(0, 1, odd, "comm", 0.1 + 0.2, 1e-7, args);
+  t.span(0, 1, "empty args", "compute", 5, 6, hzp::SpanArgs{});
+  t.span(0, 1, "json args", "compute", 5, 6, json{{"k", odd}});
+  const json doc = json::parse(std::move(t).to_text({{"scenario", odd}}));
+  const json& events = doc["traceEvents"];
+  REQUIRE(events.size() == 6);
+  CHECK(events[0]["args"]["name"] == odd);
+  const json& span = events[3];
+  CHECK(span["name"] == odd);
+  CHECK(span["cat"] == "comm");
+  CHECK(span["ph"] == "X");
+  CHECK(span["ts"].get<double>() == 0.1 + 0.2);  // shortest text that reads back the same double
+  CHECK(span["dur"].get<double>() == 1e-7);
+  CHECK(span["args"]["step"] == 3);
+  CHECK(span["args"]["bytes"] == 123456789012LL);
+  CHECK(span["args"]["flops"].get<double>() == 1.5e12);
+  CHECK(span["args"]["tiny"].get<double>() == 1e-300);
+  CHECK(span["args"]["third"].get<double>() == 1.0 / 3);
+  CHECK(span["args"]["nan"].is_null());
+  CHECK(span["args"]["role"] == odd);
+  CHECK(events[4]["args"] == json::object());
+  CHECK(events[5]["args"]["k"] == odd);
+  CHECK(doc["displayTimeUnit"] == "ms");
+  CHECK(doc["otherData"]["scenario"] == odd);
 }
