@@ -261,6 +261,19 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
        2,
        "distributedInfo.rank 0 where rank 1 was expected"},
       {{write("bad_rank.json", good.done(3, 2).dump())}, 1, "distributedInfo"},
+      // A rank past 32 bits was read as rank 0; a world_size that is not the scenario's passed unnoticed.
+      {{write("huge_rank.json",
+              [&] {
+                nlohmann::json d = good.done(0, 2);
+                d["distributedInfo"]["rank"] = 1LL << 40;
+                d["distributedInfo"]["world_size"] = -1;
+                return d.dump();
+              }())},
+       1,
+       "rank 1099511627776"},
+      {{write("w64_r0.json", good.done(0, 64).dump()), write("w64_r1.json", good.done(1, 64).dump())},
+       2,
+       "distributedInfo.world_size 64, but the scenario has 2 ranks"},
       {{write("ten_million.json", "{\"traceEvents\": [" + many_events(10'000'000) + "]}")},
        1,
        "refused before parsing"},

@@ -153,12 +153,16 @@ namespace {
 // distributedInfo (rank, world size) and deviceProperties[0].name.
 Status read_header(const json& doc, const std::string& shown, KinetoProfile& p) {
   if (auto d = doc.find("distributedInfo"); d != doc.end() && d->is_object()) {
-    if (auto r = d->find("rank"); r != d->end() && r->is_number_integer()) p.rank = r->get<int>();
-    if (auto w = d->find("world_size"); w != d->end() && w->is_number_integer()) p.world_size = w->get<int>();
-    if (p.rank < -1 || p.rank > 1'000'000 || p.world_size < -1 || p.world_size > 1'000'000 ||
-        (p.rank >= 0 && p.world_size > 0 && p.rank >= p.world_size))
-      return Status::InvalidInput(shown + ": distributedInfo: rank " + std::to_string(p.rank) + " of world_size " +
-                                  std::to_string(p.world_size) + " is not a rank of that world");
+    // Read as 64 bits and checked before narrowing: a rank of 2^40 read as an int was rank 0.
+    long long rank = p.rank, world_size = p.world_size;
+    if (auto r = d->find("rank"); r != d->end() && r->is_number_integer()) rank = r->get<long long>();
+    if (auto w = d->find("world_size"); w != d->end() && w->is_number_integer()) world_size = w->get<long long>();
+    if (rank < -1 || rank > 1'000'000 || world_size < -1 || world_size > 1'000'000 ||
+        (rank >= 0 && world_size > 0 && rank >= world_size))
+      return Status::InvalidInput(shown + ": distributedInfo: rank " + std::to_string(rank) + " of world_size " +
+                                  std::to_string(world_size) + " is not a rank of that world");
+    p.rank = static_cast<int>(rank);
+    p.world_size = static_cast<int>(world_size);
   }
   if (auto d = doc.find("deviceProperties"); d != doc.end()) {
     // Present but not the profiler's array of objects: the GPU check would be skipped ("device not named").
@@ -482,6 +486,11 @@ Status order_profiles(std::vector<KinetoProfile>& profiles, int world) {
     return Status::InvalidInput("the scenario has " + std::to_string(world) + " rank" + (world == 1 ? "" : "s") + "; " +
                                 std::to_string(profiles.size()) + " profiler file" +
                                 (profiles.size() == 1 ? " was" : "s were") + " given (one per rank)");
+  for (const KinetoProfile& p : profiles)
+    if (p.world_size > 0 && p.world_size != world)
+      return Status::InvalidInput(printable(p.source, 200) + ": distributedInfo.world_size " +
+                                  std::to_string(p.world_size) + ", but the scenario has " + std::to_string(world) +
+                                  " rank" + (world == 1 ? "" : "s"));
   const bool ranked = std::all_of(profiles.begin(), profiles.end(), [](const KinetoProfile& p) { return p.rank >= 0; });
   if (!ranked) return Status::Ok();
   std::sort(profiles.begin(), profiles.end(),
