@@ -115,6 +115,8 @@ TEST_CASE("usage errors exit 2 and lose nothing already written", "[cli][bad-inp
   CHECK(run("plan '" + kRoot + "/scenarios/default.json' --bogus 1").code == 2);
   CHECK(run("plan '" + kRoot + "/scenarios/default.json' --search --top 0").code == 2);
   CHECK(run("plan '" + kRoot + "/scenarios/default.json' --search --jobs many").code == 2);
+  CHECK(run("plan '" + kRoot + "/scenarios/default.json' --search --max-sim-seconds -1").code == 2);
+  CHECK(run("plan '" + kRoot + "/scenarios/default.json' --max-sim-seconds 5").code == 2);  // needs --search
   CHECK(run("schedule '" + kRoot + "/scenarios/default.json' --rank 100000").code == 2);
   CHECK(run("schedule '" + kRoot + "/scenarios/default.json' --rank x").code == 2);
   // --out pointing at an existing file: refused, the file keeps its content.
@@ -416,4 +418,20 @@ TEST_CASE("compare: two runs side by side, from scenarios, simulations or summar
   r = run("compare " + zero3 + " '" + kData + "/bad/unknown_key_top.json'");
   CHECK(r.code == 2);
   CHECK(r.err.find("unknown key") != std::string::npos);
+}
+
+TEST_CASE("plan --search: each candidate's simulation runs under the budget given, and says why it was refused",
+          "[cli][planner]") {
+  // (A search at 131,072 GPUs ran its candidates silently for minutes: issue 35's fifth attack.)
+  const auto out = scratch_dir() / "plan_budget";
+  const RunResult r =
+      run("plan '" + kRoot + "/scenarios/dense/llama2-7b-a800-64-zero3.json' --search --top 1 --jobs 2 " +
+          "--max-sim-seconds 0.001 --out '" + out.string() + "'");
+  INFO(r.out << r.err);
+  CHECK(r.code == 1);
+  CHECK(r.err.find("plan: simulating") != std::string::npos);
+  CHECK(r.out.find("past the budget of 0.001 s") != std::string::npos);
+  CHECK(r.out.find("no candidate could be simulated") != std::string::npos);
+  CHECK(std::filesystem::exists(out / "plan.json"));
+  CHECK_FALSE(std::filesystem::exists(out / "best.json"));
 }

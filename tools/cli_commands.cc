@@ -113,7 +113,7 @@ int write_sim_outputs(const std::string& dir, const nlohmann::json& summary, con
   nlohmann::json with_breakdown = summary;
   with_breakdown["breakdown"] = sim::breakdown_json(sim::step_breakdown(schedule, r, 0));
   if (Status s = write_output(dir, "summary.json", with_breakdown.dump(2) + "\n"); !s.ok()) return fail(s);
-  std::string timeline = sim::timeline_json(scenario, schedule, r).dump() + "\n";
+  std::string timeline = sim::timeline_text(scenario, schedule, r) + "\n";
   const std::size_t json_bytes = timeline.size();
   const bool gzipped = always_gzip || json_bytes > kTimelineGzipBytes;
   if (gzipped) {
@@ -272,11 +272,17 @@ constexpr long long kMaxTimelineRanks = 4096;
 constexpr double kDefaultTimelineSpans = 500e3;
 
 int run_plan(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--out", "--top", "--jobs"}, true, {"--search"});
+  auto args = parse_args(argv, {"--out", "--top", "--jobs", "--max-sim-seconds", "--max-sim-GiB"}, true, {"--search"});
   if (!args.ok()) return usage_error("plan", args.status().message());
   const bool search = args->has("--search");
-  if (!search && (args->has("--top") || args->has("--jobs")))
-    return usage_error("plan", "--top and --jobs need --search");
+  if (!search &&
+      (args->has("--top") || args->has("--jobs") || args->has("--max-sim-seconds") || args->has("--max-sim-GiB")))
+    return usage_error("plan", "--top, --jobs, --max-sim-seconds and --max-sim-GiB need --search");
+  auto budget = read_sim_budget([&](const char* flag) { return args->get(flag); });
+  if (!budget.ok()) return usage_error("plan", budget.status().message());
+  std::vector<std::string> budget_flags;  // checked here, passed on as given to each candidate's simulation
+  for (const char* flag : {"--max-sim-seconds", "--max-sim-GiB"})
+    if (auto v = args->get(flag)) budget_flags.insert(budget_flags.end(), {flag, *v});
   auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   if (search) {
@@ -293,7 +299,7 @@ int run_plan(const std::vector<std::string>& argv) {
                                        scenario_inputs(*args->scenario, *scenario));
         !st.ok())
       return fail(st);
-    return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs), out);
+    return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs), out, budget_flags);
   }
   if (auto out = args->get("--out"))
     if (Status st =
@@ -722,7 +728,7 @@ const std::vector<Command>& commands() {
        run_validate},
       {"plan", "compare every preset policy: memory, communication, step time, MFU",
        "usage: hzp plan SCENARIO [--out DIR] [--set PATH=VALUE]...\n"
-       "       hzp plan SCENARIO --search [--top K] [--jobs J] [--out DIR]\n\n"
+       "       hzp plan SCENARIO --search [--top K] [--jobs J] [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G]\n\n"
        "For each preset policy (ddp, zero1, zero2, zero3, hsdp — plus the scenario's own sharding when it is\n"
        "not one of them) on the scenario's model, cluster and training setup: memory per GPU by category,\n"
        "whether it fits, bytes each GPU sends per step, and the analytic step time and MFU. The best is the\n"
@@ -732,7 +738,8 @@ const std::vector<Command>& commands() {
        "top K (default 8) and every fitting preset in SimGrid, J processes at a time (default: the cores),\n"
        "and writes DIR/plan.json (every simulated candidate with estimated and simulated step time), and\n"
        "DIR/best.json, the fastest simulated candidate as a ready-to-run scenario (DIR defaults to\n"
-       "out/<scenario>-plan). Progress goes to stderr.\n\n"
+       "out/<scenario>-plan). Progress goes to stderr. Each simulation estimates its cost first and is refused\n"
+       "past its budget, as hzp simulate's: --max-sim-seconds and --max-sim-GiB apply to each of them.\n\n"
        "When no preset fits, it also says what would: per policy and recomputation setting, the fewest nodes\n"
        "(micro-batch and micro-batches per GPU kept) on which it fits, with its memory per "
        "GPU.\n" HZP_SCENARIO_INPUT_HELP,

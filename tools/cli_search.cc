@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -87,7 +88,7 @@ std::string folder_name(const Simulation& sim) {
 }
 
 // Runs `hzp simulate` for every entry, `jobs` processes at a time; one SimGrid engine per process.
-void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) {
+void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir, const std::vector<std::string>& flags) {
   std::vector<ChildSimulation> runs;
   for (Simulation& sim : sims) {
     const fs::path out = dir / folder_name(sim);
@@ -97,30 +98,34 @@ void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir) 
   }
   const auto started = std::chrono::steady_clock::now();
   std::size_t finished = 0;
-  simulate_in_children(runs, jobs, [&](std::size_t i) {
-    Simulation& sim = sims[i];
-    ++finished;
-    if (!runs[i].error.empty()) {
-      sim.error = runs[i].error;
-    } else {
-      std::ifstream in(runs[i].out / "summary.json");
-      const nlohmann::json summary = nlohmann::json::parse(in, nullptr, false);
-      if (summary.is_discarded()) {
-        sim.error = "unreadable summary.json";
-      } else {
-        sim.simulated_step_s = summary.value("step_time_s", -1.0);
-        sim.simulated_mfu = summary.value("mfu", 0.0);
-        sim.simulated_fits = summary.value("fits_memory", false);
-      }
-    }
-    // A line per simulation (each takes seconds to minutes), on a terminal and in a log file alike.
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    const std::string eta = finished < sims.size() ? ", ETA " + clock_text(elapsed / static_cast<double>(finished) *
-                                                                           static_cast<double>(sims.size() - finished))
-                                                   : "";
-    std::fprintf(stderr, "plan: simulated %zu/%zu (%s), elapsed %s%s\n", finished, sims.size(), label(sim).c_str(),
-                 clock_text(elapsed).c_str(), eta.c_str());
-  });
+  simulate_in_children(
+      runs, jobs,
+      [&](std::size_t i) {
+        Simulation& sim = sims[i];
+        ++finished;
+        if (!runs[i].error.empty()) {
+          sim.error = runs[i].error;
+        } else {
+          std::ifstream in(runs[i].out / "summary.json");
+          const nlohmann::json summary = nlohmann::json::parse(in, nullptr, false);
+          if (summary.is_discarded()) {
+            sim.error = "unreadable summary.json";
+          } else {
+            sim.simulated_step_s = summary.value("step_time_s", -1.0);
+            sim.simulated_mfu = summary.value("mfu", 0.0);
+            sim.simulated_fits = summary.value("fits_memory", false);
+          }
+        }
+        // A line per simulation (each takes seconds to minutes), on a terminal and in a log file alike.
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        const std::string eta = finished < sims.size()
+                                    ? ", ETA " + clock_text(elapsed / static_cast<double>(finished) *
+                                                            static_cast<double>(sims.size() - finished))
+                                    : "";
+        std::fprintf(stderr, "plan: simulated %zu/%zu (%s), elapsed %s%s\n", finished, sims.size(), label(sim).c_str(),
+                     clock_text(elapsed).c_str(), eta.c_str());
+      },
+      flags);
 }
 
 nlohmann::json sharding_json(const ShardingSpec& s) {
@@ -322,7 +327,8 @@ nlohmann::json plan_json(const Scenario& scenario, const Searches& found, const 
 
 }  // namespace
 
-int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir) {
+int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir,
+                    const std::vector<std::string>& budget_flags) {
   // Where results go is checked before any work: a run that cannot write its plan is refused up front.
   const fs::path dir = fs::path(out_dir) / "candidates";
   if (Status st = ensure_writable_dir(dir.string(), "--out"); !st.ok()) {
@@ -343,7 +349,12 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));
   std::vector<Simulation> sims = none_fit ? std::vector<Simulation>{} : to_simulate(scenario, *found, top_k);
   const auto t1 = std::chrono::steady_clock::now();
-  simulate_all(sims, jobs, dir);
+  if (!sims.empty())  // each simulation takes seconds to minutes: say what comes before the first one ends
+    std::fprintf(stderr,
+                 "plan: simulating %zu candidates, %d at a time; each estimates its cost first and is refused past "
+                 "its budget (--max-sim-seconds, default 600 s; its estimate: %s/<candidate>/stderr.txt)\n",
+                 sims.size(), jobs, dir.c_str());
+  simulate_all(sims, jobs, dir, budget_flags);
   const double sim_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   const std::vector<size_t> order = simulated_order(sims);
   const int best = !order.empty() && tier(sims[order.front()]) == 0 ? static_cast<int>(order.front()) : -1;
@@ -359,8 +370,13 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     return 2;
   }
   if (best < 0) {  // exit 1, as a search that finds nothing runnable; plan.json says what was tried
-    std::printf("wrote %s/plan.json; no %s candidate fits in memory\n", out_dir.c_str(),
-                none_fit ? "estimated" : "simulated");
+    const bool none_ran =
+        !none_fit && std::all_of(sims.begin(), sims.end(), [](const Simulation& s) { return !s.error.empty(); });
+    if (none_ran)
+      std::printf("wrote %s/plan.json; no candidate could be simulated (each one's error is above)\n", out_dir.c_str());
+    else
+      std::printf("wrote %s/plan.json; no %s candidate fits in memory\n", out_dir.c_str(),
+                  none_fit ? "estimated" : "simulated");
     return 1;
   }
   nlohmann::json winner = scenario_to_json(sims[best].scenario);
@@ -382,7 +398,23 @@ std::string self_exe() {
 }
 }  // namespace
 
-void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const std::function<void(std::size_t)>& done) {
+namespace {
+
+// The last non-empty line of a child's stderr (its refusal or error), at most 400 characters; "" if none.
+std::string last_line(const fs::path& path) {
+  auto text = read_text_file(path.string(), 1 << 20);
+  if (!text.ok()) return "";
+  std::string t = *text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
+  const std::size_t nl = t.rfind('\n');
+  std::string line = nl == std::string::npos ? t : t.substr(nl + 1);
+  return line.size() > 400 ? line.substr(0, 400) + "..." : line;
+}
+
+}  // namespace
+
+void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const std::function<void(std::size_t)>& done,
+                          const std::vector<std::string>& flags) {
   const std::string exe = self_exe();
   std::map<pid_t, std::size_t> running;
   auto reap_one = [&] {
@@ -392,8 +424,11 @@ void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const st
     if (it == running.end()) return;
     const std::size_t i = it->second;
     running.erase(it);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !fs::exists(runs[i].out / "summary.json"))
-      runs[i].error = "simulation failed (see " + (runs[i].out / "stderr.txt").string() + ")";
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !fs::exists(runs[i].out / "summary.json")) {
+      const std::string why = last_line(runs[i].out / "stderr.txt");
+      runs[i].error =
+          "simulation failed (" + (runs[i].out / "stderr.txt").string() + ")" + (why.empty() ? "" : ": " + why);
+    }
     if (done) done(i);
   };
   for (std::size_t next = 0; next < runs.size(); ++next) {
@@ -415,6 +450,7 @@ void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const st
     posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), kNew, 0644);
     std::vector<std::string> args = {exe, "simulate", file.string(), "--out", run.out.string(), "--timeline-ranks",
                                      "8"};
+    args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

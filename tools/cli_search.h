@@ -13,7 +13,9 @@ namespace hzp::cli {
 
 // Returns the exit code. `top_k` candidates (plus every fitting preset) are simulated, `jobs` at a time,
 // each in its own `hzp simulate` process. `out_dir` receives plan.json, best.json and candidates/.
-int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir);
+// `budget_flags` (--max-sim-seconds S, --max-sim-GiB G) go to every candidate's simulation.
+int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir,
+                    const std::vector<std::string>& budget_flags);
 
 // One `hzp simulate` of `scenario` into `out` (its scenario.json, summary.json, timeline, stdout.txt and
 // stderr.txt), in a child process: one SimGrid engine per process.
@@ -22,7 +24,9 @@ struct ChildSimulation {
   std::filesystem::path out;  // exists
   std::string error;          // set when the simulation could not run or failed
 };
-// Runs them `jobs` at a time; `done(i)` is called as each ends (in this thread).
-void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const std::function<void(std::size_t)>& done);
+// Runs them `jobs` at a time, each `hzp simulate ... FLAGS` (a budget: --max-sim-seconds S); `done(i)` is
+// called as each ends (in this thread). A failed run's error ends with the last line it wrote on stderr.
+void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const std::function<void(std::size_t)>& done,
+                          const std::vector<std::string>& flags = {});
 
 }  // namespace hzp::cli
