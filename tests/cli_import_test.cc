@@ -249,6 +249,13 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
     int gpus;
     const char* expect;
   };
+  // A one-rank profile whose distributedInfo says (rank, world_size).
+  const auto with_info = [&](const nlohmann::json& rank, const nlohmann::json& world_size) {
+    nlohmann::json d = good.done(0, 2);
+    d["distributedInfo"]["rank"] = rank;
+    d["distributedInfo"]["world_size"] = world_size;
+    return d.dump();
+  };
   const std::vector<Case> cases = {
       {{truncated}, 1, "gzip stream truncated"},
       {{write("not_profile.json", R"({"a": 1})")}, 1, "no traceEvents array"},
@@ -262,15 +269,15 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
        "distributedInfo.rank 0 where rank 1 was expected"},
       {{write("bad_rank.json", good.done(3, 2).dump())}, 1, "distributedInfo"},
       // A rank past 32 bits was read as rank 0; a world_size that is not the scenario's passed unnoticed.
-      {{write("huge_rank.json",
-              [&] {
-                nlohmann::json d = good.done(0, 2);
-                d["distributedInfo"]["rank"] = 1LL << 40;
-                d["distributedInfo"]["world_size"] = -1;
-                return d.dump();
-              }())},
+      {{write("huge_rank.json", with_info(1LL << 40, -1))},
        1,
-       "rank 1099511627776"},
+       "distributedInfo.rank: expected a whole number in [0, 1000000], got 1099511627776"},
+      // A present rank that is not a whole number in range was read as "no rank recorded".
+      {{write("rank_minus1.json", with_info(-1, 2))},
+       1,
+       "distributedInfo.rank: expected a whole number in [0, 1000000], got -1"},
+      {{write("rank_half.json", with_info(1.5, 2))}, 1, "got 1.5"},
+      {{write("rank_text.json", with_info("1", 0))}, 1, "got \"1\""},
       {{write("w64_r0.json", good.done(0, 64).dump()), write("w64_r1.json", good.done(1, 64).dump())},
        2,
        "distributedInfo.world_size 64, but the scenario has 2 ranks"},

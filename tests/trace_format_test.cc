@@ -81,6 +81,20 @@ TEST_CASE("trace format: bad traces name the event and the field", "[trace][erro
   t = good;
   t["events"][3]["stream"] = "warp";
   CHECK_THAT(error_of(t), Catch::Contains("trace.events[3].stream: is not one of the trace's streams"));
+  // Names are shown as they are in messages: control characters in one are refused, not echoed raw.
+  t = good;
+  t["streams"][0] = "comp\x1b[2Jute";
+  CHECK_THAT(error_of(t),
+             Catch::Contains("trace.streams[0]: must be 1 to 128 bytes of printable text, got \"comp\\x1b[2Jute\""));
+  t = good;
+  t["groups"][0]["role"] = "dp\n";
+  CHECK_THAT(error_of(t), Catch::Contains("trace.groups[0].role: must be 1 to 128 bytes of printable text"));
+  t = good;
+  t["pools"][0] = "";
+  CHECK_THAT(error_of(t), Catch::Contains("trace.pools[0]: must be 1 to 128 bytes of printable text"));
+  t = good;
+  t["scenario"] = "tiny\r";
+  CHECK_THAT(error_of(t), Catch::Contains("trace.scenario: must be 1 to 128 bytes of printable text"));
   t = good;
   t["events"][5]["rank"] = 9;
   CHECK_THAT(error_of(t), Catch::Contains("trace.events[5].rank: must be in [0, 3]"));

@@ -274,6 +274,15 @@ Result<std::string> trace_json_text(const Trace& t, std::size_t max_bytes) {
 
 namespace {
 
+// A name the trace gives (scenario, policy, stream, group role, pool) is shown in messages and reports as
+// it is, so it must be plain text that printable() leaves alone (the rule of a scenario's labels): a stream
+// named with terminal escapes reached the terminal raw in replay's errors.
+Status check_name(const Fields& f, const std::string& key, const std::string& name) {
+  if (!name.empty() && name.size() <= 128 && printable(name, 128) == name) return Status::Ok();
+  const std::string rule = "must be 1 to 128 bytes of printable text";
+  return f.bad(key, f.find(key) != nullptr ? rule : rule + ", got " + quoted(name, 40));
+}
+
 // The trace's header: format, version, scenario, policy, world.
 Status read_trace_header(const json& doc, const Fields& top, Trace& t) {
   // Only the format's keys: a typo, or megabytes under a key nobody reads, is refused, as in a scenario.
@@ -291,7 +300,9 @@ Status read_trace_header(const json& doc, const Fields& top, Trace& t) {
   if (version != kTraceVersion)
     return top.bad("version", "this hzp reads version " + std::to_string(kTraceVersion) + " only");
   HZP_ASSIGN_OR_RETURN(t.scenario, top.string("scenario"));
+  HZP_RETURN_IF_ERROR(check_name(top, "scenario", t.scenario));
   HZP_ASSIGN_OR_RETURN(t.policy, top.string("policy"));
+  HZP_RETURN_IF_ERROR(check_name(top, "policy", t.policy));
   if (const json* sc = top.find("scenario_config"); sc == nullptr || !sc->is_object())
     return top.bad("scenario_config", "must be the resolved scenario object");
   t.scenario_config = doc["scenario_config"];
@@ -321,6 +332,7 @@ Status read_trace_tables(const Fields& top, Trace& t) {
   for (std::size_t i = 0; i < streams->size(); ++i) {
     if (!(*streams)[i].is_string()) return top.bad("streams", "element " + std::to_string(i) + " is not a string");
     t.streams.push_back((*streams)[i].get<std::string>());
+    HZP_RETURN_IF_ERROR(check_name(top, "streams[" + std::to_string(i) + "]", t.streams.back()));
   }
   const json* groups = top.find("groups");
   if (groups == nullptr || !groups->is_array()) return top.bad("groups", "must be an array");
@@ -334,6 +346,7 @@ Status read_trace_tables(const Fields& top, Trace& t) {
       return f.bad("index", "must equal the group's position " + std::to_string(g));
     TraceGroup group;
     HZP_ASSIGN_OR_RETURN(group.role, f.string("role"));
+    HZP_RETURN_IF_ERROR(check_name(f, "role", group.role));
     const json* ranks = f.find("ranks");
     if (ranks == nullptr || !ranks->is_array() || ranks->empty() || ranks->size() > static_cast<std::size_t>(world))
       return f.bad("ranks", "must be an array of 1 to world_size ranks");
@@ -349,6 +362,7 @@ Status read_trace_tables(const Fields& top, Trace& t) {
     for (const json& p : *pools) {
       if (!p.is_string()) return top.bad("pools", "holds a non-string");
       t.pools.push_back(p.get<std::string>());
+      HZP_RETURN_IF_ERROR(check_name(top, "pools[" + std::to_string(t.pools.size() - 1) + "]", t.pools.back()));
     }
   }
   return Status::Ok();
@@ -428,6 +442,7 @@ Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& i
     auto p = index.pool.find(pool);
     if (p == index.pool.end()) {
       if (index.pool_table || index.pool.size() >= 64) return f.bad("pool", "is not one of the trace's pools");
+      HZP_RETURN_IF_ERROR(check_name(f, "pool", pool));
       p = index.pool.emplace(pool, static_cast<int>(t.pools.size())).first;
       t.pools.push_back(pool);
     }

@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <variant>
 
 #include "shared/base/files.h"
@@ -153,12 +154,18 @@ namespace {
 // distributedInfo (rank, world size) and deviceProperties[0].name.
 Status read_header(const json& doc, const std::string& shown, KinetoProfile& p) {
   if (auto d = doc.find("distributedInfo"); d != doc.end() && d->is_object()) {
-    // Read as 64 bits and checked before narrowing: a rank of 2^40 read as an int was rank 0.
+    // Read as 64 bits and checked before narrowing: a rank of 2^40 read as an int was rank 0. A field that is
+    // present must be a whole number in range: a rank of -1, 1.5 or "1" was read as "no rank recorded".
     long long rank = p.rank, world_size = p.world_size;
-    if (auto r = d->find("rank"); r != d->end() && r->is_number_integer()) rank = r->get<long long>();
-    if (auto w = d->find("world_size"); w != d->end() && w->is_number_integer()) world_size = w->get<long long>();
-    if (rank < -1 || rank > 1'000'000 || world_size < -1 || world_size > 1'000'000 ||
-        (rank >= 0 && world_size > 0 && rank >= world_size))
+    for (auto [key, value, lowest] : {std::tuple{"rank", &rank, 0LL}, std::tuple{"world_size", &world_size, 1LL}}) {
+      auto f = d->find(key);
+      if (f == d->end()) continue;
+      if (!f->is_number_integer() || f->get<long long>() < lowest || f->get<long long>() > 1'000'000)
+        return Status::InvalidInput(shown + ": distributedInfo." + key + ": expected a whole number in [" +
+                                    std::to_string(lowest) + ", 1000000], got " + printable(f->dump(), 60));
+      *value = f->get<long long>();
+    }
+    if (rank >= 0 && world_size > 0 && rank >= world_size)
       return Status::InvalidInput(shown + ": distributedInfo: rank " + std::to_string(rank) + " of world_size " +
                                   std::to_string(world_size) + " is not a rank of that world");
     p.rank = static_cast<int>(rank);
