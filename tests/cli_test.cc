@@ -429,9 +429,28 @@ TEST_CASE("plan --search: each candidate's simulation runs under the budget give
           "--max-sim-seconds 0.001 --out '" + out.string() + "'");
   INFO(r.out << r.err);
   CHECK(r.code == 1);
+  CHECK(r.err.rfind("plan: estimated 0/", 0) == 0);  // progress by candidate, from the first
   CHECK(r.err.find("plan: simulating") != std::string::npos);
   CHECK(r.out.find("past the budget of 0.001 s") != std::string::npos);
   CHECK(r.out.find("no candidate could be simulated") != std::string::npos);
   CHECK(std::filesystem::exists(out / "plan.json"));
   CHECK_FALSE(std::filesystem::exists(out / "best.json"));
+}
+
+TEST_CASE("plan --search at 131,072 GPUs says how long its analytic search takes before it starts", "[cli][planner]") {
+  // The search took 5 minutes there, silent for the first 2 (issue 35's sixth attack). Stopped after 30 s: the
+  // lines come before the first candidate is estimated, whatever the machine's speed.
+  const auto dir = scratch_dir();
+  const std::string err = (dir / "plan_131k.stderr").string();
+  const int status = std::system(("timeout 30 '" + std::string(HZP_BINARY) + "' plan '" + kRoot +
+                                  "/scenarios/dense/llama2-7b-a800-64-zero3.json' --search --set cluster.nodes=16384 "
+                                  "--set training.global_batch_sequences=131072 --out '" +
+                                  (dir / "plan_131k").string() + "' >/dev/null 2>'" + err + "'")
+                                     .c_str());
+  RunResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = slurp(err);
+  INFO(r.out << r.err);
+  CHECK(r.err.find("plan: estimating 5832 sharding candidates over 131072 ranks, about 0:0") != std::string::npos);
+  CHECK(r.err.find("plan: estimated 0/5832 sharding candidates") != std::string::npos);
 }

@@ -21,7 +21,7 @@ inline std::string clock_text(double seconds) {
 
 class ProgressLine {
  public:
-  // "plan: searched %lld/%lld training settings" is `what` = "plan: searched", `unit` = "training settings".
+  // "plan: estimated %lld/%lld sharding candidates" is `what` = "plan: estimated", `unit` = "sharding candidates".
   ProgressLine(std::string what, std::string unit, double log_interval_s = 10.0)
       : what_(std::move(what)),
         unit_(std::move(unit)),

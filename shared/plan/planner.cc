@@ -25,10 +25,19 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
       doc["training"]["recompute"] = to_string(r);
       if (Result<Scenario> v = parse_scenario(doc, scenario.name); v.ok()) variants.push_back(std::move(v).value());
     }
+  // Progress by candidate, from the first (every setting has as many): at 131,072 GPUs a setting takes
+  // minutes, and reporting by setting left the command silent that long.
+  const long long per_setting =
+      static_cast<long long>(valid_shardings(scenario.mesh.replica.ranks_per_node, scenario.mesh.replica.nodes).size() *
+                             options.prefetch_depths.size() * options.separate_streams.size());
+  const long long total = per_setting * static_cast<long long>(variants.size());
+  if (progress) progress(0, total);
   SearchResult all;
   for (std::size_t i = 0; i < variants.size(); ++i) {
-    HZP_ASSIGN_OR_RETURN(SearchResult r, search_policies(variants[i], options));
-    if (progress) progress(static_cast<long long>(i + 1), static_cast<long long>(variants.size()));
+    const long long before = per_setting * static_cast<long long>(i);
+    HZP_ASSIGN_OR_RETURN(SearchResult r, search_policies(variants[i], options, [&](long long done, long long) {
+                           if (progress) progress(before + std::min(done, per_setting), total);
+                         }));
     all.candidates += r.candidates;
     all.shardings = r.shardings;
     all.estimated += r.estimated;

@@ -16,7 +16,8 @@ namespace hzp {
 // search_policies over the scenario under every micro-batch in `micro_batches` that splits its global batch
 // and every recomputation setting (the scenario's own first), merged and ranked as one list: what
 // `hzp plan --search` ranks, so that the ZeRO family and the ND search choose micro-batch and
-// recomputation alike. The counts add up over the settings; `shardings` is per setting.
+// recomputation alike. The counts add up over the settings; `shardings` is per setting. `progress(done,
+// total)` counts candidates: once with 0 before the first is estimated, then now and then.
 Result<SearchResult> search_policies_and_training(const Scenario& scenario, const SearchOptions& options,
                                                   const std::vector<long long>& micro_batches,
                                                   const std::function<void(long long, long long)>& progress = {});
