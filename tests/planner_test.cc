@@ -11,6 +11,7 @@
 #include "shared/compile/compile.h"
 #include "shared/plan/plan.h"
 #include "shared/plan/planner.h"
+#include "shared/scenario/pipeline_split.h"
 #include "shared/scenario/presets.h"
 
 using namespace hzp;
@@ -98,6 +99,39 @@ TEST_CASE("the ND search takes the least recomputation that fits and accounts fo
   }
   const ParallelSpec& best = r.ranked.front().scenario.policy.parallel;
   CHECK(best.tensor * best.pipeline > 1);
+}
+
+TEST_CASE("the ND search splits layers unevenly where the stages cannot hold them evenly", "[planner][nd]") {
+  // 30 layers: 4 stages cannot hold them evenly; the embedding and loss counted make 32 (8 per stage, 7 in
+  // the first and last), and 8 per middle stage leaves 14 for the ends (7 + 7).
+  std::vector<ParallelSpec> splits = layer_splits(30, 4, 1);
+  REQUIRE(splits.size() == 2);
+  CHECK(chunk_layers(30, splits[0]).value() == std::vector<int>{7, 8, 8, 7});
+  CHECK(splits[0].account_for_embedding_in_split);
+  CHECK(chunk_layers(30, splits[1]).value() == std::vector<int>{7, 8, 8, 7});
+  CHECK(splits[1].layers_in_first_stage == 7);
+  CHECK(layer_splits(32, 4, 2).size() == 1);  // the even split only
+  CHECK(layer_splits(31, 2, 1).size() == 1);  // 33 does not split in two: the embedding alone
+  CHECK(layer_splits(31, 2, 1)[0].account_for_embedding_in_split);
+  CHECK_FALSE(layer_splits(31, 2, 1)[0].account_for_loss_in_split);
+  // 26 layers of LLaMA-2 7B's width over 2 nodes: pipeline 4 is searched, as the embedding and loss counted
+  // (28 / 4 = 7) and as 6 + 7 + 7 + 6.
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero1", 4096, 32);
+  doc["model"]["layers"] = 26;
+  const Scenario s = scenario_from(doc);
+  NdSearchOptions options;
+  options.micro_batches = {1};
+  options.max_virtual_stages = 1;
+  auto found = search_nd(s, options);
+  REQUIRE(found.ok());
+  std::set<std::string> uneven;
+  for (const SearchCandidate& c : found->ranked)
+    if (c.scenario.policy.parallel.pipeline == 4 && c.scenario.policy.parallel.tensor == 1)
+      uneven.insert(describe_nd(c.scenario));
+  CHECK(uneven ==
+        std::set<std::string>{
+            "tensor 1 x pipeline 4 with 6 + 6 layers in the first + last stage, micro-batch 1, recompute none",
+            "tensor 1 x pipeline 4 with the embedding and loss counted as layers, micro-batch 1, recompute none"});
 }
 
 TEST_CASE("the ND search tries context parallelism for long sequences only", "[planner][nd]") {

@@ -6,6 +6,7 @@
 #include "shared/compile/compile.h"
 #include "shared/model/model_math.h"
 #include "shared/scenario/mesh.h"
+#include "shared/scenario/pipeline_split.h"
 #include "shared/scenario/presets.h"
 #include "shared/scenario/scenario_parser.h"
 #include "shared/schedule/sharding.h"
@@ -51,6 +52,35 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
   return all;
 }
 
+std::vector<ParallelSpec> layer_splits(int layers, int pipeline, int virtual_stages) {
+  ParallelSpec even;
+  even.pipeline = pipeline;
+  even.virtual_stages = virtual_stages;
+  if (chunk_layers(layers, even).ok()) return {even};
+  std::vector<ParallelSpec> out;
+  // The embedding and/or the loss counted as layers (the first that splits), as LLaMA-3's 126 over 16 stages.
+  for (auto [embedding, loss] : {std::pair{true, true}, {true, false}, {false, true}}) {
+    ParallelSpec counted = even;
+    counted.account_for_embedding_in_split = embedding;
+    counted.account_for_loss_in_split = loss;
+    if (chunk_layers(layers, counted).ok()) {
+      out.push_back(counted);
+      break;
+    }
+  }
+  // Or the middle stages rounded up to whole chunks, the rest split between the first and the last stage.
+  if (pipeline >= 3) {
+    const int v = virtual_stages;
+    const int middle = ((layers + pipeline - 1) / pipeline + v - 1) / v * v;
+    const int rest = layers - middle * (pipeline - 2);
+    ParallelSpec ends = even;
+    ends.layers_in_first_stage = rest / 2 / v * v;
+    ends.layers_in_last_stage = rest - ends.layers_in_first_stage;
+    if (ends.layers_in_first_stage > 0 && chunk_layers(layers, ends).ok()) out.push_back(ends);
+  }
+  return out;
+}
+
 std::string describe_nd(const Scenario& s) {
   const ParallelSpec& p = s.policy.parallel;
   std::string out = "tensor " + std::to_string(p.tensor) + " x pipeline " + std::to_string(p.pipeline);
@@ -64,6 +94,15 @@ std::string describe_nd(const Scenario& s) {
     if (p.sequence_parallel) out += "sequence parallel";
     out += ")";
   }
+  if (p.layers_in_first_stage > 0 || p.layers_in_last_stage > 0)
+    out += " with " + std::to_string(p.layers_in_first_stage) + " + " + std::to_string(p.layers_in_last_stage) +
+           " layers in the first + last stage";
+  if (p.account_for_embedding_in_split || p.account_for_loss_in_split)
+    out += std::string(" with the ") +
+           (p.account_for_embedding_in_split && p.account_for_loss_in_split ? "embedding and loss"
+            : p.account_for_embedding_in_split                              ? "embedding"
+                                                                            : "loss") +
+           " counted as layers";
   return out + ", micro-batch " + std::to_string(s.training.micro_batch) + ", recompute " +
          to_string(s.training.recompute);
 }
@@ -77,18 +116,24 @@ Result<SearchResult> search_nd(const Scenario& scenario, const NdSearchOptions& 
     if (c.gpus_per_node % t != 0 || tensor_unsplit_field(m, t) != nullptr) continue;
     for (int p = 1; p <= std::min(options.max_pipeline, m.layers); ++p) {
       if (!make_mesh(c, ParallelSpec{t, p, 1, false}).ok()) continue;
-      for (int v = 1; v <= (p > 1 ? options.max_virtual_stages : 1); ++v) {
-        if (m.layers % (p * v) != 0) continue;
-        for (int cp = 1; cp <= options.max_context; cp *= 2) {
-          const std::int64_t seq = scenario.training.seq_len;
-          if (cp > 1 && (seq % (2 * cp) != 0 || seq / cp < options.min_context_tokens)) break;
-          for (ContextComm comm : {ContextComm::kRing, ContextComm::kAllToAll}) {
-            if (comm == ContextComm::kAllToAll && (cp == 1 || ulysses_unsplit_heads(m, t, cp) != nullptr)) continue;
-            for (bool sp : {false, true})
-              if (!sp || t > 1) meshes.push_back({t, p, v, sp, cp, comm});
+      for (int v = 1; v <= (p > 1 ? options.max_virtual_stages : 1); ++v)
+        for (const ParallelSpec& split : layer_splits(m.layers, p, v))
+          for (int cp = 1; cp <= options.max_context; cp *= 2) {
+            const std::int64_t seq = scenario.training.seq_len;
+            if (cp > 1 && (seq % (2 * cp) != 0 || seq / cp < options.min_context_tokens)) break;
+            for (ContextComm comm : {ContextComm::kRing, ContextComm::kAllToAll}) {
+              if (comm == ContextComm::kAllToAll && (cp == 1 || ulysses_unsplit_heads(m, t, cp) != nullptr)) continue;
+              for (bool sp : {false, true})
+                if (!sp || t > 1) {
+                  ParallelSpec mesh = split;
+                  mesh.tensor = t;
+                  mesh.sequence_parallel = sp;
+                  mesh.context = cp;
+                  mesh.context_comm = comm;
+                  meshes.push_back(mesh);
+                }
+            }
           }
-        }
-      }
     }
   }
   const Recompute recomputes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};

@@ -22,10 +22,16 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
                                                   const std::vector<long long>& micro_batches,
                                                   const std::function<void(long long, long long)>& progress = {});
 
+// The layer splits the ND search tries for pipeline x virtual_stages chunks (pipeline_split.h): the even one
+// when the chunks divide the layers; otherwise the embedding and/or loss counted as layers (the first of
+// both, the embedding, the loss that splits) and the middle stages rounded up to whole chunks with the rest
+// in the first and last stage, those that split. Empty when none does.
+std::vector<ParallelSpec> layer_splits(int layers, int pipeline, int virtual_stages);
+
 // ND plans (Megatron-style): every (tensor, pipeline, virtual_stages, sequence_parallel, context,
 // micro_batch) the model and cluster allow (the parser's rules: tensor inside a node dividing heads and widths, stages
-// whole nodes or equal parts of one, layers dividing into pipeline x virtual_stages chunks, the global batch into
-// micro-batches of the data axis), each with the least recomputation that fits (none, then selective, then
+// whole nodes or equal parts of one, the layers split over pipeline x virtual_stages chunks (layer_splits), the global
+// batch into micro-batches of the data axis), each with the least recomputation that fits (none, then selective, then
 // full), the data axis sharded as ZeRO-1 (Megatron's distributed optimizer), everything else as the
 // scenario says. Ranked like search_policies; `candidates` counts the combinations, rejected_memory those
 // that fit under no recomputation, rejected_invalid those the parser refuses.

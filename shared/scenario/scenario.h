@@ -311,6 +311,11 @@ struct ParallelSpec {
   bool sequence_parallel = false;
   int context = 1;
   ContextComm context_comm = ContextComm::kRing;
+  // Uneven pipeline stages (pipeline_split.h): 0 = the even split.
+  int layers_in_first_stage = 0;
+  int layers_in_last_stage = 0;
+  bool account_for_embedding_in_split = false;
+  bool account_for_loss_in_split = false;
   bool operator==(const ParallelSpec&) const = default;
 };
 

@@ -26,6 +26,7 @@
 #include "shared/scenario/hf_config.h"
 #include "shared/scenario/mesh.h"
 #include "shared/scenario/overrides.h"
+#include "shared/scenario/pipeline_split.h"
 #include "shared/scenario/presets.h"
 
 namespace hzp {
@@ -743,7 +744,7 @@ Status parse_global_batch(const ObjectReader& r, const ModelSpec& model, int dat
                                    ") x data-parallel size (" + std::to_string(data_parallel) + ")");
   // The schedule holds every (unit, micro-batch) pass of a step: bound it.
   const std::int64_t micro_batches = t.global_batch / per_step;
-  const int stage_units = model.layers / pipeline + 2;
+  const int stage_units = (model.layers + pipeline - 1) / pipeline + 2;  // a stage's, about (uneven stages differ)
   if (micro_batches > range::kMicroBatchesPerStep || micro_batches * stage_units > range::kUnitPasses)
     return invalid(batch_path, shown + " makes " + std::to_string(micro_batches) + " micro-batches per step of " +
                                    std::to_string(stage_units) + " units each, more than the " +
@@ -795,11 +796,13 @@ Result<RunSpec> parse_run(const json& value) {
 
 // policy.parallel: tensor / pipeline / virtual_stages / sequence_parallel / context, checked against the
 // model and the node (Megatron-LM's own requirements: heads, KV heads and MLP widths split evenly over tensor,
-// the layers evenly over pipeline x virtual_stages; the sequence into 2 x context chunks, checked with the
-// training block).
+// the layers over pipeline x virtual_stages as pipeline_split.h says; the sequence into 2 x context chunks, checked
+// with the training block).
 Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec& model, const ClusterSpec& cluster) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r, policy.child("parallel", {"tensor", "pipeline", "virtual_stages",
-                                                                 "sequence_parallel", "context", "context_comm"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader r,
+                       policy.child("parallel", {"tensor", "pipeline", "virtual_stages", "sequence_parallel", "context",
+                                                 "context_comm", "layers_in_first_stage", "layers_in_last_stage",
+                                                 "account_for_embedding_in_split", "account_for_loss_in_split"}));
   ParallelSpec p;
   HZP_RETURN_IF_ERROR(r.read_int("tensor", p.tensor, 1, range::kGpusPerNode));
   HZP_RETURN_IF_ERROR(r.read_int("pipeline", p.pipeline, 1, range::kLayers));
@@ -807,6 +810,10 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
   HZP_RETURN_IF_ERROR(r.read_bool("sequence_parallel", p.sequence_parallel));
   HZP_RETURN_IF_ERROR(r.read_int("context", p.context, 1, range::kWorld));
   HZP_RETURN_IF_ERROR(r.read_enum("context_comm", p.context_comm, {ContextComm::kRing, ContextComm::kAllToAll}));
+  HZP_RETURN_IF_ERROR(r.read_int("layers_in_first_stage", p.layers_in_first_stage, 0, range::kLayers));
+  HZP_RETURN_IF_ERROR(r.read_int("layers_in_last_stage", p.layers_in_last_stage, 0, range::kLayers));
+  HZP_RETURN_IF_ERROR(r.read_bool("account_for_embedding_in_split", p.account_for_embedding_in_split));
+  HZP_RETURN_IF_ERROR(r.read_bool("account_for_loss_in_split", p.account_for_loss_in_split));
   const int t = p.tensor;
   if (cluster.gpus_per_node % t != 0)
     return invalid(r.path_of("tensor"),
@@ -823,15 +830,10 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
   if (p.sequence_parallel && t == 1)
     return invalid(r.path_of("sequence_parallel"), "needs tensor > 1 (it splits what tensor parallelism replicates)",
                    r.at("sequence_parallel"));
-  const long long chunks = static_cast<long long>(p.pipeline) * p.virtual_stages;
   if (p.virtual_stages > 1 && p.pipeline == 1)
     return invalid(r.path_of("virtual_stages"), "needs pipeline > 1 (it interleaves pipeline stages)",
                    p.virtual_stages);
-  if (model.layers % chunks != 0)
-    return invalid(r.path_of(p.virtual_stages > 1 ? "virtual_stages" : "pipeline"),
-                   "pipeline x virtual_stages (" + std::to_string(chunks) + ") must divide the " +
-                       std::to_string(model.layers) + " layers",
-                   p.virtual_stages > 1 ? p.virtual_stages : p.pipeline);
+  HZP_RETURN_IF_ERROR(chunk_layers(model.layers, p).status());  // the layers split over the stages
   return p;
 }
 
@@ -1269,7 +1271,11 @@ nlohmann::json parallel_to_json(const ParallelSpec& p) {
           {"virtual_stages", p.virtual_stages},
           {"sequence_parallel", p.sequence_parallel},
           {"context", p.context},
-          {"context_comm", to_string(p.context_comm)}};
+          {"context_comm", to_string(p.context_comm)},
+          {"layers_in_first_stage", p.layers_in_first_stage},
+          {"layers_in_last_stage", p.layers_in_last_stage},
+          {"account_for_embedding_in_split", p.account_for_embedding_in_split},
+          {"account_for_loss_in_split", p.account_for_loss_in_split}};
 }
 
 nlohmann::json scenario_to_json(const Scenario& s) {

@@ -8,6 +8,7 @@
 #include <array>
 #include <utility>
 
+#include "shared/scenario/pipeline_split.h"
 #include "shared/schedule/module_ops.h"
 #include "shared/schedule/program_builder.h"
 #include "shared/schedule/sharding.h"
@@ -21,12 +22,12 @@ using namespace schedule_detail;
 class DataParallelBuilder {
  public:
   DataParallelBuilder(const Scenario& scenario, const ModelCost& cost, const SchedulerOptions& options,
-                      Schedule& schedule, int stage)
+                      Schedule& schedule, int stage, const std::vector<int>& chunk_layers)
       : scenario_(scenario),
         overlap_(scenario.policy.overlap),
         refresh_stream_(options.dedicated_refresh_stream ? StreamKind::kParamRefresh : StreamKind::kReplicaSync),
         schedule_(schedule),
-        layout_(scenario, cost, options, schedule, stage) {}
+        layout_(scenario, cost, options, schedule, stage, chunk_layers) {}
 
   // Appends this stage's program to the schedule (whose groups lay_out_groups has set).
   void build() {
@@ -452,8 +453,11 @@ Result<Schedule> build_data_parallel_schedule(const Scenario& scenario, const Mo
   Schedule schedule;
   schedule.policy = scenario.policy.preset;
   HZP_RETURN_IF_ERROR(lay_out_groups(scenario, options, schedule));
+  HZP_ASSIGN_OR_RETURN(const std::vector<int> split, chunk_layers(scenario.model.layers, scenario.policy.parallel));
+  if (static_cast<int>(split.size()) != scenario.mesh.pipeline * scenario.policy.parallel.virtual_stages)
+    return Status::Internal("schedule: policy.parallel.pipeline differs from the mesh's");
   for (int stage = 0; stage < scenario.mesh.pipeline; ++stage)
-    DataParallelBuilder(scenario, cost, options, schedule, stage).build();
+    DataParallelBuilder(scenario, cost, options, schedule, stage, split).build();
   return schedule;
 }
 

@@ -6,7 +6,7 @@
 namespace hzp::schedule_detail {
 
 StageLayout::StageLayout(const Scenario& scenario, const ModelCost& cost, const SchedulerOptions& options,
-                         Schedule& schedule, int stage)
+                         Schedule& schedule, int stage, const std::vector<int>& chunk_layers)
     : scenario(scenario),
       schedule(schedule),
       stage(stage),
@@ -23,6 +23,8 @@ StageLayout::StageLayout(const Scenario& scenario, const ModelCost& cost, const 
       act_bytes(static_cast<std::int64_t>(scenario.training.micro_batch * scenario.training.seq_len /
                                           scenario.mesh.context * scenario.model.hidden * dtype_bytes(dtype))),
       bucket_base(static_cast<int>(schedule.buckets.size())) {
+  chunk_begin.assign(1, 0);
+  for (int n : chunk_layers) chunk_begin.push_back(chunk_begin.back() + n);
   lay_out_units_and_buckets(cost, schedule);
   plan_visits(options);
 }

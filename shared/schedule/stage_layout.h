@@ -3,6 +3,7 @@
 // interleaved), and the sizes every op of the stage is made with.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -49,8 +50,9 @@ struct Visit {
 struct StageLayout {
   // Lays out `stage` of the scenario (whose groups are in `schedule`) and records its units, buckets and
   // resident state bytes in `schedule`.
+  // `chunk_layers`: the transformer layers of each model chunk (pipeline_split.h).
   StageLayout(const Scenario& scenario, const ModelCost& cost, const SchedulerOptions& options, Schedule& schedule,
-              int stage);
+              int stage, const std::vector<int>& chunk_layers);
 
   const Scenario& scenario;
   const Schedule& schedule;
@@ -65,6 +67,7 @@ struct StageLayout {
   const std::int64_t act_bytes;  // one micro-batch's activations between blocks (b·s·h / context elements)
   const int bucket_base;         // this stage's first bucket in Schedule::buckets
 
+  std::vector<int> chunk_begin;  // [chunk]: the chunk's first transformer layer; [chunks]: the layer count
   std::vector<Unit> units;
   std::vector<Bucket> buckets;
   std::vector<std::array<int, 2>> bucket_of;  // [unit][kind] -> bucket
@@ -77,13 +80,13 @@ struct StageLayout {
     const int layers = scenario.model.layers;
     if (unit == 0) return 0;
     if (unit == layers + 1) return chunks - 1;
-    return (unit - 1) / (layers / chunks);
+    return static_cast<int>(std::upper_bound(chunk_begin.begin(), chunk_begin.end(), unit - 1) - chunk_begin.begin()) -
+           1;
   }
   bool on_stage(int unit) const { return chunk_of(unit) % scenario.mesh.pipeline == stage; }
-  int first_unit(int chunk) const { return chunk == 0 ? 0 : unit_of_layer(chunk * (scenario.model.layers / chunks)); }
+  int first_unit(int chunk) const { return chunk == 0 ? 0 : unit_of_layer(chunk_begin[chunk]); }
   int last_unit(int chunk) const {
-    return chunk == chunks - 1 ? scenario.model.layers + 1
-                               : unit_of_layer((chunk + 1) * (scenario.model.layers / chunks) - 1);
+    return chunk == chunks - 1 ? scenario.model.layers + 1 : unit_of_layer(chunk_begin[chunk + 1] - 1);
   }
   const StateSharding& kind(int k) const { return schedule.states[k]; }
   std::int64_t param_bytes(std::int64_t params) const { return static_cast<std::int64_t>(params * state.param); }
