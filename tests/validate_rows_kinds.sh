@@ -8,7 +8,8 @@
 # throughput is the one-node one) and names the policy each must become (expect_policy): every one is
 # translated to it and simulated, calibrated on its own one-node row; two 70B rows with no one-node row of
 # their own calibrate on the nearest one-node run of their GPU and framework (FP8 NeMo: R297) or, with a
-# framework no row ran, on the preset's table efficiencies; a Mixtral 8x7B row (pp 4, ep 8) becomes a MoE
+# framework no row ran, on the preset's table efficiencies (one of them with 78 layers, split over its 4 x 5
+# chunks with the embedding and loss counted as layers); a Mixtral 8x7B row (pp 4, ep 8) becomes a MoE
 # model with expert parallelism. The torchtitan and Megatron-FSDP rows reduce their gradients in fp32.
 # Usage: bash tests/validate_rows_kinds.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac

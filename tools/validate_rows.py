@@ -141,6 +141,19 @@ class Layout:
             self.parallel["pipeline"] = self.pp
             if self.vpp > 1:
                 self.parallel["virtual_stages"] = self.vpp
+            chunks = self.pp * self.vpp
+            layers = leading_int(row.get("layers"), "layers")
+            if layers % chunks:
+                # Megatron's uneven split: the embedding and/or loss counted as layers (the Llama 3 recipe for
+                # 126 layers); a row that publishes its first/last stage layers is not translated yet.
+                for extra, fields in ((2, ("account_for_embedding_in_split", "account_for_loss_in_split")),
+                                      (1, ("account_for_embedding_in_split",))):
+                    if (layers + extra) % chunks == 0:
+                        self.parallel.update({field: True for field in fields})
+                        break
+                else:
+                    raise Skip(f"{layers} layers do not split over pp x vpp = {chunks} chunks, even with the "
+                               "embedding and loss counted (the first/last stage layers are not published)")
         if self.cp > 1:
             self.parallel["context"] = self.cp
 
