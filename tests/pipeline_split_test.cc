@@ -94,13 +94,14 @@ TEST_CASE("pipeline split: even, first/last stage layers, and embedding/loss cou
 }
 
 TEST_CASE("pipeline split: what cannot be split is refused, naming the field", "[nd][pipeline_split]") {
-  CHECK(error(126, pipeline(16, 1)).find("policy.parallel.pipeline: pipeline 16 (16 chunks) must divide the 126 "
-                                         "layers; uneven stages:") == 0);
+  CHECK(error(126, pipeline(16, 1))
+            .find("policy.parallel.pipeline: pipeline 16 (16 chunks) must divide the 126 "
+                  "layers; uneven stages:") == 0);
   CHECK(error(126, pipeline(8, 3)).find("policy.parallel.virtual_stages:") == 0);
-  CHECK(error(126, pipeline(16, 1, 0, 0, true)).find("with the embedding or loss counted (127)") !=
-        std::string::npos);
-  CHECK(error(61, pipeline(16, 1, 3, 3)).find("policy.parallel.layers_in_first_stage: leaves 55 of the 61 layers "
-                                              "for the other 14 stages") == 0);
+  CHECK(error(126, pipeline(16, 1, 0, 0, true)).find("with the embedding or loss counted (127)") != std::string::npos);
+  CHECK(error(61, pipeline(16, 1, 3, 3))
+            .find("policy.parallel.layers_in_first_stage: leaves 55 of the 61 layers "
+                  "for the other 14 stages") == 0);
   CHECK(error(30, pipeline(4, 2, 5, 9)).find("stage 0 holds 5 layers, which its virtual_stages (2) must split") !=
         std::string::npos);
   CHECK(error(8, pipeline(2, 1, 4, 5)).find("leaves -1 of the 8 layers") != std::string::npos);
@@ -122,7 +123,8 @@ TEST_CASE("pipeline split: what cannot be split is refused, naming the field", "
 TEST_CASE("uneven stages: each stage computes and holds its own layers, and the even split stated is the even split",
           "[nd][pipeline_split]") {
   // 18 layers over 4 stages: 3, 6, 6, 3.
-  const Built uneven = build(scenario_from(uneven_json(4, 18, {{"layers_in_first_stage", 3}, {"layers_in_last_stage", 3}})));
+  const Built uneven =
+      build(scenario_from(uneven_json(4, 18, {{"layers_in_first_stage", 3}, {"layers_in_last_stage", 3}})));
   const std::vector<int> layers = {3, 6, 6, 3};
   const double per_layer = layer_flops(uneven.schedule, 1) / 6;
   REQUIRE(per_layer > 0);
@@ -136,11 +138,12 @@ TEST_CASE("uneven stages: each stage computes and holds its own layers, and the 
   // On an idle network the step is bounded by the slowest stage: m x its time plus at most p - 1 more.
   const Estimate e = estimate_of(uneven);
   const Built even6 = build(scenario_from(uneven_json(4, 24, {})));  // 6 layers on every stage
-  const double t6 = estimate_of(even6).step_time_s;                   // (m + p - 1) x a 6-layer stage's time
+  const double t6 = estimate_of(even6).step_time_s;                  // (m + p - 1) x a 6-layer stage's time
   CHECK(e.step_time_s <= t6 * 1.0001);
   CHECK(e.step_time_s >= t6 * 8 / (8 + 3) * 0.9999);
   // 16 layers stated as 4 first and 4 last: the even split, op for op.
-  const Built stated = build(scenario_from(uneven_json(4, 16, {{"layers_in_first_stage", 4}, {"layers_in_last_stage", 4}})));
+  const Built stated =
+      build(scenario_from(uneven_json(4, 16, {{"layers_in_first_stage", 4}, {"layers_in_last_stage", 4}})));
   const Built even = build(scenario_from(uneven_json(4, 16, {})));
   for (int s = 0; s < 4; ++s) CHECK(stated.schedule.programs[s].ops.size() == even.schedule.programs[s].ops.size());
   CHECK(estimate_of(stated).step_time_s == estimate_of(even).step_time_s);
@@ -151,7 +154,8 @@ TEST_CASE("uneven stages: each stage computes and holds its own layers, and the 
   CHECK(layer_flops(counted.schedule, 2) == Approx(4 * per_layer).epsilon(1e-12));
   // An embedding-only first chunk and a head-only last one (14 layers, 4 stages x 4 virtual: 16 chunks of
   // one counted layer) build, validate and run: stage 0 computes 3 layers, the last 3.
-  nlohmann::json ends = uneven_json(4, 14, {{"account_for_embedding_in_split", true}, {"account_for_loss_in_split", true}});
+  nlohmann::json ends =
+      uneven_json(4, 14, {{"account_for_embedding_in_split", true}, {"account_for_loss_in_split", true}});
   ends["policy"]["parallel"]["virtual_stages"] = 4;
   const Built alone = build(scenario_from(ends));
   CHECK(layer_flops(alone.schedule, 0) == Approx(3 * per_layer).epsilon(1e-12));

@@ -18,7 +18,9 @@ Result<std::vector<int>> chunk_layers(int layers, const ParallelSpec& par) {
   const bool counted = par.account_for_embedding_in_split || par.account_for_loss_in_split;
   const std::string shape = "pipeline " + std::to_string(p) + (v > 1 ? " x virtual_stages " + std::to_string(v) : "");
   if ((first || last || counted) && p == 1)
-    return bad(first ? "layers_in_first_stage" : last ? "layers_in_last_stage" : "account_for_embedding_in_split",
+    return bad(first  ? "layers_in_first_stage"
+               : last ? "layers_in_last_stage"
+                      : "account_for_embedding_in_split",
                "needs pipeline > 1");
   if ((first || last) && counted)
     return bad(first ? "layers_in_first_stage" : "layers_in_last_stage",
@@ -40,7 +42,9 @@ Result<std::vector<int>> chunk_layers(int layers, const ParallelSpec& par) {
     std::vector<int> out(chunks);
     for (int s = 0; s < p; ++s) {
       if (per_stage[s] % v != 0)
-        return bad(s == 0 && first ? "layers_in_first_stage" : s == p - 1 && last ? "layers_in_last_stage" : field,
+        return bad(s == 0 && first      ? "layers_in_first_stage"
+                   : s == p - 1 && last ? "layers_in_last_stage"
+                                        : field,
                    "stage " + std::to_string(s) + " holds " + std::to_string(per_stage[s]) +
                        " layers, which its virtual_stages (" + std::to_string(v) + ") must split evenly");
       for (int i = 0; i < v; ++i) out[i * p + s] = per_stage[s] / v;
