@@ -223,6 +223,44 @@ TEST_CASE("runtime: one job per checkpoint directory, stale temporary files are 
   fs::remove_all(dir);
 }
 
+TEST_CASE("runtime: train keeps to what it wrote: others' .tmp files, a hard-linked .lock, steps past latest",
+          "[train][checkpoint]") {
+  // Issue 35's seventh attack: every *.tmp two levels deep was removed, a .lock hard-linked to a file outside
+  // was truncated and written, and --resume overwrote a step folder past `latest`.
+  const fs::path dir = fresh_dir("foreign");
+  const std::string scen = tiny_scenario(dir, 4);
+  const fs::path ckpt = dir / "ckpt";
+  fs::create_directories(ckpt / "notes");
+  std::ofstream(ckpt / "draft.tmp") << "mine";
+  std::ofstream(ckpt / "notes" / "report.tmp") << "mine";
+  const RunResult first = run(train(scen, 2, "--checkpoint-dir " + ckpt.string() + " --stop-after 2"));
+  INFO(first.output);
+  REQUIRE(first.code == 0);
+  CHECK(fs::exists(ckpt / "draft.tmp"));
+  CHECK(fs::exists(ckpt / "notes" / "report.tmp"));
+  // latest = 2; a step folder past it is refused before anything is written.
+  fs::create_directories(ckpt / "step_9");
+  const RunResult past = run(train(scen, 2, "--checkpoint-dir " + ckpt.string() + " --resume"));
+  INFO(past.output);
+  CHECK(past.code == 2);
+  CHECK_THAT(past.output, Catch::Contains("holds step_9, past its latest (step 2)"));
+  fs::remove(ckpt / "step_9");
+  // A .lock that is a hard link to a file outside the folder: refused, the file as it was.
+  std::ofstream(dir / "victim") << "precious";
+  fs::remove(ckpt / ".lock");
+  fs::create_hard_link(dir / "victim", ckpt / ".lock");
+  const RunResult linked = run(train(scen, 2, "--checkpoint-dir " + ckpt.string() + " --resume"));
+  INFO(linked.output);
+  CHECK(linked.code == 2);
+  CHECK_THAT(linked.output, Catch::Contains("is not a lock file of its own"));
+  std::ifstream victim(dir / "victim");
+  std::string text((std::istreambuf_iterator<char>(victim)), std::istreambuf_iterator<char>());
+  CHECK(text == "precious");
+  fs::remove(ckpt / ".lock");
+  CHECK(run(train(scen, 2, "--checkpoint-dir " + ckpt.string() + " --resume")).code == 0);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("runtime: ranks die with a launcher killed by SIGKILL", "[train]") {
   const fs::path dir = fresh_dir("orphans");
   const std::string scen = tiny_scenario(dir, 100000);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include "shared/base/files.h"
 #include "shared/base/json_io.h"
@@ -339,6 +340,14 @@ Result<std::unique_ptr<CheckpointDirLock>> CheckpointDirLock::acquire(const std:
   if (fd < 0)
     return Status::InvalidInput("--checkpoint-dir: cannot open " + printable(path, 200) + ": " + std::strerror(errno) +
                                 (errno == ELOOP ? " (it is a symbolic link; remove it)" : ""));
+  // A .lock hard-linked to another file (or not a file) would be truncated and written below: refused.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    return Status::InvalidInput("--checkpoint-dir: " + printable(path, 200) +
+                                " is not a lock file of its own (a hard link to another file, or not a regular "
+                                "file); remove it");
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     char holder[256] = {};
     const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
@@ -351,12 +360,15 @@ Result<std::unique_ptr<CheckpointDirLock>> CheckpointDirLock::acquire(const std:
   ::gethostname(host, sizeof host - 1);
   const std::string who = "pid " + std::to_string(::getpid()) + " on " + host;
   if (::ftruncate(fd, 0) == 0) (void)!::pwrite(fd, who.data(), who.size(), 0);
-  // Holding the lock, nobody else writes here: temporary files are leftovers of a crashed writer.
+  // Holding the lock, nobody else writes here: hzp's own temporary files (latest.tmp, step_N/rank_R.bin.tmp)
+  // are leftovers of a crashed writer. Only those: a user's notes.tmp beside them is not hzp's to remove.
+  static const std::regex ours(R"(latest\.tmp|step_[0-9]+/rank_[0-9]+\.bin\.tmp)");
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
        it.increment(ec)) {
     if (it.depth() > 1) it.disable_recursion_pending();
-    if (it->is_regular_file(ec) && it->path().extension() == ".tmp") fs::remove(it->path(), ec);
+    const std::string relative = it->path().lexically_relative(dir).generic_string();
+    if (std::regex_match(relative, ours) && it->is_regular_file(ec) && !it->is_symlink(ec)) fs::remove(it->path(), ec);
   }
   return std::unique_ptr<CheckpointDirLock>(new CheckpointDirLock(fd));
 }

@@ -292,7 +292,24 @@ Status check_outputs(const TrainOptions& options, const Scenario& scenario, int 
   }
   if (!options.checkpoint_dir.empty())
     HZP_RETURN_IF_ERROR(ensure_writable_dir(options.checkpoint_dir, "--checkpoint-dir"));
-  if (options.resume) HZP_RETURN_IF_ERROR(read_latest(options.checkpoint_dir).status());
+  if (options.resume) {
+    HZP_ASSIGN_OR_RETURN(const std::int64_t latest, read_latest(options.checkpoint_dir));
+    // A step folder past `latest` (a run killed before it moved `latest`, or `latest` moved back by hand)
+    // would be overwritten by the resumed run: refused, as a fresh run into checkpoints is.
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(options.checkpoint_dir, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() <= 5 || name.compare(0, 5, "step_") != 0 || name.size() > 5 + 18 ||
+          name.find_first_not_of("0123456789", 5) != std::string::npos)
+        continue;
+      if (std::stoll(name.substr(5)) > latest)
+        return Status::InvalidInput("--resume: --checkpoint-dir " + printable(options.checkpoint_dir, 200) + " holds " +
+                                    name + ", past its latest (step " + std::to_string(latest) +
+                                    "), which the resumed run would overwrite: remove it, or write its step into " +
+                                    "latest to resume from it");
+    }
+  }
   // A new run into a directory of checkpoints would replace them and move `latest` back: only when asked.
   // Anything named `latest` counts, a link (even one that loops) or a FIFO too.
   // So does a step folder without `latest` (a run killed between its rank files and `latest`, a deleted
