@@ -278,6 +278,19 @@ TEST_CASE("import: bad profiler documents are refused naming the file, event and
        "distributedInfo.rank: expected a whole number in [0, 1000000], got -1"},
       {{write("rank_half.json", with_info(1.5, 2))}, 1, "got 1.5"},
       {{write("rank_text.json", with_info("1", 0))}, 1, "got \"1\""},
+      // Some files with their rank and some without were taken in the order given, against a recorded rank;
+      // a distributedInfo that is not an object was taken as absent.
+      {{write("mixed_r1.json", good.done(1, 2).dump()), write("mixed_none.json", good.done().dump())},
+       2,
+       "mixed_r1.json records distributedInfo.rank 1 but"},
+      {{write("info_text.json",
+              [&] {
+                nlohmann::json d = good.done();
+                d["distributedInfo"] = "rank1";
+                return d.dump();
+              }())},
+       1,
+       "distributedInfo: expected the profiler's object, got \"rank1\""},
       {{write("w64_r0.json", good.done(0, 64).dump()), write("w64_r1.json", good.done(1, 64).dump())},
        2,
        "distributedInfo.world_size 64, but the scenario has 2 ranks"},

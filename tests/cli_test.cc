@@ -454,3 +454,24 @@ TEST_CASE("plan --search at 131,072 GPUs says how long its analytic search takes
   CHECK(r.err.find("plan: estimating 5832 sharding candidates over 131072 ranks, about 0:0") != std::string::npos);
   CHECK(r.err.find("plan: estimated 0/5832 sharding candidates") != std::string::npos);
 }
+
+TEST_CASE("arguments with control or invisible characters are refused, not echoed raw", "[cli]") {
+  // An --out holding a terminal escape was written back raw in "wrote PATH" lines (issue 35's seventh attack).
+  const std::string scenario = "'" + kRoot + "/scenarios/default.json'";
+  for (const std::string& arg :
+       {std::string("\"$(printf 'e\\033[31m')\""), std::string("\"$(printf 'a\\342\\200\\256b')\""),
+        std::string("\"$(printf 'x\\ry')\"")}) {
+    const RunResult r = run("simulate " + scenario + " --out " + arg);
+    INFO(arg << ": " << r.err);
+    CHECK(r.code == 2);
+    CHECK(r.err.find("argument 4, \"") != std::string::npos);
+    CHECK(r.err.find("holds control or invisible characters") != std::string::npos);
+    CHECK(r.err.find('\x1b') == std::string::npos);
+    CHECK(r.err.find('\r') == std::string::npos);
+  }
+  // Text that is only unusual passes: a folder named in Unicode.
+  const auto dir = scratch_dir() /
+                   "donn\xc3\xa9"
+                   "es";
+  CHECK(run("plan " + scenario + " --out '" + dir.string() + "'").code == 0);
+}

@@ -46,6 +46,11 @@ script="$out/slurm/slurm/sweep.sbatch"
 grep -q '^#SBATCH --array=0-1%1$' "$script" || fail "no array line: $(cat "$script")"
 grep -q '^#SBATCH --partition=cpu$' "$script" || fail "no --sbatch line: $(cat "$script")"
 [ ! -e "$out/slurm/results.csv" ] || fail "--slurm ran the scenarios"
+# An --sbatch option is one line: one holding a newline would put a shell command into the script.
+if "$python" tools/sweep.py --hzp "$hzp" --out "$out/injected" --slurm --sbatch="$(printf -- '--time=1\necho INJECTED')" \
+  "${files[@]}" > "$out/injected.log" 2>&1; then fail "--sbatch with a newline was accepted"; fi
+grep -q "one option on one line" "$out/injected.log" || fail "--sbatch newline: $(cat "$out/injected.log")"
+[ ! -e "$out/injected/slurm/sweep.sbatch" ] || fail "--sbatch newline wrote a script"
 for task in 0 1; do SLURM_ARRAY_TASK_ID=$task bash "$script" 2>> "$out/tasks.log" || fail "task $task: $(cat "$out/tasks.log")"; done
 "$python" tools/sweep.py --hzp "$hzp" --no-svg --collect --out "$out/slurm" 2> "$out/collect.log" ||
   fail "--collect: $(cat "$out/collect.log")"

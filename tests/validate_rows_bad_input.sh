@@ -33,6 +33,8 @@ cat >"$work/malformed.jsonl" <<'ROWS'
 {"id": "M3", "layers": 32, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "tp": {"a": 1}}
 {"id": "M4", "layers": 32, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "zero_or_sharding": "zero1=-1", "inter_node": "4x 100 Gb", "tokens_per_s_per_gpu": "fast"}
 {"id": "M5", "layers": 32, "hidden": 4096, "heads": 32, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "tp": 3, "zero_or_sharding": "zero1=-1"}
+{"id": "M6", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 0, "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "zero_or_sharding": "zero1=-1"}
+{"id": "M7", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": [], "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "zero_or_sharding": "zero1=-1"}
 ROWS
 expect 2 "No such file" "$work/missing.jsonl"
 expect 2 "broken.jsonl:2: not JSON" "$work/broken.jsonl"
@@ -53,6 +55,8 @@ expect 1 "skipped M2: layers '32' is not a positive whole number" "$work/malform
 expect 1 "skipped M3: tp {'a': 1} is not a number" "$work/malformed.jsonl"
 expect 1 "skipped M4: tokens_per_s_per_gpu 'fast' is not a positive number" "$work/malformed.jsonl"
 expect 1 "skipped M5: 16 GPUs are not a multiple of tp x pp x cp = 3" "$work/malformed.jsonl"
+expect 1 "skipped M6: kv_heads 0 is not a head count in \[1, heads = 32\]" "$work/malformed.jsonl"
+expect 1 "skipped M7: kv_heads \[\] is not a head count" "$work/malformed.jsonl"
 expect 1 "skipped M1" --calibration "$work/malformed.jsonl" "$work/malformed.jsonl"
 # Outputs: the report never overwrites an input, never waits on a FIFO, and an empty path is refused.
 cp "$work/malformed.jsonl" "$work/keep.jsonl"

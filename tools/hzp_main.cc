@@ -39,6 +39,17 @@ int main(int argc, char** argv) {
                 hzp::runtime::backend_description().c_str());
     return 0;
   }
+  // Arguments are shown back as they are (an output folder in "wrote PATH", a file in messages): one with
+  // control characters, or characters that reorder or hide what a terminal shows, is refused rather than
+  // echoed raw (issue 35's seventh attack: an --out holding ESC reached the terminal in 24 commands).
+  for (std::size_t i = 0; i < args.size(); ++i)
+    if (hzp::printable(args[i], args[i].size() + 1) != args[i]) {
+      std::fprintf(stderr,
+                   "hzp: error: argument %zu, %s, holds control or invisible characters (terminal escapes, bidi "
+                   "overrides); give it without them\n",
+                   i + 1, hzp::quoted(args[i], 200).c_str());
+      return 2;
+    }
   for (const auto& c : hzp::cli::commands()) {
     if (args[0] != c.name) continue;
     std::vector<std::string> rest(args.begin() + 1, args.end());

@@ -110,6 +110,9 @@ def parse_args(argv):
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if not 0.01 <= args.progress_s <= 86400:  # also refuses nan
         raise UsageError(f"--progress-s must be in [0.01, 86400] seconds, got {args.progress_s}")
+    for option in args.sbatch:  # each is one "#SBATCH" line: a newline would start a shell command
+        if not option.strip() or any(ord(c) < 0x20 or ord(c) == 0x7f for c in option):
+            raise UsageError(f"--sbatch {option!r}: one option on one line, without control characters")
     if args.task is not None or args.collect:
         if args.scenarios or args.grid or args.slurm:
             raise UsageError("--task and --collect read OUT/slurm/files.txt: give no scenarios, --grid or --slurm")

@@ -391,9 +391,16 @@ def scenario_of(row, cluster_extra):
     policy, family = policy_of(row, layout)
     precision, fp8, precision_note = precision_of(row)
     recompute, recompute_note = recompute_of(row)
+    # kv_heads: not published means multi-head attention, said so; published, it must be a head count (a 0 or
+    # [] silently became multi-head attention).
+    kv_heads, kv_note = row.get("kv_heads"), None
+    if kv_heads is None:
+        kv_heads, kv_note = row["heads"], "kv_heads not published: multi-head attention assumed"
+    elif not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or not 1 <= kv_heads <= row["heads"]:
+        raise Skip(f"kv_heads {kv_heads!r} is not a head count in [1, heads = {row['heads']}]")
     model = {
         "name": row.get("model", "model"), "family": "llama", "layers": row["layers"], "hidden": row["hidden"],
-        "heads": row["heads"], "kv_heads": row.get("kv_heads") or row["heads"], "ffn_hidden": row["ffn"],
+        "heads": row["heads"], "kv_heads": kv_heads, "ffn_hidden": row["ffn"],
         "vocab": row["vocab"], "tied_embeddings": False,
     }
     if row.get("moe_experts") is not None:
@@ -428,7 +435,7 @@ def scenario_of(row, cluster_extra):
         },
         "policy": policy,
     }
-    return doc, family, [n for n in (precision_note, recompute_note) if n]
+    return doc, family, [n for n in (precision_note, recompute_note, kv_note) if n]
 
 
 CONFIG_FIELDS = ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu", "gpus_per_node", "micro_batch",

@@ -153,7 +153,11 @@ namespace {
 
 // distributedInfo (rank, world size) and deviceProperties[0].name.
 Status read_header(const json& doc, const std::string& shown, KinetoProfile& p) {
-  if (auto d = doc.find("distributedInfo"); d != doc.end() && d->is_object()) {
+  if (auto d = doc.find("distributedInfo"); d != doc.end()) {
+    // Present but not the profiler's object: its rank would be taken as not recorded.
+    if (!d->is_object())
+      return Status::InvalidInput(shown + ": distributedInfo: expected the profiler's object, got " +
+                                  printable(d->dump(), 60));
     // Read as 64 bits and checked before narrowing: a rank of 2^40 read as an int was rank 0. A field that is
     // present must be a whole number in range: a rank of -1, 1.5 or "1" was read as "no rank recorded".
     long long rank = p.rank, world_size = p.world_size;
@@ -498,8 +502,15 @@ Status order_profiles(std::vector<KinetoProfile>& profiles, int world) {
       return Status::InvalidInput(printable(p.source, 200) + ": distributedInfo.world_size " +
                                   std::to_string(p.world_size) + ", but the scenario has " + std::to_string(world) +
                                   " rank" + (world == 1 ? "" : "s"));
-  const bool ranked = std::all_of(profiles.begin(), profiles.end(), [](const KinetoProfile& p) { return p.rank >= 0; });
-  if (!ranked) return Status::Ok();
+  const auto has_rank = [](const KinetoProfile& p) { return p.rank >= 0; };
+  const auto with = std::find_if(profiles.begin(), profiles.end(), has_rank);
+  const auto without = std::find_if_not(profiles.begin(), profiles.end(), has_rank);
+  if (with == profiles.end()) return Status::Ok();  // none records its rank: the order given
+  // Some files record their rank and some do not: the order given would contradict a recorded rank silently.
+  if (without != profiles.end())
+    return Status::InvalidInput(printable(with->source, 200) + " records distributedInfo.rank " +
+                                std::to_string(with->rank) + " but " + printable(without->source, 200) +
+                                " records none: give files that all record their rank, or none (then in rank order)");
   std::sort(profiles.begin(), profiles.end(),
             [](const KinetoProfile& a, const KinetoProfile& b) { return a.rank < b.rank; });
   for (int r = 0; r < world; ++r)
