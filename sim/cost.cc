@@ -77,12 +77,25 @@ double all_actors(const SimCost& cost) {
 
 }  // namespace
 
+double platform_seconds(const SimCost& cost) {
+  return (cost.platform_hosts + 3 * cost.ecmp_ports) * cost.zones * kSecondsPerHostZone +
+         cost.ecmp_ports * cost.ecmp_ports * cost.ecmp_ports * kSecondsPerPortCubed +
+         cost.mesh_links * (kSecondsPerMeshLink + cost.zones * kSecondsPerMeshLinkZone);
+}
+
+void announce_platform_build(const SimCost& cost) {
+  const double s = platform_seconds(cost);
+  if (s >= kAnnouncedBuildSeconds)
+    std::fprintf(stderr,
+                 "sim: building the platform (%s hosts in %s zones), about %s; its flows are counted and the "
+                 "budget checked again after it\n",
+                 count(cost.hosts).c_str(), count(cost.zones).c_str(), duration(s).c_str());
+}
+
 void estimate_cost(SimCost& cost) {
-  cost.seconds = (cost.platform_hosts + 3 * cost.ecmp_ports) * cost.zones * kSecondsPerHostZone +
-                 cost.ecmp_ports * cost.ecmp_ports * cost.ecmp_ports * kSecondsPerPortCubed +
-                 cost.mesh_links * (kSecondsPerMeshLink + cost.zones * kSecondsPerMeshLinkZone) +
-                 cost.ops * kSecondsPerOp + cost.recorded_ops * kSecondsPerRecordedOp + cost.flows * kSecondsPerFlow +
-                 cost.pair_work * kSecondsPerFlowPair + cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
+  cost.seconds = platform_seconds(cost) + cost.ops * kSecondsPerOp + cost.recorded_ops * kSecondsPerRecordedOp +
+                 cost.flows * kSecondsPerFlow + cost.pair_work * kSecondsPerFlowPair +
+                 cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
   // The timeline is written after the engine is gone, into the memory it freed: the peak is the larger of the two.
   const double actors = all_actors(cost);
   cost.resident_bytes = kBaseBytes + std::max(actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +

@@ -45,6 +45,14 @@ void estimate_cost(SimCost& cost);
 // cubic in their number, 4096 nodes of 8 NICs x 16 uplinks take ~3 min), no flows yet.
 void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster);
 
+// Seconds of the estimate that build the platform (SimGrid's hosts, zones, links and routes).
+double platform_seconds(const SimCost& cost);
+
+// A line on stderr before a platform whose build is estimated past kAnnouncedBuildSeconds: a simulation of
+// 131,072 GPUs spent ~35 s there before its first line (or before a refusal on its flows) otherwise.
+inline constexpr double kAnnouncedBuildSeconds = 5;
+void announce_platform_build(const SimCost& cost);
+
 struct SimBudget {
   double max_seconds = 600;  // --max-sim-seconds; 0: no limit
   double max_bytes = 0;      // --max-sim-GiB; 0: what this machine allows (memory_allowance())

@@ -562,6 +562,7 @@ Result<SimResult> simulate_here(const Compiled& compiled, const SimOptions& opti
   add_platform_estimate(estimate, scenario.cluster);
   estimate_cost(estimate);
   HZP_RETURN_IF_ERROR(check_budget(estimate, options.budget));
+  announce_platform_build(estimate);
   HZP_ASSIGN_OR_RETURN(Platform platform, build_platform(engine, scenario.cluster));
   SimBudget after_build = options.budget;
   if (estimate.seconds > options.budget.warn_seconds) after_build.warn_seconds = 1e300;  // said once already

@@ -43,6 +43,14 @@ echo '{"preset": "dgx-h100", "inter_node": {"routing": "ecmp", "leaf_size": 1, "
 expect 2 "before its flows are counted" 10 "1024 one-node ECMP leaves, refused before its platform" \
   "$hzp" collective --cluster "$out/ecmp_leaf1.json" --nodes 1024 --op all_reduce --group all --bytes 1G \
   --max-sim-seconds 30
+# A platform built, then refused on its flows: the build (seconds) is announced first, not silent.
+echo '{"preset": "dgx-h100", "inter_node": {"routing": "ecmp", "leaf_size": 2, "oversubscription": 4,
+      "qps_per_connection": 16}}' > "$out/ecmp_os.json"
+expect 2 "^sim: building the platform (50.2k hosts in 514 zones), about" 60 \
+  "1024 oversubscribed ECMP nodes: the platform build announced" \
+  "$hzp" collective --cluster "$out/ecmp_os.json" --nodes 1024 --op broadcast --group all --bytes 1G --algorithm ring \
+  --max-sim-seconds 30
+grep -q "past the budget of 30 s" "$out/log" || { echo "FAIL: ecmp_os: no refusal: $(tail -2 "$out/log")"; failures=$((failures + 1)); }
 expect 2 "--max-sim-seconds raises it" 30 "262,144 GPUs, refused before the platform is built" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --set cluster.nodes=32768 \
   --set training.global_batch_sequences=262144 --set model.layers=2 --max-sim-seconds 60

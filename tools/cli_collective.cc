@@ -449,6 +449,7 @@ int run_collective_command(const std::vector<std::string>& args) {
     }
     sim::SimBudget after_build = o.budget;
     if (cost.seconds > o.budget.warn_seconds) after_build.warn_seconds = 1e300;  // said once already
+    sim::announce_platform_build(cost);
     auto platform = sim::build_platform(engine, cluster);
     if (!platform.ok()) {
       simulated = platform.status();
