@@ -64,6 +64,18 @@ TEST_CASE("replay: the shipped traces come back within 3 % of their recorded ste
     CHECK(rep["worst_abs_error"].get<double>() <= 0.03);
     CHECK(std::filesystem::exists(out / "timeline.json"));
   }
+  // Gzipped, the same trace replays to the same step (it was refused as "a NUL byte").
+  const auto gz = scratch() / "tiny_dense_4ranks.json.gz";
+  std::filesystem::remove(gz);
+  std::filesystem::copy_file(kTraces + "/tiny_dense_4ranks.json", scratch() / "tiny_dense_4ranks.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  REQUIRE(hzp::test::run("gzip '" + (scratch() / "tiny_dense_4ranks.json").string() + "'").code == 0);
+  const RunResult plain = replay(kTraces + "/tiny_dense_4ranks.json", scratch() / "out_plain");
+  const RunResult zipped = replay(gz.string(), scratch() / "out_gz");
+  INFO(zipped.output);
+  REQUIRE(zipped.code == 0);
+  CHECK(nlohmann::json::parse(slurp(scratch() / "out_gz" / "summary.json"))["step_time_s"] ==
+        nlohmann::json::parse(slurp(scratch() / "out_plain" / "summary.json"))["step_time_s"]);
 }
 
 TEST_CASE("replay: a trace of subnormal times replays with no relative error, not a 300-digit one", "[cli][replay]") {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -542,14 +543,24 @@ Result<Trace> trace_from_json(const json& doc) {
 Result<Trace> load_trace_file(const std::string& path) {
   // Depth 8: the format nests four levels (events -> event -> scenario_config -> model/moe).
   // One object per event and one per group (fewer groups than ranks that record events), a few for the header.
-  Result<json> doc = load_json_file(path, JsonLimits{kMaxTraceBytes, 8, 0, 2 * kMaxTraceEvents + 64});
+  const JsonLimits limits{kMaxTraceBytes, 8, 0, 2 * kMaxTraceEvents + 64};
+  Result<json> doc = load_json_file(path, limits);
   if (!doc.ok() || !doc->is_object() || !doc->contains("format")) {
     // A PyTorch profiler trace (Chrome trace JSON: "traceEvents") is not one: say what turns it into one.
-    if (Result<std::string> text = read_maybe_gzip_file(path, kMaxTraceBytes);
-        text.ok() && text->find("\"traceEvents\"") != std::string::npos)
+    Result<std::string> text = read_maybe_gzip_file(path, kMaxTraceBytes);
+    if (text.ok() && text->find("\"traceEvents\"") != std::string::npos)
       return Status::InvalidInput(printable(path, 200) +
                                   ": a PyTorch profiler trace, not an hzp trace: make one of it with `hzp import " +
                                   printable(path, 200) + " --scenario SCENARIO.json` (traces/README.md)");
+    // A gzipped hzp trace was refused as "a NUL byte": read inflated, under the same limits.
+    if (!doc.ok() && text.ok()) {
+      char magic[2] = {};
+      std::ifstream in(path, std::ios::binary);
+      if (in.read(magic, 2) && magic[0] == '\x1f' && magic[1] == '\x8b') {
+        doc = parse_json_strict(*text, limits);
+        if (!doc.ok()) return Status::InvalidInput(printable(path, 200) + " (gzip): " + doc.status().message());
+      }
+    }
     if (!doc.ok()) return doc.status();
   }
   Result<Trace> t = trace_from_json(*doc);
