@@ -131,8 +131,9 @@ std::string describe(const SimCost& cost) {
     return head + count(cost.ops) + " ops and a platform of " + count(cost.hosts) +
            " hosts, before its flows are counted)";
   return head + count(cost.ops) + " ops, " + count(cost.collectives) + " collectives, " +
-         (cost.flows_at_least ? "at least " : "") + count(cost.flows) + " flows, up to " + count(cost.peak_flows) +
-         " at once" + (cost.flows_at_least ? ", from its node pairs, before the platform is built)" : ")");
+         (cost.flows_at_least ? "at least " : "") + count(cost.flows) + " flows" +
+         (cost.peak_flows > 0 ? ", up to " + count(cost.peak_flows) + " at once" : "") +
+         (cost.flows_at_least ? ", counted before the platform is built)" : ")");
 }
 
 Status check_budget(const SimCost& cost, const SimBudget& budget) {

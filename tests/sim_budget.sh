@@ -25,8 +25,9 @@ expect() {  # WANT_RC PATTERN SECONDS DESCRIPTION COMMAND...
     failures=$((failures + 1))
   fi
 }
-# (From its 67 M node pairs, before its platform is built: the build and a flow dry run took 16 s and 420 MB.)
-expect 2 "at least 67.1M flows, up to 67.1M at once, from its node pairs, before the platform is built" 120 \
+# (From its 67 M node pairs, counted before its platform is built: the build and a flow dry run took 16 s and
+# 420 MB.)
+expect 2 "at least 67.1M flows, up to 67.1M at once, counted before the platform is built" 120 \
   "all_to_all over 8192 nodes" "$hzp" collective --cluster dgx-h100 --nodes 8192 --op all_to_all --group all --bytes 1G
 echo '{"preset": "dgx-h100", "nodes": 8192, "inter_node": {"leaf_size": 16, "routing": "ecmp",
       "rail_optimized": true, "placement": "scattered"}}' > "$out/ecmp8192.json"
@@ -46,7 +47,7 @@ expect 2 "before its flows are counted" 10 "1024 one-node ECMP leaves, refused b
 # A platform built, then refused on its flows: the build (seconds) is announced first, not silent.
 echo '{"preset": "dgx-h100", "inter_node": {"routing": "ecmp", "leaf_size": 2, "oversubscription": 4,
       "qps_per_connection": 16}}' > "$out/ecmp_os.json"
-expect 2 "^sim: building the platform (50.2k hosts in 514 zones), about" 60 \
+expect 2 "^sim: building the platform (50.2k hosts in 514 zones), about" 180 \
   "1024 oversubscribed ECMP nodes: the platform build announced" \
   "$hzp" collective --cluster "$out/ecmp_os.json" --nodes 1024 --op broadcast --group all --bytes 1G --algorithm ring \
   --max-sim-seconds 30
@@ -54,6 +55,10 @@ grep -q "past the budget of 30 s" "$out/log" || { echo "FAIL: ecmp_os: no refusa
 expect 2 "--max-sim-seconds raises it" 30 "262,144 GPUs, refused before the platform is built" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --set cluster.nodes=32768 \
   --set training.global_batch_sequences=262144 --set model.layers=2 --max-sim-seconds 60
+# 131,072 GPUs: refused on the flows its groups' nodes need at least, before a 40 s platform build.
+expect 2 "at least 1.7M flows, counted before the platform is built" 120 "131,072 GPUs, refused before the platform" \
+  "$hzp" simulate "$out/z3.json" --out "$out/s" --set cluster.nodes=16384 \
+  --set training.global_batch_sequences=131072 --max-sim-seconds 30
 expect 2 "past the budget of" 60 "a small simulation under a tiny time budget" \
   "$hzp" simulate "$out/z3.json" --out "$out/s" --max-sim-seconds 0.0001
 expect 2 "of --max-sim-GiB" 60 "a small simulation under a tiny memory budget" \
