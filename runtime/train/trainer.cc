@@ -234,17 +234,18 @@ Result<PreparedRun> prepare_run(const TrainOptions& options, int world_size) {
 
 namespace {
 
+// Whether `name` is prefix<digits>suffix (step_12, rank_3.bin).
+bool digits_after(const std::string& name, const char* prefix, const char* suffix) {
+  const std::size_t p = std::strlen(prefix), q = std::strlen(suffix);
+  if (name.size() <= p + q || name.rfind(prefix, 0) != 0 || name.compare(name.size() - q, q, suffix) != 0) return false;
+  return name.substr(p, name.size() - p - q).find_first_not_of("0123456789") == std::string::npos;
+}
+
 // The first entry of `dir` named step_<digits> that holds a rank file (rank_<r>.bin; a folder of only
 // temporary files is what a writer killed before its first rename leaves), or that is not a folder (a file or
 // a link in a step's place), else "".
 std::string first_step_dir(const std::string& dir) {
   std::error_code ec;
-  const auto digits_after = [](const std::string& name, const char* prefix, const char* suffix) {
-    const std::size_t p = std::strlen(prefix), q = std::strlen(suffix);
-    if (name.size() <= p + q || name.rfind(prefix, 0) != 0 || name.compare(name.size() - q, q, suffix) != 0)
-      return false;
-    return name.substr(p, name.size() - p - q).find_first_not_of("0123456789") == std::string::npos;
-  };
   for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (!digits_after(name, "step_", "")) continue;
@@ -300,9 +301,7 @@ Status check_outputs(const TrainOptions& options, const Scenario& scenario, int 
     for (auto it = fs::directory_iterator(options.checkpoint_dir, ec); !ec && it != fs::directory_iterator();
          it.increment(ec)) {
       const std::string name = it->path().filename().string();
-      if (name.size() <= 5 || name.compare(0, 5, "step_") != 0 || name.size() > 5 + 18 ||
-          name.find_first_not_of("0123456789", 5) != std::string::npos)
-        continue;
+      if (!digits_after(name, "step_", "") || name.size() > 5 + 18) continue;
       if (std::stoll(name.substr(5)) > latest)
         return Status::InvalidInput("--resume: --checkpoint-dir " + printable(options.checkpoint_dir, 200) + " holds " +
                                     name + ", past its latest (step " + std::to_string(latest) +
