@@ -73,6 +73,15 @@ const char* kQwenMoe = R"({
   "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_sliding_window": false,
   "vocab_size": 151936})";
 
+// Nemotron-4 15B's shape (arXiv 2402.16819, Table 1) in Hugging Face's NemotronConfig keys, as
+// nvidia/Minitron-8B-Base/config.json writes them
+const char* kNemotron = R"({
+  "architectures": ["NemotronForCausalLM"], "attention_bias": false, "head_dim": 128, "hidden_act": "relu2",
+  "hidden_size": 6144, "intermediate_size": 24576, "max_position_embeddings": 4096, "model_type": "nemotron",
+  "norm_eps": 1e-05, "num_attention_heads": 48, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "partial_rotary_factor": 0.5, "rope_theta": 10000, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "vocab_size": 256000})";
+
 json model_section(const ModelSpec& m) {
   Scenario s = scenario_from(scenario_json("llama2-7b", "dgx-h100", 1, "zero3", 4096));
   s.model = m;
@@ -201,6 +210,23 @@ TEST_CASE("DeepSeek presets: total and activated parameters as the papers publis
     CHECK(total == Approx(row.total).epsilon(0.005));
     CHECK(activated == Approx(row.activated).epsilon(0.03));
   }
+}
+
+TEST_CASE("hf config: nemotron reads a two-matrix squared-ReLU MLP", "[scenario][hf]") {
+  json config = json::parse(kNemotron);
+  auto m = model_from_hf_config(config, "n/config.json");
+  REQUIRE(m.ok());
+  CHECK(m->mlp == MlpKind::kSquaredRelu);
+  CHECK(m->kv_heads == 8);
+  CHECK_FALSE(m->tied_embeddings);
+  config["hidden_act"] = "gelu";
+  CHECK(model_from_hf_config(config, "n/config.json")->mlp == MlpKind::kGelu);
+  config["hidden_act"] = "swish";
+  auto refused = model_from_hf_config(config, "n/config.json");
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("hidden_act") != std::string::npos);
+  CHECK(refused.status().message().find("swish") != std::string::npos);
+  CHECK(model_from_hf_config(json::parse(kLlama3_8b), "c.json")->mlp == MlpKind::kSwiGlu);
 }
 
 TEST_CASE("hf config: unsupported architectures and bad files are refused with the reason", "[scenario][hf]") {

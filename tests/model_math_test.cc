@@ -39,6 +39,7 @@ ModelSpec gpt2_small() {
   ModelSpec m;
   m.name = "test-gpt2";
   m.family = ModelFamily::kGpt;
+  m.mlp = MlpKind::kGelu;
   m.layers = 12;
   m.hidden = 768;
   m.heads = 12;
@@ -48,6 +49,14 @@ ModelSpec gpt2_small() {
   m.tied_embeddings = true;
   m.position = PositionEmbedding::kLearned;
   m.max_positions = 1024;
+  return m;
+}
+
+// Nemotron-4 15B (Parmar et al. 2024, arXiv 2402.16819, Table 1): squared-ReLU MLP of two matrices, GQA,
+// untied 256k vocabulary, no biases.
+ModelSpec nemotron4_15b() {
+  ModelSpec m = llama_model("test-nemotron4-15b", 32, 6144, 48, 8, 24576, 256000, 4096);
+  m.mlp = MlpKind::kSquaredRelu;
   return m;
 }
 
@@ -159,6 +168,7 @@ TEST_CASE("per-module model FLOPs sum to the closed-form count", "[model_math]")
       {llama2_70b(), 1, 4096},
       {mixtral_8x7b(), 2, 4096},
       {gpt2_small(), 8, 1024},                       // GELU: the (3/2) becomes (2/2), see model_flops_formula
+      {nemotron4_15b(), 1, 4096},                    // squared ReLU: two matrices without GPT's biases
       {mixed, 4, 256},                               // dense/MoE mix: MLP term averaged over layers
       {*model_preset("deepseek-v3"), 1, 4096},       // MLA, shared experts, dense first layers
       {*model_preset("deepseek-v2-lite"), 2, 2048},  // MLA without a query latent
@@ -563,6 +573,36 @@ TEST_CASE("shared experts add one dense MLP of their width to every MoE layer", 
   CHECK(b.model_flops - a.model_flops == Approx(6.0 * 64 * 3 * 256 * 192).epsilon(1e-12));
   CHECK(b.activation_bytes - a.activation_bytes == Approx(3.0 * 64 * 192 * 2).epsilon(1e-12));  // gate, up, product
   CHECK(module_at(with, ModuleKind::kMlp, 0).params == module_at(without, ModuleKind::kMlp, 0).params);
+}
+
+TEST_CASE("a two-matrix MLP: Nemotron-4 15B as its paper counts it, squared ReLU costed as GELU", "[model_math]") {
+  // "3.2 billion embedding parameters and 12.5 billion non-embedding parameters" (arXiv 2402.16819, §2); a
+  // SwiGLU MLP of the same width would add 32 x 6144 x 24576 = 4.8 B.
+  const ModelSpec m = nemotron4_15b();
+  const double embedding = 2.0 * 256000 * 6144;  // untied input and output tables
+  const double body = static_cast<double>(parameter_count(m)) - embedding;
+  CHECK(embedding == Approx(3.2e9).epsilon(0.02));
+  CHECK(body == Approx(12.5e9).epsilon(0.005));
+  ModelSpec gated = m;
+  gated.mlp = MlpKind::kSwiGlu;
+  CHECK(parameter_count(gated) - parameter_count(m) == std::int64_t{32} * 6144 * 24576);
+
+  // Squared ReLU and GELU differ only in the elementwise function: same FLOPs, bytes and saved activations.
+  ModelSpec gelu = m;
+  gelu.mlp = MlpKind::kGelu;
+  const TrainingSpec t = training(2, 512);
+  const ModelCost squared_cost = model_cost(m, t), gelu_cost = model_cost(gelu, t), gated_cost = model_cost(gated, t);
+  const ModuleCost& a = module_at(squared_cost, ModuleKind::kMlp, 0);
+  const ModuleCost& b = module_at(gelu_cost, ModuleKind::kMlp, 0);
+  CHECK(a.fwd_flops == b.fwd_flops);
+  CHECK(a.fwd_mem_bytes == b.fwd_mem_bytes);
+  CHECK(a.bwd_mem_bytes == b.bwd_mem_bytes);
+  CHECK(a.activation_bytes == b.activation_bytes);
+  // Against SwiGLU: two of the three matrices' FLOPs; the activation reads one tensor and saves two, not three.
+  const ModuleCost& c = module_at(gated_cost, ModuleKind::kMlp, 0);
+  CHECK(a.fwd_flops == Approx(c.fwd_flops * 2.0 / 3.0).epsilon(1e-12));
+  CHECK(c.activation_bytes - a.activation_bytes == Approx(1024.0 * 24576 * 2).epsilon(1e-12));
+  CHECK(model_flops_formula(m, 1, 4096) < model_flops_formula(gated, 1, 4096));
 }
 
 }  // namespace hzp

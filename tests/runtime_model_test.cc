@@ -362,6 +362,11 @@ TEST_CASE("model_config accepts llama incl. GQA and refuses what the runtime can
   ModelSpec learned = m;
   learned.position = PositionEmbedding::kLearned;
   refused(learned, "model.position");
+  for (MlpKind kind : {MlpKind::kGelu, MlpKind::kSquaredRelu}) {
+    ModelSpec two_matrix = m;
+    two_matrix.mlp = kind;
+    refused(two_matrix, "model.mlp");
+  }
   ModelSpec tied = m;
   tied.tied_embeddings = true;
   refused(tied, "model.tied_embeddings");

@@ -56,6 +56,7 @@ void check_same(const Scenario& a, const Scenario& b) {
   CHECK(m.heads == n.heads);
   CHECK(m.kv_heads == n.kv_heads);
   CHECK(m.ffn_hidden == n.ffn_hidden);
+  CHECK(m.mlp == n.mlp);
   CHECK(m.vocab == n.vocab);
   CHECK(m.tied_embeddings == n.tied_embeddings);
   CHECK(m.position == n.position);
@@ -496,6 +497,7 @@ TEST_CASE("model overrides and explicit models", "[scenario][model]") {
     CHECK(m.kv_heads == 4);
     CHECK(m.tied_embeddings);
     CHECK(m.position == PositionEmbedding::kLearned);
+    CHECK(m.mlp == MlpKind::kGelu);
     CHECK(m.max_positions == 2048);
     CHECK_FALSE(m.has_moe);
   }
@@ -508,7 +510,19 @@ TEST_CASE("model overrides and explicit models", "[scenario][model]") {
     CHECK(m.family == ModelFamily::kLlama);
     CHECK_FALSE(m.tied_embeddings);
     CHECK(m.position == PositionEmbedding::kAlibi);
+    CHECK(m.mlp == MlpKind::kSwiGlu);
     CHECK(m.kv_heads == 2);
+  }
+  SECTION("model.mlp: named, overriding a preset, round-tripped, and a bad name refused") {
+    doc["model"] = json::parse(R"({"preset": "llama2-7b", "mlp": "squared_relu"})");
+    const Scenario s = parse_ok(doc);
+    CHECK(s.model.mlp == MlpKind::kSquaredRelu);
+    CHECK(scenario_to_json(s)["model"]["mlp"] == "squared_relu");
+    check_same(s, parse_ok(scenario_to_json(s)));
+    doc["model"]["mlp"] = "relu";
+    const std::string error = parse_error(doc);
+    CHECK(error.find("model.mlp") != std::string::npos);
+    CHECK(error.find("relu") != std::string::npos);
   }
 }
 

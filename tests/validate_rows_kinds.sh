@@ -10,7 +10,8 @@
 # their own calibrate on the nearest one-node run of their GPU and framework (FP8 NeMo: R297) or, with a
 # framework no row ran, on the preset's table efficiencies (one of them with 78 layers, split over its 4 x 5
 # chunks with the embedding and loss counted as layers); a Mixtral 8x7B row (pp 4, ep 8) becomes a MoE
-# model with expert parallelism. The torchtitan and Megatron-FSDP rows reduce their gradients in fp32.
+# model with expert parallelism; NVIDIA's Nemotron-4 15B and GPT-3 175B configurations become a squared-ReLU
+# and a GPT (GELU, biases, learned positions, tied head) model. The torchtitan and Megatron-FSDP rows reduce their gradients in fp32.
 # Usage: bash tests/validate_rows_kinds.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -44,6 +45,9 @@ if kinds["skipped"]:
 for r in kinds["rows"]:
     if r["policy"] != expect[r["id"]]:
         bad.append(f"{r['id']} became {r['policy']}, not {expect[r['id']]}")
+    for key, field in (("expect_mlp", "mlp"), ("expect_family", "model_family")):
+        if key in data[r["id"]] and r[field] != data[r["id"]][key]:
+            bad.append(f"{r['id']} became model {field} {r[field]}, not {data[r['id']][key]}")
     want = data[r["id"]].get("expect_calibrated_on", "R" + r["id"][1:].split("-")[0])
     if not r["multi_node"] or r["calibrated_on"] != want:
         bad.append(f"{r['id']} calibrated on {r['calibrated_on']}, not {want}")

@@ -30,12 +30,17 @@ What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
                                         (attention core, LM head, memory-bound kernels) and all states and
                                         communication in bf16 (Transformer Engine's and torchtitan's default),
                                         gradients reduced as above
+  model GPT-3 (by name)                  model.family gpt: GELU MLP of two matrices with biases, learned
+                                        positions, tied head (NeMo's GPT config)
+  squared-ReLU / relu2, GELU (text)     model.mlp squared_relu / gelu: two matrices (Nemotron-4)
+  any other model                       a LLaMA layer: SwiGLU MLP of three matrices, RMSNorm, rotary, untied
 grad_accum comes from the global batch when not published; a row with only MFU is calibrated and compared by
 MFU (its published tokens/s/GPU shown at the simulated run's FLOPs per token).
 
 Prints per row: published and simulated tokens/s/GPU and the error; then the median and worst absolute
-error over the multi-node rows, and, where one configuration ran one flat and one hierarchical row at the
-same scale, their throughput ratio (published vs simulated). Rows it cannot translate, or whose fields have
+error over the multi-node rows; per series of one configuration at several scales, the error at the smallest
+and the largest scale (a level error against a scaling one); and, where one configuration ran one flat and one
+hierarchical row at the same scale, their throughput ratio (published vs simulated). Rows it cannot translate, or whose fields have
 the wrong type, are listed with the reason.
 
 --max-error PCT, --min-ratio / --max-ratio: exit 1 when the worst multi-node error exceeds PCT, or a
@@ -283,6 +288,22 @@ def nic_of(row, nodes):
     raise Skip(f"inter_node {row.get('inter_node')!r}: NIC count and rate not found")
 
 
+def architecture_of(row, seq_len):
+    """(model fields, note) for the row's layer type. GPT-3 (NeMo's GPT config: GELU MLP with biases, learned
+    positions, tied head) by its name; a squared-ReLU or GELU MLP (two matrices) where the row says so;
+    otherwise LLaMA's (SwiGLU, three matrices; RMSNorm, rotary, untied head)."""
+    name = str(row.get("model") or "")
+    said = f"{name} {row.get('other') or ''}".lower()
+    if re.search(r"\bgpt-?3\b", name.lower()):
+        return ({"family": "gpt", "mlp": "gelu", "tied_embeddings": True, "position": "learned",
+                 "max_positions": seq_len}, "GPT-3: GELU MLP with biases, learned positions, tied head")
+    if re.search(r"squared[- ]?relu|relu2|relu\^2|relu²", said):
+        return {"family": "llama", "mlp": "squared_relu", "tied_embeddings": False}, None
+    if re.search(r"\bgelu\b", said):
+        return {"family": "llama", "mlp": "gelu", "tied_embeddings": False}, None
+    return {"family": "llama", "mlp": "swiglu", "tied_embeddings": False}, None
+
+
 def precision_of(row):
     """(training.precision, fp8, assumption or None): FP8 runs keep bf16 weights, gradients and
     communication (Transformer Engine's default; the gradients are reduced as the framework reduces them
@@ -398,10 +419,11 @@ def scenario_of(row, cluster_extra):
         kv_heads, kv_note = row["heads"], "kv_heads not published: multi-head attention assumed"
     elif not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or not 1 <= kv_heads <= row["heads"]:
         raise Skip(f"kv_heads {kv_heads!r} is not a head count in [1, heads = {row['heads']}]")
+    architecture, architecture_note = architecture_of(row, row["seq_len"])
     model = {
-        "name": row.get("model", "model"), "family": "llama", "layers": row["layers"], "hidden": row["hidden"],
-        "heads": row["heads"], "kv_heads": kv_heads, "ffn_hidden": row["ffn"],
-        "vocab": row["vocab"], "tied_embeddings": False,
+        "name": row.get("model", "model"), "layers": row["layers"], "hidden": row["hidden"],
+        "heads": row["heads"], "kv_heads": kv_heads, "ffn_hidden": row["ffn"], "vocab": row["vocab"],
+        **architecture,
     }
     if row.get("moe_experts") is not None:
         experts, top_k = positive(row, "moe_experts"), positive(row, "moe_topk")
@@ -435,7 +457,7 @@ def scenario_of(row, cluster_extra):
         },
         "policy": policy,
     }
-    return doc, family, [n for n in (precision_note, recompute_note, kv_note) if n]
+    return doc, family, [n for n in (precision_note, recompute_note, kv_note, architecture_note) if n]
 
 
 CONFIG_FIELDS = ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu", "gpus_per_node", "micro_batch",
@@ -712,7 +734,8 @@ def report_rows(args, rows, cal_rows, workdir):
                 summary["mfu"]
             results.append({
                 "id": row["id"], "gpus": row["gpu_count"], "family": family, "calibrated_on": cal_id,
-                "calibration": kind,
+                "calibration": kind, "model": str(row.get("model") or "model"),
+                "model_family": doc["model"]["family"], "mlp": doc["model"]["mlp"],
                 "series": "/".join(config_key(row)), "policy": doc["policy"],
                 "multi_node": row["gpu_count"] > row["gpus_per_node"], "metric": metric,
                 "published": published, "simulated": simulated_value, "published_tgs": published_tgs,
@@ -752,6 +775,26 @@ def report_rows(args, rows, cal_rows, workdir):
         print(f"multi-node rows: {len(multi)}, median |error| {statistics.median(multi):.1f} %, "
               f"worst {max(multi):.1f} % (calibrated on their own configuration: {kinds.count('same')}, on the "
               f"nearest one-node run: {kinds.count('nearest')}, table efficiencies: {kinds.count('table')})")
+    # Per series (one configuration, one policy, several scales): the error at its smallest and largest scale,
+    # so that a level error (the same at every scale: compute) is told from a scaling error (communication).
+    report["series"] = []
+    by_series = {}
+    for r in results:
+        if r["multi_node"]:
+            by_series.setdefault((series_ids[r["series"]], label(r)), []).append(r)
+    for (series, policy), rows in sorted(by_series.items()):
+        if len(rows) < 2:
+            continue
+        rows.sort(key=lambda r: (r["gpus"], r["id"]))
+        small, large = rows[0], rows[-1]
+        errors = [r["error_pct"] for r in rows]
+        report["series"].append({"series": series, "policy": policy, "model": small["model"], "rows": len(rows),
+                                 "smallest": {"id": small["id"], "gpus": small["gpus"], "error_pct": small["error_pct"]},
+                                 "largest": {"id": large["id"], "gpus": large["gpus"], "error_pct": large["error_pct"]},
+                                 "min_error_pct": min(errors), "max_error_pct": max(errors)})
+        print(f"series {series} {small['model']} ({policy}, {len(rows)} rows): {small['gpus']} GPUs "
+              f"{small['error_pct']:+.1f} %, {large['gpus']} GPUs {large['error_pct']:+.1f} % (scaling "
+              f"{large['error_pct'] - small['error_pct']:+.1f} points; range {min(errors):+.1f} … {max(errors):+.1f} %)")
     # The hierarchical / flat ratio, where one configuration ran one of each at the same scale.
     pairs = {}
     for r in results:

@@ -29,6 +29,9 @@ Result<ModelConfig> model_config(const ModelSpec& m) {
     const char* name = m.position == PositionEmbedding::kLearned ? "learned" : "alibi";
     return invalid("model.position", std::string("the runtime supports rotary positions (rope) only, not ") + name);
   }
+  if (m.mlp != MlpKind::kSwiGlu)
+    return invalid("model.mlp", std::string("the runtime trains swiglu MLPs only, not ") + to_string(m.mlp) +
+                                    " (estimated and simulated only)");
   if (m.has_mla)
     return invalid("model.mla",
                    "the runtime trains grouped-query attention; multi-head latent attention is estimated and "

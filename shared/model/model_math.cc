@@ -46,9 +46,10 @@ std::int64_t linear_params(const ModelSpec& m, std::int64_t in, std::int64_t out
   return in * out + (has_biases(m) ? out : 0);
 }
 
-// One MLP (dense, or one expert) of the family's type, without its pre-norm.
+// One MLP (dense, or one expert) of the model's type, without its pre-norm.
 std::int64_t mlp_params(const ModelSpec& m, std::int64_t width) {
-  if (m.family == ModelFamily::kLlama) return 3 * m.hidden * width;  // gate, up, down
+  if (m.gated_mlp())
+    return 2 * linear_params(m, m.hidden, width) + linear_params(m, width, m.hidden);  // gate, up, down
   return linear_params(m, m.hidden, width) + linear_params(m, width, m.hidden);
 }
 
@@ -60,14 +61,14 @@ int linear_tensors(const ModelSpec& m) {
   return has_biases(m) ? 2 : 1;
 }
 int mlp_tensors(const ModelSpec& m) {
-  return (m.family == ModelFamily::kLlama ? 3 : 2) * linear_tensors(m);
+  return m.mlp_matrices() * linear_tensors(m);
 }
 int large(std::int64_t elements) {
   return elements >= kLargeTensorElements ? 1 : 0;
 }
 // Weight matrices of one MLP (biases and norms are never large).
 int mlp_large_tensors(const ModelSpec& m, std::int64_t width) {
-  return (m.family == ModelFamily::kLlama ? 3 : 2) * large(m.hidden * width);
+  return m.mlp_matrices() * large(m.hidden * width);
 }
 
 std::int64_t embedding_params(const ModelSpec& m) {
@@ -216,9 +217,9 @@ double hidden_dropout_mask_bytes(const Dims& d) {
 }
 
 // SwiGLU reads gate and up and writes their product; backward reads both and dy, writes both gradients.
-// GELU reads one and writes one; backward reads x and dy, writes dx.
+// GELU and squared ReLU read one and write one; backward reads x and dy, writes dx.
 Traffic activation_fn_traffic(const Dims& d, double elements) {
-  if (d.model.family == ModelFamily::kLlama) return {3 * elements * d.e, 5 * elements * d.e};
+  if (d.model.gated_mlp()) return {3 * elements * d.e, 5 * elements * d.e};
   return {2 * elements * d.e, 3 * elements * d.e};
 }
 
@@ -263,10 +264,10 @@ void recompute_whole_forward(ModuleCost& cost) {
   cost.recompute_mem_bytes = cost.fwd_mem_bytes;
 }
 
-// Activations an MLP of the family's type saves after its input: SwiGLU keeps gate, up and their product
-// (the down projection's input); GELU keeps its input and output.
+// Activations an MLP of the model's type saves after its input: SwiGLU keeps gate, up and their product
+// (the down projection's input); GELU and squared ReLU keep their input and output.
 double mlp_saved_bytes(const Dims& d, double rows, double width) {
-  const double tensors = d.model.family == ModelFamily::kLlama ? 3 : 2;
+  const double tensors = d.model.mlp_matrices();
   return tensors * rows * width * d.e;
 }
 
@@ -486,7 +487,7 @@ ModuleCost dense_mlp_cost(const Dims& d, int layer) {
   cost.large_tensors = mlp_large_tensors(d.model, d.model.ffn_hidden);
   const double t = d.tokens;
   const double f = static_cast<double>(d.model.ffn_hidden);
-  const bool swiglu = d.model.family == ModelFamily::kLlama;
+  const bool swiglu = d.model.gated_mlp();
 
   add_traffic(cost, norm_traffic(d), d.outside);
   add_linear(cost, d, d.split, t, d.h, swiglu ? 2 * f : f);  // gate + up, or fc1
@@ -524,7 +525,7 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   const double experts = d.model.moe.experts;
   const double k = d.model.moe.top_k;
   const double f = static_cast<double>(d.model.moe.expert_ffn_hidden);
-  const bool swiglu = d.model.family == ModelFamily::kLlama;
+  const bool swiglu = d.model.gated_mlp();
   const double routed = t * k;  // token copies processed by experts
 
   add_traffic(cost, norm_traffic(d), d.outside);
@@ -536,7 +537,7 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   // back the same way. (The all-to-all between GPUs is communication, scheduled elsewhere.)
   add_traffic(cost, {2 * routed * d.h * d.e, 2 * routed * d.h * d.e}, d.outside);
 
-  // Each expert is the family's MLP; together they see t·k rows.
+  // Each expert is the model's MLP; together they see t·k rows.
   add_linear(cost, d, d.split, routed, d.h, swiglu ? 2 * f : f, d.local_experts);
   add_traffic(cost, activation_fn_traffic(d, routed * f), d.split);
   add_linear(cost, d, d.split, routed, f, d.h, d.local_experts);
@@ -661,9 +662,9 @@ double model_flops_formula(const ModelSpec& model, std::int64_t sequences, std::
   const double d_qk = static_cast<double>(model.qk_head_dim());
   const double d_v = static_cast<double>(model.v_head_dim());
   const double vocab = static_cast<double>(model.vocab);
-  // The closed form writes (3/2) for SwiGLU's three matrices; GELU's two give (2/2), so the closed form also holds
-  // for the GPT family.
-  const double matrices = model.family == ModelFamily::kLlama ? 3 : 2;
+  // The closed form writes (3/2) for SwiGLU's three matrices; GELU's or squared ReLU's two give (2/2), so the
+  // closed form also holds for two-matrix MLPs.
+  const double matrices = model.mlp_matrices();
 
   // (f/h)·topk·(matrices/2) averaged over layers: dense layers use (ffn_hidden, 1), MoE layers
   // (expert_ffn_hidden, top_k).

@@ -115,6 +115,20 @@ Status read_mla(const json& config, const std::string& path, ModelSpec& m) {
   return Status::Ok();
 }
 
+// Nemotron's MLP is down(act(up(x))), not gated; Hugging Face's NemotronConfig defaults hidden_act to relu2.
+Result<MlpKind> nemotron_mlp(const json& config, const std::string& path) {
+  if (!config.contains("hidden_act")) return MlpKind::kSquaredRelu;
+  const json& act = config["hidden_act"];
+  if (!act.is_string()) return bad(path, "hidden_act", "expected a string, got " + printable(act.dump(), 60));
+  const std::string name = act.get<std::string>();
+  if (name == "relu2") return MlpKind::kSquaredRelu;
+  if (name == "gelu" || name == "gelu_new" || name == "gelu_pytorch_tanh") return MlpKind::kGelu;
+  return bad(path, "hidden_act",
+             "\"" + printable(name, 40) +
+                 "\" is not supported for nemotron (supported: relu2, gelu, gelu_new, "
+                 "gelu_pytorch_tanh)");
+}
+
 }  // namespace
 
 Result<ModelSpec> model_from_hf_config(const json& config, const std::string& path) {
@@ -122,13 +136,14 @@ Result<ModelSpec> model_from_hf_config(const json& config, const std::string& pa
   if (config.contains("model_type") && !config["model_type"].is_string())
     return bad(path, "model_type", "expected a string, got " + printable(config["model_type"].dump(), 60));
   const std::string type = config.value("model_type", "");
-  const bool dense = type == "llama" || type == "mistral" || type == "qwen2";
+  const bool nemotron = type == "nemotron";  // a two-matrix MLP (up, down) with squared ReLU
+  const bool dense = type == "llama" || type == "mistral" || type == "qwen2" || nemotron;
   const bool deepseek = type == "deepseek_v2" || type == "deepseek_v3";
   const bool moe = type == "mixtral" || type == "qwen2_moe" || deepseek;
   if (!dense && !moe)
     return bad(path, "model_type",
                (type.empty() ? std::string("missing") : "\"" + printable(type, 40) + "\" is not supported") +
-                   " (supported: llama, mistral, qwen2, mixtral, qwen2_moe, deepseek_v2, deepseek_v3)");
+                   " (supported: llama, mistral, qwen2, nemotron, mixtral, qwen2_moe, deepseek_v2, deepseek_v3)");
   ModelSpec m;
   m.name = "custom";
   m.family = ModelFamily::kLlama;
@@ -158,6 +173,9 @@ Result<ModelSpec> model_from_hf_config(const json& config, const std::string& pa
   if (config.contains("tie_word_embeddings")) {
     if (!config["tie_word_embeddings"].is_boolean()) return bad(path, "tie_word_embeddings", "expected true or false");
     m.tied_embeddings = config["tie_word_embeddings"].get<bool>();
+  }
+  if (nemotron) {
+    HZP_ASSIGN_OR_RETURN(m.mlp, nemotron_mlp(config, path));
   }
   if (moe) HZP_RETURN_IF_ERROR(read_moe(config, path, type, m));
   if (deepseek) HZP_RETURN_IF_ERROR(read_mla(config, path, m));

@@ -52,6 +52,7 @@ std::vector<ModelSpec> build_models() {
   gpt3.family = ModelFamily::kGpt;
   gpt3.tied_embeddings = true;
   gpt3.position = PositionEmbedding::kLearned;
+  gpt3.mlp = MlpKind::kGelu;
 
   ModelSpec tiny = llama_model("tiny-dense", 4, 128, 4, 4, 352, 256, 2048);  // byte-level model for the CPU runtime
   ModelSpec mixtral = llama_model("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768);

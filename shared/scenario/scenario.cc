@@ -42,6 +42,18 @@ const char* to_string(PositionEmbedding v) {
   return "?";
 }
 
+const char* to_string(MlpKind v) {
+  switch (v) {
+    case MlpKind::kSwiGlu:
+      return "swiglu";
+    case MlpKind::kGelu:
+      return "gelu";
+    case MlpKind::kSquaredRelu:
+      return "squared_relu";
+  }
+  return "?";
+}
+
 const char* to_string(IntraNodeTopology v) {
   switch (v) {
     case IntraNodeTopology::kSwitch:

@@ -20,6 +20,10 @@ namespace hzp {
 // LLaMA: RMSNorm, SwiGLU MLP (3 matrices), rotary positions, untied head.
 // GPT:   LayerNorm (weight + bias), GELU MLP (2 matrices), learned positions, usually tied embeddings.
 enum class ModelFamily { kLlama, kGpt };
+// The MLP's activation, which decides its matrices. swiglu: down(silu(x Wg) * (x Wu)), 3 matrices (LLaMA);
+// gelu: fc2(gelu(x W1)), 2 matrices (GPT); squared_relu: fc2(relu(x W1)^2), 2 matrices (Nemotron-4, So et al.
+// 2021 "Primer"). The family gives the default; the family alone decides norms and biases.
+enum class MlpKind { kSwiGlu, kGelu, kSquaredRelu };
 enum class PositionEmbedding { kRope, kLearned, kAlibi };
 
 struct MoeSpec {
@@ -53,6 +57,7 @@ struct ModelSpec {
   int heads = 0;
   int kv_heads = 0;             // == heads for multi-head attention; fewer for GQA/MQA
   std::int64_t ffn_hidden = 0;  // dense MLP width
+  MlpKind mlp = MlpKind::kSwiGlu;
   std::int64_t vocab = 0;
   bool tied_embeddings = false;  // head shares the embedding matrix
   PositionEmbedding position = PositionEmbedding::kRope;
@@ -67,7 +72,9 @@ struct ModelSpec {
   // Per-head widths of queries and keys, and of values (== head_dim() but under MLA).
   std::int64_t qk_head_dim() const { return has_mla ? mla.qk_head_dim() : head_dim(); }
   std::int64_t v_head_dim() const { return has_mla ? mla.v_head_dim : head_dim(); }
-  bool is_moe_layer(int layer) const;  // defined in model_math.cc
+  bool is_moe_layer(int layer) const;                         // defined in model_math.cc
+  bool gated_mlp() const { return mlp == MlpKind::kSwiGlu; }  // 3 matrices per MLP, else 2
+  int mlp_matrices() const { return gated_mlp() ? 3 : 2; }
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -389,6 +396,7 @@ struct Scenario {
 
 const char* to_string(ModelFamily v);
 const char* to_string(PositionEmbedding v);
+const char* to_string(MlpKind v);
 const char* to_string(IntraNodeTopology v);
 const char* to_string(NicMapping v);
 const char* to_string(Routing v);

@@ -388,7 +388,7 @@ Result<ModelSpec> parse_model(const json& value) {
       ObjectReader r,
       ObjectReader::open(value, "model",
                          {"name", "preset", "from_hf_config", "family", "layers", "hidden", "heads", "kv_heads",
-                          "ffn_hidden", "vocab", "tied_embeddings", "position", "max_positions", "moe", "mla"}));
+                          "ffn_hidden", "mlp", "vocab", "tied_embeddings", "position", "max_positions", "moe", "mla"}));
   const bool from_preset = r.has("preset") || r.has("from_hf_config");
   HZP_ASSIGN_OR_RETURN(ModelSpec m, model_starting_point(r));
   // A multi-head preset stays multi-head when `heads` is overridden, and a preset whose MoE covers every
@@ -402,12 +402,14 @@ Result<ModelSpec> parse_model(const json& value) {
   if (!from_preset) {
     m.tied_embeddings = m.family == ModelFamily::kGpt;
     m.position = m.family == ModelFamily::kGpt ? PositionEmbedding::kLearned : PositionEmbedding::kRope;
+    m.mlp = m.family == ModelFamily::kGpt ? MlpKind::kGelu : MlpKind::kSwiGlu;
   }
   HZP_RETURN_IF_ERROR(r.read_int("layers", m.layers, 1, range::kLayers));
   HZP_RETURN_IF_ERROR(r.read_int("hidden", m.hidden, 1, range::kHidden));
   HZP_RETURN_IF_ERROR(r.read_int("heads", m.heads, 1, range::kHeads));
   HZP_RETURN_IF_ERROR(r.read_int("kv_heads", m.kv_heads, 1, range::kHeads));
   HZP_RETURN_IF_ERROR(r.read_int("ffn_hidden", m.ffn_hidden, 1, range::kFfn));
+  HZP_RETURN_IF_ERROR(r.read_enum("mlp", m.mlp, {MlpKind::kSwiGlu, MlpKind::kGelu, MlpKind::kSquaredRelu}));
   HZP_RETURN_IF_ERROR(r.read_int("vocab", m.vocab, 1, range::kVocab));
   HZP_RETURN_IF_ERROR(r.read_bool("tied_embeddings", m.tied_embeddings));
   HZP_RETURN_IF_ERROR(r.read_enum("position", m.position,
@@ -1021,6 +1023,7 @@ json model_json(const ModelSpec& m) {
       {"heads", m.heads},
       {"kv_heads", m.kv_heads},
       {"ffn_hidden", m.ffn_hidden},
+      {"mlp", to_string(m.mlp)},
       {"vocab", m.vocab},
       {"tied_embeddings", m.tied_embeddings},
       {"position", to_string(m.position)},
