@@ -5,11 +5,13 @@ model (the equations of runtime/model/model.h), fp32, AdamW, grad clipping, same
     /usr/bin/python3 bench/torch_train.py --layers L --hidden H --heads N --ffn F --seq S --batch B
                                           --threads T --steps K --data FILE
 
-Prints one JSON line: {"tokens_per_s": ..., "step_s": [...]} over the steps after the first 3.
+Prints one JSON line: {"tokens_per_s": ..., "step_s": [...]} over the steps after the first 3 (so --steps is
+at least 4). A bad flag exits 2 naming it.
 """
 import argparse
 import json
 import math
+import os
 import time
 
 import sys
@@ -88,15 +90,46 @@ class Model(nn.Module):
         return F.cross_entropy(logits.view(-1, 256), targets.view(-1))
 
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+from json_input import read_regular_file  # noqa: E402  (a FIFO or /dev/zero refused, not waited on)
+
+# Each flag's range: the smallest model and run that mean something, the largest a CPU benchmark can take.
+RANGES = {"layers": (1, 1024), "hidden": (1, 1 << 16), "heads": (1, 1024), "ffn": (1, 1 << 18),
+          "seq": (1, 1 << 16), "batch": (1, 1 << 16), "threads": (1, 1024), "steps": (4, 1 << 20)}
+
+
+def whole_number(flag):
+    low, high = RANGES[flag]
+
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in [{low}, {high}]")
+        return value
+    return parse
+
+
 def main():
     ap = argparse.ArgumentParser()
-    for k in ("layers", "hidden", "heads", "ffn", "seq", "batch", "threads", "steps"):
-        ap.add_argument("--" + k, type=int, required=True)
+    for k in RANGES:
+        ap.add_argument("--" + k, type=whole_number(k), required=True)
     ap.add_argument("--data", required=True)
     a = ap.parse_args()
+    if a.hidden % a.heads or (a.hidden // a.heads) % 2:
+        ap.error(f"argument --heads: {a.heads} heads of --hidden {a.hidden} do not give an even head width "
+                 "(rotary pairs)")
+    try:
+        data = read_regular_file(a.data)
+    except (OSError, ValueError) as e:
+        ap.error(f"argument --data: {a.data}: {getattr(e, 'strerror', None) or e}")
+    if len(data) < a.seq + 2:
+        ap.error(f"argument --data: {a.data}: {len(data)} bytes, fewer than --seq + 2 = {a.seq + 2}")
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    text = torch.tensor(list(open(a.data, "rb").read()), dtype=torch.long)
+    text = torch.tensor(list(data), dtype=torch.long)
     model = Model(a.layers, a.hidden, a.heads, a.ffn, a.seq)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     times = []

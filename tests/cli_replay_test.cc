@@ -94,7 +94,7 @@ TEST_CASE("replay: a trace of subnormal times replays with no relative error, no
   CHECK(summary["replay"]["worst_abs_error"] == 0);
 }
 
-TEST_CASE("replay: a trace with a rank missing, or of zero-length events, is refused", "[cli][replay]") {
+TEST_CASE("replay: a trace with a rank missing, or a rank of zero-length events, is refused", "[cli][replay]") {
   const std::string missing = edited_trace("missing_rank.json", [](nlohmann::json& d) {
     nlohmann::json kept = nlohmann::json::array();
     for (auto& e : d["events"])
@@ -110,6 +110,34 @@ TEST_CASE("replay: a trace with a rank missing, or of zero-length events, is ref
   r = replay(zero, scratch() / "out_zero_times");
   CHECK(r.code == 2);
   CHECK_THAT(r.output, Catch::Contains("no time was recorded"));
+  // One event (of rank 3) lasting 1 µs among zero-length ones: the other ranks recorded no time (issue 35's
+  // eighth attack: it replayed as a step of 0 s with an empty table).
+  const std::string one = edited_trace("one_timed_event.json", [](nlohmann::json& d) {
+    for (auto& e : d["events"]) e["end_us"] = e["start_us"];
+    d["events"][0]["end_us"] = d["events"][0]["start_us"].get<double>() + 1;
+  });
+  r = replay(one, scratch() / "out_one_timed_event");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("every event of rank 0 starts and ends at the same instant"));
+}
+
+TEST_CASE("replay: times faster than the GPU's peak replay with a note saying so", "[cli][replay]") {
+  // Issue 35's eighth attack: a trace scaled by 1e-7 replayed at 10,761 TFLOP/s per A100 with no word.
+  const std::string fast = edited_trace("scaled_1e-7.json", [](nlohmann::json& d) {
+    for (auto& e : d["events"]) {
+      e["start_us"] = e["start_us"].get<double>() * 1e-7;
+      e["end_us"] = e["end_us"].get<double>() * 1e-7;
+    }
+  });
+  const auto out = scratch() / "out_scaled";
+  const RunResult r = replay(fast, out);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("the a100-80gb's peak of 312: they are not the times"));
+  CHECK(nlohmann::json::parse(slurp(out / "summary.json"))["replay"]["faster_than_peak"] == true);
+  // The recorded trace itself is no faster than its GPU.
+  const auto plain = scratch() / "out_plain_peak";
+  CHECK(replay(kTraces + "/tiny_dense_4ranks.json", plain).output.find("they are not the times") == std::string::npos);
+  CHECK(nlohmann::json::parse(slurp(plain / "summary.json"))["replay"]["faster_than_peak"] == false);
 }
 
 TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, naming the event", "[cli][replay]") {

@@ -455,17 +455,37 @@ TEST_CASE("plan --search at 131,072 GPUs says how long its analytic search takes
   CHECK(r.err.find("plan: estimated 0/5832 sharding candidates") != std::string::npos);
 }
 
-TEST_CASE("arguments with control or invisible characters are refused, not echoed raw", "[cli]") {
+TEST_CASE("plan --search is refused up front when its own estimate passes --max-sim-seconds", "[cli][planner]") {
+  // At 100,000 GPUs the search announced 4 minutes and ran on past a budget of 10 s (issue 35's eighth attack).
+  const auto out = scratch_dir() / "plan_100k";
+  const RunResult r = run("plan '" + kRoot +
+                          "/scenarios/default.json' --search --max-sim-seconds 10 --set cluster.nodes=12500 --set "
+                          "training.global_batch_tokens=409600000 --out '" +
+                          out.string() + "'");
+  INFO(r.out << r.err);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("plan --search would estimate") != std::string::npos);
+  CHECK(r.err.find("over 100000 ranks") != std::string::npos);
+  CHECK(r.err.find("past the budget of 10 s (--max-sim-seconds") != std::string::npos);
+  CHECK(r.err.find("plan: estimated") == std::string::npos);  // nothing was estimated
+  CHECK_FALSE(std::filesystem::exists(out / "plan.json"));
+}
+
+TEST_CASE("arguments with control or invisible characters, or not UTF-8, are refused, not echoed raw", "[cli]") {
   // An --out holding a terminal escape was written back raw in "wrote PATH" lines (issue 35's seventh attack).
   const std::string scenario = "'" + kRoot + "/scenarios/default.json'";
   for (const std::string& arg :
        {std::string("\"$(printf 'e\\033[31m')\""), std::string("\"$(printf 'a\\342\\200\\256b')\""),
-        std::string("\"$(printf 'x\\ry')\"")}) {
+        std::string("\"$(printf 'x\\ry')\""),
+        // Not UTF-8 though each byte looks like a sequence (issue 35's eighth attack: these passed the check and
+        // aborted in the JSON writer): overlong '/', a UTF-16 surrogate, a code point past U+10FFFF.
+        std::string("\"$(printf 'x\\300\\257y')\""), std::string("\"$(printf 'x\\355\\240\\200y')\""),
+        std::string("\"$(printf 'x\\364\\220\\200\\200y')\"")}) {
     const RunResult r = run("simulate " + scenario + " --out " + arg);
     INFO(arg << ": " << r.err);
     CHECK(r.code == 2);
     CHECK(r.err.find("argument 4, \"") != std::string::npos);
-    CHECK(r.err.find("holds control or invisible characters") != std::string::npos);
+    CHECK(r.err.find("holds control or invisible characters, or is not UTF-8") != std::string::npos);
     CHECK(r.err.find('\x1b') == std::string::npos);
     CHECK(r.err.find('\r') == std::string::npos);
   }

@@ -3,7 +3,8 @@
 # without a writer, a rows file nested 100,000 deep, an id holding '/' or 10,000 characters — exits 2 with a
 # message naming what is wrong, never a traceback and never a hang (each run under `timeout 30`); so do a nan
 # gate (--max-error nan would always pass), a flooding --progress-s, a sweep input that is its own output, an
-# --hzp that is not hzp, an output folder that takes no file (/proc), and /proc/kmsg (its reads wait).
+# --hzp that is not hzp, an output folder that takes no file (/proc), and /proc/kmsg (its reads wait); the
+# PyTorch reference and benchmark scripts on inputs and flags of the wrong shape.
 # Usage: bash tests/tools_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -17,7 +18,10 @@ echo '{"id": "a/b", "gpu_count": 8}' > "$out/slash.jsonl"
 python3 -c "print('{\"id\": \"' + 'x' * 10000 + '\"}')" > "$out/long.jsonl"
 failures=0
 expect_2() {  # TOOL ARGS...
-  timeout 30 python3 "$@" > "$out/log" 2>&1 < /dev/null
+  expect_2_with python3 "$@"
+}
+expect_2_with() {  # PYTHON TOOL ARGS...
+  timeout 30 "$@" > "$out/log" 2>&1 < /dev/null
   local rc=$?
   if [ $rc -ne 2 ] || grep -q Traceback "$out/log"; then
     echo "FAIL: $* -> exit $rc: $(tail -2 "$out/log" | cut -c1-200)"
@@ -95,6 +99,28 @@ expect_2 tools/megatron_table.py --hzp "$hzp" --estimate --markdown /proc/nope.m
 if [ -r /proc/kmsg ]; then
   expect_2 tools/validate_rows.py /proc/kmsg --hzp "$hzp"
   expect_2 tools/fp8_transfer.py /proc/kmsg --hzp "$hzp"
+fi
+# The PyTorch scripts under the interpreter that has torch (Debian's): a reference input of the wrong shape, an
+# output that cannot be written; a benchmark flag out of range, heads that do not split the width, data that is
+# not a file of enough bytes (issue 35's eighth attack: tracebacks, a hang on a FIFO, exit 0 on --layers -1).
+if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
+  for doc in '{}' '[]' '{"config": {}}' '{"config": {"vocab": 4, "hidden": 4, "heads": 1, "ffn": 4, "layers": 1,
+      "batch": 1, "seq": 2, "moe_layer": [false]}, "params": {}, "ids": [0, 1], "targets": [1, 2]}'; do
+    echo "$doc" > "$out/reference.json"
+    expect_2_with /usr/bin/python3 tools/torch_reference.py "$out/reference.json" "$out/reference_out.json"
+  done
+  expect_2_with /usr/bin/python3 tools/torch_reference.py "$out/reference.json" /proc/nope/out.json
+  ok_flags="--layers 1 --hidden 8 --heads 1 --ffn 8 --seq 8 --batch 1 --threads 1 --steps 4"
+  data=tests/data/tinyshakespeare_200k.txt
+  for bad in "--heads 3" "--batch 0" "--threads 0" "--steps 0" "--layers -1" "--hidden 0" "--seq 0" "--seq x"; do
+    # shellcheck disable=SC2086 # the flags split on purpose; a later flag overrides the good one
+    expect_2_with /usr/bin/python3 bench/torch_train.py $ok_flags $bad --data "$data"
+  done
+  echo -n "abc" > "$out/short.txt"
+  for bad in /dev/zero "$out/fifo.jsonl" "$out/short.txt" /nonexistent; do
+    # shellcheck disable=SC2086
+    expect_2_with /usr/bin/python3 bench/torch_train.py $ok_flags --data "$bad"
+  done
 fi
 # Rows that validate nothing (none at all) are a failure, not a pass.
 : > "$out/empty.jsonl"

@@ -299,7 +299,8 @@ int run_plan(const std::vector<std::string>& argv) {
                                        scenario_inputs(*args->scenario, *scenario));
         !st.ok())
       return fail(st);
-    return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs), out, budget_flags);
+    return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs), out, budget_flags,
+                           budget->max_seconds);
   }
   if (auto out = args->get("--out"))
     if (Status st =
@@ -550,21 +551,25 @@ int run_replay(const std::vector<std::string>& argv) {
   if (trace->events.empty()) return fail(Status::InvalidInput("trace " + *args->scenario + " has no events"));
   {
     // Every rank recorded, and recorded time: a rank missing would be timed by the roofline as if measured,
-    // and a trace of zero-length events replays as a step of 0 s.
+    // and a rank whose events all start and end at one instant replays as a step of 0 s (issue 35's eighth
+    // attack: one 1 µs event among zero-length ones gave a summary of zeros and an empty table).
     std::vector<char> seen(static_cast<std::size_t>(std::max(trace->world_size, 0)), 0);
-    double longest_us = 0;
-    for (const TraceEvent& e : trace->events) {
-      if (e.rank >= 0 && e.rank < trace->world_size) seen[e.rank] = 1;
-      longest_us = std::max(longest_us, e.end_us - e.start_us);
-    }
-    for (int r = 0; r < trace->world_size; ++r)
+    std::vector<double> longest_us(seen.size(), 0);
+    for (const TraceEvent& e : trace->events)
+      if (e.rank >= 0 && e.rank < trace->world_size) {
+        seen[e.rank] = 1;
+        longest_us[e.rank] = std::max(longest_us[e.rank], e.end_us - e.start_us);
+      }
+    for (int r = 0; r < trace->world_size; ++r) {
       if (!seen[r])
         return fail(Status::InvalidInput("trace " + printable(*args->scenario, 200) + " has no events of rank " +
                                          std::to_string(r) + " of its " + std::to_string(trace->world_size) +
                                          ": a trace records every rank"));
-    if (longest_us <= 0)
-      return fail(Status::InvalidInput("trace " + printable(*args->scenario, 200) +
-                                       ": every event starts and ends at the same instant: no time was recorded"));
+      if (longest_us[r] <= 0)
+        return fail(Status::InvalidInput("trace " + printable(*args->scenario, 200) + ": every event of rank " +
+                                         std::to_string(r) +
+                                         " starts and ends at the same instant: no time was recorded"));
+    }
   }
   auto recorded_scenario = parse_scenario(trace->scenario_config, trace->scenario);
   if (!recorded_scenario.ok())
@@ -706,12 +711,18 @@ int run_replay(const std::vector<std::string>& argv) {
         "  not have; for an imported PyTorch trace, `hzp import --include-idle` keeps that time inside each\n"
         "  phase\n",
         100 * most_idle);
+  // Times replay as recorded, whatever they imply; a trace faster than its GPU's peak is not a run of it
+  // (issue 35's eighth attack: a trace scaled by 1e-7 replayed at 10,761 TFLOP/s per A100 with no word).
+  const bool past_peak = r.mfu > 1;
+  if (past_peak)
+    std::printf(
+        "  note: the recorded times imply %.0f TFLOP/s per GPU, %.1fx the %s's peak of %.0f: they are not the times\n"
+        "  of a run on this GPU (edited, or recorded on another clock), and this replay's speed is not one either\n",
+        r.tflops_per_gpu, r.mfu, scenario.cluster.gpu.type.c_str(), scenario.cluster.gpu.peak_flops * 1e-12);
   nlohmann::json summary = sim::summary_json(scenario, r);
-  summary["replay"] = {{"trace", *args->scenario},
-                       {"steps", r.steps},
-                       {"ops_not_in_trace", recorded->fallbacks()},
-                       {"worst_abs_error", worst},
-                       {"max_idle_fraction", most_idle},
+  summary["replay"] = {{"trace", *args->scenario}, {"faster_than_peak", past_peak},
+                       {"steps", r.steps},         {"ops_not_in_trace", recorded->fallbacks()},
+                       {"worst_abs_error", worst}, {"max_idle_fraction", most_idle},
                        {"ranks", per_rank}};
   return write_sim_outputs(out_dir, summary, scenario, schedule, r);
 }
@@ -739,7 +750,9 @@ const std::vector<Command>& commands() {
        "and writes DIR/plan.json (every simulated candidate with estimated and simulated step time), and\n"
        "DIR/best.json, the fastest simulated candidate as a ready-to-run scenario (DIR defaults to\n"
        "out/<scenario>-plan). Progress goes to stderr. Each simulation estimates its cost first and is refused\n"
-       "past its budget, as hzp simulate's: --max-sim-seconds and --max-sim-GiB apply to each of them.\n\n"
+       "past its budget, as hzp simulate's: --max-sim-seconds and --max-sim-GiB apply to each of them, and\n"
+       "--max-sim-seconds to the analytic search too (estimated from its candidates and ranks, refused past it\n"
+       "when that is 10 s or more).\n\n"
        "When no preset fits, it also says what would: per policy and recomputation setting, the fewest nodes\n"
        "(micro-batch and micro-batches per GPU kept) on which it fits, with its memory per "
        "GPU.\n" HZP_SCENARIO_INPUT_HELP,

@@ -151,17 +151,22 @@ std::string list_of(const std::vector<long long>& values) {
 // 2-core development machine: 4050 candidates x 16,384 ranks in 28 s.
 constexpr double kSearchSecondsPerRankCandidate = 0.42e-6;
 
+// The sharding search's time on the reference machine: each candidate is estimated over every rank's groups,
+// so it grows with candidates x ranks (at 131,072 GPUs, minutes).
+double sharding_search_seconds(const Scenario& scenario, long long candidates) {
+  return kSearchSecondsPerRankCandidate * static_cast<double>(candidates) * scenario.cluster.world_size();
+}
+
 // Runs both analytic searches and prints what each considered; kInvalidInput etc. as the search says.
 Result<Searches> search_both(const Scenario& scenario, int top_k) {
   Searches out;
   const SearchOptions options;
   const NdSearchOptions nd_options;
   auto t0 = std::chrono::steady_clock::now();
-  // Each candidate is estimated over every rank's groups, so the search grows with candidates x ranks: at
-  // 131,072 GPUs it takes minutes. Say how long before the first candidate when that is more than a moment.
+  // Say how long before the first candidate when that is more than a moment.
   ProgressLine searched("plan: estimated", "sharding candidates");
   const auto report = [&](long long done, long long total) {
-    const double about = kSearchSecondsPerRankCandidate * static_cast<double>(total) * scenario.cluster.world_size();
+    const double about = sharding_search_seconds(scenario, total);
     if (done == 0 && about >= 10)
       std::fprintf(stderr,
                    "plan: estimating %lld sharding candidates over %d ranks, about %s on a 2-core machine, then the "
@@ -342,7 +347,19 @@ nlohmann::json plan_json(const Scenario& scenario, const Searches& found, const 
 }  // namespace
 
 int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir,
-                    const std::vector<std::string>& budget_flags) {
+                    const std::vector<std::string>& budget_flags, double max_search_seconds) {
+  // The search's own cost, before it starts (issue 35's eighth attack: at 100,000 GPUs and more it ran for
+  // minutes past a --max-sim-seconds of 10). One estimated under 10 s always runs: the budget is for searches
+  // that take minutes, not for the seconds the per-candidate constant cannot resolve.
+  const long long candidates = search_candidate_count(scenario, SearchOptions{}, NdSearchOptions{}.micro_batches);
+  if (const double about = sharding_search_seconds(scenario, candidates);
+      max_search_seconds > 0 && about > std::max(max_search_seconds, 10.0)) {
+    std::fprintf(stderr,
+                 "hzp: error: plan --search would estimate %lld sharding candidates over %d ranks, about %s on a "
+                 "2-core machine, past the budget of %g s (--max-sim-seconds; raise it, or 0 for no limit)\n",
+                 candidates, scenario.cluster.world_size(), clock_text(about).c_str(), max_search_seconds);
+    return 2;
+  }
   // Where results go is checked before any work: a run that cannot write its plan is refused up front.
   const fs::path dir = fs::path(out_dir) / "candidates";
   if (Status st = ensure_writable_dir(dir.string(), "--out"); !st.ok()) {

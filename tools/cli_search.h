@@ -13,9 +13,11 @@ namespace hzp::cli {
 
 // Returns the exit code. `top_k` candidates (plus every fitting preset) are simulated, `jobs` at a time,
 // each in its own `hzp simulate` process. `out_dir` receives plan.json, best.json and candidates/.
-// `budget_flags` (--max-sim-seconds S, --max-sim-GiB G) go to every candidate's simulation.
+// `budget_flags` (--max-sim-seconds S, --max-sim-GiB G) go to every candidate's simulation; the search itself
+// is refused up front (exit 2) when its estimate passes `max_search_seconds` (the --max-sim-seconds value; 0:
+// no limit).
 int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir,
-                    const std::vector<std::string>& budget_flags);
+                    const std::vector<std::string>& budget_flags, double max_search_seconds);
 
 // One `hzp simulate` of `scenario` into `out` (its scenario.json, summary.json, timeline, stdout.txt and
 // stderr.txt), in a child process: one SimGrid engine per process.

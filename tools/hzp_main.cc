@@ -41,12 +41,13 @@ int main(int argc, char** argv) {
   }
   // Arguments are shown back as they are (an output folder in "wrote PATH", a file in messages): one with
   // control characters, or characters that reorder or hide what a terminal shows, is refused rather than
-  // echoed raw (issue 35's seventh attack: an --out holding ESC reached the terminal in 24 commands).
+  // echoed raw (issue 35's seventh attack: an --out holding ESC reached the terminal in 24 commands); so is
+  // one that is not UTF-8, which the JSON writer refuses with an exception (the eighth: overlong forms).
   for (std::size_t i = 0; i < args.size(); ++i)
     if (hzp::printable(args[i], args[i].size() + 1) != args[i]) {
       std::fprintf(stderr,
-                   "hzp: error: argument %zu, %s, holds control or invisible characters (terminal escapes, bidi "
-                   "overrides); give it without them\n",
+                   "hzp: error: argument %zu, %s, holds control or invisible characters, or is not UTF-8 "
+                   "(terminal escapes, bidi overrides, overlong or surrogate bytes); give it without them\n",
                    i + 1, hzp::quoted(args[i], 200).c_str());
       return 2;
     }

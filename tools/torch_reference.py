@@ -122,14 +122,58 @@ def moe(x, p, experts, cfg):
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from json_input import load_json_input  # noqa: E402  (exit 2 naming a bad input file)
+from json_input import check_output_file, load_json_input, write_output_file  # noqa: E402  (exit 2 naming it)
+
+CONFIG_COUNTS = ("vocab", "hidden", "heads", "ffn", "layers", "batch", "seq")
+
+
+def check_input(doc):
+    """The shape of torch_compare's document, before any of it is used; ValueError naming the first field that
+    is not what the module docstring says (a KeyError or TypeError deep in the model said nothing)."""
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    for key, kind in (("config", dict), ("params", dict), ("ids", list), ("targets", list)):
+        if not isinstance(doc.get(key), kind):
+            raise ValueError(f"{key}: missing or not a JSON {'object' if kind is dict else 'array'}")
+    cfg = doc["config"]
+    for key in CONFIG_COUNTS:
+        v = cfg.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1 << 20:
+            raise ValueError(f"config.{key}: {v!r} is not a whole number in [1, 1048576]")
+    if not isinstance(cfg.get("moe_layer"), list) or len(cfg["moe_layer"]) != cfg["layers"]:
+        raise ValueError(f"config.moe_layer: not a list of {cfg['layers']} booleans (one per layer)")
+    for key in ("ids", "targets"):
+        if len(doc[key]) != cfg["batch"] * cfg["seq"]:
+            raise ValueError(f"{key}: {len(doc[key])} token ids, not batch x seq = {cfg['batch'] * cfg['seq']}")
+    for name, t in doc["params"].items():
+        if not isinstance(t, dict) or not isinstance(t.get("shape"), list) or not isinstance(t.get("data"), list):
+            raise ValueError(f"params.{name}: not an object with a shape and a data array")
 
 
 def main():
     if len(sys.argv) != 3 or any(a.startswith("-") for a in sys.argv[1:]):
         print("usage: torch_reference.py IN.json OUT.json", file=sys.stderr)
         sys.exit(2)
+    try:
+        check_output_file(sys.argv[2], "OUT.json", inputs=(sys.argv[1],))
+    except ValueError as e:
+        print(f"torch_reference.py: {e}", file=sys.stderr)
+        sys.exit(2)
     doc = load_json_input(sys.argv[1], "IN.json")
+    try:
+        check_input(doc)
+        out = reference(doc)
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+        # What check_input does not reach (a parameter of the wrong size, a missing tensor) fails inside torch:
+        # still the input's fault, said in one line.
+        what = f"missing {e}" if isinstance(e, KeyError) else str(e).split("\n")[0]
+        print(f"torch_reference.py: IN.json {sys.argv[1]}: {what}", file=sys.stderr)
+        sys.exit(2)
+    write_output_file(sys.argv[2], json.dumps(out))
+
+
+def reference(doc):
+    """OUT.json's document for a checked IN.json."""
     cfg = doc["config"]
     params = {}
     for name, t in doc["params"].items():
@@ -167,8 +211,7 @@ def main():
         "min_router_gap": min_gap if math.isfinite(min_gap) else None,
         "grads": {name: t.grad.reshape(-1).tolist() for name, t in params.items()},
     }
-    with open(sys.argv[2], "w") as f:
-        json.dump(out, f)
+    return out
 
 
 if __name__ == "__main__":

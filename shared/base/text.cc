@@ -16,14 +16,22 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
 
 namespace {
 
-// Length of the valid UTF-8 sequence starting at text[i], or 0 if it is not one.
+// Length of the valid UTF-8 sequence starting at text[i], or 0 if it is not one. Valid as RFC 3629 §4 has it
+// (and as nlohmann::json's dump checks, which throws on anything else): no overlong form (C0, C1; E0 80–9F;
+// F0 80–8F), no UTF-16 surrogate (ED A0–BF), nothing past U+10FFFF (F4 90–BF; F5–FF).
 std::size_t utf8_length(std::string_view text, std::size_t i) {
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
   const unsigned char c = byte(i);
-  std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+  if (c < 0x80) return 1;
+  const std::size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
   if (n == 0 || i + n > text.size()) return 0;
   for (std::size_t k = 1; k < n; ++k)
     if ((byte(i + k) & 0xc0) != 0x80) return 0;
+  // The second byte's narrower range after E0, ED, F0 and F4.
+  const unsigned char second = byte(i + 1);
+  if ((c == 0xe0 && second < 0xa0) || (c == 0xed && second > 0x9f) || (c == 0xf0 && second < 0x90) ||
+      (c == 0xf4 && second > 0x8f))
+    return 0;
   return n;
 }
 

@@ -13,9 +13,11 @@
 
 namespace hzp {
 
-Result<SearchResult> search_policies_and_training(const Scenario& scenario, const SearchOptions& options,
-                                                  const std::vector<long long>& micro_batches,
-                                                  const std::function<void(long long, long long)>& progress) {
+namespace {
+
+// The scenario under every micro-batch and recomputation setting the search tries (its own first); those
+// that do not parse (a micro-batch that does not split the batch) are left out.
+std::vector<Scenario> training_variants(const Scenario& scenario, const std::vector<long long>& micro_batches) {
   std::vector<Scenario> variants = {scenario};
   const nlohmann::json base = scenario_to_json(scenario);
   for (long long mb : micro_batches)
@@ -26,11 +28,30 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
       doc["training"]["recompute"] = to_string(r);
       if (Result<Scenario> v = parse_scenario(doc, scenario.name); v.ok()) variants.push_back(std::move(v).value());
     }
+  return variants;
+}
+
+long long candidates_per_setting(const Scenario& scenario, const SearchOptions& options) {
+  return static_cast<long long>(
+      valid_shardings(scenario.mesh.replica.ranks_per_node, scenario.mesh.replica.nodes).size() *
+      options.prefetch_depths.size() * options.separate_streams.size());
+}
+
+}  // namespace
+
+long long search_candidate_count(const Scenario& scenario, const SearchOptions& options,
+                                 const std::vector<long long>& micro_batches) {
+  return candidates_per_setting(scenario, options) *
+         static_cast<long long>(training_variants(scenario, micro_batches).size());
+}
+
+Result<SearchResult> search_policies_and_training(const Scenario& scenario, const SearchOptions& options,
+                                                  const std::vector<long long>& micro_batches,
+                                                  const std::function<void(long long, long long)>& progress) {
+  const std::vector<Scenario> variants = training_variants(scenario, micro_batches);
   // Progress by candidate, from the first (every setting has as many): at 131,072 GPUs a setting takes
   // minutes, and reporting by setting left the command silent that long.
-  const long long per_setting =
-      static_cast<long long>(valid_shardings(scenario.mesh.replica.ranks_per_node, scenario.mesh.replica.nodes).size() *
-                             options.prefetch_depths.size() * options.separate_streams.size());
+  const long long per_setting = candidates_per_setting(scenario, options);
   const long long total = per_setting * static_cast<long long>(variants.size());
   if (progress) progress(0, total);
   SearchResult all;

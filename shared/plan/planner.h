@@ -22,6 +22,11 @@ Result<SearchResult> search_policies_and_training(const Scenario& scenario, cons
                                                   const std::vector<long long>& micro_batches,
                                                   const std::function<void(long long, long long)>& progress = {});
 
+// How many candidates search_policies_and_training estimates (what its progress counts to), without
+// estimating any.
+long long search_candidate_count(const Scenario& scenario, const SearchOptions& options,
+                                 const std::vector<long long>& micro_batches);
+
 // The layer splits the ND search tries for pipeline x virtual_stages chunks (pipeline_split.h): the even one
 // when the chunks divide the layers; otherwise the embedding and/or loss counted as layers (the first of
 // both, the embedding, the loss that splits) and the middle stages rounded up to whole chunks with the rest
