@@ -31,12 +31,20 @@ constexpr double kSecondsPerPortCubed = 1.3e-15;    // ECMP ports (1024, 2048, 4
 constexpr double kSecondsPerMeshLink = 1e-5;        // a full-mesh pair link and its route (64-GPU mesh nodes,
 constexpr double kSecondsPerMeshLinkZone = 2e-7;    // 64 to 512 of them: 1.2, 2.8, 6.3, 21 s), and per zone
 constexpr double kSecondsPerRecordedOp = 4e-6;      // a timeline span: its JSON, written (and gzipped)
-constexpr double kBaseBytes = 45e6;                 // the process: binary, SimGrid, the compiled scenario
-constexpr double kBytesPerActor = 14.5e3;           // an actor's touched stack pages, context, rank state
-constexpr double kBytesPerHost = 1.2e3;             // a SimGrid host or link with its routes
-constexpr double kBytesPerFlow = 1.7e3;             // a flow in flight: its Comm, solver variable and elements
-constexpr double kBytesPerRecordedOp = 1.2e3;       // a timeline span: recorded, its JSON tree, its text
-constexpr double kActorStackBytes = 256 * 1024;     // reserved per actor (configure_engine's contexts/stack-size)
+// Memory: what the process holds when the estimate is made (binary, libraries, the compiled scenario: ~200 MB
+// where CUDA's libraries are linked; kBaseBytes where /proc cannot tell), then what the engine adds. Measured
+// after issue 35's eighth attack found simulations at 131,072 GPUs taking twice the estimate (a host or link
+// was counted 1.2 kB, spans recorded during the run nothing): `hzp simulate scenarios/default.json --set
+// cluster.nodes=N` for N = 1024 / 4096 / 16384 (8 GPUs a node, symmetric, so hosts and links dominate) held
+// 176 / 503 / 1815 MB over its start with 40 k / 160 k / 640 k hosts and links and 114 k spans recorded; the
+// two constants below fit the three within 1 %.
+constexpr double kBaseBytes = 45e6;
+constexpr double kBytesPerActor = 14.5e3;        // an actor's touched stack pages, context, rank state
+constexpr double kBytesPerHost = 2.7e3;          // a SimGrid host or link with its routes
+constexpr double kBytesPerRunSpan = 0.6e3;       // a timeline span as recorded while the engine runs
+constexpr double kBytesPerFlow = 1.7e3;          // a flow in flight: its Comm, solver variable and elements
+constexpr double kBytesPerRecordedOp = 1.2e3;    // a timeline span: recorded, its JSON tree, its text
+constexpr double kActorStackBytes = 256 * 1024;  // reserved per actor (configure_engine's contexts/stack-size)
 
 std::string count(double n) {
   char buf[32];
@@ -96,16 +104,21 @@ void estimate_cost(SimCost& cost) {
   cost.seconds = platform_seconds(cost) + cost.ops * kSecondsPerOp + cost.recorded_ops * kSecondsPerRecordedOp +
                  cost.flows * kSecondsPerFlow + cost.pair_work * kSecondsPerFlowPair +
                  cost.ecmp_pair_work * kSecondsPerEcmpFlowPair;
+  if (cost.base_resident_bytes == 0) {
+    const double now = resident_bytes();
+    cost.base_resident_bytes = now > 0 ? now : kBaseBytes;
+    cost.base_mapped_bytes = address_space_mapped();
+  }
   // The timeline is written after the engine is gone, into the memory it freed: the peak is the larger of the two.
   const double actors = all_actors(cost);
-  cost.resident_bytes = kBaseBytes + std::max(actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
-                                                  cost.peak_flows * kBytesPerFlow,
-                                              cost.recorded_ops * kBytesPerRecordedOp);
-  // The address space this process already holds (binary, libraries, the compiled scenario), then what the
-  // simulation adds: its thread's stack and every actor's.
-  const double mapped = address_space_mapped();
+  const double engine = std::max(actors * kBytesPerActor + (cost.hosts + cost.links) * kBytesPerHost +
+                                     cost.peak_flows * kBytesPerFlow + cost.recorded_ops * kBytesPerRunSpan,
+                                 cost.recorded_ops * kBytesPerRecordedOp);
+  cost.resident_bytes = cost.base_resident_bytes + engine;
+  // The address space the process already maps, then what the simulation adds: its thread's stack and every
+  // actor's.
   cost.virtual_bytes =
-      mapped + cost.resident_bytes + actors * kActorStackBytes + static_cast<double>(simulation_stack_bytes());
+      cost.base_mapped_bytes + engine + actors * kActorStackBytes + static_cast<double>(simulation_stack_bytes());
 }
 
 void add_platform_estimate(SimCost& cost, const ClusterSpec& cluster) {

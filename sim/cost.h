@@ -30,6 +30,10 @@ struct SimCost {
   double pair_work = 0;         // the max-min solver's work (collective.h FlowTally), plain flows
   double ecmp_pair_work = 0;    // and ECMP-hashed ones
   bool flows_at_least = false;  // the flows are a lower bound, counted before the platform is built
+  // What the process held before the engine (read by the first estimate_cost, kept for the later ones, which
+  // come after the platform is built and must not count it twice): resident bytes and address space.
+  double base_resident_bytes = 0;
+  double base_mapped_bytes = 0;
   // The estimates (estimate_cost): wall seconds, resident bytes, and address space reserved (actor stacks).
   double seconds = 0;
   double resident_bytes = 0;

@@ -418,6 +418,18 @@ TEST_CASE("compare: two runs side by side, from scenarios, simulations or summar
   r = run("compare " + zero3 + " '" + kData + "/bad/unknown_key_top.json'");
   CHECK(r.code == 2);
   CHECK(r.err.find("unknown key") != std::string::npos);
+  // The simulations' budget (issue 35's eighth attack: compare --simulate said to raise --max-sim-seconds, which
+  // it did not take): passed to each, a refusal is exit 2 with the simulation's reason; without --simulate an error.
+  r = run("compare " + zero3 + " " + ddp + " --simulate --max-sim-seconds 0.000001 --out '" +
+          (dir / "budget").string() + "'");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("simulation refused") != std::string::npos);
+  CHECK(r.err.find("past the budget of") != std::string::npos);
+  r = run("compare " + zero3 + " " + ddp + " --max-sim-seconds 5");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("--max-sim-seconds needs --simulate") != std::string::npos);
+  CHECK(run("compare " + zero3 + " " + ddp + " --simulate --max-sim-GiB 0 --out '" + (dir / "budget0").string() + "'")
+            .code == 2);
 }
 
 TEST_CASE("plan --search: each candidate's simulation runs under the budget given, and says why it was refused",

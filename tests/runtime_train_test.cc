@@ -945,5 +945,19 @@ TEST_CASE("runtime: checkpoint directories are never overwritten by surprise nor
   std::ifstream still(target);
   std::string after((std::istreambuf_iterator<char>(still)), std::istreambuf_iterator<char>());
   CHECK(after == "keep me");
+  // The eighth attack: --resume read `latest` and a rank file through symlinks to copies outside the folder.
+  // Each is refused, naming it.
+  for (const std::string file : {"latest", "step_2/rank_0.bin"}) {
+    const fs::path copy = dir / ("links_" + std::to_string(file.size()));
+    fs::copy(dir / "ckpt", copy, fs::copy_options::recursive);
+    const fs::path outside = dir / ("outside_" + std::to_string(file.size()));
+    fs::copy_file(copy / file, outside);
+    fs::remove(copy / file);
+    fs::create_symlink(outside, copy / file);
+    const RunResult via_link = run(train_cmd(scen, 2, 2, dir / "g", "--checkpoint-dir " + copy.string() + " --resume"));
+    INFO(file << ": " << via_link.output);
+    CHECK(via_link.code == 2);
+    CHECK_THAT(via_link.output, Catch::Contains(file) && Catch::Contains("a symlink, which is not followed here"));
+  }
   fs::remove_all(dir);
 }

@@ -22,11 +22,13 @@
 #include "tools/cli.h"
 #include "tools/cli_flags.h"
 #include "tools/cli_search.h"
+#include "tools/cli_sim_budget.h"
 
 namespace hzp::cli {
 
 const char* const kCompareHelp =
-    "usage: hzp compare A [B] [--simulate [--out DIR]] [--json FILE] [--set PATH=VALUE]...\n\n"
+    "usage: hzp compare A [B] [--simulate [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G]] [--json FILE]\n"
+    "                   [--set PATH=VALUE]...\n\n"
     "Puts two runs side by side: every metric of A and B, B - A and B / A. A and B are each a scenario file\n"
     "(- for stdin), a summary.json written by hzp simulate or hzp replay, or a folder holding one (hzp simulate\n"
     "--out DIR, or a candidate of hzp plan --search: DIR/candidates/NAME). Scenarios are estimated\n"
@@ -37,7 +39,9 @@ const char* const kCompareHelp =
     "Rows: step time, tokens/s/GPU, MFU, compute, exposed communication, memory per GPU by category, traffic\n"
     "per GPU, and from simulations the step's breakdown by phase and by parallel dimension (hzp simulate).\n"
     "--json FILE writes {\"a\", \"b\": {source, kind}, \"rows\": [{metric, unit, a, b, delta, ratio}]}.\n"
-    "Exit 0, 2 on bad input (either side), 1 when a simulation fails.\n" HZP_SCENARIO_INPUT_HELP;
+    "With --simulate, each simulation is held to --max-sim-seconds and --max-sim-GiB as hzp simulate's is.\n"
+    "Exit 0, 2 on bad input (either side) or a simulation refused past its budget, 1 when a simulation "
+    "fails.\n" HZP_SCENARIO_INPUT_HELP;
 
 namespace {
 
@@ -170,7 +174,7 @@ std::vector<Metric> metrics(const nlohmann::json& a, const nlohmann::json& b) {
 
 // Estimates or simulates the sides that are scenarios.
 Status evaluate_sides(std::vector<Side*> sides, bool simulate, const fs::path& out_dir,
-                      const std::vector<NamedPath>& inputs) {
+                      const std::vector<NamedPath>& inputs, const std::vector<std::string>& budget_flags) {
   if (!simulate) {
     for (Side* s : sides) {
       if (s->scenario) {
@@ -194,8 +198,9 @@ Status evaluate_sides(std::vector<Side*> sides, bool simulate, const fs::path& o
     runs.push_back({*s->scenario, out, {}});
     simulated.push_back(s);
   }
-  simulate_in_children(runs, 2, {});
+  simulate_in_children(runs, 2, {}, budget_flags);
   for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i].refused) return Status::InvalidInput(simulated[i]->source + ": " + runs[i].error);
     if (!runs[i].error.empty()) return Status::Internal(simulated[i]->source + ": " + runs[i].error);
     HZP_ASSIGN_OR_RETURN(simulated[i]->summary, load_json_file((runs[i].out / "summary.json").string(), 64 << 20));
     simulated[i]->kind = "simulation (" + runs[i].out.string() + ")";
@@ -206,8 +211,24 @@ Status evaluate_sides(std::vector<Side*> sides, bool simulate, const fs::path& o
 }  // namespace
 
 int run_compare_command(const std::vector<std::string>& args) {
-  auto parsed = parse_flags(args, {{"--simulate", false}, {"--json", true}, {"--out", true}, {"--set", true, true}}, 2);
+  auto parsed = parse_flags(args,
+                            {{"--simulate", false},
+                             {"--json", true},
+                             {"--out", true},
+                             {"--set", true, true},
+                             {"--max-sim-seconds", true},
+                             {"--max-sim-GiB", true}},
+                            2);
   if (!parsed.ok()) return usage_error(parsed.status().message());
+  // The simulations' budget, checked here and passed on as given (hzp plan --search does the same).
+  std::vector<std::string> budget_flags;
+  if (auto budget = read_sim_budget([&](const char* flag) { return parsed->get(flag); }); !budget.ok())
+    return usage_error(budget.status().message());
+  for (const char* flag : {"--max-sim-seconds", "--max-sim-GiB"})
+    if (auto v = parsed->get(flag)) {
+      if (!parsed->has("--simulate")) return usage_error(std::string(flag) + " needs --simulate");
+      budget_flags.insert(budget_flags.end(), {flag, *v});
+    }
   const std::vector<std::string> sets = parsed->all("--set");
   if (parsed->positional.empty()) return usage_error("missing A");
   if (parsed->positional.size() == 1 && sets.empty()) return usage_error("give B, or --set edits that make B from A");
@@ -234,7 +255,8 @@ int run_compare_command(const std::vector<std::string>& args) {
     b->source = a_arg + " --set " + join(sets, " --set ");
   }
   const fs::path out_dir = parsed->get("--out").value_or("out/compare");
-  if (Status st = evaluate_sides({&*a, &*b}, parsed->has("--simulate"), out_dir, inputs); !st.ok()) return fail(st);
+  if (Status st = evaluate_sides({&*a, &*b}, parsed->has("--simulate"), out_dir, inputs, budget_flags); !st.ok())
+    return fail(st);
 
   std::printf("A  %s  (%s)\nB  %s  (%s)\n", a->source.c_str(), a->kind.c_str(), b->source.c_str(), b->kind.c_str());
   std::printf("%-24s %-10s %14s %14s %14s %9s\n", "metric", "unit", "A", "B", "B - A", "B / A");

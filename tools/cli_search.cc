@@ -457,8 +457,9 @@ void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const st
     running.erase(it);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !fs::exists(runs[i].out / "summary.json")) {
       const std::string why = last_line(runs[i].out / "stderr.txt");
-      runs[i].error =
-          "simulation failed (" + (runs[i].out / "stderr.txt").string() + ")" + (why.empty() ? "" : ": " + why);
+      runs[i].refused = WIFEXITED(status) && WEXITSTATUS(status) == 2;
+      runs[i].error = std::string(runs[i].refused ? "simulation refused" : "simulation failed") + " (" +
+                      (runs[i].out / "stderr.txt").string() + ")" + (why.empty() ? "" : ": " + why);
     }
     if (done) done(i);
   };

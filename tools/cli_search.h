@@ -25,6 +25,7 @@ struct ChildSimulation {
   Scenario scenario;
   std::filesystem::path out;  // exists
   std::string error;          // set when the simulation could not run or failed
+  bool refused = false;       // it exited 2: its input, or its cost past the budget, was refused
 };
 // Runs them `jobs` at a time, each `hzp simulate ... FLAGS` (a budget: --max-sim-seconds S); `done(i)` is
 // called as each ends (in this thread). A failed run's error ends with the last line it wrote on stderr.

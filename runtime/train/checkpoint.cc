@@ -226,7 +226,7 @@ Status write_checkpoint(const std::string& path, CheckpointHeader header, const 
 Result<CheckpointHeader> read_checkpoint(const std::string& path, const CheckpointHeader& expected,
                                          std::int64_t max_step, const std::vector<FloatSpan>& spans) {
   const std::string shown = "checkpoint " + printable(path, 200);
-  auto opened = open_regular_file(path);
+  auto opened = open_regular_file(path, Links::kNoLinks);  // never read through a link out of the folder
   if (!opened.ok()) return Status::InvalidInput("checkpoint " + opened.status().message());
   const int fd = *opened;
   struct Closer {
@@ -278,7 +278,7 @@ Result<CheckpointHeader> read_checkpoint(const std::string& path, const Checkpoi
 
 Result<CheckpointHeader> read_checkpoint_header(const std::string& path) {
   const std::string shown = "checkpoint " + printable(path, 200);
-  auto opened = open_regular_file(path);
+  auto opened = open_regular_file(path, Links::kNoLinks);  // never read through a link out of the folder
   if (!opened.ok()) return Status::InvalidInput("checkpoint " + opened.status().message());
   struct Closer {
     int fd;
@@ -316,7 +316,7 @@ std::string checkpoint_file(const std::string& dir, std::int64_t step, int rank)
 
 Result<std::int64_t> read_latest(const std::string& dir) {
   const std::string path = (fs::path(dir) / "latest").string();
-  auto text = read_text_file(path, 64);
+  auto text = read_text_file(path, 64, Links::kNoLinks);
   if (!text.ok())
     return Status::InvalidInput("--resume: no checkpoint in " + printable(dir, 200) + " (" + text.status().message() +
                                 ")");

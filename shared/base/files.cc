@@ -74,12 +74,15 @@ bool same_file(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-Result<int> open_regular_file(const std::string& path) {
+Result<int> open_regular_file(const std::string& path, Links links) {
   const std::string shown = printable(path, 200);
   // O_NONBLOCK, kept for the reads: opening a FIFO without a writer would otherwise wait for one, forever,
   // and a "regular" file of the kernel's (/proc/kmsg) blocks its reads until the kernel has something to
   // say. On a file of a disk it changes nothing.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const int no_follow = links == Links::kNoLinks ? O_NOFOLLOW : 0;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | no_follow);
+  if (fd < 0 && errno == ELOOP && links == Links::kNoLinks)
+    return Status::InvalidInput(shown + ": a symlink, which is not followed here (give the file itself)");
   if (fd < 0) return Status::InvalidInput(shown + ": cannot open: " + errno_text());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -89,9 +92,9 @@ Result<int> open_regular_file(const std::string& path) {
   return fd;
 }
 
-Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes) {
+Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes, Links links) {
   const std::string shown = printable(path, 200);
-  HZP_ASSIGN_OR_RETURN(const int fd, open_regular_file(path));
+  HZP_ASSIGN_OR_RETURN(const int fd, open_regular_file(path, links));
   struct stat st {};
   ::fstat(fd, &st);
   if (st.st_size > max_bytes) {

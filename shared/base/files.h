@@ -13,12 +13,16 @@ namespace hzp {
 
 // A descriptor of `path` opened for reading if it is a regular file (the caller closes it); a FIFO, a device
 // or a directory is kInvalidInput naming it, at once (opening never waits for a FIFO's writer). The
-// descriptor is non-blocking: a read that would wait (/proc/kmsg) fails with EAGAIN instead.
-Result<int> open_regular_file(const std::string& path);
+// descriptor is non-blocking: a read that would wait (/proc/kmsg) fails with EAGAIN instead. With
+// kNoLinks, a `path` that is itself a symlink is refused too (a checkpoint's files are read only from inside
+// its directory, never through a link out of it).
+enum class Links { kFollow, kNoLinks };
+Result<int> open_regular_file(const std::string& path, Links links = Links::kFollow);
 
 // The whole file, if it is a regular file of at most `max_bytes`. Errors (kInvalidInput) name the path
 // and say what is wrong: missing, a directory, unreadable, too large.
-Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes = 64ll << 20);
+Result<std::string> read_text_file(const std::string& path, std::int64_t max_bytes = 64ll << 20,
+                                   Links links = Links::kFollow);
 
 // The file's text, gunzipped when it starts with the gzip magic (1f 8b): a compressed file of at most
 // `max_bytes` that inflates to at most `max_bytes` (a larger result is refused as it grows, so a gzip bomb

@@ -43,4 +43,11 @@ double address_space_mapped() {
   return 0;
 }
 
+double resident_bytes() {
+  double pages = 0, resident = 0;
+  if (std::ifstream statm("/proc/self/statm"); statm >> pages >> resident)
+    return resident * static_cast<double>(sysconf(_SC_PAGESIZE));
+  return 0;
+}
+
 }  // namespace hzp

@@ -13,4 +13,7 @@ double address_space_limit();
 // Address space this process already maps (/proc/self/statm; 0 when unreadable), in bytes.
 double address_space_mapped();
 
+// Memory this process already holds resident (/proc/self/statm's second field; 0 when unreadable), in bytes.
+double resident_bytes();
+
 }  // namespace hzp
