@@ -226,6 +226,34 @@ TEST_CASE("import: NCCL kernels with their record_param_comms size, rank files o
   if (r.output.find("spread over the schedule") == std::string::npos) CHECK(sized);
 }
 
+TEST_CASE("import: a record_param_comms size that cannot be read is said, not replaced silently", "[cli][import]") {
+  // The eighth attack of issue 35: a message count of -1, 1e30, 1.5, "1000" or null, or a dtype of unknown
+  // width, was replaced by the schedule's size without a word.
+  const std::vector<std::pair<nlohmann::json, nlohmann::json>> bad = {
+      {-1, "BFloat16"}, {1.5, "BFloat16"}, {"1000", "BFloat16"}, {nullptr, "BFloat16"}, {1000, "Bogus"}, {1000, 5}};
+  for (const auto& [count, dtype] : bad) {
+    std::vector<std::string> files;
+    for (int rank : {0, 1}) {
+      Doc d;
+      step(d, 0);
+      d.events.push_back({{"ph", "X"},
+                          {"cat", "cpu_op"},
+                          {"name", "record_param_comms"},
+                          {"ts", 195},
+                          {"dur", 15},
+                          {"args", {{"In msg nelems", count}, {"Out msg nelems", count}, {"dtype", dtype}}}});
+      d.gpu("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 200, 260, 40);
+      files.push_back(write("unsized_rank" + std::to_string(rank) + ".json", d.done(rank, 2).dump()));
+    }
+    const RunResult r = hzp_import(files, scenario(2), (scratch() / "unsized_trace.json").string());
+    INFO(count.dump() << " " << dtype.dump() << ": " << r.output);
+    CHECK(r.code == 0);
+    CHECK(r.output.find("note: 1 NCCL kernel launched by a record_param_comms whose size cannot be read") !=
+          std::string::npos);
+    CHECK(r.output.find("In msg nelems " + count.dump() + ", dtype " + dtype.dump()) != std::string::npos);
+  }
+}
+
 TEST_CASE("import: bad profiler documents are refused naming the file, event and field", "[cli][import]") {
   Doc good;
   step(good, 0);

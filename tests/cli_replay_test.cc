@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -76,6 +77,12 @@ TEST_CASE("replay: the shipped traces come back within 3 % of their recorded ste
   REQUIRE(zipped.code == 0);
   CHECK(nlohmann::json::parse(slurp(scratch() / "out_gz" / "summary.json"))["step_time_s"] ==
         nlohmann::json::parse(slurp(scratch() / "out_plain" / "summary.json"))["step_time_s"]);
+  // One that inflates past the 256 MiB a trace may have says that, not "a NUL byte" (the eighth attack).
+  const auto bomb = scratch() / "spaces.json.gz";
+  REQUIRE(std::system(("head -c 272629760 /dev/zero | tr '\\0' ' ' | gzip -1 > '" + bomb.string() + "'").c_str()) == 0);
+  const RunResult big = replay(bomb.string(), scratch() / "out_bomb");
+  CHECK(big.code == 2);
+  CHECK_THAT(big.output, Catch::Contains("inflates to more than the 268435456 bytes accepted"));
 }
 
 TEST_CASE("replay: a trace of subnormal times replays with no relative error, not a 300-digit one", "[cli][replay]") {
@@ -164,12 +171,22 @@ TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, 
        [](nlohmann::json& d) {
          d["scenario_config"]["cluster"]["nodes"] = 4;  // 8 ranks
          d["scenario_config"]["training"]["global_batch_sequences"] = 32;
+         d["training"]["global_batch_sequences"] = 32;  // the summary says what scenario_config does
        },
        "world_size 4 differs"},
       {"group.json", [](nlohmann::json& d) { std::swap(d["groups"][0]["ranks"][0], d["groups"][0]["ranks"][1]); },
        "other ranks than the rebuilt schedule's"},
-      {"scenario.json", [](nlohmann::json& d) { d["scenario_config"]["model"]["layers"] = "two"; },
+      {"scenario.json",
+       [](nlohmann::json& d) {
+         d["scenario_config"]["model"]["layers"] = "two";
+         d.erase("model");  // the summary is optional
+       },
        "scenario_config: model.layers"},
+      // The summaries and the policy name must be scenario_config's (the eighth attack: ddp over a zero3 run).
+      {"policy.json", [](nlohmann::json& d) { d["policy"] = "ddp"; }, "policy: must be scenario_config.policy.preset"},
+      {"summary.json", [](nlohmann::json& d) { d["model"]["layers"] = 7; },
+       "model: must be what scenario_config gives"},
+      {"streams.json", [](nlohmann::json& d) { d["streams"].push_back("compute"); }, "names \"compute\" twice"},
       // Every field an event repeats from its op must be the op's (they were read and never compared).
       {"layer.json", [](nlohmann::json& d) { d["events"][5]["layer"] = 3; }, "layer: 3, but the rebuilt"},
       {"micro_batch.json",

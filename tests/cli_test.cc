@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -465,6 +466,30 @@ TEST_CASE("plan --search at 131,072 GPUs says how long its analytic search takes
   INFO(r.out << r.err);
   CHECK(r.err.find("plan: estimating 5832 sharding candidates over 131072 ranks, about 0:0") != std::string::npos);
   CHECK(r.err.find("plan: estimated 0/5832 sharding candidates") != std::string::npos);
+}
+
+TEST_CASE("plan --search leaves no candidate folder of an earlier search beside its own", "[cli][planner]") {
+  // The eighth attack of issue 35: a second search into the same --out left the first's candidates there,
+  // which `hzp compare DIR/candidates/NAME` would read as this search's. A folder with anything else stays.
+  const auto out = scratch_dir() / "plan_twice";
+  const auto stale = out / "candidates" / "old-candidate", kept = out / "candidates" / "my-notes";
+  std::filesystem::create_directories(stale);
+  std::filesystem::create_directories(kept);
+  std::ofstream(stale / "summary.json") << "{}";
+  std::ofstream(kept / "notes.txt") << "mine";
+  const RunResult r =
+      run("plan '" + kData + "/golden/zero3.json' --search --top 1 --jobs 2 --out '" + out.string() + "'");
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_FALSE(std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(kept / "notes.txt"));
+  std::set<std::string> listed;
+  const nlohmann::json plan = nlohmann::json::parse(slurp((out / "plan.json").string()));
+  for (const auto& c : plan["candidates"])
+    listed.insert(std::filesystem::path(c["folder"].get<std::string>()).filename().string());
+  CHECK(listed.size() >= 2);
+  for (const auto& entry : std::filesystem::directory_iterator(out / "candidates"))
+    if (entry.path() != kept) CHECK(listed.count(entry.path().filename().string()) == 1);
 }
 
 TEST_CASE("plan --search is refused up front when its own estimate passes --max-sim-seconds", "[cli][planner]") {

@@ -122,6 +122,9 @@ if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
     expect_2_with /usr/bin/python3 bench/torch_train.py $ok_flags --data "$bad"
   done
 fi
+# A refused sweep leaves no folders behind (the eighth attack: --collect into a new chain created it).
+expect_2 tools/sweep.py --collect --out "$out/new/chain/of/folders"
+[ ! -e "$out/new" ] || { echo "FAIL: a refused sweep created $out/new"; failures=$((failures + 1)); }
 # Rows that validate nothing (none at all) are a failure, not a pass.
 : > "$out/empty.jsonl"
 timeout 30 python3 tools/validate_rows.py "$out/empty.jsonl" --hzp "$hzp" > "$out/log" 2>&1

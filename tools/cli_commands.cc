@@ -507,6 +507,11 @@ int run_import(const std::vector<std::string>& argv) {
     if (p->unattributed > 0)
       std::printf("  %lld GPU op%s (%.3f ms) launched outside every step's forward/backward/optimizer: ignored\n",
                   p->unattributed, p->unattributed == 1 ? "" : "s", p->unattributed_us / 1e3);
+    if (p->collectives_unsized > 0)
+      std::printf(
+          "  note: %lld NCCL kernel%s launched by a record_param_comms whose size cannot be read (the first: "
+          "%s): sized by the scenario's schedule\n",
+          p->collectives_unsized, p->collectives_unsized == 1 ? "" : "s", p->unsized_example.c_str());
     profiles.push_back(std::move(*p));
   }
   if (!parsed->has("--no-check"))

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <vector>
 
@@ -346,6 +347,29 @@ nlohmann::json plan_json(const Scenario& scenario, const Searches& found, const 
 
 }  // namespace
 
+namespace {
+
+// Removes the candidate folders an earlier search left in `dir`: those holding nothing but what a candidate's
+// simulation writes (a folder with anything else, or a link, is left alone). The eighth attack of issue 35
+// found a second search beside the first's eight stale candidates.
+void remove_earlier_candidates(const fs::path& dir) {
+  static const std::set<std::string> ours = {"scenario.json",    "summary.json", "timeline.json",
+                                             "timeline.json.gz", "stdout.txt",   "stderr.txt"};
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_symlink(ec) || !it->is_directory(ec)) continue;
+    bool only_ours = true;
+    for (fs::directory_iterator f(it->path(), ec); !ec && f != end; f.increment(ec))
+      if (f->is_symlink(ec) || !f->is_regular_file(ec) || ours.count(f->path().filename().string()) == 0)
+        only_ours = false;
+    if (only_ours && !ec) stale.push_back(it->path());
+  }
+  for (const fs::path& p : stale) fs::remove_all(p, ec);
+}
+
+}  // namespace
+
 int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::string& out_dir,
                     const std::vector<std::string>& budget_flags, double max_search_seconds) {
   // The search's own cost, before it starts (issue 35's eighth attack: at 100,000 GPUs and more it ran for
@@ -372,9 +396,11 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
     std::fprintf(stderr, "hzp: error: %s\n", found.status().message().c_str());
     return found.status().code() == StatusCode::kInvalidInput ? 2 : 1;
   }
-  // A best.json of an earlier search in the same folder must not outlive this one's plan.json.
+  // A best.json of an earlier search in the same folder must not outlive this one's plan.json, nor its
+  // candidates' folders, which `hzp compare DIR/candidates/NAME` would read as this search's.
   std::error_code ignored;
   fs::remove(fs::path(out_dir) / "best.json", ignored);
+  remove_earlier_candidates(dir);
   const bool none_fit = found->zero.ranked.empty() && found->nd.ranked.empty();
   if (none_fit)
     std::printf("no sharding fits in %.1f GiB per GPU\n", scenario.cluster.gpu.memory_bytes / (1024.0 * 1024 * 1024));

@@ -172,14 +172,19 @@ def check_not_an_output(path, out):
 
 
 def check_out_dir(out):
-    """--out must be a folder hzp can create and write: a file, an empty name or /proc/x is a usage error."""
+    """--out must be a folder hzp can create and write: a file, an empty name or /proc/x is a usage error.
+    Nothing is created here (main does, once every argument is checked): a refused run leaves no folders."""
     if not out:
         raise UsageError("--out: an empty path")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--out {out}: exists and is not a folder")
+    existing = os.path.abspath(out)
+    while not os.path.exists(existing):  # the nearest folder that exists: where the first new one would go
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"--out {out}: {existing} is not a folder")
     try:
-        os.makedirs(out, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".sweep-probe-")
+        probe = tempfile.NamedTemporaryFile(dir=existing, prefix=".sweep-probe-")
         probe.close()
     except OSError as e:
         raise UsageError(f"--out {out}: cannot write there ({e.strerror or e})")

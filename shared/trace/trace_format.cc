@@ -1,9 +1,10 @@
 // hzp trace format, version 1 (trace_format.h, traces/README.md).
 #include "shared/trace/trace_format.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -209,24 +210,31 @@ json event_to_json(const Trace& t, const TraceEvent& e) {
   return j;
 }
 
-// The document without its events (an empty "events" array).
-json header_to_json(const Trace& t) {
-  json groups = json::array();
-  for (std::size_t g = 0; g < t.groups.size(); ++g)
-    groups.push_back({{"index", g}, {"role", t.groups[g].role}, {"ranks", t.groups[g].ranks}});
-  // Summaries for readers, from the scenario as recorded (whatever its fields hold: null when not an integer).
-  const json& sc = t.scenario_config;
+// The readers' summary `which` ("model" or "training") of the scenario as recorded (whatever its fields hold:
+// null when not an integer): what a trace writes, and what one read must hold where it has the summary.
+json summary_of(const json& sc, const std::string& which) {
   auto field = [&](const char* object, const char* key) -> json {
     if (!sc.is_object() || !sc.contains(object) || !sc[object].is_object() || !sc[object].contains(key)) return nullptr;
     const json& v = sc[object][key];
     return v.is_number_integer() ? v : json(nullptr);
   };
-  const bool moe = sc.is_object() && sc.contains("model") && sc["model"].is_object() && sc["model"].contains("moe") &&
-                   !sc["model"]["moe"].is_null();
-  const json model = {{"layers", field("model", "layers")}, {"hidden", field("model", "hidden")}, {"moe", moe}};
-  const json training = {{"seq_len", field("training", "seq_len")},
-                         {"micro_batch", field("training", "micro_batch")},
-                         {"global_batch_sequences", field("training", "global_batch_sequences")}};
+  if (which == "model") {
+    const bool moe = sc.is_object() && sc.contains("model") && sc["model"].is_object() && sc["model"].contains("moe") &&
+                     !sc["model"]["moe"].is_null();
+    return {{"layers", field("model", "layers")}, {"hidden", field("model", "hidden")}, {"moe", moe}};
+  }
+  return {{"seq_len", field("training", "seq_len")},
+          {"micro_batch", field("training", "micro_batch")},
+          {"global_batch_sequences", field("training", "global_batch_sequences")}};
+}
+
+// The document without its events (an empty "events" array).
+json header_to_json(const Trace& t) {
+  json groups = json::array();
+  for (std::size_t g = 0; g < t.groups.size(); ++g)
+    groups.push_back({{"index", g}, {"role", t.groups[g].role}, {"ranks", t.groups[g].ranks}});
+  const json model = summary_of(t.scenario_config, "model");
+  const json training = summary_of(t.scenario_config, "training");
   return {{"format", kTraceFormat},
           {"version", kTraceVersion},
           {"scenario", t.scenario},
@@ -307,15 +315,20 @@ Status read_trace_header(const json& doc, const Fields& top, Trace& t) {
   if (const json* sc = top.find("scenario_config"); sc == nullptr || !sc->is_object())
     return top.bad("scenario_config", "must be the resolved scenario object");
   t.scenario_config = doc["scenario_config"];
-  // The readers' summaries (written from scenario_config, read by nothing): objects of numbers, booleans or null.
+  // The readers' summaries, written from scenario_config: where present, what it gives (the eighth attack of
+  // issue 35: a policy, model or training summary contradicting it was accepted, and replay printed it).
   for (const char* summary : {"model", "training"}) {
     const json* s = top.find(summary);
     if (s == nullptr) continue;
     if (!s->is_object() || s->size() > 16) return top.bad(summary, "must be a summary object");
-    for (const auto& [key, value] : s->items())
-      if (!value.is_number() && !value.is_boolean() && !value.is_null())
-        return top.bad(summary, "holds " + printable(key, 40) + ", not a number, boolean or null");
+    if (const json want = summary_of(t.scenario_config, summary); *s != want)
+      return top.bad(summary, "must be what scenario_config gives, " + printable(want.dump(), 120));
   }
+  if (const json* sc_policy = t.scenario_config.contains("policy") ? &t.scenario_config["policy"] : nullptr;
+      sc_policy != nullptr && sc_policy->is_object() && sc_policy->contains("preset") &&
+      (*sc_policy)["preset"].is_string() && (*sc_policy)["preset"].get<std::string>() != t.policy)
+    return top.bad("policy",
+                   "must be scenario_config.policy.preset, " + quoted((*sc_policy)["preset"].get<std::string>(), 40));
   HZP_ASSIGN_OR_RETURN(std::int64_t world, top.integer("world_size", 1, 1 << 20));
   HZP_ASSIGN_OR_RETURN(std::int64_t per_node, top.integer("gpus_per_node", 1, world));
   if (world % per_node != 0) return top.bad("gpus_per_node", "must divide world_size (" + std::to_string(world) + ")");
@@ -334,6 +347,8 @@ Status read_trace_tables(const Fields& top, Trace& t) {
     if (!(*streams)[i].is_string()) return top.bad("streams", "element " + std::to_string(i) + " is not a string");
     t.streams.push_back((*streams)[i].get<std::string>());
     HZP_RETURN_IF_ERROR(check_name(top, "streams[" + std::to_string(i) + "]", t.streams.back()));
+    if (std::find(t.streams.begin(), t.streams.end() - 1, t.streams.back()) != t.streams.end() - 1)
+      return top.bad("streams", "names " + quoted(t.streams.back(), 40) + " twice");
   }
   const json* groups = top.find("groups");
   if (groups == nullptr || !groups->is_array()) return top.bad("groups", "must be an array");
@@ -540,6 +555,20 @@ Result<Trace> trace_from_json(const json& doc) {
   return t;
 }
 
+namespace {
+
+// Whether `path` is a regular file starting with gzip's magic (1f 8b); read without waiting (a FIFO is not).
+bool starts_with_gzip_magic(const std::string& path) {
+  Result<int> fd = open_regular_file(path);
+  if (!fd.ok()) return false;
+  unsigned char magic[2] = {};
+  const bool gzip = ::read(*fd, magic, 2) == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+  ::close(*fd);
+  return gzip;
+}
+
+}  // namespace
+
 Result<Trace> load_trace_file(const std::string& path) {
   // Depth 8: the format nests four levels (events -> event -> scenario_config -> model/moe).
   // One object per event and one per group (fewer groups than ranks that record events), a few for the header.
@@ -552,14 +581,12 @@ Result<Trace> load_trace_file(const std::string& path) {
       return Status::InvalidInput(printable(path, 200) +
                                   ": a PyTorch profiler trace, not an hzp trace: make one of it with `hzp import " +
                                   printable(path, 200) + " --scenario SCENARIO.json` (traces/README.md)");
-    // A gzipped hzp trace was refused as "a NUL byte": read inflated, under the same limits.
-    if (!doc.ok() && text.ok()) {
-      char magic[2] = {};
-      std::ifstream in(path, std::ios::binary);
-      if (in.read(magic, 2) && magic[0] == '\x1f' && magic[1] == '\x8b') {
-        doc = parse_json_strict(*text, limits);
-        if (!doc.ok()) return Status::InvalidInput(printable(path, 200) + " (gzip): " + doc.status().message());
-      }
+    // A gzipped hzp trace was refused as "a NUL byte": read inflated, under the same limits; one that
+    // cannot be inflated within them says so (it too was "a NUL byte": the eighth attack of issue 35).
+    if (!doc.ok() && starts_with_gzip_magic(path)) {
+      if (!text.ok()) return text.status();
+      doc = parse_json_strict(*text, limits);
+      if (!doc.ok()) return Status::InvalidInput(printable(path, 200) + " (gzip): " + doc.status().message());
     }
     if (!doc.ok()) return doc.status();
   }

@@ -531,9 +531,20 @@ class CliTarget : public FuzzTarget {
         case 6:
           a.insert(a.begin() + static_cast<long>(i), rng.pick(known_flags));
           break;
-        default:
-          a[i] = rng.chance(50) ? std::string(3000, 'z') : "ctl\x01\x7f";
+        default: {
+          // Text hzp writes back (a --set value into summary.json, a path in a message): too long, control
+          // characters, or bytes that look like UTF-8 and are not (overlong '/', a surrogate, past U+10FFFF:
+          // the eighth attack of issue 35 aborted nlohmann's dump with them), kept inside what it edits.
+          static const std::vector<std::string> bytes = {"ctl\x01\x7f",      "\xc0\xaf",     "\xed\xa0\x80",
+                                                         "\xf4\x90\x80\x80", "\xe0\x80\xaf", "\xf8\x88\x80"};
+          if (rng.chance(25)) {
+            a[i] = std::string(3000, 'z');
+          } else {
+            const std::size_t eq = a[i].find('=');
+            a[i] = (eq == std::string::npos ? a[i] : a[i].substr(0, eq + 1)) + "x" + rng.pick(bytes) + "y";
+          }
           break;
+        }
       }
     }
   }

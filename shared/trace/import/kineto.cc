@@ -294,18 +294,29 @@ class StepLocator {
 };
 
 // An NCCL kernel as a collective, sized by the record_param_comms call that launched it (the latest one
-// starting at or before the launch).
-KinetoCollective nccl_collective(const Span& kernel, TraceKind kind, double launched, const std::vector<Span>& comms) {
+// starting at or before the launch). A call whose size cannot be read leaves the size to the schedule; it
+// is counted in `p` (the eighth attack of issue 35: such calls were replaced without a word).
+KinetoCollective nccl_collective(const Span& kernel, TraceKind kind, double launched, const std::vector<Span>& comms,
+                                 KinetoProfile& p) {
   KinetoCollective c{kind, -1, kernel.start, kernel.end, "nccl"};
   auto it = std::upper_bound(comms.begin(), comms.end(), launched, [](double v, const Span& x) { return v < x.start; });
   if (it != comms.begin() && std::prev(it)->end >= launched) {
     const Span& call = *std::prev(it);
-    auto n = int_arg(call.args, kind == TraceKind::kAllGather ? "Out msg nelems" : "In msg nelems");
+    const char* count_key = kind == TraceKind::kAllGather ? "Out msg nelems" : "In msg nelems";
+    auto n = int_arg(call.args, count_key);
     std::string dtype;
     if (auto d = call.args != nullptr ? call.args->find("dtype") : json::const_iterator{};
         call.args != nullptr && d != call.args->end() && d->is_string())
       dtype = d->get<std::string>();
-    if (n && *n >= 0 && dtype_bytes(dtype) > 0) c.bytes = *n * dtype_bytes(dtype);
+    if (n && *n >= 0 && dtype_bytes(dtype) > 0) {
+      c.bytes = *n * dtype_bytes(dtype);
+    } else if (p.collectives_unsized++ == 0) {
+      const auto shown = [&](const char* key) {
+        if (call.args == nullptr || !call.args->contains(key)) return std::string("missing");
+        return printable((*call.args)[key].dump(), 40);
+      };
+      p.unsized_example = std::string(count_key) + " " + shown(count_key) + ", dtype " + shown("dtype");
+    }
   }
   return c;
 }
@@ -320,7 +331,7 @@ void attribute_gpu_work(const Spans& spans, const StepLocator& where, KinetoProf
     if (nccl) {
       auto kind = nccl_kind(s.name);
       const int step = where.step_of(at);
-      if (kind && step >= 0) p.steps[step].collectives.push_back(nccl_collective(s, *kind, at, spans.comms));
+      if (kind && step >= 0) p.steps[step].collectives.push_back(nccl_collective(s, *kind, at, spans.comms, p));
       continue;
     }
     if (s.cat == "gpu_memcpy" && !contains(s.name, "DtoD")) continue;  // host copies: gloo's or the data's

@@ -73,6 +73,10 @@ struct KinetoProfile {
   long long unattributed = 0;  // GPU work launched outside every step's phases (ignored)
   double unattributed_us = 0;
   long long collectives_unknown = 0;  // gloo ranges of other kinds (barrier, send, ...): ignored
+  // NCCL kernels whose record_param_comms call gives no usable size (a message count that is not a whole
+  // number >= 0, a dtype of unknown width): sized by the schedule instead, and said so; the first one's values.
+  long long collectives_unsized = 0;
+  std::string unsized_example;
 };
 
 // Whether the profiles can be a run of `scenario`, from what they show: the device they ran on against
