@@ -195,21 +195,30 @@ TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as
   CHECK(hzp_import({file}, moe_path, out, " --no-check").code == 0);
 }
 
+namespace {
+
+// Rank `rank` of 2: one step with an NCCL all-reduce kernel (launched at 200 us, starting at `start`, lasting
+// `dur`) and the record_param_comms call that launched it, of `count` elements of `dtype`.
+std::string nccl_profile(const std::string& name, int rank, const json& count, const json& dtype, double start,
+                         double dur) {
+  Doc d;
+  step(d, 0);
+  d.events.push_back({{"ph", "X"},
+                      {"cat", "cpu_op"},
+                      {"name", "record_param_comms"},
+                      {"ts", 195},
+                      {"dur", 15},
+                      {"args", {{"In msg nelems", count}, {"Out msg nelems", count}, {"dtype", dtype}}}});
+  d.gpu("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 200, start, dur);
+  return write(name + std::to_string(rank) + ".json", d.done(rank, 2).dump());
+}
+
+}  // namespace
+
 TEST_CASE("import: NCCL kernels with their record_param_comms size, rank files ordered by rank", "[cli][import]") {
   std::vector<std::string> files;
-  for (int rank : {1, 0}) {  // given in the wrong order on purpose
-    Doc d;
-    step(d, 0);
-    d.events.push_back({{"ph", "X"},
-                        {"cat", "cpu_op"},
-                        {"name", "record_param_comms"},
-                        {"ts", 195},
-                        {"dur", 15},
-                        {"args", {{"In msg nelems", 1000}, {"Out msg nelems", 1000}, {"dtype", "BFloat16"}}}});
-    d.gpu("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 200,
-          rank == 0 ? 260 : 270, rank == 0 ? 40 : 42);
-    files.push_back(write("nccl_rank" + std::to_string(rank) + ".json", d.done(rank, 2).dump()));
-  }
+  for (int rank : {1, 0})  // given in the wrong order on purpose
+    files.push_back(nccl_profile("nccl_rank", rank, 1000, "BFloat16", rank == 0 ? 260 : 270, rank == 0 ? 40 : 42));
   const std::string out = (scratch() / "nccl_trace.json").string();
   const RunResult r = hzp_import(files, scenario(2), out);
   INFO(r.output);
@@ -233,18 +242,7 @@ TEST_CASE("import: a record_param_comms size that cannot be read is said, not re
       {-1, "BFloat16"}, {1.5, "BFloat16"}, {"1000", "BFloat16"}, {nullptr, "BFloat16"}, {1000, "Bogus"}, {1000, 5}};
   for (const auto& [count, dtype] : bad) {
     std::vector<std::string> files;
-    for (int rank : {0, 1}) {
-      Doc d;
-      step(d, 0);
-      d.events.push_back({{"ph", "X"},
-                          {"cat", "cpu_op"},
-                          {"name", "record_param_comms"},
-                          {"ts", 195},
-                          {"dur", 15},
-                          {"args", {{"In msg nelems", count}, {"Out msg nelems", count}, {"dtype", dtype}}}});
-      d.gpu("kernel", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 200, 260, 40);
-      files.push_back(write("unsized_rank" + std::to_string(rank) + ".json", d.done(rank, 2).dump()));
-    }
+    for (int rank : {0, 1}) files.push_back(nccl_profile("unsized_rank", rank, count, dtype, 260, 40));
     const RunResult r = hzp_import(files, scenario(2), (scratch() / "unsized_trace.json").string());
     INFO(count.dump() << " " << dtype.dump() << ": " << r.output);
     CHECK(r.code == 0);
