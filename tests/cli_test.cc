@@ -431,6 +431,13 @@ TEST_CASE("compare: two runs side by side, from scenarios, simulations or summar
   CHECK(r.err.find("--max-sim-seconds needs --simulate") != std::string::npos);
   CHECK(run("compare " + zero3 + " " + ddp + " --simulate --max-sim-GiB 0 --out '" + (dir / "budget0").string() + "'")
             .code == 2);
+  // --exact reaches each simulation: every rank simulated, not the symmetric representatives.
+  REQUIRE(run("compare " + zero3 + " " + ddp + " --simulate --exact --out '" + (dir / "exact").string() + "'").code ==
+          0);
+  CHECK(nlohmann::json::parse(slurp((dir / "exact" / "a-golden-zero3" / "summary.json").string()))["symmetric"] ==
+        false);
+  CHECK(nlohmann::json::parse(slurp((dir / "sim" / "a-golden-zero3" / "summary.json").string()))["symmetric"] == true);
+  CHECK(run("compare " + zero3 + " " + ddp + " --exact").code == 2);
 }
 
 TEST_CASE("plan --search: each candidate's simulation runs under the budget given, and says why it was refused",
@@ -468,7 +475,8 @@ TEST_CASE("plan --search at 131,072 GPUs says how long its analytic search takes
   CHECK(r.err.find("plan: estimated 0/5832 sharding candidates") != std::string::npos);
 }
 
-TEST_CASE("plan --search leaves no candidate folder of an earlier search beside its own", "[cli][planner]") {
+TEST_CASE("plan --search leaves no candidate folder of an earlier search beside its own, and takes --exact",
+          "[cli][planner]") {
   // The eighth attack of issue 35: a second search into the same --out left the first's candidates there,
   // which `hzp compare DIR/candidates/NAME` would read as this search's. A folder with anything else stays.
   const auto out = scratch_dir() / "plan_twice";
@@ -483,6 +491,13 @@ TEST_CASE("plan --search leaves no candidate folder of an earlier search beside 
   REQUIRE(r.code == 0);
   CHECK_FALSE(std::filesystem::exists(stale));
   CHECK(std::filesystem::exists(kept / "notes.txt"));
+  // --exact reaches every candidate's simulation.
+  const auto exact = scratch_dir() / "plan_exact";
+  REQUIRE(run("plan '" + kData + "/golden/zero3.json' --search --top 1 --jobs 2 --exact --out '" + exact.string() + "'")
+              .code == 0);
+  for (const auto& entry : std::filesystem::directory_iterator(exact / "candidates"))
+    CHECK(nlohmann::json::parse(slurp((entry.path() / "summary.json").string()))["symmetric"] == false);
+  CHECK(run("plan '" + kData + "/golden/zero3.json' --exact").code == 2);
   std::set<std::string> listed;
   const nlohmann::json plan = nlohmann::json::parse(slurp((out / "plan.json").string()));
   for (const auto& c : plan["candidates"])

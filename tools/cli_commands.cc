@@ -272,17 +272,19 @@ constexpr long long kMaxTimelineRanks = 4096;
 constexpr double kDefaultTimelineSpans = 500e3;
 
 int run_plan(const std::vector<std::string>& argv) {
-  auto args = parse_args(argv, {"--out", "--top", "--jobs", "--max-sim-seconds", "--max-sim-GiB"}, true, {"--search"});
+  auto args = parse_args(argv, {"--out", "--top", "--jobs", "--max-sim-seconds", "--max-sim-GiB"}, true,
+                         {"--search", "--exact"});
   if (!args.ok()) return usage_error("plan", args.status().message());
   const bool search = args->has("--search");
-  if (!search &&
-      (args->has("--top") || args->has("--jobs") || args->has("--max-sim-seconds") || args->has("--max-sim-GiB")))
-    return usage_error("plan", "--top, --jobs, --max-sim-seconds and --max-sim-GiB need --search");
+  if (!search && (args->has("--top") || args->has("--jobs") || args->has("--max-sim-seconds") ||
+                  args->has("--max-sim-GiB") || args->has("--exact")))
+    return usage_error("plan", "--top, --jobs, --max-sim-seconds, --max-sim-GiB and --exact need --search");
   auto budget = read_sim_budget([&](const char* flag) { return args->get(flag); });
   if (!budget.ok()) return usage_error("plan", budget.status().message());
   std::vector<std::string> budget_flags;  // checked here, passed on as given to each candidate's simulation
   for (const char* flag : {"--max-sim-seconds", "--max-sim-GiB"})
     if (auto v = args->get(flag)) budget_flags.insert(budget_flags.end(), {flag, *v});
+  if (args->has("--exact")) budget_flags.push_back("--exact");  // every rank of every candidate
   auto scenario = load(*args->scenario, args->sets());
   if (!scenario.ok()) return fail(scenario.status());
   if (search) {
@@ -744,7 +746,8 @@ const std::vector<Command>& commands() {
        run_validate},
       {"plan", "compare every preset policy: memory, communication, step time, MFU",
        "usage: hzp plan SCENARIO [--out DIR] [--set PATH=VALUE]...\n"
-       "       hzp plan SCENARIO --search [--top K] [--jobs J] [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G]\n\n"
+       "       hzp plan SCENARIO --search [--top K] [--jobs J] [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G]\n"
+       "                          [--exact]\n\n"
        "For each preset policy (ddp, zero1, zero2, zero3, hsdp — plus the scenario's own sharding when it is\n"
        "not one of them) on the scenario's model, cluster and training setup: memory per GPU by category,\n"
        "whether it fits, bytes each GPU sends per step, and the analytic step time and MFU. The best is the\n"
@@ -757,7 +760,7 @@ const std::vector<Command>& commands() {
        "out/<scenario>-plan). Progress goes to stderr. Each simulation estimates its cost first and is refused\n"
        "past its budget, as hzp simulate's: --max-sim-seconds and --max-sim-GiB apply to each of them, and\n"
        "--max-sim-seconds to the analytic search too (estimated from its candidates and ranks, refused past it\n"
-       "when that is 10 s or more).\n\n"
+       "when that is 10 s or more). --exact simulates every rank of every candidate (hzp simulate --exact).\n\n"
        "When no preset fits, it also says what would: per policy and recomputation setting, the fewest nodes\n"
        "(micro-batch and micro-batches per GPU kept) on which it fits, with its memory per "
        "GPU.\n" HZP_SCENARIO_INPUT_HELP,

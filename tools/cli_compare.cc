@@ -27,8 +27,8 @@
 namespace hzp::cli {
 
 const char* const kCompareHelp =
-    "usage: hzp compare A [B] [--simulate [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G]] [--json FILE]\n"
-    "                   [--set PATH=VALUE]...\n\n"
+    "usage: hzp compare A [B] [--simulate [--out DIR] [--max-sim-seconds S] [--max-sim-GiB G] [--exact]]\n"
+    "                   [--json FILE] [--set PATH=VALUE]...\n\n"
     "Puts two runs side by side: every metric of A and B, B - A and B / A. A and B are each a scenario file\n"
     "(- for stdin), a summary.json written by hzp simulate or hzp replay, or a folder holding one (hzp simulate\n"
     "--out DIR, or a candidate of hzp plan --search: DIR/candidates/NAME). Scenarios are estimated\n"
@@ -39,7 +39,8 @@ const char* const kCompareHelp =
     "Rows: step time, tokens/s/GPU, MFU, compute, exposed communication, memory per GPU by category, traffic\n"
     "per GPU, and from simulations the step's breakdown by phase and by parallel dimension (hzp simulate).\n"
     "--json FILE writes {\"a\", \"b\": {source, kind}, \"rows\": [{metric, unit, a, b, delta, ratio}]}.\n"
-    "With --simulate, each simulation is held to --max-sim-seconds and --max-sim-GiB as hzp simulate's is.\n"
+    "With --simulate, each simulation is held to --max-sim-seconds and --max-sim-GiB as hzp simulate's is,\n"
+    "and --exact simulates every rank (hzp simulate --exact).\n"
     "Exit 0, 2 on bad input (either side) or a simulation refused past its budget, 1 when a simulation "
     "fails.\n" HZP_SCENARIO_INPUT_HELP;
 
@@ -217,7 +218,8 @@ int run_compare_command(const std::vector<std::string>& args) {
                              {"--out", true},
                              {"--set", true, true},
                              {"--max-sim-seconds", true},
-                             {"--max-sim-GiB", true}},
+                             {"--max-sim-GiB", true},
+                             {"--exact", false}},
                             2);
   if (!parsed.ok()) return usage_error(parsed.status().message());
   // The simulations' budget, checked here and passed on as given (hzp plan --search does the same).
@@ -229,6 +231,10 @@ int run_compare_command(const std::vector<std::string>& args) {
       if (!parsed->has("--simulate")) return usage_error(std::string(flag) + " needs --simulate");
       budget_flags.insert(budget_flags.end(), {flag, *v});
     }
+  if (parsed->has("--exact")) {  // every rank simulated (hzp simulate --exact)
+    if (!parsed->has("--simulate")) return usage_error("--exact needs --simulate");
+    budget_flags.push_back("--exact");
+  }
   const std::vector<std::string> sets = parsed->all("--set");
   if (parsed->positional.empty()) return usage_error("missing A");
   if (parsed->positional.size() == 1 && sets.empty()) return usage_error("give B, or --set edits that make B from A");
