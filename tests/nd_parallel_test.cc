@@ -353,6 +353,35 @@ TEST_CASE("context parallelism's exchange overlaps attention: free on an idle ne
   CHECK(overlapped < serial);
 }
 
+TEST_CASE("tensor_comm_overlap: its rule, the same traffic on the tensor stream, less exposed", "[nd]") {
+  nlohmann::json doc = nd_json("llama2-7b", 1, "zero1", {{"tensor", 4}, {"tensor_comm_overlap", true}}, 16);
+  CHECK(parse_error(doc).find("policy.parallel.tensor_comm_overlap: needs sequence_parallel") == 0);
+  doc["policy"]["parallel"]["sequence_parallel"] = true;
+  const Built on = build(scenario_from(doc));
+  CHECK(scenario_to_json(on.scenario)["policy"]["parallel"]["tensor_comm_overlap"] == true);
+  doc["policy"]["parallel"]["tensor_comm_overlap"] = false;
+  const Built off = build(scenario_from(doc));
+  // Per program: the tensor collectives' bytes are the same (each reduce-scatter split in two), some of them
+  // now on the tensor stream; nothing else changes.
+  auto tensor_traffic = [](const Schedule& s, bool on_tensor_stream) {
+    double bytes = 0;
+    for (const Op& op : s.programs[0].ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body))
+        if ((c->purpose == CollectivePurpose::kTensorForward || c->purpose == CollectivePurpose::kTensorBackward) &&
+            (s.streams[op.stream] == StreamKind::kTensor) == on_tensor_stream)
+          bytes += static_cast<double>(c->bytes);
+    return bytes;
+  };
+  CHECK(tensor_traffic(off.schedule, true) == 0);
+  CHECK(tensor_traffic(on.schedule, true) > 0.5 * tensor_traffic(off.schedule, false));
+  CHECK(tensor_traffic(on.schedule, true) + tensor_traffic(on.schedule, false) ==
+        Approx(tensor_traffic(off.schedule, false)).epsilon(1e-6));
+  const Estimate with = estimate_of(on), without = estimate_of(off);
+  CHECK(with.step_time_s < without.step_time_s);
+  CHECK(with.exposed_comm_s < 0.5 * without.exposed_comm_s);
+  CHECK(with.compute_s >= without.compute_s);  // compute slowed while the overlapped transfers run
+}
+
 TEST_CASE("context parallelism by all-to-all (Ulysses): its rules, traffic and placement on the compute path", "[nd]") {
   // Rules: it needs context > 1, and context must divide each tensor rank's query and key/value heads.
   CHECK(parse_error(nd_json("llama2-7b", 2, "zero1", {{"context_comm", "all_to_all"}}, 64))

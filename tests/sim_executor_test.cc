@@ -292,6 +292,23 @@ TEST_CASE("sim: tensor x pipeline x ZeRO-1 on 4 nodes agrees with the estimator,
   CHECK(r.memory.total() == Approx(memory_per_gpu(b.scenario, b.cost, b.schedule).total()).epsilon(1e-9));
 }
 
+TEST_CASE("sim: tensor_comm_overlap agrees with the estimator and hides the tensor collectives", "[sim][nd]") {
+  // (One simulation per process: the run without overlap is the estimator's, which the test above holds
+  // within 3 % of its simulation.)
+  nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 4, "zero1", 4096, 64);
+  doc["policy"]["parallel"] = {{"tensor", 4}, {"pipeline", 2}, {"sequence_parallel", true}};
+  const Built without = build(scenario_from(doc));
+  doc["policy"]["parallel"]["tensor_comm_overlap"] = true;
+  const Built b = build(scenario_from(doc));
+  const sim::SimResult r = run_sim(b);
+  CHECK(r.step_time_s == Approx(estimate_of(b).step_time_s).epsilon(0.03));
+  CHECK(r.step_time_s < 0.97 * estimate_of(without).step_time_s);
+  CHECK(r.exposed_comm_s < estimate_of(without).exposed_comm_s);
+  // It moves time, not memory.
+  CHECK(r.memory.total() ==
+        Approx(memory_per_gpu(without.scenario, without.cost, without.schedule).total()).epsilon(1e-9));
+}
+
 TEST_CASE("sim: context parallelism across nodes agrees with the estimator", "[sim][nd]") {
   // 2 nodes, tensor 2 x context 8: each context group spans both nodes, its exchange crosses the NICs.
   nlohmann::json doc = scenario_json("llama2-7b", "dgx-a100", 2, "zero1", 16384, 4);

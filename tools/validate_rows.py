@@ -614,6 +614,9 @@ def main():
     ap.add_argument("--rail-optimized", action="store_true",
                     help="cluster.inter_node.rail_optimized (with --routing ecmp)")
     ap.add_argument("--seed", type=int, help="cluster.inter_node.seed (ECMP hash and scattered placement)")
+    ap.add_argument("--tensor-comm-overlap", action="store_true",
+                    help="policy.parallel.tensor_comm_overlap for the rows that name tp_comm_overlap (Transformer "
+                         "Engine's userbuffers) and run sequence parallelism (default: off, see sim/README.md)")
     ap.add_argument("--exact-calibration", action="store_true",
                     help="skip a row without a one-node row of its own configuration (default: calibrate on the "
                          "nearest one-node run of the same GPU, framework and precision, else use the preset's "
@@ -712,6 +715,10 @@ def report_rows(args, rows, cal_rows, workdir):
             else:
                 kind, cal_id = "table", "table"
                 assumptions.append("no one-node row of this GPU and framework: the preset's table efficiencies")
+            parallel = doc["policy"].get("parallel", {})
+            if args.tensor_comm_overlap and "tp_comm_overlap" in str(row.get("other") or "") and \
+                    parallel.get("sequence_parallel"):
+                parallel["tensor_comm_overlap"] = True
             jobs.append((row, doc, family, cal_id, kind, metric, published, assumptions))
         except Skip as e:
             skipped.append((row.get("id"), str(e)))

@@ -88,15 +88,18 @@ enum class Phase { kForward, kBackward, kRecompute };
 //   pipe_recv_*    pipeline receives (activations, gradients): posted on their own streams even when a
 //                  policy puts every other op on compute (own_queue), so that two neighbouring stages never
 //                  both block in a send that waits for the other's receive
-#define HZP_STREAM_KINDS(X)         \
-  X(kCompute, "compute")            \
-  X(kParamGather, "param_gather")   \
-  X(kGradReduce, "grad_reduce")     \
-  X(kReplicaSync, "replica_sync")   \
-  X(kParamRefresh, "param_refresh") \
-  X(kContext, "context")            \
-  X(kPipeRecvAct, "pipe_recv_act")  \
-  X(kPipeRecvGrad, "pipe_recv_grad")
+//   tensor         tensor parallelism's all-gathers and reduce-scatters pipelined with the GEMMs
+//                  (policy.parallel.tensor_comm_overlap); its own queue whatever the policy's streams
+#define HZP_STREAM_KINDS(X)          \
+  X(kCompute, "compute")             \
+  X(kParamGather, "param_gather")    \
+  X(kGradReduce, "grad_reduce")      \
+  X(kReplicaSync, "replica_sync")    \
+  X(kParamRefresh, "param_refresh")  \
+  X(kContext, "context")             \
+  X(kPipeRecvAct, "pipe_recv_act")   \
+  X(kPipeRecvGrad, "pipe_recv_grad") \
+  X(kTensor, "tensor")
 
 #define HZP_ENUMERATOR(name, text) name,
 #define HZP_COUNT_ONE(name, text) +1
@@ -107,9 +110,9 @@ inline constexpr int kNumStreamKinds = 0 HZP_STREAM_KINDS(HZP_COUNT_ONE);
 #undef HZP_ENUMERATOR
 #undef HZP_COUNT_ONE
 // Whether a stream keeps its own queue when the policy runs everything else on compute
-// (policy.overlap.separate_streams false): the pipeline receives (see above).
+// (policy.overlap.separate_streams false): the pipeline receives and the tensor stream (see above).
 inline bool own_queue(StreamKind s) {
-  return s == StreamKind::kPipeRecvAct || s == StreamKind::kPipeRecvGrad;
+  return s == StreamKind::kPipeRecvAct || s == StreamKind::kPipeRecvGrad || s == StreamKind::kTensor;
 }
 // Model states are sharded per kind: the dense parameters, and (with expert parallelism) the experts'.
 enum class StateKind { kDense, kExpert };

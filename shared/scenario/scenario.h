@@ -323,6 +323,11 @@ struct ParallelSpec {
   int layers_in_last_stage = 0;
   bool account_for_embedding_in_split = false;
   bool account_for_loss_in_split = false;
+  // Tensor-parallel communication pipelined with the GEMMs around it (Megatron-LM / Transformer Engine's
+  // tp_comm_overlap, torchtitan's async-TP; both need sequence parallelism): each all-gather before a layer
+  // block runs beside the block's compute (its first chunk is local), each reduce-scatter after it beside
+  // the compute too, but for its last chunk's. schedule/module_ops.cc has the model.
+  bool tensor_comm_overlap = false;
   bool operator==(const ParallelSpec&) const = default;
 };
 

@@ -801,10 +801,11 @@ Result<RunSpec> parse_run(const json& value) {
 // the layers over pipeline x virtual_stages as pipeline_split.h says; the sequence into 2 x context chunks, checked
 // with the training block).
 Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec& model, const ClusterSpec& cluster) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader r,
-                       policy.child("parallel", {"tensor", "pipeline", "virtual_stages", "sequence_parallel", "context",
-                                                 "context_comm", "layers_in_first_stage", "layers_in_last_stage",
-                                                 "account_for_embedding_in_split", "account_for_loss_in_split"}));
+  HZP_ASSIGN_OR_RETURN(
+      ObjectReader r,
+      policy.child("parallel", {"tensor", "pipeline", "virtual_stages", "sequence_parallel", "context", "context_comm",
+                                "layers_in_first_stage", "layers_in_last_stage", "account_for_embedding_in_split",
+                                "account_for_loss_in_split", "tensor_comm_overlap"}));
   ParallelSpec p;
   HZP_RETURN_IF_ERROR(r.read_int("tensor", p.tensor, 1, range::kGpusPerNode));
   HZP_RETURN_IF_ERROR(r.read_int("pipeline", p.pipeline, 1, range::kLayers));
@@ -816,6 +817,7 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
   HZP_RETURN_IF_ERROR(r.read_int("layers_in_last_stage", p.layers_in_last_stage, 0, range::kLayers));
   HZP_RETURN_IF_ERROR(r.read_bool("account_for_embedding_in_split", p.account_for_embedding_in_split));
   HZP_RETURN_IF_ERROR(r.read_bool("account_for_loss_in_split", p.account_for_loss_in_split));
+  HZP_RETURN_IF_ERROR(r.read_bool("tensor_comm_overlap", p.tensor_comm_overlap));
   const int t = p.tensor;
   if (cluster.gpus_per_node % t != 0)
     return invalid(r.path_of("tensor"),
@@ -832,6 +834,11 @@ Result<ParallelSpec> parse_parallel(const ObjectReader& policy, const ModelSpec&
   if (p.sequence_parallel && t == 1)
     return invalid(r.path_of("sequence_parallel"), "needs tensor > 1 (it splits what tensor parallelism replicates)",
                    r.at("sequence_parallel"));
+  if (p.tensor_comm_overlap && !p.sequence_parallel)
+    return invalid(r.path_of("tensor_comm_overlap"),
+                   "needs sequence_parallel (Megatron's tp_comm_overlap and torchtitan's async-TP pipeline its "
+                   "all-gathers and reduce-scatters, not all-reduces)",
+                   r.at("tensor_comm_overlap"));
   if (p.virtual_stages > 1 && p.pipeline == 1)
     return invalid(r.path_of("virtual_stages"), "needs pipeline > 1 (it interleaves pipeline stages)",
                    p.virtual_stages);
@@ -1278,7 +1285,8 @@ nlohmann::json parallel_to_json(const ParallelSpec& p) {
           {"layers_in_first_stage", p.layers_in_first_stage},
           {"layers_in_last_stage", p.layers_in_last_stage},
           {"account_for_embedding_in_split", p.account_for_embedding_in_split},
-          {"account_for_loss_in_split", p.account_for_loss_in_split}};
+          {"account_for_loss_in_split", p.account_for_loss_in_split},
+          {"tensor_comm_overlap", p.tensor_comm_overlap}};
 }
 
 nlohmann::json scenario_to_json(const Scenario& s) {

@@ -30,14 +30,14 @@ int ModuleOps::all_to_all(CollectivePurpose purpose, int unit, int mb, std::vect
 // The vocabulary-parallel loss adds three all-reduces of one fp32 per token (one op here). Full
 // recomputation repeats the forward's collectives; selective recomputation (the attention core) needs none.
 int ModuleOps::tensor_collective(CollectiveKind kind, const ModuleCost* m, int unit, Phase phase, int mb,
-                                 std::vector<int> deps, std::int64_t bytes, DType dtype) {
+                                 std::vector<int> deps, std::int64_t bytes, DType dtype, StreamKind stream) {
   const bool bwd = phase == Phase::kBackward;
   CollectiveOp c = layout_.collective(
       kind, bwd ? CollectivePurpose::kTensorBackward : CollectivePurpose::kTensorForward, kDense,
       schedule_.role_index(GroupRole::kTensor), bytes, bwd ? Payload::kGrads : Payload::kActivations, unit, mb, -1);
   c.module = module_slot(m->kind);
   c.dtype = dtype;
-  return prog_.add(StreamKind::kCompute, std::move(deps), c);
+  return prog_.add(stream, std::move(deps), c);
 }
 
 ModuleOps::TensorComm ModuleOps::tensor_comm(ModuleKind kind, Phase phase) const {
@@ -81,7 +81,15 @@ int ModuleOps::compute(const ModuleCost* m, int unit, Phase phase, int mb, std::
   const TensorComm tp = tensor_comm(m->kind, phase);
   deps.insert(deps.end(), context_tail_.begin(), context_tail_.end());  // the last attention's exchange
   context_tail_.clear();
-  if (tp.gather_before)
+  // With tensor_comm_overlap the block's all-gather runs beside its compute on the tensor stream (the GEMM
+  // starts on the local chunk while the others arrive); what follows the block waits for it.
+  const bool overlap = layout_.scenario.policy.parallel.tensor_comm_overlap;
+  const std::vector<int> inputs = deps;
+  int gathered = -1;
+  if (tp.gather_before && overlap)
+    gathered = tensor_collective(CollectiveKind::kAllGather, m, unit, phase, mb, inputs, layout_.act_bytes,
+                                 layout_.dtype, StreamKind::kTensor);
+  else if (tp.gather_before)
     deps = {tensor_collective(CollectiveKind::kAllGather, m, unit, phase, mb, std::move(deps), layout_.act_bytes,
                               layout_.dtype)};
   context_exchange(m, unit, phase, mb, deps);
@@ -94,11 +102,26 @@ int ModuleOps::compute(const ModuleCost* m, int unit, Phase phase, int mb, std::
   int op = prog_.add(StreamKind::kCompute, std::move(deps), work);
   if (a2a) op = all_to_all(fwd ? CollectivePurpose::kMoeCombine : CollectivePurpose::kMoeDispatchGrad, unit, mb, {op});
   if (ulysses) op = ulysses_all_to_all(unit, phase, mb, /*before=*/false, {op});
-  if (tp.reduce_after) {
+  if (tp.reduce_after && overlap) {
+    // The reduce-scatter of each chunk's partial output runs while the next chunk computes: all but the last
+    // chunk's (tensor - 1 of `tensor` parts of its traffic) beside the compute, after the all-gather on the
+    // tensor stream; the last after both, on the compute path.
+    const std::int64_t parts = layout_.scenario.mesh.tensor;
+    const std::int64_t bulk_bytes = layout_.act_bytes * (parts - 1) / parts;
+    const int bulk =
+        tensor_collective(tp.after, m, unit, phase, mb, inputs, bulk_bytes, layout_.dtype, StreamKind::kTensor);
+    std::vector<int> after{op, bulk};
+    after.insert(after.end(), context_tail_.begin(), context_tail_.end());
+    context_tail_.clear();
+    op = tensor_collective(tp.after, m, unit, phase, mb, std::move(after), layout_.act_bytes - bulk_bytes,
+                           layout_.dtype);
+  } else if (tp.reduce_after) {
     std::vector<int> after{op};
     after.insert(after.end(), context_tail_.begin(), context_tail_.end());
     context_tail_.clear();
     op = tensor_collective(tp.after, m, unit, phase, mb, std::move(after), layout_.act_bytes, layout_.dtype);
+  } else if (gathered >= 0) {
+    context_tail_.push_back(gathered);  // nothing reduces after this block: the next compute waits for it
   }
   if (tp.loss)
     op = tensor_collective(CollectiveKind::kAllReduce, m, unit, phase, mb, {op},

@@ -29,7 +29,7 @@ class ModuleOps {
  private:
   int all_to_all(CollectivePurpose purpose, int unit, int mb, std::vector<int> deps);
   int tensor_collective(CollectiveKind kind, const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps,
-                        std::int64_t bytes, DType dtype);
+                        std::int64_t bytes, DType dtype, StreamKind stream = StreamKind::kCompute);
   struct TensorComm {
     bool gather_before = false;
     CollectiveKind after = CollectiveKind::kAllReduce;
@@ -45,7 +45,9 @@ class ModuleOps {
   const StageLayout& layout_;
   const Schedule& schedule_;
   ProgramBuilder& prog_;
-  std::vector<int> context_tail_;  // attention exchanges (context_exchange) the next compute must wait for
+  // Exchanges running beside the last compute that the next compute must wait for: ring attention's
+  // (context_exchange) and an overlapped tensor all-gather no reduce-scatter follows.
+  std::vector<int> context_tail_;
   int visit_slot_ = -1;
 };
 
