@@ -239,7 +239,14 @@ TEST_CASE("import: a record_param_comms size that cannot be read is said, not re
   // The eighth attack of issue 35: a message count of -1, 1e30, 1.5, "1000" or null, or a dtype of unknown
   // width, was replaced by the schedule's size without a word.
   const std::vector<std::pair<nlohmann::json, nlohmann::json>> bad = {
-      {-1, "BFloat16"}, {1.5, "BFloat16"}, {"1000", "BFloat16"}, {nullptr, "BFloat16"}, {1000, "Bogus"}, {1000, 5}};
+      {-1, "BFloat16"},
+      {1.5, "BFloat16"},
+      {"1000", "BFloat16"},
+      {nullptr, "BFloat16"},
+      {1000, "Bogus"},
+      {1000, 5},
+      // The ninth: a size past what a trace records (1 PiB) was written, and then refused by replay.
+      {600000000000000LL, "BFloat16"}};
   for (const auto& [count, dtype] : bad) {
     std::vector<std::string> files;
     for (int rank : {0, 1}) files.push_back(nccl_profile("unsized_rank", rank, count, dtype, 260, 40));

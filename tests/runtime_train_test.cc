@@ -436,7 +436,16 @@ TEST_CASE("launch environment: torchrun, Slurm, Open MPI variables and their err
                                      {"MASTER_PORT", "1"},
                                      {"HZP_STORE_TOKEN", "0123456789abcdef"}}));
   REQUIRE(!bad.ok());
-  CHECK_THAT(bad.status().message(), Catch::Contains("RANK='9'"));
+  CHECK_THAT(bad.status().message(), Catch::Contains("RANK=\"9\""));
+  // Shown escaped: a value holding terminal escapes reached stderr raw (issue 35's ninth attack).
+  auto escape = detect_launch_env(from({{"RANK", "0"},
+                                        {"WORLD_SIZE", "1"},
+                                        {"MASTER_ADDR", "h"},
+                                        {"MASTER_PORT", "1\x1b[2J\x1b]0;pwn\x07"},
+                                        {"HZP_STORE_TOKEN", "0123456789abcdef"}}));
+  REQUIRE(!escape.ok());
+  CHECK(escape.status().message().find('\x1b') == std::string::npos);
+  CHECK_THAT(escape.status().message(), Catch::Contains("MASTER_PORT=\"1\\x1b[2J"));
   auto no_token =
       detect_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}}));
   REQUIRE(!no_token.ok());

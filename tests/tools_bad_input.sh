@@ -125,12 +125,15 @@ fi
 # A refused sweep leaves no folders behind (the eighth attack: --collect into a new chain created it).
 expect_2 tools/sweep.py --collect --out "$out/new/chain/of/folders"
 [ ! -e "$out/new" ] || { echo "FAIL: a refused sweep created $out/new"; failures=$((failures + 1)); }
-# Rows that validate nothing (none at all) are a failure, not a pass.
+# An empty rows file validates nothing: bad input (exit 2), never a pass; rows that all skip are a failure (1).
 : > "$out/empty.jsonl"
-timeout 30 python3 tools/validate_rows.py "$out/empty.jsonl" --hzp "$hzp" > "$out/log" 2>&1
+expect_2 tools/validate_rows.py "$out/empty.jsonl" --hzp "$hzp"
+expect_2 tools/validate_collectives.py "$out/empty.jsonl" --hzp "$hzp"
+echo '{"id": "x", "gpu_count": "eight"}' > "$out/skipped.jsonl"
+timeout 30 python3 tools/validate_rows.py "$out/skipped.jsonl" --hzp "$hzp" > "$out/log" 2>&1
 rc=$?
 if [ $rc -ne 1 ] || ! grep -q "no row was validated" "$out/log"; then
-  echo "FAIL: validate_rows on an empty rows file -> exit $rc: $(tail -1 "$out/log")"
+  echo "FAIL: validate_rows on rows that all skip -> exit $rc: $(tail -1 "$out/log")"
   failures=$((failures + 1))
 fi
 [ $failures -eq 0 ] || exit 1

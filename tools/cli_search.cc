@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/base/files.h"
+#include "shared/base/text.h"
 #include "shared/compile/compile.h"
 #include "shared/plan/plan.h"
 #include "shared/plan/planner.h"
@@ -492,6 +493,15 @@ void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const st
   for (std::size_t next = 0; next < runs.size(); ++next) {
     while (static_cast<int>(running.size()) >= jobs) reap_one();
     ChildSimulation& run = runs[next];
+    // A simulation's folder is named by hzp inside --out: one that is a symlink would take its files, and
+    // the earlier files they replace, out of --out (the ninth attack of issue 35). Refused, not followed.
+    if (std::error_code ec; fs::is_symlink(fs::symlink_status(run.out, ec))) {
+      run.refused = true;
+      run.error = printable(run.out.string(), 200) +
+                  " is a symlink: hzp writes a simulation's files only into a folder of its own (remove the link)";
+      if (done) done(next);
+      continue;
+    }
     const fs::path file = run.out / "scenario.json";
     if (Status st = write_file_atomic(file.string(), scenario_to_json(run.scenario).dump(2) + "\n"); !st.ok()) {
       run.error = st.message();

@@ -65,6 +65,8 @@ def load_rows(path):
         if "not_modelled" not in hzp and not isinstance(hzp.get("cluster"), dict):
             raise BadRow(f"{path}:{n}: \"hzp\" needs a \"cluster\" object or a \"not_modelled\" reason")
         rows.append(row)
+    if not rows:  # an empty table checks nothing: bad input, not a pass
+        raise BadRow(f"{path}: holds no rows")
     return rows
 
 

@@ -572,6 +572,8 @@ def load_rows(path):
                 raise ValueError(f"{path}:{n}: id {row['id']} is also line {seen[row['id']]}'s")
             seen[row["id"]] = n
             rows.append(row)
+    if not rows:  # nothing to validate is bad input (exit 2), as the ninth attack of issue 35 had it
+        raise ValueError(f"{path}: holds no rows")
     return rows
 
 

@@ -19,7 +19,7 @@ Result<long long> read_int(const GetEnv& getenv, const char* name, long long min
   const char* end = v + std::strlen(v);
   auto [ptr, ec] = std::from_chars(v, end, x);
   if (ec != std::errc() || ptr != end || x < min || x > max)
-    return Status::InvalidInput(std::string("environment: ") + name + "='" + v + "' is not an integer in [" +
+    return Status::InvalidInput(std::string("environment: ") + name + "=" + quoted(v, 60) + " is not an integer in [" +
                                 std::to_string(min) + ", " + std::to_string(max) + "]");
   return x;
 }

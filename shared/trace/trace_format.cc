@@ -440,7 +440,7 @@ Result<TraceEvent> read_trace_event(const json& ej, std::size_t i, EventIndex& i
   } else if (is_collective(e.kind)) {
     HZP_ASSIGN_OR_RETURN(std::int64_t mb, f.integer("micro_batch", 0, 1 << 20));
     e.micro_batch = static_cast<int>(mb);
-    HZP_ASSIGN_OR_RETURN(e.bytes, f.integer("bytes", 0, std::int64_t{1} << 50));
+    HZP_ASSIGN_OR_RETURN(e.bytes, f.integer("bytes", 0, kMaxEventBytes));
     HZP_ASSIGN_OR_RETURN(
         e.payload, f.name("payload", {Payload::kParams, Payload::kGrads, Payload::kActivations, Payload::kGradNorm}));
     HZP_ASSIGN_OR_RETURN(std::int64_t group, f.integer("group", 0, static_cast<std::int64_t>(t.groups.size()) - 1));

@@ -25,6 +25,8 @@ namespace hzp {
 inline constexpr const char* kTraceFormat = "hzp-trace";
 inline constexpr int kTraceVersion = 1;
 inline constexpr std::size_t kMaxTraceBytes = 256u << 20;
+// The most bytes one event's collective may record (1 PiB): what trace files are read with.
+inline constexpr std::int64_t kMaxEventBytes = std::int64_t{1} << 50;
 inline constexpr std::int64_t kMaxTraceEvents = 2'000'000;
 inline constexpr std::int64_t kMaxTraceSteps = 10'000;            // consecutive steps (renumbered from 0)
 inline constexpr double kMaxTraceMicroseconds = 365.0 * 86400e6;  // times within a year of the first event

@@ -69,7 +69,15 @@ Status check_trace_against(const Trace& trace, const Schedule& schedule) {
   if (trace.groups.size() != schedule.groups.size())
     return Status::InvalidInput("trace: " + std::to_string(trace.groups.size()) + " groups, the rebuilt schedule has " +
                                 std::to_string(schedule.groups.size()));
-  // The header is the rebuilt schedule's: its groups (ranks and role) and node size.
+  // The header is the rebuilt schedule's: its streams (in order: events name them), groups (ranks and role)
+  // and node size.
+  std::vector<std::string> streams;
+  for (StreamKind k : schedule.streams) streams.push_back(to_string(k));
+  if (trace.streams != streams) {
+    std::string want;
+    for (const std::string& name : streams) want += (want.empty() ? "" : ", ") + name;
+    return Status::InvalidInput("trace: streams differ from the rebuilt schedule's (" + want + ")");
+  }
   for (std::size_t g = 0; g < trace.groups.size(); ++g) {
     if (trace.groups[g].ranks != schedule.groups[g].ranks)
       return Status::InvalidInput("trace: group " + std::to_string(g) + " (" + trace.groups[g].role +

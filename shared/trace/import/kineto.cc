@@ -308,7 +308,8 @@ KinetoCollective nccl_collective(const Span& kernel, TraceKind kind, double laun
     if (auto d = call.args != nullptr ? call.args->find("dtype") : json::const_iterator{};
         call.args != nullptr && d != call.args->end() && d->is_string())
       dtype = d->get<std::string>();
-    if (n && *n >= 0 && dtype_bytes(dtype) > 0) {
+    // A size past what a trace records (1 PiB) would be written and then refused by replay: unreadable too.
+    if (n && *n >= 0 && dtype_bytes(dtype) > 0 && *n <= kMaxEventBytes / dtype_bytes(dtype)) {
       c.bytes = *n * dtype_bytes(dtype);
     } else if (p.collectives_unsized++ == 0) {
       const auto shown = [&](const char* key) {
