@@ -80,4 +80,13 @@ for bad in "$out/a_file.json" "" /proc/hzp-sweep-x; do
   ! grep -q Traceback "$out/bad_out.log" || fail "--out '$bad': a traceback: $(cat "$out/bad_out.log")"
   [ "$(wc -l < "$out/bad_out.log")" -eq 1 ] || fail "--out '$bad': more than one line: $(cat "$out/bad_out.log")"
 done
+# A reused --out holds this sweep's grid points and runs only, not an earlier sweep's beside them (issue 35's
+# ninth attack); a folder of the user's in runs/ stays.
+"$python" tools/sweep.py --hzp "$hzp" --no-svg --keep-runs --grid policy.preset=zero1,zero2,zero3 \
+  --out "$out/reused" tests/data/golden/zero3.json > /dev/null 2>&1 || fail "the 3-point sweep failed"
+mkdir -p "$out/reused/runs/009-mine" && echo notes > "$out/reused/runs/009-mine/notes.txt"
+"$python" tools/sweep.py --hzp "$hzp" --no-svg --grid policy.preset=ddp --out "$out/reused" \
+  tests/data/golden/zero3.json > /dev/null 2>&1 || fail "the 1-point sweep failed"
+[ "$(ls "$out/reused/grid")" = "000.json" ] || fail "grid/ holds an earlier sweep's points: $(ls "$out/reused/grid")"
+[ "$(ls "$out/reused/runs")" = "009-mine" ] || fail "runs/ holds an earlier sweep's runs: $(ls "$out/reused/runs")"
 echo "sweep_grid_slurm: ok"

@@ -122,6 +122,18 @@ if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
     expect_2_with /usr/bin/python3 bench/torch_train.py $ok_flags --data "$bad"
   done
 fi
+# bench/gpu/compare.py: a FIFO, /dev/zero, a missing output folder, the wrong number of arguments, a nan
+# tolerance, an unknown command (the ninth attack: a hang, tracebacks); and torch_gpu.py's flags and scenarios.
+for bad in "table $out/fifo.jsonl" "table /dev/zero" "falls /nonexistent" "close x" "falls a b x 5" \
+  "close a b nan" "memory a 0" "bogus"; do
+  # shellcheck disable=SC2086 # the arguments split on purpose
+  expect_2 bench/gpu/compare.py $bad
+done
+if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
+  expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py bench/gpu/llama134m.json --steps -1
+  expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py scenarios/runtime/tiny_dense.json  # a preset's fields
+  expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py scenarios/default.json
+fi
 # A refused sweep leaves no folders behind (the eighth attack: --collect into a new chain created it).
 expect_2 tools/sweep.py --collect --out "$out/new/chain/of/folders"
 [ ! -e "$out/new" ] || { echo "FAIL: a refused sweep created $out/new"; failures=$((failures + 1)); }

@@ -30,6 +30,8 @@ Writes into DIR (default out/sweep), every file through a temporary file and a r
   exposed_comm_by_policy.png/.svg  exposed communication vs GPU count, one panel per model
   index.html                   the plots, the table and the command line that produced them
   runs/<name>/                 summary.json and timeline.json of every scenario (only with --keep-runs)
+An earlier sweep's grid points (grid/NNN.json) and runs (runs/NNN-NAME/ holding only a run's files) in DIR
+are removed first: what DIR holds is this sweep's. Anything else there is left alone.
 
 Plotting needs matplotlib (Debian: python3-matplotlib, for /usr/bin/python3). When the interpreter running
 this script lacks it and /usr/bin/python3 has it, the script re-runs itself under /usr/bin/python3.
@@ -45,6 +47,7 @@ import json
 import math
 import os
 import shlex
+import re
 import shutil
 import subprocess
 import sys
@@ -142,8 +145,10 @@ def parse_args(argv):
         hf = hf_config_of(path)
         if hf:
             check_not_an_output(hf, args.out)
-    if args.grid:
-        args.files = grid_scenarios(args.hzp, args.scenarios[0], parse_grid(args.grid), args.out)
+    grid = parse_grid(args.grid) if args.grid else None  # checked before anything is removed
+    remove_earlier_outputs(args.out)  # every input checked: this sweep's grid and runs replace an earlier one's
+    if grid:
+        args.files = grid_scenarios(args.hzp, args.scenarios[0], grid, args.out)
     return args
 
 
@@ -201,6 +206,34 @@ def parse_grid(specs):
             raise UsageError(f"--grid: {key} given twice")
         grid.append((key, values.split(",")))
     return grid
+
+
+# What a sweep writes under OUT/grid and OUT/runs: its files are named so, and nothing else there is touched.
+GRID_FILE = re.compile(r"[0-9]{3,}\.json")
+RUN_DIR = re.compile(r"[0-9]{3,}-.+")
+RUN_FILES = {"summary.json", "timeline.json", "timeline.json.gz", "scenario.json"}
+
+
+def remove_earlier_outputs(out):
+    """Removes what an earlier sweep left in OUT/grid and OUT/runs (the ninth attack of issue 35: a reused --out
+    kept the earlier grid points and runs beside this sweep's): grid point files, and run folders that hold
+    nothing but a run's files. Links and anything else are left alone."""
+    grid = os.path.join(out, "grid")
+    if os.path.isdir(grid) and not os.path.islink(grid):
+        for name in os.listdir(grid):
+            path = os.path.join(grid, name)
+            if GRID_FILE.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
+                os.unlink(path)
+    runs = os.path.join(out, "runs")
+    if os.path.isdir(runs) and not os.path.islink(runs):
+        for name in os.listdir(runs):
+            path = os.path.join(runs, name)
+            if not RUN_DIR.fullmatch(name) or os.path.islink(path) or not os.path.isdir(path):
+                continue
+            inside = os.listdir(path)
+            if all(f in RUN_FILES and os.path.isfile(os.path.join(path, f)) and
+                   not os.path.islink(os.path.join(path, f)) for f in inside):
+                shutil.rmtree(path)
 
 
 def grid_scenarios(hzp, base, grid, out):
@@ -398,6 +431,8 @@ def run_sweep(args, on_row):
             run_dir = os.path.join(args.out, "runs", f"{i:03d}-{stem}")
         start = time.monotonic()
         row = result_row(path, *simulate_one(args.hzp, path, run_dir))
+        if run_dir and os.path.isdir(run_dir) and not os.listdir(run_dir):
+            os.rmdir(run_dir)  # a simulation refused before it wrote anything leaves no empty folder
         return i, row, time.monotonic() - start
 
     # Threads only wait: every simulation runs in its own hzp process. A line per finished scenario, with

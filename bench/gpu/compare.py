@@ -9,13 +9,45 @@ and bench/gpu/torch_gpu.py. Each check prints one line starting with PASS or FAI
     compare.py table ROWS_JSONL                     the markdown table of bench rows
 """
 import json
+import math
 import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from json_input import read_regular_file  # noqa: E402  (a FIFO or /dev/zero refused, not waited on)
+
+
+class InputError(Exception):
+    """An input that is not what the command reads: exit 2 with its one line."""
+
+
+def read_json(path):
+    try:
+        return json.loads(read_regular_file(path, 64 << 20))
+    except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+        raise InputError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+
+
+def read_jsonl(path):
+    try:
+        text = read_regular_file(path, 64 << 20).decode("utf-8", errors="replace")
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
+    rows = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise InputError(f"{path}:{n}: not JSON ({e})") from None
+    return rows
+
 
 def losses(out):
-    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
-    return [r for r in rows if "loss" in r]
+    rows = [r for r in read_jsonl(os.path.join(out, "metrics.jsonl")) if isinstance(r, dict) and "loss" in r]
+    if not rows:
+        raise InputError(f"{os.path.join(out, 'metrics.jsonl')}: no step with a loss")
+    return rows
 
 
 def falls(out, min_drop=1.0):
@@ -41,7 +73,7 @@ def memory(out, ranks):
     ok = True
     worst = 0.0
     for r in range(int(ranks)):
-        m = json.load(open(os.path.join(out, f"memory_rank{r}.json")))
+        m = read_json(os.path.join(out, f"memory_rank{r}.json"))
         got, model = m["measured"], m["model"]
         pairs = [(c, got.get(c, 0.0), model[c]) for c in ("params", "grads", "optimizer")]
         pairs += [("pool:" + p, got.get("pool:" + p, 0.0), v) for p, v in model["pools"].items()]
@@ -56,14 +88,14 @@ def memory(out, ranks):
 
 
 def bench(hzp_dir, torch_jsonl, scenario):
-    sc = json.load(open(scenario))
+    sc = read_json(scenario)
     m, tr = sc["model"], sc["training"]
     tokens_per_step = tr["seq_len"] * tr["micro_batch"]
     steps = losses(hzp_dir)[5:]
     tok = tokens_per_step * len(steps) / sum(r["seconds"] for r in steps)
-    mem = json.load(open(os.path.join(hzp_dir, "memory_rank0.json")))["measured"]
+    mem = read_json(os.path.join(hzp_dir, "memory_rank0.json"))["measured"]
     active = None
-    torch_rows = [json.loads(l) for l in open(torch_jsonl) if l.startswith("{")]
+    torch_rows = [r for r in read_jsonl(torch_jsonl) if isinstance(r, dict)]
     for t in torch_rows:
         active = t["active"]
     flops = 6 * active + 12 * m["layers"] * m["hidden"] * tr["seq_len"]
@@ -80,7 +112,7 @@ def bench(hzp_dir, torch_jsonl, scenario):
 
 
 def table(rows_jsonl):
-    rows = [json.loads(l) for l in open(rows_jsonl)]
+    rows = read_jsonl(rows_jsonl)
     print("| model | hzp tok/s | MFU | memory GiB (pool) | torch eager tok/s | MFU | peak GiB | hzp / eager | "
           "torch.compile tok/s | hzp / compiled |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -96,15 +128,47 @@ def table(rows_jsonl):
     return True
 
 
+# Each command's arguments: how many, and which are numbers (index -> (low, high)).
+COMMANDS = {"falls": (falls, 1, 2, {1: (0, 1e6)}), "close": (close, 3, 4, {2: (0, 1e6), 3: (1, 1e9)}),
+            "memory": (memory, 2, 2, {1: (1, 1 << 20)}), "bench": (bench, 3, 3, {}), "table": (table, 1, 1, {})}
+
+
+def parse(command, rest):
+    """The command's arguments, numbers converted; InputError naming the first that is wrong."""
+    _, least, most, numbers = COMMANDS[command]
+    if not least <= len(rest) <= most:
+        raise InputError(f"{command} takes {least}{'' if least == most else f' to {most}'} arguments, got {len(rest)} "
+                         "(see --help)")
+    args = list(rest)
+    for i, (low, high) in numbers.items():
+        if i < len(args):
+            try:
+                value = float(args[i])
+            except ValueError:
+                raise InputError(f"{command}: argument {i + 1} {args[i]!r} is not a number") from None
+            if not math.isfinite(value) or not low <= value <= high:
+                raise InputError(f"{command}: argument {i + 1} {args[i]!r} is not in [{low:g}, {high:g}]")
+            args[i] = value
+    return args
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
         sys.exit(0 if len(sys.argv) >= 2 else 2)
     command, rest = sys.argv[1], sys.argv[2:]
-    functions = {"falls": falls, "close": close, "memory": memory, "bench": bench, "table": table}
-    if command not in functions:
-        print(__doc__)
+    if command not in COMMANDS:
+        print(f"compare.py: unknown command {command[:40]!r} (falls, close, memory, bench, table; see --help)",
+              file=sys.stderr)
         sys.exit(2)
-    args = [float(a) if command in ("falls", "close") and i >= (1 if command == "falls" else 2) else a
-            for i, a in enumerate(rest)]
-    sys.exit(0 if functions[command](*args) else 1)
+    try:
+        ok = COMMANDS[command][0](*parse(command, rest))
+    except InputError as e:
+        print(f"compare.py: {e}", file=sys.stderr)
+        sys.exit(2)
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError, AttributeError) as e:
+        # Readable files whose content is not what the command reads (a metrics row without its seconds).
+        print(f"compare.py {command}: the inputs are not what it reads ({type(e).__name__}: {str(e)[:120]})",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.exit(0 if ok else 1)

@@ -129,6 +129,37 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from json_input import load_json_input  # noqa: E402  (exit 2 naming a bad input file)
 
 
+def explicit_model(scenario):
+    """(model, training) of a scenario that writes its model out (bench/gpu/*.json do); ValueError naming the
+    first field that is missing or not a positive whole number (a preset's fields are hzp's, not read here)."""
+    if not isinstance(scenario, dict):
+        raise ValueError("not a JSON object")
+    sections = {}
+    for section, keys in (("model", ("layers", "hidden", "heads", "ffn_hidden", "vocab")),
+                          ("training", ("seq_len", "micro_batch"))):
+        obj = scenario.get(section)
+        if not isinstance(obj, dict):
+            raise ValueError(f"{section}: missing or not an object")
+        for key in keys + (("kv_heads",) if section == "model" and "kv_heads" in obj else ()):
+            v = obj.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1 << 24:
+                raise ValueError(f"{section}.{key}: {v!r} is not a whole number in [1, 16777216] (torch_gpu.py reads "
+                                 "the model written out, not a preset: give the file `hzp validate` prints)")
+        sections[section] = obj
+    m = sections["model"]
+    if m["hidden"] % m["heads"] or m["heads"] % m.get("kv_heads", m["heads"]):
+        raise ValueError(f"model.heads {m['heads']}: must divide hidden {m['hidden']} and be divided by kv_heads")
+    if "moe" in m:
+        moe = m["moe"]
+        if not isinstance(moe, dict) or any(not isinstance(moe.get(k), int) or isinstance(moe.get(k), bool) or
+                                            moe.get(k) < 1 for k in ("experts", "top_k", "expert_ffn_hidden")):
+            raise ValueError("model.moe: an object of experts, top_k and expert_ffn_hidden, positive whole numbers "
+                             "(leave it out for a dense model)")
+        if moe["top_k"] > moe["experts"]:
+            raise ValueError(f"model.moe.top_k {moe['top_k']}: more than its {moe['experts']} experts")
+    return m, sections["training"]
+
+
 def main():
     args = sys.argv[1:]
     compile_ = "--compile" in args
@@ -137,12 +168,22 @@ def main():
     except (IndexError, ValueError):
         print("torch_gpu.py: --steps needs an integer", file=sys.stderr)
         sys.exit(2)
+    if not 6 <= steps <= 1_000_000:  # 5 warm-up steps, then at least one timed
+        print(f"torch_gpu.py: --steps {steps} is not in [6, 1000000] (5 warm-up steps come first)", file=sys.stderr)
+        sys.exit(2)
     positional = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--steps")]
     if len(positional) != 1 or any(a.startswith("--") and a not in ("--compile", "--steps") for a in args):
         print("usage: torch_gpu.py SCENARIO.json [--steps N] [--compile]", file=sys.stderr)
         sys.exit(2)
     scenario = load_json_input(positional[0], "SCENARIO")
-    m, tr = scenario["model"], scenario["training"]
+    try:
+        m, tr = explicit_model(scenario)
+    except ValueError as e:
+        print(f"torch_gpu.py: SCENARIO {positional[0]}: {e}", file=sys.stderr)
+        sys.exit(2)
+    if not torch.cuda.is_available():
+        print("torch_gpu.py: no CUDA device here (it is the GPU peer: run it on the GPU machine)", file=sys.stderr)
+        sys.exit(2)
     seq, batch = tr["seq_len"], tr["micro_batch"]
     torch.manual_seed(0)
     model = Model(m, seq).cuda()
