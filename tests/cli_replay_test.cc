@@ -154,6 +154,15 @@ TEST_CASE("replay: times faster than the GPU's peak replay with a note saying so
   CHECK(t.code == 0);
   CHECK_THAT(t.output, Catch::Contains("worst |error| undefined") && Catch::Contains("they are not the times"));
   CHECK(nlohmann::json::parse(slurp(tiny_out / "summary.json"))["replay"]["worst_abs_error"].is_null());
+  // One rank's ops lasting 1e-9 us where they were recorded: its step looks normal, its busy time does not
+  // (the ninth attack: it hid behind the other ranks').
+  const std::string one_fast = edited_trace("one_rank_fast.json", [](nlohmann::json& d) {
+    for (auto& e : d["events"])
+      if (e["rank"] == 0) e["end_us"] = e["start_us"].get<double>() + 1e-9;
+  });
+  const RunResult f = replay(one_fast, scratch() / "out_one_rank_fast");
+  CHECK(f.code == 0);
+  CHECK_THAT(f.output, Catch::Contains("note: rank 0's recorded times imply"));
   // The recorded trace itself is no faster than its GPU.
   const auto plain = scratch() / "out_plain_peak";
   CHECK(replay(kTraces + "/tiny_dense_4ranks.json", plain).output.find("they are not the times") == std::string::npos);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -732,16 +733,19 @@ int run_replay(const std::vector<std::string>& argv) {
         100 * most_idle);
   // Times replay as recorded, whatever they imply; a trace faster than its GPU's peak is not a run of it
   // (issue 35's eighth attack: a trace scaled by 1e-7 replayed at 10,761 TFLOP/s per A100 with no word). Each
-  // rank's recorded step against the model FLOPs of a step (the ninth: one rank's near-zero times hid behind
-  // the others', and the replayed step, not the recorded one, gave the rate).
+  // rank's recorded busy time (its ops, communication included: a lower bound on its compute's rate) against
+  // the model FLOPs of a step (the ninth: one rank's near-zero op times hid behind the others', and the
+  // replayed step, not the recorded one, gave the rate).
   const double flops_at_peak_s = r.mfu * r.step_time_s;  // a step's model FLOPs / the GPU's peak FLOP/s
   double fastest = 0;
   int fastest_rank = -1;
-  for (int rank = 0; rank < trace->world_size; ++rank)
-    if (before[rank] > 0 && flops_at_peak_s / before[rank] > fastest) {
-      fastest = flops_at_peak_s / before[rank];
+  for (int rank = 0; rank < trace->world_size; ++rank) {
+    const double implied = busy[rank] > 0 ? flops_at_peak_s / busy[rank] : std::numeric_limits<double>::infinity();
+    if (implied > fastest) {
+      fastest = implied;
       fastest_rank = rank;
     }
+  }
   const bool past_peak = fastest > 1;
   if (past_peak)
     std::printf(
