@@ -361,10 +361,11 @@ void remove_earlier_candidates(const fs::path& dir) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->is_symlink(ec) || !it->is_directory(ec)) continue;
     bool only_ours = true;
-    for (fs::directory_iterator f(it->path(), ec); !ec && f != end; f.increment(ec))
-      if (f->is_symlink(ec) || !f->is_regular_file(ec) || ours.count(f->path().filename().string()) == 0)
+    std::error_code inner;  // its own: a folder that cannot be read is left alone, the others still looked at
+    for (fs::directory_iterator f(it->path(), inner); !inner && f != end; f.increment(inner))
+      if (f->is_symlink(inner) || !f->is_regular_file(inner) || ours.count(f->path().filename().string()) == 0)
         only_ours = false;
-    if (only_ours && !ec) stale.push_back(it->path());
+    if (only_ours && !inner) stale.push_back(it->path());
   }
   for (const fs::path& p : stale) fs::remove_all(p, ec);
 }
