@@ -2,7 +2,12 @@
 # Every GPU check of the CUDA + NCCL backend and its benchmark, in one call on a GPU machine, results under
 # $OUT. Prepare the binaries here first (bash bench/gpu/prepare.sh), then on the GPU machine, from the repo root:
 #
-#   source .gpu/env.sh && bash bench/gpu/check.sh [STAGE...]
+#   source .gpu/env.sh && bash bench/gpu/check.sh [STAGE[:SECONDS]...]
+#
+# A stage given as NAME:SECONDS runs under that wall-clock limit (killed with everything it started), so a
+# call fits the device's time: `kernels:40 train:60 bench:150 equivalence:70 fault:20 trace:30` is about six
+# minutes on an H200. Every log goes into $OUT/logs.tgz (the device tool returns few files); $OUT keeps
+# summary.txt, kernels.txt, bench.md, bench_rows.jsonl and the recorded trace.
 #
 # Stages (default: all, in this order; each bounded in time, a failure does not stop the next):
 #   info         the device and hzp --version
@@ -60,6 +65,19 @@ PY
 }
 
 for stage in "${stages[@]}"; do
+  if [[ $stage == *:* ]]; then  # NAME:SECONDS: the stage in a process of its own, under the limit
+    limit=${stage#*:} stage=${stage%%:*}
+    [[ $limit =~ ^[0-9]+$ && $limit -gt 0 ]] || { note "FAIL stage '$stage': limit '$limit' is not a positive number of seconds"; continue; }
+    OUT=$out/$stage.d HZP_CHECK_NO_PACK=1 timeout -k 3 "$limit" bash "$0" "$stage" > "$out/$stage.stdout" 2>&1
+    rc=$?
+    cat "$out/$stage.d/summary.txt" >> "$summary" 2> /dev/null
+    [[ $rc -eq 124 || $rc -eq 137 ]] && note "FAIL $stage: stopped at its limit of $limit s"
+    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json; do
+      [[ -f $out/$stage.d/$keep ]] && mv "$out/$stage.d/$keep" "$out/"
+    done
+    pkill -9 -x hzp 2> /dev/null; pkill -9 -x hzp_kernel_test 2> /dev/null; pkill -9 -f 'bench/gpu/torch_gp[u]' 2> /dev/null
+    continue
+  fi
   case $stage in
   info)
     { nvidia-smi -L; "$hzp" --version; nproc; } > "$out/info.txt" 2>&1
@@ -141,4 +159,10 @@ for stage in "${stages[@]}"; do
   esac
 done
 rm -rf "$work"
+if [[ -z ${HZP_CHECK_NO_PACK:-} ]]; then  # every log into one archive; the results stay beside it
+  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md \
+     ! -name bench_rows.jsonl ! -name trace_134m.json ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
+   find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md ! -name bench_rows.jsonl \
+     ! -name trace_134m.json ! -name logs.tgz -exec rm -rf {} +)
+fi
 ! grep -q '^FAIL' "$summary"

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "runtime/backends/cuda/cuda_common.cuh"
+#include "runtime/backends/cuda/gemm_layout.h"
 #include "runtime/backends/cuda/launch.h"
 
 namespace hzp::runtime::cuda {
@@ -77,9 +78,9 @@ std::string Gemm::run(const MatmulArgs& a, const Workspace& ws, cudaStream_t str
     return "";
   }
   const cudaDataType_t ab = data_type(a.a.type), ct = data_type(a.c.type);
-  // cuBLASLt's view (column-major): D[n x m] = op(B') op(A') with B' = our B, A' = our A.
-  const std::uint64_t b_rows = a.trans_b ? a.k : a.n, b_cols = a.trans_b ? a.n : a.k;
-  const std::uint64_t a_rows = a.trans_a ? a.m : a.k, a_cols = a.trans_a ? a.k : a.m;
+  // cuBLASLt's view (column-major, gemm_layout.h): D[n x m] = op(B') op(A') with B' = our B, A' = our A.
+  const LtOperand lt_b = lt_first_operand(a.trans_b, a.n, a.k, a.ldb);
+  const LtOperand lt_a = lt_second_operand(a.trans_a, a.m, a.k, a.lda);
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t lb = nullptr, la = nullptr, lc = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
@@ -88,14 +89,15 @@ std::string Gemm::run(const MatmulArgs& a, const Workspace& ws, cudaStream_t str
     if (s != CUBLAS_STATUS_SUCCESS && error.empty()) error = std::string(what) + ": " + status_text(s);
     return s == CUBLAS_STATUS_SUCCESS;
   };
-  const cublasOperation_t op_b = a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = lt_b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          op_a = lt_a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
   check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   if (error.empty()) {
     check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)), "TRANSA");
     check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)), "TRANSB");
   }
-  check(cublasLtMatrixLayoutCreate(&lb, ab, b_cols, b_rows, a.ldb), "layout B");
-  check(cublasLtMatrixLayoutCreate(&la, ab, a_cols, a_rows, a.lda), "layout A");
+  check(cublasLtMatrixLayoutCreate(&lb, ab, lt_b.rows, lt_b.cols, lt_b.ld), "layout B");
+  check(cublasLtMatrixLayoutCreate(&la, ab, lt_a.rows, lt_a.cols, lt_a.ld), "layout A");
   check(cublasLtMatrixLayoutCreate(&lc, ct, a.n, a.m, a.ldc), "layout C");
   if (error.empty() && a.batch > 1) {
     const int batch = static_cast<int>(a.batch);
