@@ -35,6 +35,7 @@ if(HZP_HAVE_CUDA)
     runtime/backends/cuda/cuda_kernels.cc
     runtime/backends/cuda/cuda_probe.cu
     runtime/backends/cuda/elementwise.cu
+    runtime/backends/cuda/flash_attention.cu
     runtime/backends/cuda/gemm.cu
     runtime/backends/cuda/moe.cu
     runtime/backends/cuda/norms.cu

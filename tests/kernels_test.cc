@@ -1576,6 +1576,10 @@ TEST_CASE("kernels attention forward and backward with GQA against the fp64 refe
       {2, 13, 8, 2, 24},  // 4
       {2, 37, 8, 1, 16},  // 8
       {2, 1, 2, 2, 16},   // one position: out = v
+      // The CUDA backend's tensor-core kernels (bf16 / fp16, head_dim a multiple of 16): several 64-row tiles,
+      // the last one partial, GQA, and the largest head dimension they take.
+      {2, 130, 4, 2, 64},
+      {1, 77, 2, 1, 128},
   };
   for (ScalarType t : kTensorTypes) {
     Ctx c;
@@ -1654,7 +1658,7 @@ TEST_CASE("kernels attention is causal: later keys and values do not change earl
   std::mt19937 rng(402);
   for (ScalarType t : kTensorTypes) {
     Ctx c;
-    const AttentionShape s{2, 37, 4, 2, 24};
+    const AttentionShape s{2, 100, 4, 2, 32};  // two 64-row tiles of the CUDA backend's tensor-core kernels
     const std::int64_t nq = s.batch * s.seq * s.heads * s.head_dim, nkv = s.batch * s.seq * s.kv_heads * s.head_dim;
     const std::int64_t kv_row = s.kv_heads * s.head_dim, q_row = s.heads * s.head_dim;
     const Vec q = rand_t(t, nq, rng);

@@ -101,9 +101,10 @@ struct ExpertGemmArgs {
 
 // The largest calls a Kernels will see, so that a backend can size its scratch before the first step (a GPU
 // backend allocates nothing inside a step): rows x width of a row-wise kernel (RMSNorm), batch x heads x seq
-// of attention, experts and (sources x local experts) of the MoE kernels.
+// of attention, experts and (sources x local experts) of the MoE kernels, the embedding table's rows.
 struct KernelLimits {
   std::int64_t rows = 0, width = 0;
+  std::int64_t vocab = 0;
   std::int64_t attention_rows = 0;
   std::int64_t experts = 0, moe_runs = 0;
 };

@@ -108,6 +108,7 @@ Status Executor::Impl::setup() {
   KernelLimits limits;
   limits.rows = tokens;
   limits.width = cfg.hidden;
+  limits.vocab = cfg.vocab;
   limits.attention_rows = batch * cfg.heads * seq;
   limits.experts = cfg.experts;
   limits.moe_runs = cfg.experts;  // (source ranks) x (local experts) = experts

@@ -1,4 +1,5 @@
-// Causal attention with GQA for the CUDA backend (launch.h): the simple, correct version. One block per
+// Causal attention with GQA for the CUDA backend (launch.h). bf16 / fp16 with the usual head dimensions run
+// flash_attention.cu's tensor-core kernels; everything else runs the simple, correct version here. One block per
 // query row (forward, dq) or per key row (dk, dv); scores live in shared memory; everything in fp32 and
 // rounded once to the output type. No probabilities are kept between forward and backward: the backward
 // recomputes them from q, k and the saved log-sum-exp (flash attention's backward, with D_i = dO_i . O_i), so
@@ -15,21 +16,7 @@ namespace {
 
 constexpr int kAttnThreads = 128;
 
-struct Geometry {
-  std::int64_t seq, heads, kv_heads, d, wq, wkv, group;
-  float scale;
-};
-
-Geometry geometry(const AttentionShape& s) {
-  return {s.seq,
-          s.heads,
-          s.kv_heads,
-          s.head_dim,
-          s.heads * s.head_dim,
-          s.kv_heads * s.head_dim,
-          s.heads / s.kv_heads,
-          1.0f / std::sqrt(static_cast<float>(s.head_dim))};
-}
+using Geometry = AttentionGeometry;
 
 // Element c of row t (token t of sequence b) of head `head` in a [batch*seq x width] activation.
 __device__ __forceinline__ std::int64_t at(std::int64_t b, std::int64_t t, std::int64_t seq, std::int64_t width,
@@ -187,7 +174,8 @@ void allow_shared(Kernel kernel, std::size_t bytes) {
 
 void attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                        const Buffer& out, const Buffer& lse, cudaStream_t s) {
-  const Geometry g = geometry(shape);
+  if (flash_attention_supported(shape, q, k, v, out)) return flash_attention_forward(shape, q, k, v, out, lse, s);
+  const Geometry g = attention_geometry(shape);
   const dim3 grid(static_cast<unsigned>(g.seq), static_cast<unsigned>(g.heads), static_cast<unsigned>(shape.batch));
   const std::size_t smem = static_cast<std::size_t>(g.d + g.seq) * sizeof(float);
   on_type(q.type, [&](auto tag) {
@@ -201,15 +189,17 @@ void attention_forward(const AttentionShape& shape, const Buffer& q, const Buffe
 void attention_backward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                         const Buffer& out, const Buffer& dout, const Buffer& lse, const Buffer& dq, const Buffer& dk,
                         const Buffer& dv, const Workspace& ws, cudaStream_t s) {
-  const Geometry g = geometry(shape);
+  const Geometry g = attention_geometry(shape);
   float* delta = ws.floats;  // [batch x heads x seq]; the interface checked the workspace's size
   const dim3 rows(static_cast<unsigned>(g.seq), static_cast<unsigned>(g.heads), static_cast<unsigned>(shape.batch));
   const dim3 keys(static_cast<unsigned>(g.seq), static_cast<unsigned>(g.kv_heads), static_cast<unsigned>(shape.batch));
   const std::size_t dq_smem = static_cast<std::size_t>(2 * g.d + g.seq) * sizeof(float);
   const std::size_t dkv_smem = static_cast<std::size_t>(4 * g.d + 2 * g.seq) * sizeof(float);
+  const bool flash = flash_attention_supported(shape, q, k, v, dout);
   on_type(q.type, [&](auto tag) {
     using T = decltype(tag);
     attention_delta_kernel<T><<<rows, 32, 0, s>>>(out.as<const T>(), dout.as<const T>(), delta, g);
+    if (flash) return flash_attention_backward(shape, q, k, v, dout, lse, delta, dq, dk, dv, s);
     allow_shared(attention_dq_kernel<T>, dq_smem);
     attention_dq_kernel<T><<<rows, kAttnThreads, dq_smem, s>>>(q.as<const T>(), k.as<const T>(), v.as<const T>(),
                                                                dout.as<const T>(), lse.as<const float>(), delta,

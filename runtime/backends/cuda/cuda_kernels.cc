@@ -46,7 +46,8 @@ class CudaKernels final : public Kernels {
     const std::int64_t floats =
         std::max({l.rows > 0 ? std::min<std::int64_t>(l.rows, 256) * l.width : 0, l.attention_rows, kInitialFloats});
     const std::int64_t doubles = std::max(l.experts, kInitialDoubles);
-    const std::int64_t ints = std::max(2 * l.moe_runs + 1, kInitialInts);
+    const std::int64_t ints =
+        std::max({2 * l.moe_runs + 1, cuda::embedding_backward_ints(l.rows, l.vocab), kInitialInts});
     return grow(floats, doubles, ints);
   }
 
@@ -110,7 +111,8 @@ class CudaKernels final : public Kernels {
   }
   void do_embedding_backward(const Buffer& dout, const Buffer& ids, const Buffer& dtable,
                              std::int64_t hidden) override {
-    cuda::embedding_backward(dout, ids, dtable, hidden, s_);
+    if (!scratch("embedding_backward", 0, 0, cuda::embedding_backward_ints(ids.count, dtable.count / hidden))) return;
+    cuda::embedding_backward(dout, ids, dtable, hidden, ws_, s_);
     after("embedding_backward");
   }
   void do_rmsnorm_forward(const Buffer& x, const Buffer& w, const Buffer& y, const Buffer& rstd, std::int64_t rows,
@@ -156,7 +158,9 @@ class CudaKernels final : public Kernels {
                             const Buffer& out, const Buffer& lse, const Buffer&) override {
     if (shape.algorithm != AttentionAlgorithm::kStandard)
       return fail(Status::Unimplemented("kernel attention_forward (cuda): PASA's GPU kernel is not written yet"));
-    if (!shared_fits("attention_forward", shape.head_dim + shape.seq)) return;
+    if (!cuda::flash_attention_supported(shape, q, k, v, out) &&
+        !shared_fits("attention_forward", shape.head_dim + shape.seq))
+      return;
     cuda::attention_forward(shape, q, k, v, out, lse, s_);
     after("attention_forward");
   }
@@ -164,7 +168,8 @@ class CudaKernels final : public Kernels {
                              const Buffer& out, const Buffer& dout, const Buffer& lse, const Buffer&, const Buffer& dq,
                              const Buffer& dk, const Buffer& dv) override {
     if (!scratch("attention_backward", shape.batch * shape.heads * shape.seq, 0, 0) ||
-        !shared_fits("attention_backward", 4 * shape.head_dim + 2 * shape.seq))
+        (!cuda::flash_attention_supported(shape, q, k, v, dout) &&
+         !shared_fits("attention_backward", 4 * shape.head_dim + 2 * shape.seq)))
       return;
     cuda::attention_backward(shape, q, k, v, out, dout, lse, dq, dk, dv, ws_, s_);
     after("attention_backward");

@@ -147,22 +147,74 @@ __global__ void embedding_forward_kernel(const T* table, const std::int32_t* ids
   }
 }
 
-// One block per token; the block of an id's first token owns that id's row and adds every token of that id in
-// token order (fp32, from the row's value, rounded once): the CPU reference's order, without atomics.
+// The backward groups tokens by id without atomics on the table: count each id's tokens, scan the counts into
+// segment offsets, scatter token indices into their id's segment (in any order), then one block per id sorts its
+// segment by token index (rank sort) and adds the tokens' rows in token order (fp32, from the row's value,
+// rounded once): the CPU reference's order, deterministic, O(tokens x hidden) work. Workspace ints:
+// counts/offsets [vocab + 1], cursors [vocab], the scattered segment [tokens], the sorted segment [tokens].
+__global__ void embedding_count_kernel(const std::int32_t* ids, std::int64_t tokens, std::int64_t vocab,
+                                       std::int64_t* count) {
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < tokens;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int32_t id = ids[t];
+    if (id >= 0 && id < vocab) atomicAdd(reinterpret_cast<unsigned long long*>(count + id), 1ull);
+  }
+}
+
+// One block: offsets[i] = count[0] + ... + count[i - 1] in place, offsets[vocab] = the total.
+__global__ void embedding_scan_kernel(std::int64_t* offsets, std::int64_t vocab) {
+  __shared__ std::int64_t partial[kThreads];
+  const std::int64_t chunk = (vocab + blockDim.x - 1) / blockDim.x;
+  const std::int64_t begin = threadIdx.x * chunk, end = begin + chunk < vocab ? begin + chunk : vocab;
+  std::int64_t sum = 0;
+  for (std::int64_t i = begin; i < end; ++i) sum += offsets[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::int64_t run = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) {
+      const std::int64_t c = partial[i];
+      partial[i] = run;
+      run += c;
+    }
+    offsets[vocab] = run;
+  }
+  __syncthreads();
+  std::int64_t run = partial[threadIdx.x];
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::int64_t c = offsets[i];
+    offsets[i] = run;
+    run += c;
+  }
+}
+
+__global__ void embedding_scatter_kernel(const std::int32_t* ids, std::int64_t tokens, std::int64_t vocab,
+                                         const std::int64_t* offsets, std::int64_t* cursor, std::int64_t* segment) {
+  for (std::int64_t t = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; t < tokens;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int32_t id = ids[t];
+    if (id < 0 || id >= vocab) continue;
+    const auto slot = atomicAdd(reinterpret_cast<unsigned long long*>(cursor + id), 1ull);
+    segment[offsets[id] + static_cast<std::int64_t>(slot)] = t;
+  }
+}
+
 template <typename D, typename W>
-__global__ void embedding_backward_kernel(const D* dout, const std::int32_t* ids, W* dtable, std::int64_t tokens,
-                                          std::int64_t h, std::int64_t vocab) {
-  const std::int64_t t = blockIdx.x;
-  const std::int32_t id = ids[t];
-  if (id < 0 || id >= vocab) return;
-  int earlier = 0;
-  for (std::int64_t j = threadIdx.x; j < t && !earlier; j += blockDim.x) earlier = ids[j] == id;
-  if (__syncthreads_or(earlier)) return;
-  W* row = dtable + static_cast<std::int64_t>(id) * h;
+__global__ void embedding_backward_kernel(const D* dout, const std::int64_t* offsets, const std::int64_t* segment,
+                                          std::int64_t* sorted, W* dtable, std::int64_t h) {
+  const std::int64_t id = blockIdx.x, begin = offsets[id], n = offsets[id + 1] - begin;
+  if (n == 0) return;
+  for (std::int64_t e = threadIdx.x; e < n; e += blockDim.x) {  // token indices are distinct: rank = place
+    const std::int64_t t = segment[begin + e];
+    std::int64_t rank = 0;
+    for (std::int64_t f = 0; f < n; ++f) rank += segment[begin + f] < t;
+    sorted[begin + rank] = t;
+  }
+  __syncthreads();
+  W* row = dtable + id * h;
   for (std::int64_t c = threadIdx.x; c < h; c += blockDim.x) {
     float acc = ld(row[c]);
-    for (std::int64_t j = t; j < tokens; ++j)
-      if (ids[j] == id) acc += ld(dout[j * h + c]);
+    for (std::int64_t e = 0; e < n; ++e) acc += ld(dout[sorted[begin + e] * h + c]);
     row[c] = st<W>(acc);
   }
 }
@@ -353,13 +405,23 @@ void embedding_forward(const Buffer& table, const Buffer& ids, const Buffer& out
 }
 
 void embedding_backward(const Buffer& dout, const Buffer& ids, const Buffer& dtable, std::int64_t hidden,
-                        cudaStream_t s) {
+                        const Workspace& ws, cudaStream_t s) {
   if (ids.count == 0) return;
+  const std::int64_t tokens = ids.count, vocab = dtable.count / hidden;
+  std::int64_t* offsets = ws.ints;  // [vocab + 1], first the counts
+  std::int64_t* cursor = offsets + vocab + 1;
+  std::int64_t* segment = cursor + vocab;
+  std::int64_t* sorted = segment + tokens;
+  cudaMemsetAsync(offsets, 0, static_cast<std::size_t>(2 * vocab + 1) * sizeof(std::int64_t), s);
+  const std::int32_t* id = ids.as<const std::int32_t>();
+  embedding_count_kernel<<<blocks_for(tokens), kThreads, 0, s>>>(id, tokens, vocab, offsets);
+  embedding_scan_kernel<<<1, kThreads, 0, s>>>(offsets, vocab);
+  embedding_scatter_kernel<<<blocks_for(tokens), kThreads, 0, s>>>(id, tokens, vocab, offsets, cursor, segment);
   on_types(dout.type, dtable.type, [&](auto td, auto tw) {
     using D = decltype(td);
     using W = decltype(tw);
-    embedding_backward_kernel<<<static_cast<unsigned>(ids.count), kThreads, 0, s>>>(
-        dout.as<const D>(), ids.as<const std::int32_t>(), dtable.as<W>(), ids.count, hidden, dtable.count / hidden);
+    embedding_backward_kernel<<<static_cast<unsigned>(vocab), kThreads, 0, s>>>(dout.as<const D>(), offsets, segment,
+                                                                                sorted, dtable.as<W>(), hidden);
   });
 }
 

@@ -1,11 +1,13 @@
 // The CUDA backend's kernel launchers, one per operation of runtime/device/kernels.h (same arguments, plus the
 // stream; already checked by the interface). Each enqueues its kernels and returns; launch errors are read
 // by the caller (cudaGetLastError). Implemented by family: elementwise.cu, norms.cu, attention.cu, moe.cu,
-// gemm.cu. `scratch` is the Kernels' device workspace (fp32 partial sums), `scratch_floats` its size.
+// flash_attention.cu, gemm.cu. `scratch` is the Kernels' device workspace (fp32 partial sums), `scratch_floats` its
+// size.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -36,8 +38,12 @@ void clip_coefficient(const Buffer& norm_sq, double max_norm, double inv_loss_sc
                       const Buffer& coef, cudaStream_t s);
 void adamw(const AdamWHyper& hyper, const std::vector<AdamWTensor>& tensors, cudaStream_t s);
 void embedding_forward(const Buffer& table, const Buffer& ids, const Buffer& out, std::int64_t hidden, cudaStream_t s);
+// Needs embedding_backward_ints(tokens, vocab) ints of the workspace.
 void embedding_backward(const Buffer& dout, const Buffer& ids, const Buffer& dtable, std::int64_t hidden,
-                        cudaStream_t s);
+                        const Workspace& ws, cudaStream_t s);
+inline std::int64_t embedding_backward_ints(std::int64_t tokens, std::int64_t vocab) {
+  return 2 * vocab + 1 + 2 * tokens;
+}
 void rope_tables(const Buffer& cos, const Buffer& sin, std::int64_t seq, std::int64_t d, cudaStream_t s);
 void rope(const Buffer& x, std::int64_t rows, std::int64_t seq, std::int64_t heads, std::int64_t d, const Buffer& cos,
           const Buffer& sin, bool inverse, cudaStream_t s);
@@ -61,11 +67,38 @@ void cross_entropy_backward(const Buffer& logits, const Buffer& targets, const B
                             const Buffer& dlogits, std::int64_t rows, std::int64_t vocab, cudaStream_t s);
 
 // attention.cu
+// What the attention kernels index by: activation rows are wq = heads * d (q, out) or wkv = kv_heads * d (k, v)
+// wide; query head h reads kv head h / group.
+struct AttentionGeometry {
+  std::int64_t batch, seq, heads, kv_heads, d, wq, wkv, group;
+  float scale;  // 1 / sqrt(d)
+};
+inline AttentionGeometry attention_geometry(const AttentionShape& s) {
+  return {s.batch,
+          s.seq,
+          s.heads,
+          s.kv_heads,
+          s.head_dim,
+          s.heads * s.head_dim,
+          s.kv_heads * s.head_dim,
+          s.heads / s.kv_heads,
+          1.0f / std::sqrt(static_cast<float>(s.head_dim))};
+}
 void attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                        const Buffer& out, const Buffer& lse, cudaStream_t s);
 void attention_backward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                         const Buffer& out, const Buffer& dout, const Buffer& lse, const Buffer& dq, const Buffer& dk,
                         const Buffer& dv, const Workspace& ws, cudaStream_t s);
+
+// flash_attention.cu: tensor-core kernels for bf16 / fp16, head_dim 16..128 in steps of 16, 16-byte aligned
+// buffers (and not HZP_CUDA_ATTENTION=simple); attention.cu's launchers use them when this says so.
+bool flash_attention_supported(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
+                               const Buffer& out);
+void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
+                             const Buffer& out, const Buffer& lse, cudaStream_t s);
+void flash_attention_backward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
+                              const Buffer& dout, const Buffer& lse, const float* delta, const Buffer& dq,
+                              const Buffer& dk, const Buffer& dv, cudaStream_t s);
 
 // moe.cu
 void moe_topk(const Buffer& probs, const Buffer& selected, const Buffer& weight, const Buffer& psum,
