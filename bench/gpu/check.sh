@@ -20,6 +20,8 @@
 #                the core's model
 #   fault        a rank killed at step 3 makes the others fail fast, naming it
 #   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %
+#   attention    causal attention's TFLOP/s, forward and backward, bf16, seq 1 k .. 32 k, head_dim 64 / 128: hzp's
+#                kernels (attention_bench), its simple ones at 1 k / 4 k, and PyTorch's SDPA: $OUT/attention.md
 #   bench        tokens/s, MFU and memory of hzp against PyTorch eager (and torch.compile on the 134 M model;
 #                HZP_BENCH_COMPILE=all for every model) on the same models: $OUT/bench.md
 # $OUT/summary.txt lists every check with PASS or FAIL; the exit status is 1 if any failed.
@@ -36,7 +38,8 @@ kernel_tests=${HZP_KERNEL_TESTS:-hzp_kernel_tests}
 text=tests/data/tinyshakespeare_200k.txt
 work=$(mktemp -d)
 stages=("$@")
-[[ ${#stages[@]} -eq 0 ]] && stages=(info kernels train equivalence fault trace bench)
+[[ ${#stages[@]} -eq 0 ]] && stages=(info kernels train equivalence fault trace attention bench)
+attention_bench=${HZP_ATTENTION_BENCH:-attention_bench}
 
 note() { echo "$*" | tee -a "$summary"; }
 # check NAME COMMAND...: runs a check, records PASS/FAIL with its last output line.
@@ -72,7 +75,7 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat "$out/$stage.d/summary.txt" >> "$summary" 2> /dev/null
     [[ $rc -eq 124 || $rc -eq 137 ]] && note "FAIL $stage: stopped at its limit of $limit s"
-    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json; do
+    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json attention.jsonl attention.md; do
       [[ -f $out/$stage.d/$keep ]] && mv "$out/$stage.d/$keep" "$out/"
     done
     pkill -9 -x hzp 2> /dev/null; pkill -9 -x hzp_kernel_test 2> /dev/null; pkill -9 -f 'bench/gpu/torch_gp[u]' 2> /dev/null
@@ -138,6 +141,20 @@ for stage in "${stages[@]}"; do
     check trace_record train "$scen" "$work/trace" 1 --backend cuda --data random --trace "$out/trace_134m.json"
     check trace_replay timeout 300 "$hzp" replay "$out/trace_134m.json" --out "$work/replay"
     ;;
+  attention)
+    rows=$out/attention.jsonl
+    : > "$rows"
+    rows_of() {  # NAME COMMAND...: its JSON lines into attention.jsonl, its errors into NAME.log
+      local name=$1; shift
+      if "$@" >> "$rows" 2> "$out/$name.log"; then note "PASS $name: $(tail -1 "$rows" | cut -c1-200)"
+      else note "FAIL $name: $(tail -2 "$out/$name.log" | tr '\n' ' ')"; fi
+    }
+    rows_of attention_hzp timeout 120 "$attention_bench" --type bf16
+    HZP_CUDA_ATTENTION=simple rows_of attention_simple timeout 120 "$attention_bench" --type bf16 --seqs 1024,4096
+    rows_of attention_torch timeout 120 "$py" bench/gpu/torch_attention.py --type bf16
+    "$py" bench/gpu/compare.py attention "$rows" > "$out/attention.md" 2>> "$out/attention.log"
+    note "attention: $(grep -c . "$rows") rows in attention.md"
+    ;;
   bench)
     : > "$out/bench_rows.jsonl"
     for model in llama134m llama941m moe8x; do
@@ -161,8 +178,8 @@ done
 rm -rf "$work"
 if [[ -z ${HZP_CHECK_NO_PACK:-} ]]; then  # every log into one archive; the results stay beside it
   (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md \
-     ! -name bench_rows.jsonl ! -name trace_134m.json ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
+     ! -name bench_rows.jsonl ! -name trace_134m.json ! -name 'attention.*' ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
    find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md ! -name bench_rows.jsonl \
-     ! -name trace_134m.json ! -name logs.tgz -exec rm -rf {} +)
+     ! -name trace_134m.json ! -name 'attention.*' ! -name logs.tgz -exec rm -rf {} +)
 fi
 ! grep -q '^FAIL' "$summary"

@@ -7,6 +7,7 @@ and bench/gpu/torch_gpu.py. Each check prints one line starting with PASS or FAI
     compare.py memory OUT_DIR RANKS                each state category and pool within 5 % of the core's model
     compare.py bench HZP_DIR TORCH_JSONL SCENARIO  one row of the speed table (JSON line) from both sides
     compare.py table ROWS_JSONL                     the markdown table of bench rows
+    compare.py attention ROWS_JSONL                 the attention table (attention_bench, torch_attention.py rows)
 """
 import json
 import math
@@ -128,9 +129,38 @@ def table(rows_jsonl):
     return True
 
 
+def attention(rows_jsonl):
+    """One line per shape: forward / backward TFLOP/s of each kernel, and hzp's default over PyTorch's SDPA."""
+    rows = read_jsonl(rows_jsonl)
+    shapes, kernels = {}, []
+    for r in rows:
+        key = (r["type"], r["seq"], r["head_dim"], r["batch"], r["heads"])
+        shapes.setdefault(key, {})[r["kernel"]] = r
+        if r["kernel"] not in kernels:
+            kernels.append(r["kernel"])
+    print("| type | seq | head dim | batch x heads | " +
+          " | ".join(f"{k} fwd / bwd TFLOP/s" for k in kernels) + " | hzp / torch fwd | bwd |")
+    print("|---|---:|---:|---:|" + "---:|" * len(kernels) + "---:|---:|")
+    for (t, seq, d, batch, heads), by_kernel in sorted(shapes.items()):
+        cells = []
+        for k in kernels:
+            r = by_kernel.get(k)
+            cells.append(f"{r['forward_tflops']:.1f} / {r['backward_tflops']:.1f}" if r else "-")
+        hzp, torch = by_kernel.get("default"), by_kernel.get("torch-sdpa")
+        ratio = ["-", "-"]
+        if hzp and torch and torch["forward_tflops"] > 0 and torch["backward_tflops"] > 0:
+            ratio = [f"{hzp['forward_tflops'] / torch['forward_tflops']:.2f}",
+                     f"{hzp['backward_tflops'] / torch['backward_tflops']:.2f}"]
+        print(f"| {t} | {seq} | {d} | {batch} x {heads} | " + " | ".join(cells) + f" | {ratio[0]} | {ratio[1]} |")
+    if rows:
+        print(f"\n{rows[0].get('device', '?')}")
+    return True
+
+
 # Each command's arguments: how many, and which are numbers (index -> (low, high)).
 COMMANDS = {"falls": (falls, 1, 2, {1: (0, 1e6)}), "close": (close, 3, 4, {2: (0, 1e6), 3: (1, 1e9)}),
-            "memory": (memory, 2, 2, {1: (1, 1 << 20)}), "bench": (bench, 3, 3, {}), "table": (table, 1, 1, {})}
+            "memory": (memory, 2, 2, {1: (1, 1 << 20)}), "bench": (bench, 3, 3, {}), "table": (table, 1, 1, {}),
+            "attention": (attention, 1, 1, {})}
 
 
 def parse(command, rest):
@@ -158,7 +188,7 @@ if __name__ == "__main__":
         sys.exit(0 if len(sys.argv) >= 2 else 2)
     command, rest = sys.argv[1], sys.argv[2:]
     if command not in COMMANDS:
-        print(f"compare.py: unknown command {command[:40]!r} (falls, close, memory, bench, table; see --help)",
+        print(f"compare.py: unknown command {command[:40]!r} (falls, close, memory, bench, table, attention; see --help)",
               file=sys.stderr)
         sys.exit(2)
     try:
