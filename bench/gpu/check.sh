@@ -20,8 +20,9 @@
 #                the core's model
 #   fault        a rank killed at step 3 makes the others fail fast, naming it
 #   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %
-#   attention    causal attention's TFLOP/s, forward and backward, bf16, seq 1 k .. 32 k, head_dim 64 / 128: hzp's
-#                kernels (attention_bench), its simple ones at 1 k / 4 k, and PyTorch's SDPA: $OUT/attention.md
+#   attention    causal attention's TFLOP/s, forward and backward, seq 1 k .. 32 k, head_dim 64 / 128: hzp's
+#                kernels (attention_bench), its simple ones at 1 k / 4 k, and PyTorch's SDPA in bf16; then fp16
+#                standard, PASA and SDPA: $OUT/attention.md
 #   bench        tokens/s, MFU and memory of hzp against PyTorch eager (and torch.compile on the 134 M model;
 #                HZP_BENCH_COMPILE=all for every model) on the same models: $OUT/bench.md
 # $OUT/summary.txt lists every check with PASS or FAIL; the exit status is 1 if any failed.
@@ -152,6 +153,10 @@ for stage in "${stages[@]}"; do
     rows_of attention_hzp timeout 120 "$attention_bench" --type bf16
     HZP_CUDA_ATTENTION=simple rows_of attention_simple timeout 120 "$attention_bench" --type bf16 --seqs 1024,4096
     rows_of attention_torch timeout 120 "$py" bench/gpu/torch_attention.py --type bf16
+    # Issue 32: PASA beside standard attention, both fp16, and PyTorch's fp16 SDPA.
+    rows_of attention_fp16 timeout 120 "$attention_bench" --type fp16
+    rows_of attention_pasa timeout 120 "$attention_bench" --type fp16 --pasa
+    rows_of attention_torch_fp16 timeout 120 "$py" bench/gpu/torch_attention.py --type fp16
     "$py" bench/gpu/compare.py attention "$rows" > "$out/attention.md" 2>> "$out/attention.log"
     note "attention: $(grep -c . "$rows") rows in attention.md"
     ;;

@@ -135,9 +135,10 @@ def attention(rows_jsonl):
     shapes, kernels = {}, []
     for r in rows:
         key = (r["type"], r["seq"], r["head_dim"], r["batch"], r["heads"])
-        shapes.setdefault(key, {})[r["kernel"]] = r
-        if r["kernel"] not in kernels:
-            kernels.append(r["kernel"])
+        label = r["kernel"] if r.get("algorithm", "standard") == "standard" else f"{r['kernel']} {r['algorithm']}"
+        shapes.setdefault(key, {})[label] = r
+        if label not in kernels:
+            kernels.append(label)
     print("| type | seq | head dim | batch x heads | " +
           " | ".join(f"{k} fwd / bwd TFLOP/s" for k in kernels) + " | hzp / torch fwd | bwd |")
     print("|---|---:|---:|---:|" + "---:|" * len(kernels) + "---:|---:|")

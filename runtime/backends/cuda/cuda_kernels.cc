@@ -156,8 +156,11 @@ class CudaKernels final : public Kernels {
   }
   void do_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                             const Buffer& out, const Buffer& lse, const Buffer&) override {
-    if (shape.algorithm != AttentionAlgorithm::kStandard)
-      return fail(Status::Unimplemented("kernel attention_forward (cuda): PASA's GPU kernel is not written yet"));
+    if (shape.algorithm == AttentionAlgorithm::kPasa && !cuda::flash_attention_supported(shape, q, k, v, out))
+      return fail(Status::Unimplemented(
+          "kernel attention_forward (cuda): PASA's GPU kernel takes fp16 with head_dim a multiple of 16 up to 128 "
+          "and 16-byte aligned buffers (got " +
+          std::string(to_string(q.type)) + ", head_dim " + std::to_string(shape.head_dim) + ")"));
     if (!cuda::flash_attention_supported(shape, q, k, v, out) &&
         !shared_fits("attention_forward", shape.head_dim + shape.seq))
       return;

@@ -10,12 +10,14 @@
 // its simple kernels for fp32, other head dimensions, unaligned buffers and HZP_CUDA_ATTENTION=simple.
 #include <mma.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
+#include "runtime/backends/cpu/attention_reference.h"
 #include "runtime/backends/cuda/cuda_common.cuh"
 #include "runtime/backends/cuda/launch.h"
 
@@ -37,25 +39,27 @@ using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, Layout>;
 template <typename T, typename Layout>
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, Layout>;
 
-// Rows r0 .. r0+63 of head `head` in a [batch*seq x width] activation into a [64 x d] tile, zeros past the
-// sequence; 16-byte copies (the host checked the alignment).
+// Rows r0 .. r0+rows-1 of head `head` in a [batch*seq x width] activation into a [rows x d] tile; rows past the
+// sequence are zeros, or the last row when `repeat_last` (PASA's padded key block). 16-byte copies (the host
+// checked the alignment).
 template <typename T>
 __device__ void load_tile(T* tile, const T* src, std::int64_t b, std::int64_t r0, std::int64_t width, std::int64_t head,
-                          const Flash& g) {
+                          const Flash& g, int rows = kTile, bool repeat_last = false) {
   const int chunks = static_cast<int>(g.d / 8);
-  for (int e = threadIdx.x; e < kTile * chunks; e += blockDim.x) {
+  for (int e = threadIdx.x; e < rows * chunks; e += blockDim.x) {
     const int r = e / chunks, c = (e % chunks) * 8;
-    const std::int64_t t = r0 + r;
+    std::int64_t t = r0 + r;
+    if (repeat_last && t >= g.seq) t = g.seq - 1;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (t < g.seq) value = *reinterpret_cast<const uint4*>(src + (b * g.seq + t) * width + head * g.d + c);
     *reinterpret_cast<uint4*>(tile + r * g.d + c) = value;
   }
 }
 
-// The warp's 16 rows of x[64 x 64] (fp32, row-major) = a[64 x d] b[64 x d]^T, from row-major tiles.
-template <typename T>
+// The warp's 16 rows of x[64 x Cols] (fp32, row-major) = a[64 x d] b[Cols x d]^T, from row-major tiles.
+template <typename T, int Cols = kTile>
 __device__ void rows_times_transposed(float* x, const T* a, const T* b, int warp, int d) {
-  for (int cb = 0; cb < kTile / 16; ++cb) {
+  for (int cb = 0; cb < Cols / 16; ++cb) {
     Acc acc;
     wmma::fill_fragment(acc, 0.0f);
     for (int kk = 0; kk < d; kk += 16) {
@@ -65,23 +69,24 @@ __device__ void rows_times_transposed(float* x, const T* a, const T* b, int warp
       wmma::load_matrix_sync(fb, b + cb * 16 * d + kk, d);
       wmma::mma_sync(acc, fa, fb, acc);
     }
-    wmma::store_matrix_sync(x + warp * 16 * kTile + cb * 16, acc, kTile, wmma::mem_row_major);
+    wmma::store_matrix_sync(x + warp * 16 * Cols + cb * 16, acc, Cols, wmma::mem_row_major);
   }
 }
 
-// The warp's 16 rows of acc[64 x d] (fp32) += p[64 x 64] b[64 x d]; p read transposed when `Transposed`
-// (acc row r then takes column r of p: dV = P^T dO).
-template <typename T, bool Transposed>
+// The warp's 16 rows of acc[64 x d] (fp32) += p[64 x Keys] b[Keys x d]; p read transposed when `Transposed`
+// (p is then [Keys x 64] and acc row r takes column r of p: dV = P^T dO).
+template <typename T, bool Transposed, int Keys = kTile>
 __device__ void rows_accumulate(float* acc_tile, const T* p, const T* b, int warp, int d) {
   using LayoutA = typename std::conditional<Transposed, wmma::col_major, wmma::row_major>::type;
+  constexpr int ld = Transposed ? kTile : Keys;
   for (int cb = 0; cb < d / 16; ++cb) {
     Acc acc;
     float* out = acc_tile + warp * 16 * d + cb * 16;
     wmma::load_matrix_sync(acc, out, d, wmma::mem_row_major);
-    for (int kk = 0; kk < kTile; kk += 16) {
+    for (int kk = 0; kk < Keys; kk += 16) {
       FragA<T, LayoutA> fa;
       FragB<T, wmma::row_major> fb;
-      wmma::load_matrix_sync(fa, Transposed ? p + kk * kTile + warp * 16 : p + warp * 16 * kTile + kk, kTile);
+      wmma::load_matrix_sync(fa, Transposed ? p + kk * ld + warp * 16 : p + warp * 16 * ld + kk, ld);
       wmma::load_matrix_sync(fb, b + kk * d + cb * 16, d);
       wmma::mma_sync(acc, fa, fb, acc);
     }
@@ -100,6 +105,23 @@ __device__ __forceinline__ float warp_max(float x) {
 __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(kFull, x, o);
   return x;
+}
+
+// The warp's rows of the forward's result: out = O / l, lse = m + log l (+ c A: PASA's recovery when `avg`).
+template <typename T>
+__device__ void store_rows(T* out, float* lse, const float* os, const float (&m)[16], const float (&l)[16],
+                           const float* avg, float c, std::int64_t i0, std::int64_t hd, std::int64_t b, int warp,
+                           int lane, const Flash& g) {
+  const int d = static_cast<int>(g.d);
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    const int row = warp * 16 + r;
+    const std::int64_t i = i0 + row;
+    if (i >= g.seq) continue;
+    T* orow = out + (b * g.seq + i) * g.wq + hd * d;
+    for (int col = lane; col < d; col += 32) orow[col] = st<T>(os[row * d + col] / l[r]);
+    if (lane == 0) lse[(b * g.heads + hd) * g.seq + i] = m[r] + logf(l[r]) + (avg != nullptr ? c * avg[r] : 0.0f);
+  }
 }
 
 // A warp owns rows 16 * warp .. 16 * warp + 15 of each tile; row by row, lane l reads columns l and l + 32 (no
@@ -150,16 +172,123 @@ __global__ void __launch_bounds__(kFlashThreads)
     rows_accumulate<T, false>(os, ps, vs, warp, d);
     __syncwarp();
   }
+  store_rows(out, lse, os, m, l, nullptr, 0.0f, i0, hd, b, warp, lane, g);
+}
+
+// PASA (docs/pasa.md), fp16: each block of 128 keys (the last padded by repeating the last key) is shifted
+// once, K' = M K with M = I - beta/128 1 1^T stored in fp16 (diag, off), Q is scaled by 1/sqrt(d) before the
+// product, and the scores S' = Q K'^T are stored in fp16: a common bias or resonance no longer overflows. The
+// online state (m, l, the running average A of the blocks' row means a_j, the output) follows the CPU
+// reference's recurrences and rounds each result to fp16 as it does (runtime/backends/cpu/attention_reference.cc),
+// so the two agree to fp16 rounding order; the recovered lse = m + log l + c A feeds flash attention's backward.
+constexpr int kPasaKeys = 128;
+
+struct PasaConstants {
+  float diag, off, c, scale;  // M's two values, beta / (1 - beta), 1 / sqrt(d): each rounded to fp16
+};
+
+__device__ __forceinline__ float rh(float x) {
+  return __half2float(__float2half_rn(x));
+}
+
+__global__ void __launch_bounds__(kFlashThreads)
+    pasa_forward_kernel(const __half* q, const __half* k, const __half* v, __half* out, float* lse, Flash g,
+                        PasaConstants pc) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  using T = __half;
+  const int d = static_cast<int>(g.d);
+  T* qs = reinterpret_cast<T*>(smem);                            // [64 x d]
+  T* ks = qs + kTile * d;                                        // [128 x d], shifted in place
+  T* vs = ks + kPasaKeys * d;                                    // [128 x d]
+  T* ps = vs + kPasaKeys * d;                                    // [64 x 128]
+  float* ss = reinterpret_cast<float*>(ps + kTile * kPasaKeys);  // [64 x 128]: S', then P V as [64 x d]
+  float* os = ss + kTile * kPasaKeys;                            // [64 x d]
+  float* colsum = os + kTile * d;                                // [d]
+  const std::int64_t i0 = blockIdx.x * static_cast<std::int64_t>(kTile), hd = blockIdx.y, b = blockIdx.z;
+  const std::int64_t kvh = hd / g.group;
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
+  load_tile(qs, q, b, i0, g.wq, hd, g);
+  __syncthreads();
+  for (int e = threadIdx.x; e < kTile * d; e += blockDim.x) qs[e] = st<T>(ld(qs[e]) * pc.scale);  // Q / sqrt(d)
+  zero(os, kTile * d);
+  float m[16], l[16], avg[16];
 #pragma unroll
-  for (int r = 0; r < 16; ++r) {
-    const int row = warp * 16 + r;
-    const std::int64_t i = i0 + row;
-    if (i >= g.seq) continue;
-    const float inv = 1.0f / l[r];
-    T* orow = out + (b * g.seq + i) * g.wq + hd * d;
-    for (int c = lane; c < d; c += 32) orow[c] = st<T>(os[row * d + c] * inv);
-    if (lane == 0) lse[(b * g.heads + hd) * g.seq + i] = m[r] + logf(l[r]);
+  for (int r = 0; r < 16; ++r) m[r] = -60000.0f, l[r] = 0.0f, avg[r] = 0.0f;  // m starts finite, as the paper's
+  const std::int64_t last = (i0 + kTile < g.seq ? i0 + kTile : g.seq) - 1;    // the tile's last real row
+  for (std::int64_t j0 = 0; j0 <= last; j0 += kPasaKeys) {
+    __syncthreads();  // every warp is done with the previous block
+    load_tile(ks, k, b, j0, g.wkv, kvh, g, kPasaKeys, true);
+    load_tile(vs, v, b, j0, g.wkv, kvh, g, kPasaKeys, false);
+    __syncthreads();
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+      float sum = 0.0f;
+      for (int j = 0; j < kPasaKeys; ++j) sum += ld(ks[j * d + c]);
+      colsum[c] = sum;
+    }
+    __syncthreads();
+    // K'_jc = diag K_jc + off sum_{i != j} K_ic: the product M K, fp32 accumulation, one rounding.
+    for (int e = threadIdx.x; e < kPasaKeys * d; e += blockDim.x)
+      ks[e] = st<T>((pc.diag - pc.off) * ld(ks[e]) + pc.off * colsum[e % d]);
+    __syncthreads();
+    rows_times_transposed<T, kPasaKeys>(ss, qs, ks, warp, d);
+    __syncwarp();
+    const float blocks = static_cast<float>(j0 / kPasaKeys);
+    float alpha[16], beta[16];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int row = warp * 16 + r;
+      const std::int64_t i = i0 + row;
+      T* prow = ps + row * kPasaKeys;
+      float* srow = ss + row * kPasaKeys;
+      alpha[r] = 1.0f, beta[r] = 0.0f;
+      if (i >= g.seq || j0 > i) {  // the row does not see this block (uniform across the warp)
+        for (int c = lane; c < kPasaKeys; c += 32) prow[c] = st<T>(0.0f);
+        continue;
+      }
+      float sk[kPasaKeys / 32], sum = 0.0f, mj = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kPasaKeys / 32; ++u) {
+        sk[u] = rh(srow[lane + 32 * u]);  // S' stored in fp16
+        sum += sk[u];
+        if (j0 + lane + 32 * u <= i) mj = fmaxf(mj, sk[u]);
+      }
+      sum = warp_sum(sum);
+      mj = warp_max(mj);
+      const float a = rh(rh(sum) / static_cast<float>(kPasaKeys));  // the pseudo-average over the whole block
+      float lj = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kPasaKeys / 32; ++u) {
+        const float p = j0 + lane + 32 * u <= i ? rh(expf(rh(sk[u] - mj))) : 0.0f;
+        prow[lane + 32 * u] = st<T>(p);
+        lj += p;
+      }
+      lj = rh(warp_sum(lj));
+      const float old_avg = blocks == 0.0f ? a : avg[r];
+      const float new_avg = rh(rh(a / (blocks + 1.0f)) + rh(old_avg * rh(blocks / (blocks + 1.0f))));
+      const float shift_j = rh(pc.c * rh(a - new_avg)), shift_old = rh(pc.c * rh(old_avg - new_avg));
+      const float mn = fmaxf(rh(mj + shift_j), rh(m[r] + shift_old));
+      alpha[r] = rh(expf(rh(rh(m[r] - mn) + shift_old)));
+      beta[r] = rh(expf(rh(rh(mj - mn) + shift_j)));
+      l[r] = rh(rh(alpha[r] * l[r]) + rh(beta[r] * lj));
+      m[r] = mn;
+      avg[r] = new_avg;
+    }
+    __syncwarp();
+    float* pv = ss;  // S' is spent: the warp's rows of P V [64 x d] go there
+    for (int r = 0; r < 16; ++r)
+      for (int c = lane; c < d; c += 32) pv[(warp * 16 + r) * d + c] = 0.0f;
+    __syncwarp();
+    rows_accumulate<T, false, kPasaKeys>(pv, ps, vs, warp, d);
+    __syncwarp();
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const int row = warp * 16 + r;
+      for (int c = lane; c < d; c += 32)
+        os[row * d + c] = rh(rh(alpha[r] * os[row * d + c]) + rh(beta[r] * rh(pv[row * d + c])));
+    }
+    __syncwarp();
   }
+  store_rows(out, lse, os, m, l, avg, pc.c, i0, hd, b, warp, lane, g);
 }
 
 // P and dS of the warp's rows from S (ss) and dP (dps) of the (query tile i0, key tile j0) pair, P only when
@@ -280,6 +409,9 @@ std::size_t forward_smem(std::int64_t d, std::size_t e) {
 std::size_t dq_smem(std::int64_t d, std::size_t e) {
   return (4 * kTile * d + kTile * kTile) * e + (2 * kTile * kTile + kTile * d) * sizeof(float);
 }
+std::size_t pasa_smem(std::int64_t d, std::size_t e) {
+  return (kTile * d + 2 * kPasaKeys * d + kTile * kPasaKeys) * e + (kTile * kPasaKeys + kTile * d + d) * sizeof(float);
+}
 std::size_t dkv_smem(std::int64_t d, std::size_t e) {
   return (4 * kTile * d + 2 * kTile * kTile) * e + (2 * kTile * kTile + 2 * kTile * d) * sizeof(float);
 }
@@ -306,19 +438,35 @@ bool flash_attention_supported(const AttentionShape& s, const Buffer& q, const B
     const char* e = std::getenv("HZP_CUDA_ATTENTION");
     return e != nullptr && std::strcmp(e, "simple") == 0;
   }();
-  if (forced_simple || s.algorithm != AttentionAlgorithm::kStandard) return false;
-  if (q.type != ScalarType::kBf16 && q.type != ScalarType::kFp16) return false;
+  const bool pasa = s.algorithm == AttentionAlgorithm::kPasa;
+  if (pasa ? q.type != ScalarType::kFp16
+           : forced_simple || (q.type != ScalarType::kBf16 && q.type != ScalarType::kFp16))
+    return false;
   if (s.head_dim % 16 != 0 || s.head_dim < 16 || s.head_dim > 128) return false;
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) return false;
   int device = 0, limit = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  return dkv_smem(s.head_dim, 2) <= static_cast<std::size_t>(limit);  // the largest of the three
+  const std::size_t need = std::max(dkv_smem(s.head_dim, 2), pasa ? pasa_smem(s.head_dim, 2) : 0);
+  return need <= static_cast<std::size_t>(limit);  // the largest of the kernels the shape runs
 }
 
 void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                              const Buffer& out, const Buffer& lse, cudaStream_t s) {
   const Flash g = attention_geometry(shape);
+  if (shape.algorithm == AttentionAlgorithm::kPasa) {  // fp16 (flash_attention_supported checked)
+    const double beta = reference::pasa_default_beta(), n = static_cast<double>(kPasaKeys);
+    static_assert(kPasaKeys == reference::kPasaBlock, "the CPU reference's block, for which beta is chosen");
+    const PasaConstants pc{round_to(ScalarType::kFp16, static_cast<float>(1.0 - beta / n)),
+                           round_to(ScalarType::kFp16, static_cast<float>(-beta / n)),
+                           round_to(ScalarType::kFp16, static_cast<float>(beta / (1.0 - beta))),
+                           round_to(ScalarType::kFp16, static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))))};
+    const std::size_t smem = pasa_smem(g.d, sizeof(__half));
+    opt_in(pasa_forward_kernel, smem);
+    pasa_forward_kernel<<<tiles(g.seq, g.heads, g.batch), kFlashThreads, smem, s>>>(
+        q.as<const __half>(), k.as<const __half>(), v.as<const __half>(), out.as<__half>(), lse.as<float>(), g, pc);
+    return;
+  }
   on_type(q.type, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, float>) {

@@ -91,7 +91,8 @@ void attention_backward(const AttentionShape& shape, const Buffer& q, const Buff
                         const Buffer& dv, const Workspace& ws, cudaStream_t s);
 
 // flash_attention.cu: tensor-core kernels for bf16 / fp16, head_dim 16..128 in steps of 16, 16-byte aligned
-// buffers (and not HZP_CUDA_ATTENTION=simple); attention.cu's launchers use them when this says so.
+// buffers (and not HZP_CUDA_ATTENTION=simple); attention.cu's launchers use them when this says so. PASA
+// (fp16 only) has no other kernel: its forward is flash_attention.cu's, its backward flash attention's.
 bool flash_attention_supported(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                                const Buffer& out);
 void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
