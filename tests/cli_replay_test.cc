@@ -169,6 +169,53 @@ TEST_CASE("replay: times faster than the GPU's peak replay with a note saying so
   CHECK(nlohmann::json::parse(slurp(plain / "summary.json"))["replay"]["faster_than_peak"] == false);
 }
 
+TEST_CASE("replay: a step missing events is refused, compute recorded in no time noted and not calibrated",
+          "[cli][replay]") {
+  // Issue 35's tenth attack: rank 0's step 1 removed (+102 % with no word), one of its collectives removed (the
+  // pairing shifted), and rank 1's compute set to zero length (no faster-than-peak note, and calibrate fitted
+  // the optimizer's ops alone).
+  const std::string no_step = edited_trace("no_step.json", [](nlohmann::json& d) {
+    nlohmann::json kept = nlohmann::json::array();
+    for (auto& e : d["events"])
+      if (!(e["rank"] == 0 && e["step"] == 1)) kept.push_back(e);
+    d["events"] = kept;
+  });
+  RunResult r = replay(no_step, scratch() / "out_no_step");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("rank 0 has no event in step 1, which other ranks record"));
+  const std::string no_collective = edited_trace("no_collective.json", [](nlohmann::json& d) {
+    nlohmann::json kept = nlohmann::json::array();
+    bool dropped = false;
+    for (auto& e : d["events"]) {
+      const bool collective = e["kind"] == "all_gather" || e["kind"] == "reduce_scatter";
+      if (!dropped && e["rank"] == 0 && e["step"] == 0 && collective) {
+        dropped = true;
+        continue;
+      }
+      kept.push_back(e);
+    }
+    d["events"] = kept;
+  });
+  r = replay(no_collective, scratch() / "out_no_collective");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("rank 0's step 0 lacks op") && Catch::Contains("every recorded step"));
+  const std::string twice =
+      edited_trace("event_twice.json", [](nlohmann::json& d) { d["events"].push_back(d["events"][0]); });
+  r = replay(twice, scratch() / "out_event_twice");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("an op runs once a step"));
+  const std::string no_compute_time = edited_trace("no_compute_time.json", [](nlohmann::json& d) {
+    for (auto& e : d["events"])
+      if (e["rank"] == 1 && e["kind"] == "compute") e["end_us"] = e["start_us"];
+  });
+  r = replay(no_compute_time, scratch() / "out_no_compute_time");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("note: rank 1's recorded times imply"));
+  r = hzp::test::run(std::string("'") + HZP_BINARY + "' calibrate --trace '" + no_compute_time + "'");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains("rank 1's compute ops ran at inf x the peak FLOP/s"));
+}
+
 TEST_CASE("replay: a trace that does not match its rebuilt schedule is refused, naming the event", "[cli][replay]") {
   struct Case {
     const char* name;

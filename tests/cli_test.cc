@@ -448,11 +448,11 @@ TEST_CASE("plan --search: each candidate's simulation runs under the budget give
       run("plan '" + kRoot + "/scenarios/dense/llama2-7b-a800-64-zero3.json' --search --top 1 --jobs 2 " +
           "--max-sim-seconds 0.001 --out '" + out.string() + "'");
   INFO(r.out << r.err);
-  CHECK(r.code == 1);
+  CHECK(r.code == 2);  // every candidate refused past the budget given: as compare, exit 2 (the tenth attack)
   CHECK(r.err.rfind("plan: estimated 0/", 0) == 0);  // progress by candidate, from the first
   CHECK(r.err.find("plan: simulating") != std::string::npos);
   CHECK(r.out.find("past the budget of 0.001 s") != std::string::npos);
-  CHECK(r.out.find("no candidate could be simulated") != std::string::npos);
+  CHECK(r.err.find("every candidate's simulation was refused past its budget") != std::string::npos);
   CHECK(std::filesystem::exists(out / "plan.json"));
   CHECK_FALSE(std::filesystem::exists(out / "best.json"));
 }
@@ -478,19 +478,25 @@ TEST_CASE("plan --search at 131,072 GPUs says how long its analytic search takes
 TEST_CASE("plan --search leaves no candidate folder of an earlier search beside its own, and takes --exact",
           "[cli][planner]") {
   // The eighth attack of issue 35: a second search into the same --out left the first's candidates there,
-  // which `hzp compare DIR/candidates/NAME` would read as this search's. A folder with anything else stays.
+  // which `hzp compare DIR/candidates/NAME` would read as this search's. The tenth: a user's folder there was
+  // removed because it held only what a candidate holds. Only folders the earlier plan.json names go, and of
+  // those only ones holding nothing else.
   const auto out = scratch_dir() / "plan_twice";
-  const auto stale = out / "candidates" / "old-candidate", kept = out / "candidates" / "my-notes";
-  std::filesystem::create_directories(stale);
-  std::filesystem::create_directories(kept);
+  const auto stale = out / "candidates" / "old-candidate", kept = out / "candidates" / "my-notes",
+             unlisted = out / "candidates" / "my-run";
+  for (const auto& d : {stale, kept, unlisted}) std::filesystem::create_directories(d);
   std::ofstream(stale / "summary.json") << "{}";
+  std::ofstream(unlisted / "summary.json") << "{}";
   std::ofstream(kept / "notes.txt") << "mine";
+  std::ofstream(out / "plan.json") << R"({"candidates": [{"folder": "candidates/old-candidate"},
+                                                         {"folder": "candidates/my-notes"}]})";
   const RunResult r =
       run("plan '" + kData + "/golden/zero3.json' --search --top 1 --jobs 2 --out '" + out.string() + "'");
   INFO(r.out << r.err);
   REQUIRE(r.code == 0);
   CHECK_FALSE(std::filesystem::exists(stale));
   CHECK(std::filesystem::exists(kept / "notes.txt"));
+  CHECK(std::filesystem::exists(unlisted / "summary.json"));
   // --exact reaches every candidate's simulation.
   const auto exact = scratch_dir() / "plan_exact";
   REQUIRE(run("plan '" + kData + "/golden/zero3.json' --search --top 1 --jobs 2 --exact --out '" + exact.string() + "'")
@@ -504,7 +510,38 @@ TEST_CASE("plan --search leaves no candidate folder of an earlier search beside 
     listed.insert(std::filesystem::path(c["folder"].get<std::string>()).filename().string());
   CHECK(listed.size() >= 2);
   for (const auto& entry : std::filesystem::directory_iterator(out / "candidates"))
-    if (entry.path() != kept) CHECK(listed.count(entry.path().filename().string()) == 1);
+    if (entry.path() != kept && entry.path() != unlisted) CHECK(listed.count(entry.path().filename().string()) == 1);
+}
+
+TEST_CASE("plan --search refuses a linked candidates folder, and an input inside it", "[cli][planner]") {
+  // Issue 35's tenth attack: OUT/candidates a symlink took the candidates (and the clean-up) to the link's
+  // target; a scenario inside OUT/candidates was removed by the clean-up.
+  const auto out = scratch_dir() / "plan_linked", target = scratch_dir() / "plan_linked_target";
+  std::filesystem::create_directories(target / "mine");
+  std::filesystem::create_directories(out);
+  std::ofstream(target / "mine" / "summary.json") << "{}";
+  std::error_code ec;
+  std::filesystem::remove(out / "candidates", ec);
+  std::filesystem::create_directory_symlink(target, out / "candidates");
+  RunResult r = run("plan '" + kData + "/golden/zero3.json' --search --top 1 --jobs 1 --out '" + out.string() + "'");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("is a symbolic link") != std::string::npos);
+  CHECK(std::filesystem::exists(target / "mine" / "summary.json"));
+  CHECK(std::distance(std::filesystem::directory_iterator(target), std::filesystem::directory_iterator()) == 1);
+
+  const auto out2 = scratch_dir() / "plan_input_inside";
+  std::filesystem::create_directories(out2 / "candidates" / "x");
+  std::filesystem::copy_file(kData + "/golden/zero3.json", out2 / "candidates" / "x" / "scenario.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  r = run("plan '" + (out2 / "candidates" / "x" / "scenario.json").string() + "' --search --top 1 --jobs 1 --out '" +
+          out2.string() + "'");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("where plan --search writes its candidates") != std::string::npos);
+  CHECK(std::filesystem::exists(out2 / "candidates" / "x" / "scenario.json"));
+  // An empty value of any option is refused, not read as the working folder.
+  r = run("plan '" + kData + "/golden/zero3.json' --search --out ''");
+  CHECK(r.code == 2);
+  CHECK(r.err.find("option --out: empty value") != std::string::npos);
 }
 
 TEST_CASE("plan --search is refused up front when its own estimate passes --max-sim-seconds", "[cli][planner]") {

@@ -277,5 +277,11 @@ TEST_CASE("model.from_hf_config in a scenario: next to the file, overridable, ex
   big["max_position_embeddings"] = 16777217;  // past the config reader's bound: said so, not "not positive"
   CHECK(model_from_hf_config(big, "c.json").status().message().find("16777217 exceeds hzp's range") !=
         std::string::npos);
+  // A NUL byte in the path would have open() read models/config.json (issue 35's tenth attack).
+  doc["model"] = {{"from_hf_config", std::string("models/config.json\0x", 19)}};
+  std::ofstream(dir / "nul.json") << doc.dump();
+  auto nul = load_scenario_file((dir / "nul.json").string());
+  REQUIRE_FALSE(nul.ok());
+  CHECK(nul.status().message().find("the path contains a NUL byte") != std::string::npos);
   std::filesystem::remove_all(dir);
 }

@@ -357,6 +357,11 @@ TEST_CASE("tensor_comm_overlap: its rule, the same traffic on the tensor stream,
   nlohmann::json doc = nd_json("llama2-7b", 1, "zero1", {{"tensor", 4}, {"tensor_comm_overlap", true}}, 16);
   CHECK(parse_error(doc).find("policy.parallel.tensor_comm_overlap: needs sequence_parallel") == 0);
   doc["policy"]["parallel"]["sequence_parallel"] = true;
+  // Its stream is one of its own: with every collective on the compute stream it would silently override
+  // separate_streams (issue 35's tenth attack).
+  doc["policy"]["overlap"] = {{"separate_streams", false}};
+  CHECK(parse_error(doc).find("policy.parallel.tensor_comm_overlap: needs policy.overlap.separate_streams") == 0);
+  doc["policy"].erase("overlap");
   const Built on = build(scenario_from(doc));
   CHECK(scenario_to_json(on.scenario)["policy"]["parallel"]["tensor_comm_overlap"] == true);
   doc["policy"]["parallel"]["tensor_comm_overlap"] = false;

@@ -57,7 +57,9 @@ refused "--out fifo: not a regular file (a FIFO)" calibrate "${one_node[@]}" --o
 refused "--out devnull: not a regular file (a device)" calibrate "${one_node[@]}" --out devnull
 refused "--out dir: not a regular file (a directory)" calibrate "${one_node[@]}" --out dir
 refused "--out new/: names a directory" calibrate "${one_node[@]}" --out new/
-refused "--out: empty path" calibrate "${one_node[@]}" --out ""
+refused "option --out: empty value" calibrate "${one_node[@]}" --out ""
+refused "option --out: empty value" plan s.json --search --out ""
+refused "option --trace: empty value" train s.json --steps 1 --trace ""
 refused "--out trace.json: is the same file as --trace" calibrate --trace trace.json --out trace.json
 refused "--out ./plan.json: is the same file as SCENARIO" plan plan.json --out .
 refused "--out sim/summary.json: is the same file as SCENARIO" simulate sim/summary.json --out sim --steps 1

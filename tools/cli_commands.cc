@@ -183,6 +183,17 @@ int calibrate_from_trace(const std::string& path, const std::optional<std::strin
   if (!recorded.ok()) return fail(Status::InvalidInput("trace scenario_config: " + recorded.status().message()));
   auto compiled = compile(*recorded);
   if (!compiled.ok()) return fail(compiled.status());
+  // A fit to compute faster than the GPU's peak would calibrate to nonsense (the tenth attack of issue 35:
+  // compute recorded in no time, the fit made from the optimizer's ops alone).
+  const std::vector<double> speed = compute_speed_over_peak(*trace, compiled->schedule, recorded->cluster.gpu);
+  if (auto fastest = std::max_element(speed.begin(), speed.end()); fastest != speed.end() && *fastest > 1) {
+    char times[32];
+    std::snprintf(times, sizeof times, "%.3g", *fastest);
+    return fail(Status::InvalidInput("calibrate --trace: rank " + std::to_string(fastest - speed.begin()) +
+                                     "'s compute ops ran at " + std::string(times) +
+                                     " x the peak FLOP/s of cluster.gpu (" + recorded->cluster.gpu.type +
+                                     "): not the times of a run on this GPU (edited, or recorded on another clock)"));
+  }
   auto fit = fit_compute_to_trace(*compiled, *trace);
   if (!fit.ok()) return fail(fit.status());
   const Efficiency& table = recorded->cluster.efficiency;
@@ -302,6 +313,13 @@ int run_plan(const std::vector<std::string>& argv) {
                                        scenario_inputs(*args->scenario, *scenario));
         !st.ok())
       return fail(st);
+    // OUT/candidates is where the search writes (and clears) its candidates' folders: never an input's place.
+    const std::string candidates = (std::filesystem::path(out) / "candidates").string();
+    for (const NamedPath& in : scenario_inputs(*args->scenario, *scenario))
+      if (is_inside(in.path, candidates))
+        return fail(
+            Status::InvalidInput(in.what + " " + printable(in.path, 200) + " is inside " + printable(candidates, 200) +
+                                 ", where plan --search writes its candidates: move it or choose another --out"));
     return run_plan_search(*scenario, static_cast<int>(top), static_cast<int>(jobs), out, budget_flags,
                            budget->max_seconds);
   }
@@ -739,8 +757,12 @@ int run_replay(const std::vector<std::string>& argv) {
   const double flops_at_peak_s = r.mfu * r.step_time_s;  // a step's model FLOPs / the GPU's peak FLOP/s
   double fastest = 0;
   int fastest_rank = -1;
+  // And each rank's compute alone, op by op (the tenth: compute recorded in no time, hidden by the rank's
+  // collectives in its busy time).
+  const std::vector<double> compute_speed = compute_speed_over_peak(*trace, schedule, scenario.cluster.gpu);
   for (int rank = 0; rank < trace->world_size; ++rank) {
-    const double implied = busy[rank] > 0 ? flops_at_peak_s / busy[rank] : std::numeric_limits<double>::infinity();
+    const double implied = std::max(
+        busy[rank] > 0 ? flops_at_peak_s / busy[rank] : std::numeric_limits<double>::infinity(), compute_speed[rank]);
     if (implied > fastest) {
       fastest = implied;
       fastest_rank = rank;

@@ -45,6 +45,9 @@ Result<ParsedArgs> parse_flags(const std::vector<std::string>& argv, const std::
       continue;
     }
     if (i + 1 >= argv.size()) return Status::InvalidInput("option " + a + " needs a value");
+    // An empty value is never meant: `--out ""` wrote into the working folder, `--trace ""` silently nothing
+    // (issue 35's tenth attack).
+    if (argv[i + 1].empty()) return Status::InvalidInput("option " + a + ": empty value");
     out.options.emplace_back(a, argv[++i]);
   }
   return out;

@@ -27,8 +27,8 @@ struct ParsedArgs {
   std::vector<std::string> all(const std::string& flag) const;    // every value given, in order
 };
 
-// Refuses unknown flags, a missing value, a repeated flag that is not repeatable, and more than `max_positional`
-// positionals.
+// Refuses unknown flags, a missing or empty value, a repeated flag that is not repeatable, and more than
+// `max_positional` positionals.
 Result<ParsedArgs> parse_flags(const std::vector<std::string>& argv, const std::vector<Flag>& flags,
                                std::size_t max_positional);
 

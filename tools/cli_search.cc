@@ -49,6 +49,7 @@ struct Simulation {
   double simulated_mfu = 0;
   bool simulated_fits = false;
   std::string error = {};  // why the simulation failed; empty when it ran
+  bool refused = false;    // it exited 2: refused past its budget (or its input)
 };
 
 // "#3" (the sharding search's third), "nd#1", or the preset's name.
@@ -107,6 +108,7 @@ void simulate_all(std::vector<Simulation>& sims, int jobs, const fs::path& dir, 
         ++finished;
         if (!runs[i].error.empty()) {
           sim.error = runs[i].error;
+          sim.refused = runs[i].refused;
         } else {
           std::ifstream in(runs[i].out / "summary.json");
           const nlohmann::json summary = nlohmann::json::parse(in, nullptr, false);
@@ -350,23 +352,34 @@ nlohmann::json plan_json(const Scenario& scenario, const Searches& found, const 
 
 namespace {
 
-// Removes the candidate folders an earlier search left in `dir`: those holding nothing but what a candidate's
-// simulation writes (a folder with anything else, or a link, is left alone). The eighth attack of issue 35
-// found a second search beside the first's eight stale candidates.
+// Removes the candidate folders an earlier search left in `dir`: only those its plan.json (beside `dir`) names,
+// and of those only the ones holding nothing but what a candidate's simulation writes (a link, or a folder with
+// anything else, is left alone). The eighth attack of issue 35 found a second search beside the first's eight
+// stale candidates; the tenth, a user's folder there removed because it looked like one.
 void remove_earlier_candidates(const fs::path& dir) {
   static const std::set<std::string> ours = {"scenario.json",    "summary.json", "timeline.json",
                                              "timeline.json.gz", "stdout.txt",   "stderr.txt"};
-  std::error_code ec;
+  auto text = read_text_file((dir.parent_path() / "plan.json").string(), 64 << 20, Links::kNoLinks);
+  if (!text.ok()) return;  // no earlier plan: nothing of ours to remove
+  const nlohmann::json earlier = nlohmann::json::parse(*text, nullptr, false);
+  if (!earlier.is_object() || !earlier.contains("candidates") || !earlier["candidates"].is_array()) return;
   std::vector<fs::path> stale;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (it->is_symlink(ec) || !it->is_directory(ec)) continue;
+  for (const nlohmann::json& c : earlier["candidates"]) {
+    if (!c.is_object() || !c.contains("folder") || !c["folder"].is_string()) continue;
+    const fs::path folder = c["folder"].get<std::string>();  // "candidates/NAME", as plan_json writes it
+    if (folder.parent_path() != "candidates" || folder.filename() != safe_file_name(folder.filename().string()))
+      continue;
+    const fs::path p = dir / folder.filename();
+    std::error_code ec;
+    if (fs::is_symlink(fs::symlink_status(p, ec)) || !fs::is_directory(p, ec)) continue;
     bool only_ours = true;
     std::error_code inner;  // its own: a folder that cannot be read is left alone, the others still looked at
-    for (fs::directory_iterator f(it->path(), inner); !inner && f != end; f.increment(inner))
+    for (fs::directory_iterator f(p, inner), end; !inner && f != end; f.increment(inner))
       if (f->is_symlink(inner) || !f->is_regular_file(inner) || ours.count(f->path().filename().string()) == 0)
         only_ours = false;
-    if (only_ours && !inner) stale.push_back(it->path());
+    if (only_ours && !inner) stale.push_back(p);
   }
+  std::error_code ec;
   for (const fs::path& p : stale) fs::remove_all(p, ec);
 }
 
@@ -386,8 +399,16 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
                  candidates, scenario.cluster.world_size(), clock_text(about).c_str(), max_search_seconds);
     return 2;
   }
-  // Where results go is checked before any work: a run that cannot write its plan is refused up front.
+  // Where results go is checked before any work: a run that cannot write its plan is refused up front. The
+  // candidates' folder is hzp's: a link there would take the candidates (and the clean-up) elsewhere.
   const fs::path dir = fs::path(out_dir) / "candidates";
+  if (std::error_code ec; fs::is_symlink(fs::symlink_status(dir, ec))) {
+    std::fprintf(stderr,
+                 "hzp: error: --out: %s is a symbolic link; the search writes its candidates there and "
+                 "does not follow links (remove it or choose another --out)\n",
+                 printable(dir.string(), 200).c_str());
+    return 2;
+  }
   if (Status st = ensure_writable_dir(dir.string(), "--out"); !st.ok()) {
     std::fprintf(stderr, "hzp: error: %s\n", st.message().c_str());
     return 2;
@@ -431,6 +452,16 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
   if (best < 0) {  // exit 1, as a search that finds nothing runnable; plan.json says what was tried
     const bool none_ran =
         !none_fit && std::all_of(sims.begin(), sims.end(), [](const Simulation& s) { return !s.error.empty(); });
+    // Every candidate refused past the budget the user set: exit 2, as compare does for the same refusal.
+    const bool all_refused =
+        none_ran && std::all_of(sims.begin(), sims.end(), [](const Simulation& s) { return s.refused; });
+    if (all_refused) {
+      std::fprintf(stderr,
+                   "hzp: error: every candidate's simulation was refused past its budget (--max-sim-seconds / "
+                   "--max-sim-GiB; each one's estimate is above); wrote %s/plan.json\n",
+                   out_dir.c_str());
+      return 2;
+    }
     if (none_ran)
       std::printf("wrote %s/plan.json; no candidate could be simulated (each one's error is above)\n", out_dir.c_str());
     else

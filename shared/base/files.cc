@@ -76,6 +76,8 @@ bool same_file(const std::string& a, const std::string& b) {
 
 Result<int> open_regular_file(const std::string& path, Links links) {
   const std::string shown = printable(path, 200);
+  // A path from JSON may hold a NUL byte, where open() would stop reading it: another file than the one named.
+  if (path.find('\0') != std::string::npos) return Status::InvalidInput(shown + ": the path contains a NUL byte");
   // O_NONBLOCK, kept for the reads: opening a FIFO without a writer would otherwise wait for one, forever,
   // and a "regular" file of the kernel's (/proc/kmsg) blocks its reads until the kernel has something to
   // say. On a file of a disk it changes nothing.
@@ -265,6 +267,17 @@ Status check_output_files(const std::vector<NamedPath>& outputs, const std::vect
     }
   }
   return Status::Ok();
+}
+
+bool is_inside(const std::string& path, const std::string& dir) {
+  std::error_code e1, e2;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, e1), e1);
+  const fs::path d = fs::weakly_canonical(fs::absolute(dir, e2), e2);
+  if (e1 || e2 || path.empty() || dir.empty()) return false;
+  fs::path d_clean = d;  // "a/b/" iterates as a, b, "": drop the empty last part
+  if (!d_clean.empty() && d_clean.filename().empty()) d_clean = d_clean.parent_path();
+  auto [di, pi] = std::mismatch(d_clean.begin(), d_clean.end(), p.begin(), p.end());
+  return di == d_clean.end();
 }
 
 std::vector<NamedPath> files_in_dir(const std::string& what, const std::string& dir,

@@ -63,6 +63,10 @@ struct NamedPath {
 // spelling counts) or, before either exists, the same absolute path. Errors name both options.
 Status check_output_files(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs = {});
 
+// Whether `path` lies inside directory `dir` (or is it), both made absolute with `.`, `..` and the links of
+// their existing part resolved: an input a command is about to write over or remove.
+bool is_inside(const std::string& path, const std::string& dir);
+
 // The outputs DIR/name for each of `names`, named "WHAT DIR/name" in errors (--out out/x/summary.json).
 std::vector<NamedPath> files_in_dir(const std::string& what, const std::string& dir,
                                     const std::vector<std::string>& names);

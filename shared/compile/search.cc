@@ -69,6 +69,10 @@ Result<SearchResult> search_policies(const Scenario& scenario, const SearchOptio
         candidate.policy.overlap.separate_streams = streams;
         ++done;
         if (progress && done % 64 == 0) progress(done, total);
+        if (!streams && candidate.policy.parallel.tensor_comm_overlap) {  // the parser's rule: it needs its stream
+          ++result.rejected_invalid;
+          continue;
+        }
         auto est = evaluate(candidate);
         if (!est.ok()) {
           if (est.status().code() == StatusCode::kInternal) return est.status();

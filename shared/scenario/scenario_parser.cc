@@ -983,6 +983,11 @@ Result<PolicySpec> parse_policy(const json& value, const ModelSpec& model, const
   // Shardings are laid out on the replica axis: its ranks per node and nodes stand in for the cluster's.
   HZP_RETURN_IF_ERROR(parse_sharding(r, mesh.replica, p));
   HZP_RETURN_IF_ERROR(parse_comm_and_overlap(r, p));
+  // Its tensor stream is a stream of its own: with separate_streams false every collective is on the compute
+  // stream, and the overlap would silently override that (issue 35's tenth attack).
+  if (p.parallel.tensor_comm_overlap && !p.overlap.separate_streams)
+    return invalid("policy.parallel.tensor_comm_overlap",
+                   "needs policy.overlap.separate_streams (false puts every collective on the compute stream)", true);
   HZP_RETURN_IF_ERROR(parse_expert_parallel(r, model, mesh.replica, p.expert_parallel));
   mesh.expert = p.expert_parallel;
   return p;

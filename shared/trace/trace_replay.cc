@@ -2,7 +2,9 @@
 #include "shared/trace/trace_replay.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
+#include <map>
 #include <string>
 #include <variant>
 
@@ -58,6 +60,46 @@ std::string differing_field(const Trace& trace, const TraceEvent& e, const Sched
   return "";
 }
 
+// Every rank records every step the trace holds, each with the same ops: a step with missing
+// events would replay with other steps' times (the tenth attack of issue 35 removed rank 0's step 1, or one
+// of its collectives, and the replay went on). A trace may lack an op in every step (an import that did not
+// see it: the roofline times it), not in some.
+Status check_complete_steps(std::map<std::pair<int, std::int64_t>, std::vector<int>>& recorded_ops) {
+  std::vector<std::int64_t> steps;
+  std::map<int, const std::vector<int>*> first_of_rank;  // each rank's ops in its first step
+  std::map<int, std::int64_t> first_step;
+  for (auto& [key, ops] : recorded_ops) {
+    const auto& [rank, step] = key;
+    std::sort(ops.begin(), ops.end());  // (each op once a step: trace_format's reader checked)
+    steps.push_back(step);
+    if (first_of_rank.try_emplace(rank, &ops).second) first_step[rank] = step;
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  for (const auto& [rank, reference] : first_of_rank) {
+    for (std::int64_t step : steps) {
+      auto it = recorded_ops.find({rank, step});
+      if (it == recorded_ops.end())
+        return Status::InvalidInput("trace: rank " + std::to_string(rank) + " has no event in step " +
+                                    std::to_string(step) + ", which other ranks record");
+      if (it->second == *reference) continue;
+      std::vector<int> only_first, only_here;
+      std::set_difference(reference->begin(), reference->end(), it->second.begin(), it->second.end(),
+                          std::back_inserter(only_first));
+      std::set_difference(it->second.begin(), it->second.end(), reference->begin(), reference->end(),
+                          std::back_inserter(only_here));
+      const bool missing = !only_first.empty();
+      return Status::InvalidInput("trace: rank " + std::to_string(rank) + "'s step " +
+                                  std::to_string(missing ? step : first_step[rank]) + " lacks op " +
+                                  std::to_string(missing ? only_first.front() : only_here.front()) +
+                                  ", which its step " + std::to_string(missing ? first_step[rank] : step) +
+                                  " records (" + std::to_string(missing ? only_first.size() : only_here.size()) +
+                                  " such ops): every recorded step must hold the same ops");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status check_trace_against(const Trace& trace, const Schedule& schedule) {
@@ -90,6 +132,8 @@ Status check_trace_against(const Trace& trace, const Schedule& schedule) {
   if (trace.gpus_per_node != schedule.gpus_per_node)
     return Status::InvalidInput("trace: gpus_per_node " + std::to_string(trace.gpus_per_node) +
                                 " differs from the rebuilt schedule's " + std::to_string(schedule.gpus_per_node));
+  // (rank, step) -> the ops it records, to check below that no step lacks what the others have.
+  std::map<std::pair<int, std::int64_t>, std::vector<int>> recorded_ops;
   for (std::size_t i = 0; i < trace.events.size(); ++i) {
     const TraceEvent& e = trace.events[i];
     const auto& ops = schedule.program_of(e.rank).ops;
@@ -113,8 +157,9 @@ Status check_trace_against(const Trace& trace, const Schedule& schedule) {
                                     std::to_string(e.op) + " of rank " + std::to_string(e.rank) + " runs on group " +
                                     std::to_string(group) + " in the rebuilt schedule");
     }
+    recorded_ops[{e.rank, e.step}].push_back(e.op);
   }
-  return Status::Ok();
+  return check_complete_steps(recorded_ops);
 }
 
 Result<TraceDurations> TraceDurations::make(const Trace& trace, const Schedule& schedule,
@@ -211,6 +256,24 @@ std::vector<double> recorded_step_times(const Trace& trace) {
   for (int r = 0; r < trace.world_size; ++r)
     if (steps > 0 && last[r] >= first[r]) out[r] = (last[r] - first[r]) * 1e-6 / static_cast<double>(steps);
   return out;
+}
+
+std::vector<double> compute_speed_over_peak(const Trace& trace, const Schedule& schedule, const GpuSpec& gpu) {
+  std::vector<double> at_peak(static_cast<std::size_t>(trace.world_size), 0.0), seconds(at_peak.size(), 0.0);
+  for (const TraceEvent& e : trace.events) {
+    if (e.rank < 0 || e.rank >= trace.world_size) continue;
+    const auto& ops = schedule.program_of(e.rank).ops;
+    if (e.op < 0 || e.op >= static_cast<int>(ops.size())) continue;
+    const auto* k = std::get_if<ComputeOp>(&ops[e.op].body);
+    if (k == nullptr) continue;
+    at_peak[e.rank] += (k->flops - k->fp8_flops) / gpu.peak_flops +
+                       (k->fp8_flops > 0 && gpu.fp8_peak_flops > 0 ? k->fp8_flops / gpu.fp8_peak_flops : 0.0);
+    seconds[e.rank] += std::max(0.0, (e.end_us - e.start_us) * 1e-6);
+  }
+  std::vector<double> ratio(at_peak.size(), 0.0);
+  for (std::size_t r = 0; r < ratio.size(); ++r)
+    if (at_peak[r] > 0) ratio[r] = seconds[r] > 0 ? at_peak[r] / seconds[r] : std::numeric_limits<double>::infinity();
+  return ratio;
 }
 
 std::vector<double> recorded_busy_times(const Trace& trace) {

@@ -61,6 +61,11 @@ std::vector<double> recorded_step_times(const Trace& trace);
 // time minus the rank's idle time (host work, launch gaps), which a replay, running ops back to back, lacks.
 std::vector<double> recorded_busy_times(const Trace& trace);
 
+// Per rank, its compute ops' model FLOPs at the GPU's peak (bf16, FP8 for FP8 FLOPs) over their recorded
+// seconds: above 1, the trace's compute ran faster than the GPU can (edited times, or another clock); infinity
+// where FLOPs were recorded in no time. 0 for a rank with no compute FLOPs.
+std::vector<double> compute_speed_over_peak(const Trace& trace, const Schedule& schedule, const GpuSpec& gpu);
+
 // What-ifs: a trace's compute speed carried to another configuration (cluster, scale, policy, micro-batch,
 // sequence, layers). Each (module, phase) gets the rate it ran at in the trace — recorded seconds per FLOP
 // summed over every rank, step, layer and micro-batch of the schedule the trace's own scenario builds
