@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of tools/sweep.py: sweeps two tiny golden scenarios into a temporary folder and checks that
-# results.csv has one row per scenario, without errors, and that the plots and index.html exist.
+# results.csv has one row per scenario, without errors, and that the plots and index.html exist; then a grid
+# whose point names would pass 128 bytes runs every point under a valid, unique name.
 # Usage: bash tests/sweep_smoke.sh [HZP]   (HZP defaults to build/hzp; paths are relative to the repo root)
 # Skips (exit 77, ctest "skipped") when no python3 with matplotlib is found.
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
@@ -46,4 +47,16 @@ for f in mfu_vs_gpus.png memory_by_policy.png exposed_comm_by_policy.png index.h
   [ -s "$out/$f" ] || fail "$f missing or empty"
 done
 grep -q "tools/sweep.py" "$out/index.html" || fail "index.html does not show the command line"
+# A grid over several keys: the points' names (base stem and edits) passed the 128 bytes of a scenario name,
+# and every point failed on a `name` the user never set. Long names are cut and end in a hash: valid, unique.
+grid=(--grid cluster.gpus_per_node=8 --grid policy.parallel.tensor=2 --grid policy.parallel.sequence_parallel=true
+  --grid "policy.parallel.tensor_comm_overlap=true,false")
+"$python" tools/sweep.py --hzp "$hzp" --jobs 1 --out "$out/grid" scenarios/default.json "${grid[@]}" 2> "$out/grid.txt" ||
+  fail "the long-named grid failed: $(tail -3 "$out/grid.txt")"
+"$python" -c 'import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+names = [r["scenario"] for r in rows]
+assert len(rows) == 2 and not any(r["error"] for r in rows), rows
+assert len(set(names)) == 2 and all(len(n.encode()) <= 128 for n in names), names' "$out/grid/results.csv" ||
+  fail "grid points not simulated under valid unique names: $(cat "$out/grid/results.csv")"
 echo "sweep_smoke: ok"

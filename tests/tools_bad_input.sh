@@ -4,7 +4,9 @@
 # message naming what is wrong, never a traceback and never a hang (each run under `timeout 30`); so do a nan
 # gate (--max-error nan would always pass), a flooding --progress-s, a sweep input that is its own output, an
 # --hzp that is not hzp, an output folder that takes no file (/proc), and /proc/kmsg (its reads wait); the
-# PyTorch reference and benchmark scripts on inputs and flags of the wrong shape.
+# PyTorch reference and benchmark scripts on inputs and flags of the wrong shape; compare.py's checks on NaN
+# losses and memory (a FAIL, exit 1), torch_gpu.py on scenario fields it does not implement, and the sweep on a
+# FIFO in a scenario folder, links and folders where it writes, and a newline in a --slurm path.
 # Usage: bash tests/tools_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -129,11 +131,132 @@ for bad in "table $out/fifo.jsonl" "table /dev/zero" "falls /nonexistent" "close
   # shellcheck disable=SC2086 # the arguments split on purpose
   expect_2 bench/gpu/compare.py $bad
 done
+# A NaN (or a null: hzp writes a NaN loss so) must fail a check, never pass it (max() skipped a NaN): exit 1 with
+# a FAIL line naming it; a count that is not whole (STEPS 1.5 ran 1 step) and a table of no rows are bad input.
+expect_1_naming() {  # PATTERN ARGS... of compare.py
+  local pattern=$1
+  shift
+  timeout 30 python3 bench/gpu/compare.py "$@" > "$out/log" 2>&1 < /dev/null
+  local rc=$?
+  if [ $rc -ne 1 ] || ! grep -q "^FAIL.*$pattern" "$out/log" || grep -q Traceback "$out/log"; then
+    echo "FAIL: compare.py $* -> exit $rc (wanted 1, a FAIL line with '$pattern'): $(tail -2 "$out/log" | cut -c1-200)"
+    failures=$((failures + 1))
+  fi
+}
+mkdir -p "$out/run_ok" "$out/run_nan" "$out/run_null" "$out/mem_nan" "$out/mem_model_nan"
+for i in 1 2 3 4 5 6; do echo "{\"step\": $i, \"loss\": $((10 - i)).0, \"seconds\": 1}"; done > "$out/run_ok/metrics.jsonl"
+head -5 "$out/run_ok/metrics.jsonl" > "$out/run_nan/metrics.jsonl"
+cp "$out/run_nan/metrics.jsonl" "$out/run_null/metrics.jsonl"
+echo '{"step": 6, "loss": NaN, "seconds": 1}' >> "$out/run_nan/metrics.jsonl"
+echo '{"step": 6, "loss": null, "seconds": 1}' >> "$out/run_null/metrics.jsonl"
+echo '{"measured": {"params": NaN, "grads": 8, "optimizer": 8}, "model": {"params": 8, "grads": 8, "optimizer": 8,
+  "pools": {}}}' > "$out/mem_nan/memory_rank0.json"
+echo '{"measured": {"params": 8, "grads": 8, "optimizer": 8}, "model": {"params": 8, "grads": Infinity,
+  "optimizer": 8, "pools": {"act": NaN}}}' > "$out/mem_model_nan/memory_rank0.json"
+expect_1_naming "run_nan step 6 has loss nan" close "$out/run_ok" "$out/run_nan" 0.01
+expect_1_naming "run_nan step 6 has loss nan" close "$out/run_nan" "$out/run_ok" 0.01
+expect_1_naming "run_null step 6 has loss null" close "$out/run_ok" "$out/run_null" 0.01
+expect_1_naming "run_nan step 6 has loss nan" falls "$out/run_nan"
+expect_1_naming "run_null step 6 has loss null" falls "$out/run_null" 0.5
+expect_1_naming "rank 0 params: measured nan" memory "$out/mem_nan" 1
+expect_1_naming "rank 0 grads: model inf" memory "$out/mem_model_nan" 1
+expect_1_naming "7 steps asked" close "$out/run_ok" "$out/run_ok" 0.01 7
+: > "$out/empty_rows.jsonl"
+echo '{"model": "m", "hzp_tokens_per_s": NaN, "hzp_mfu": 0.5, "hzp_pool_GiB": 1}' > "$out/nan_rows.jsonl"
+for bad in "close $out/run_ok $out/run_ok 0.01 1.5" "memory $out/mem_nan 1.5" "table $out/empty_rows.jsonl" \
+  "attention $out/empty_rows.jsonl" "table $out/nan_rows.jsonl"; do
+  # shellcheck disable=SC2086 # the arguments split on purpose
+  expect_2 bench/gpu/compare.py $bad
+done
+# torch_gpu.py refuses, before torch is imported (so under any python3), every scenario field it would not
+# train as asked (it trained a SwiGLU llama whatever the scenario said), naming the field; and it takes the
+# resolved file `hzp validate` prints ("moe": null), as its own message says to.
+expect_field() {  # PATTERN SCENARIO
+  timeout 30 python3 bench/gpu/torch_gpu.py "$2" > "$out/log" 2>&1 < /dev/null
+  local rc=$?
+  if [ $rc -ne 2 ] || [ "$(wc -l < "$out/log")" -ne 1 ] || ! grep -q -- "$1" "$out/log"; then
+    echo "FAIL: torch_gpu.py $2 -> exit $rc (wanted 2 naming '$1'): $(tail -2 "$out/log" | cut -c1-200)"
+    failures=$((failures + 1))
+  fi
+}
+for base in llama134m moe8x; do
+  "$hzp" validate "bench/gpu/$base.json" > "$out/resolved_$base.json" 2> /dev/null
+  expect_field "no CUDA device here\|needs PyTorch" "$out/resolved_$base.json"
+  expect_field "no CUDA device here\|needs PyTorch" "bench/gpu/$base.json"
+done
+torch_edit() {  # FILE KEY VALUE: bench/gpu/moe8x.json with KEY (dotted) set to the JSON VALUE
+  python3 -c 'import json, sys
+doc = json.load(open(sys.argv[1]))
+*path, last = sys.argv[2].split(".")
+node = doc
+for key in path:
+    node = node.setdefault(key, {})
+node[last] = json.loads(sys.argv[3])
+print(json.dumps(doc))' "$@" > "$out/edited.json"
+}
+while read -r key value; do  # each field set to what torch_gpu.py does not train, in a file and resolved
+  for file in bench/gpu/moe8x.json "$out/resolved_moe8x.json"; do
+    torch_edit "$file" "$key" "$value"
+    expect_field "$key" "$out/edited.json"
+  done
+done << 'EOF'
+model.mlp "gelu"
+model.mlp "squared_relu"
+model.mlp "bogus"
+model.family "gpt"
+model.tied_embeddings true
+model.position "learned"
+model.mla {"kv_lora_rank": 64}
+model.moe.shared_ffn_hidden 512
+model.moe.layers [0, 2]
+model.preset "llama2-7b"
+policy.parallel.tensor 2
+policy.parallel.pipeline 2
+policy.expert_parallel 2
+cluster.gpus_per_node 8
+training.precision "fp16"
+training.fp8 true
+training.grad_clip 1.0
+training.global_batch_sequences 64
+run.warmup_steps 10
+model.bogus 1
+EOF
 if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
   expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py bench/gpu/llama134m.json --steps -1
   expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py scenarios/runtime/tiny_dense.json  # a preset's fields
   expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py scenarios/default.json
 fi
+# The sweep reads every scenario of a folder as one given by name (a FIFO x.json in it hung), never writes
+# through a link where it writes (OUT/grid, OUT/runs, a run's folder, OUT/slurm: files landed outside OUT), checks
+# its report files up front (a folder named index.html failed after every simulation), and refuses, for --slurm,
+# a path that would split OUT/slurm/files.txt (a newline ran the wrong path).
+mkdir -p "$out/scen" "$out/elsewhere"
+cp scenarios/default.json "$out/scen/a.json"
+mkfifo "$out/scen/x.json"
+expect_2 tools/sweep.py "$out/scen" --hzp "$hzp" --out "$out/sweep_fifo"
+rm "$out/scen/x.json"
+for link_mode in "grid --grid cluster.nodes=1,2" "runs --keep-runs" "runs/000-a --keep-runs" \
+  "runs/001-001 --keep-runs --grid cluster.nodes=1,2" "slurm --slurm" "slurm/logs --slurm"; do
+  link=${link_mode%% *}
+  rm -rf "$out/sweep_link"
+  mkdir -p "$out/sweep_link/$(dirname "$link")"
+  ln -s "$out/elsewhere" "$out/sweep_link/$link"
+  # shellcheck disable=SC2086 # the flags split on purpose
+  expect_2 tools/sweep.py "$out/scen/a.json" --hzp "$hzp" --out "$out/sweep_link" ${link_mode#* }
+done
+[ -z "$(ls -A "$out/elsewhere")" ] || { echo "FAIL: the sweep wrote through a link"; failures=$((failures + 1)); }
+for name in index.html results.csv mfu_vs_gpus.png exposed_comm_by_policy.svg grid/000.json; do
+  rm -rf "$out/sweep_dir"
+  mkdir -p "$out/sweep_dir/$name"
+  expect_2 tools/sweep.py "$out/scen/a.json" --hzp "$hzp" --out "$out/sweep_dir" --grid cluster.nodes=1,2
+done
+mkdir -p "$out/new
+line"
+cp scenarios/default.json "$out/new
+line/a.json"
+expect_2 tools/sweep.py "$out/new
+line/a.json" --hzp "$hzp" --out "$out/sweep_slurm" --slurm
+[ ! -e "$out/sweep_slurm" ] || { echo "FAIL: a refused --slurm wrote $out/sweep_slurm"; failures=$((failures + 1)); }
 # A refused sweep leaves no folders behind (the eighth attack: --collect into a new chain created it).
 expect_2 tools/sweep.py --collect --out "$out/new/chain/of/folders"
 [ ! -e "$out/new" ] || { echo "FAIL: a refused sweep created $out/new"; failures=$((failures + 1)); }

@@ -40,6 +40,7 @@ import argparse
 import concurrent.futures
 import csv
 import datetime
+import hashlib
 import html
 import io
 import itertools
@@ -49,11 +50,15 @@ import os
 import shlex
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from json_input import read_regular_file  # noqa: E402  (a FIFO, /dev/zero or /proc/kmsg refused, not waited on)
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 REEXEC_ENV = "HZP_SWEEP_REEXEC"
@@ -126,6 +131,7 @@ def parse_args(argv):
         args.files = read_file_list(args.out)
         if args.task is not None and not 0 <= args.task < len(args.files):
             raise UsageError(f"--task {args.task}: OUT/slurm/files.txt has {len(args.files)} scenarios")
+        check_output_paths(args, args.files, [])
         args.hzp = resolve_binary(args.hzp)
         return args
     if not args.scenarios:
@@ -146,6 +152,14 @@ def parse_args(argv):
         if hf:
             check_not_an_output(hf, args.out)
     grid = parse_grid(args.grid) if args.grid else None  # checked before anything is removed
+    if args.slurm:  # files.txt holds one path a line, and OUT goes into the script's #SBATCH lines
+        for path in [args.out] + (inputs if grid else args.files):
+            if has_control(os.path.abspath(path)):
+                raise UsageError(f"--slurm: path {path!r} holds a newline or another control character "
+                                 "(OUT/slurm/files.txt holds one path a line)")
+    points = math.prod(len(values) for _, values in grid) if grid else len(args.files)
+    grid_files = [os.path.join(args.out, "grid", f"{i:03d}.json") for i in range(points)] if grid else args.files
+    check_output_paths(args, grid_files, grid_files if grid else [])
     remove_earlier_outputs(args.out)  # every input checked: this sweep's grid and runs replace an earlier one's
     if grid:
         args.files = grid_scenarios(args.hzp, args.scenarios[0], grid, args.out)
@@ -154,17 +168,70 @@ def parse_args(argv):
 
 def hf_config_of(path):
     """model.from_hf_config of the scenario file at `path`, relative to its folder as hzp reads it; None when
-    there is none (or the file is no scenario: hzp says so when it runs)."""
+    there is none (or the file is no scenario: hzp says so when it runs). UsageError when the file is not a
+    regular file that can be read without waiting (a FIFO, /dev/zero, /proc/kmsg)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            model = json.load(f).get("model", {})
+        data = read_regular_file(path, 64 << 20)
+    except OSError as e:
+        raise UsageError(f"scenario {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise UsageError(f"scenario {path}: {e}") from None
+    try:
+        model = json.loads(data).get("model", {})
         hf = model.get("from_hf_config") if isinstance(model, dict) else None
-    except (OSError, ValueError, AttributeError, RecursionError):
+    except (ValueError, AttributeError, RecursionError):
         return None
     return os.path.join(os.path.dirname(path), hf) if isinstance(hf, str) and hf else None
 
 
 OUTPUT_NAMES = ("results.csv", "index.html", "rows", "slurm", "grid", "runs")
+PLOT_STEMS = ("mfu_vs_gpus", "memory_by_policy", "exposed_comm_by_policy")
+
+
+def has_control(text):
+    return any(ord(c) < 0x20 or ord(c) == 0x7f for c in text)
+
+
+def run_dir_of(out, i, path):
+    """OUT/runs/NNN-STEM, where --keep-runs keeps scenario I's run."""
+    return os.path.join(out, "runs", f"{i:03d}-{os.path.splitext(os.path.basename(path))[0]}")
+
+
+def check_output_paths(args, files, grid_files):
+    """Before anything is simulated, created or removed: every folder the sweep writes into under OUT must be a
+    folder or absent, never a link (its files would land where it points, outside OUT), and every file it
+    writes must not be a folder (the rename onto it would fail after every simulation ran). FILES are the
+    scenarios of this run, GRID_FILES the grid points it writes."""
+    out = args.out
+    folders, outputs = [], []
+    if args.task is not None:
+        folders.append(os.path.join(out, "rows"))
+        outputs.append(os.path.join(out, "rows", f"{args.task}.json"))
+        files = [files[args.task]]
+        indexes = [args.task]
+    else:
+        indexes = range(len(files))
+    if args.slurm:
+        folders += [os.path.join(out, "slurm"), os.path.join(out, "slurm", "logs")]
+        outputs += [os.path.join(out, "slurm", n) for n in ("files.txt", "sweep.sbatch")]
+    elif args.task is None:
+        outputs += [os.path.join(out, n) for n in ("results.csv", "index.html")]
+        outputs += [os.path.join(out, f"{stem}.{fmt}") for stem in PLOT_STEMS for fmt in args.formats]
+    if grid_files:
+        folders.append(os.path.join(out, "grid"))
+        outputs += grid_files
+    if args.keep_runs and not args.slurm and not args.collect:
+        folders.append(os.path.join(out, "runs"))
+        folders += [run_dir_of(out, i, path) for i, path in zip(indexes, files)]
+    for folder in folders:
+        if os.path.islink(folder):
+            raise UsageError(f"{folder}: is a link; the sweep writes into it, and would write where it points "
+                             "(remove it or pick another --out)")
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            raise UsageError(f"{folder}: exists and is not a folder; the sweep writes into it")
+    for path in outputs:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise UsageError(f"{path}: is a folder; the sweep writes this file (remove it or pick another --out)")
 
 
 def check_not_an_output(path, out):
@@ -249,20 +316,36 @@ def grid_scenarios(hzp, base, grid, out):
         if error:
             raise UsageError(f"--grid point {' '.join(sets)}: {error}")
         resolved = json.loads(stdout[stdout.index("{"):])
-        resolved["name"] = stem + " " + " ".join(sets)
+        resolved["name"] = point_name(stem, sets)
         path = os.path.join(folder, f"{i:03d}.json")
         write_atomic(path, json.dumps(resolved, indent=2) + "\n")
         files.append(path)
     return files
 
 
+NAME_BYTES = 128  # a scenario name's limit (shared/scenario/scenario_parser.cc read_label: printable text)
+
+
+def point_name(stem, sets):
+    """The grid point's scenario name: the base's stem and its edits, in printable ASCII (anything else a "?");
+    past 128 bytes, its first bytes and a hash of the whole, so every point's name is valid and unique."""
+    full = stem + " " + " ".join(sets)
+    name = "".join(c if 0x20 <= ord(c) < 0x7f else "?" for c in full)
+    if len(name) <= NAME_BYTES and name == full:
+        return name
+    digest = hashlib.sha256(full.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    return name[:NAME_BYTES - len(digest) - 2].rstrip() + " #" + digest
+
+
 def read_file_list(out):
     path = os.path.join(out, "slurm", "files.txt")
     try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f if line.strip()]
+        text = read_regular_file(path, 64 << 20).decode("utf-8", errors="replace")
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror} (write it with --slurm first)")
+    except ValueError as e:
+        raise UsageError(f"{path}: {e}")
+    return [line for line in text.split("\n") if line.strip()]
 
 
 def resolve_binary(hzp):
@@ -282,6 +365,10 @@ def expand_scenarios(paths):
             found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".json"))
             if not found:
                 raise UsageError(f"no *.json scenarios in directory {path}")
+            for f in found:  # each file of the folder is checked as one given by name would be
+                if not os.path.isfile(f):
+                    raise UsageError(f"scenario {f}: not a regular file (a FIFO, a device, a folder or a broken "
+                                     "link)")
             files.extend(found)
         elif os.path.isfile(path):
             files.append(path)
@@ -342,9 +429,8 @@ def simulate_one(hzp, path, run_dir):
         if error:
             return resolved, None, error
         try:
-            with open(os.path.join(out, "summary.json")) as f:
-                return resolved, json.load(f), None
-        except (OSError, json.JSONDecodeError) as e:
+            return resolved, json.loads(read_regular_file(os.path.join(out, "summary.json"), 256 << 20)), None
+        except (OSError, ValueError) as e:
             return resolved, None, f"simulate: no readable summary.json ({e})"
 
 
@@ -425,10 +511,7 @@ def run_sweep(args, on_row):
     rows = [None] * len(args.files)
 
     def task(i, path):
-        run_dir = None
-        if args.keep_runs:
-            stem = os.path.splitext(os.path.basename(path))[0]
-            run_dir = os.path.join(args.out, "runs", f"{i:03d}-{stem}")
+        run_dir = run_dir_of(args.out, i, path) if args.keep_runs else None
         start = time.monotonic()
         row = result_row(path, *simulate_one(args.hzp, path, run_dir))
         if run_dir and os.path.isdir(run_dir) and not os.listdir(run_dir):
@@ -786,9 +869,7 @@ def write_slurm(args):
 def run_task(args):
     """One job array task: scenario args.task into OUT/rows/<task>.json (written even when it failed)."""
     path = args.files[args.task]
-    run_dir = None
-    if args.keep_runs:
-        run_dir = os.path.join(args.out, "runs", f"{args.task:03d}-{os.path.splitext(os.path.basename(path))[0]}")
+    run_dir = run_dir_of(args.out, args.task, path) if args.keep_runs else None
     row = result_row(path, *simulate_one(args.hzp, path, run_dir))
     os.makedirs(os.path.join(args.out, "rows"), exist_ok=True)
     write_atomic(os.path.join(args.out, "rows", f"{args.task}.json"), json.dumps(row) + "\n")
@@ -801,9 +882,11 @@ def collected_rows(args):
     rows = []
     for i, path in enumerate(args.files):
         try:
-            with open(os.path.join(args.out, "rows", f"{i}.json"), encoding="utf-8") as f:
-                rows.append(json.load(f))
-        except (OSError, json.JSONDecodeError):
+            row = json.loads(read_regular_file(os.path.join(args.out, "rows", f"{i}.json"), 64 << 20))
+            if not isinstance(row, dict) or set(row) != set(COLUMNS):
+                raise ValueError("not a row")
+            rows.append(row)
+        except (OSError, ValueError, RecursionError):
             rows.append(result_row(path, None, None, f"task {i} left no readable OUT/rows/{i}.json"))
     return rows
 

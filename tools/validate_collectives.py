@@ -19,6 +19,7 @@ fidelity test uses it). Exit 2 on a bad command line or unreadable rows.
 import argparse
 import concurrent.futures
 import json
+import math
 import os
 import re
 import statistics
@@ -34,6 +35,11 @@ class BadRow(Exception):
     pass
 
 
+# (field, low, high) of each number of a row; busbw_gbps must also be above 0 (it divides the error).
+NUMBER_RANGES = (("gpus", 1, 2**20), ("gpus_per_node", 1, 2**10), ("message_bytes", 1, 2**50),
+                 ("busbw_gbps", 0, 1e6))
+
+
 def load_rows(path):
     try:
         text = read_regular_file(path, 64 << 20).decode("utf-8", errors="replace")
@@ -41,7 +47,7 @@ def load_rows(path):
         raise BadRow(f"{path}: {e.strerror}")
     except ValueError as e:
         raise BadRow(f"{path}: {e}")
-    rows = []
+    rows, seen = [], {}
     for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
@@ -59,9 +65,21 @@ def load_rows(path):
                 raise BadRow(f"{path}:{n}: \"{key}\" missing or of the wrong type ({row.get(key)!r})")
         if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,100}", row["id"]):
             raise BadRow(f"{path}:{n}: id must be 1 to 100 letters, digits or _.+- (it names files)")
-        if row["gpus"] < 1 or row["gpus_per_node"] < 1 or row["gpus"] % row["gpus_per_node"]:
-            raise BadRow(f"{path}:{n}: gpus {row['gpus']} must be a positive multiple of gpus_per_node {row['gpus_per_node']}")
+        if row["id"] in seen:  # its files, and its line of the report, would be the other row's
+            raise BadRow(f"{path}:{n}: row {row['id']}: id used already on line {seen[row['id']]}")
+        seen[row["id"]] = n
+        for key, low, high in NUMBER_RANGES:  # every number of a row: finite, in its range (nan fails all of them)
+            value = row[key]
+            if not (math.isfinite(value) and low <= value <= high) or (key == "busbw_gbps" and value <= 0):
+                raise BadRow(f"{path}:{n}: row {row['id']}: {key} {value!r} is not in "
+                             f"{'(' if key == 'busbw_gbps' else '['}{low:g}, {high:g}]")
+        if row["gpus"] % row["gpus_per_node"]:
+            raise BadRow(f"{path}:{n}: row {row['id']}: gpus {row['gpus']} must be a positive multiple of "
+                         f"gpus_per_node {row['gpus_per_node']}")
         hzp = row["hzp"]
+        for key in ("algorithm", "protocol", "not_modelled", "reference_only"):
+            if key in hzp and not isinstance(hzp[key], str):  # algorithm and protocol go on hzp's command line
+                raise BadRow(f"{path}:{n}: row {row['id']}: hzp.{key} {str(hzp[key])[:40]!r} is not a string")
         if "not_modelled" not in hzp and not isinstance(hzp.get("cluster"), dict):
             raise BadRow(f"{path}:{n}: \"hzp\" needs a \"cluster\" object or a \"not_modelled\" reason")
         rows.append(row)
