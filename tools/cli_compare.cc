@@ -279,7 +279,8 @@ int run_compare_command(const std::vector<std::string>& args) {
     if (x) xa = *x * m.scale;
     if (y) yb = *y * m.scale;
     if (xa && yb) delta = *yb - *xa;
-    if (xa && yb && *xa != 0) ratio = *yb / *xa;
+    // No ratio against a value that is zero but for rounding (an overlap of 2e-13 %: "206236189530.981x").
+    if (xa && yb && *xa != 0 && std::abs(*xa) >= 1e-9 * std::abs(*yb)) ratio = *yb / *xa;
     char ratio_text[32] = "-";
     if (ratio) std::snprintf(ratio_text, sizeof ratio_text, "%.3fx", *ratio);
     std::printf("%-24s %-10s %14s %14s %14s %9s\n", m.label.c_str(), m.unit.c_str(), cell(xa).c_str(), cell(yb).c_str(),
