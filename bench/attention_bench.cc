@@ -10,6 +10,7 @@
 // d / 2 (causal), backward 2.5x the forward. One JSON line per shape on stdout: the backend, its description,
 // which kernel ran (HZP_CUDA_ATTENTION=simple forces the CUDA backend's simple kernels), milliseconds and TFLOP/s
 // of each pass. Exit 2 on a bad argument, 1 when the backend cannot run a shape (the message names it).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -113,6 +114,8 @@ int main(int argc, char** argv) {
   else
     usage_error("--type: '" + type_name + "' is not bf16, fp16 or fp32");
 
+  if (std::none_of(backends().begin(), backends().end(), [&](const BackendEntry& b) { return backend == b.name; }))
+    usage_error("--backend: '" + backend + "' is not a backend of this build");
   Result<std::unique_ptr<Device>> made = make_device(backend, BackendOptions{});
   if (!made.ok()) run_error("backend " + backend, made.status());
   std::unique_ptr<Device> device = std::move(made).value();

@@ -271,5 +271,17 @@ if [ $rc -ne 1 ] || ! grep -q "no row was validated" "$out/log"; then
   echo "FAIL: validate_rows on rows that all skip -> exit $rc: $(tail -1 "$out/log")"
   failures=$((failures + 1))
 fi
+# The attention benchmarks: bad values exit 2 naming the flag (bench/attention_bench.cc, torch_attention.py).
+for bad in "--seqs 1,x" "--dims 0" "--type fp8" "--iters" "--heads -1"; do
+  # shellcheck disable=SC2086  # each case is several words
+  expect_2 bench/gpu/torch_attention.py $bad
+done
+bench_bin="$(dirname "$hzp")/attention_bench"
+if [ -x "$bench_bin" ]; then
+  for bad in "--seqs 1,x" "--dims 0" "--type fp8" "--iters" "--backend nosuch" "--bogus"; do
+    # shellcheck disable=SC2086
+    expect_2_with "$bench_bin" $bad
+  done
+fi
 [ $failures -eq 0 ] || exit 1
 echo "tools_bad_input: ok"
