@@ -373,3 +373,45 @@ TEST_CASE("import: more steps than a trace may hold is refused before the trace 
   CHECK(r.output.size() < 4000);  // refused before its per-step table (1.2 M steps printed 93 MB)
   CHECK_FALSE(std::filesystem::exists(out));
 }
+
+TEST_CASE("import: a scenario that makes the profile faster than the GPU's peak is not the model it ran",
+          "[cli][import]") {
+  // The eleventh attack of issue 35: --set model.* contradicting the profile was imported without a word. The
+  // tiny profile's 155 us of compute for a 7B-sized layer stack would be ~70x an H100's peak.
+  Doc d;
+  step(d, 1000);
+  const std::string file = write("peak.json", d.done().dump());
+  const auto out = scratch() / "peak_trace.json";
+  const std::string bigger =
+      " --set model.hidden=8192 --set model.ffn_hidden=28672 --set model.layers=32 --set model.vocab=32000";
+  const RunResult r = hzp_import({file}, scenario(1), out.string(), bigger);
+  CHECK(r.code == 2);
+  CHECK(r.output.find("x the peak FLOP/s of cluster.gpu") != std::string::npos);
+  CHECK(r.output.find("--no-check imports it anyway") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));
+  CHECK(hzp_import({file}, scenario(1), out.string(), bigger + " --no-check").code == 0);
+  // The scenario the profile ran imports as before.
+  CHECK(hzp_import({file}, scenario(1), (scratch() / "peak_ok.json").string()).code == 0);
+}
+
+TEST_CASE("import: GPU events of one stream that overlap are refused", "[cli][import]") {
+  // The eleventh attack: every kernel's dur set to 1e9 us was imported (ops "moved later"), a step of 1.3e9 ms.
+  // One CUDA stream runs one kernel at a time; the profiler's rounding overlaps them by < 1 us (allowed).
+  Doc d;
+  step(d, 1000);
+  d.gpu("kernel", "sm90_gemm", 1000 + 60, 1000 + 60, 5e6, {{"stream", 7}});
+  d.gpu("kernel", "sm90_gemm", 1000 + 61, 1000 + 61, 5e6, {{"stream", 7}});
+  const std::string file = write("overlap.json", d.done().dump());
+  const auto out = scratch() / "overlap_trace.json";
+  const RunResult r = hzp_import({file}, scenario(1), out.string(), " --no-check");
+  CHECK(r.code == 2);
+  CHECK(r.output.find("GPU stream 7's events overlap for 5000 ms of their 1e+04 ms") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(out));
+  Doc rounding;
+  step(rounding, 1000);
+  rounding.gpu("kernel", "sm90_gemm", 1000 + 60, 1000 + 60, 10, {{"stream", 7}});
+  rounding.gpu("kernel", "sm90_gemm", 1000 + 61, 1000 + 69.7, 10, {{"stream", 7}});
+  CHECK(hzp_import({write("rounding.json", rounding.done().dump())}, scenario(1),
+                   (scratch() / "rounding_trace.json").string(), " --no-check")
+            .code == 0);
+}

@@ -890,7 +890,14 @@ TEST_CASE("runtime: a checkpoint resumes on another world size and policy (resha
   longer["run"]["steps"] = 14;
   const RunResult old = run(train_cmd(write_scenario(dir, "longer", longer), 2, 2, dir / "old", ckpt + " --resume"));
   CHECK(old.code == 2);
-  CHECK_THAT(old.output, Catch::Contains("before checkpoints recorded theirs"));
+  CHECK_THAT(old.output, Catch::Contains("before checkpoints recorded their model"));
+  // Nor on the writer's own layout with another model of the same shapes (the eleventh attack of issue 35:
+  // the header's layout deleted, then resumed with twice the heads).
+  json heads = longer;
+  heads["model"]["heads"] = heads["model"].value("heads", 4) * 2;
+  const RunResult other = run(train_cmd(write_scenario(dir, "heads", heads), 2, 2, dir / "heads", ckpt + " --resume"));
+  CHECK(other.code == 2);
+  CHECK_THAT(other.output, Catch::Contains("before checkpoints recorded their model"));
   fs::remove_all(dir);
 }
 

@@ -540,6 +540,23 @@ int run_import(const std::vector<std::string>& argv) {
   const RooflineDurations roofline(scenario->cluster);
   auto imported = kineto_to_trace(std::move(profiles), *scenario, *schedule, roofline, parsed->has("--include-idle"));
   if (!imported.ok()) return fail(imported.status());
+  // The profile cannot say how many layers or tokens ran (its module times are not readable), but a scenario
+  // that makes its compute faster than the GPU's peak is not the model it ran (the eleventh attack of issue
+  // 35: --set model.layers=24 on a 12-layer profile, or training.seq_len 1000x): refused before anything is
+  // written, as calibrate --trace would refuse the trace.
+  if (!parsed->has("--no-check")) {
+    const std::vector<double> speed = compute_speed_over_peak(imported->trace, *schedule, scenario->cluster.gpu);
+    if (auto fastest = std::max_element(speed.begin(), speed.end()); fastest != speed.end() && *fastest > 1) {
+      char times[32];
+      std::snprintf(times, sizeof times, "%.3g", *fastest);
+      return fail(Status::InvalidInput(
+          "--scenario: with this scenario's model and batch, rank " + std::to_string(fastest - speed.begin()) +
+          "'s profiled compute would run at " + times + " x the peak FLOP/s of cluster.gpu (" +
+          scenario->cluster.gpu.type +
+          "): the scenario is not what the profile ran (check model.layers, hidden, ffn_hidden, vocab, "
+          "training.seq_len and micro_batch); --no-check imports it anyway"));
+    }
+  }
   for (const std::string& note : imported->notes) std::printf("note: %s\n", note.c_str());
   std::vector<double> compute(schedule->world_size, 0);
   for (const TraceEvent& e : imported->trace.events)
@@ -897,8 +914,10 @@ const std::vector<Command>& commands() {
        "collectives) and writes TRACE.json (traces/README.md, format v1; default out/import-<scenario>.json)\n"
        "for hzp replay, as recorded or as a what-if (--scenario OVERRIDES.json). The traces are checked\n"
        "against SCENARIO first: the GPU they ran on against cluster.gpu, and token routing (gather, scatter\n"
-       "and index kernels per layer) against whether the model has MoE layers; --no-check skips "
-       "that.\n" HZP_SCENARIO_INPUT_HELP,
+       "and index kernels per layer) against whether the model has MoE layers, and the scenario's compute\n"
+       "FLOPs against the recorded times (a model or batch that would make them faster than the GPU's peak is\n"
+       "not the one profiled); --no-check skips that. A GPU stream whose events overlap (one CUDA stream runs\n"
+       "one kernel at a time) is refused.\n" HZP_SCENARIO_INPUT_HELP,
        run_import},
       {"collective", "simulated nccl-tests: one collective over a range of sizes", collective_help(),
        run_collective_command},

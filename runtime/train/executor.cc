@@ -662,8 +662,15 @@ Result<std::int64_t> Executor::load(const std::string& path) {
   HZP_ASSIGN_OR_RETURN(CheckpointHeader first, read_checkpoint_header((step_dir / "rank_0.bin").string()));
   CheckpointHeader expected = d.checkpoint_header(0);
   expected.rank = 0;
-  // Weights of another model can have the same shapes (4 heads of 32 or 8 of 16): the record says which.
-  if (first.layout.contains("model") && first.layout["model"] != expected.layout["model"]) {
+  // Weights of another model can have the same shapes (4 heads of 32 or 8 of 16): the record says which, and a
+  // header without it (an older hzp's, or one edited: the checksum covers the payload alone) cannot be told from
+  // another model's (the eleventh attack of issue 35).
+  if (!first.layout.is_object() || !first.layout.contains("model"))
+    return Status::InvalidInput("--resume: " + printable(step_dir.string(), 200) +
+                                " was written before checkpoints recorded their model (rank_0.bin's header has no "
+                                "layout.model): hzp cannot tell it from another model of the same shapes (4 heads "
+                                "of 32 or 8 of 16), so it does not resume it; train without --resume");
+  if (first.layout["model"] != expected.layout["model"]) {
     // What differs, key by key (the whole records ran past 400 characters).
     const nlohmann::json& was = first.layout["model"];
     const nlohmann::json& now = expected.layout["model"];
