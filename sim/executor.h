@@ -40,6 +40,15 @@ struct SimOptions {
   bool exact = false;  // every rank simulated; else one per program where that is exact (symmetry.h)
 };
 
+// A step whose steady state was counted (steady_state.h): its micro-batches, the period, and the two shorter
+// runs simulated. micro_batches 0: every micro-batch simulated.
+struct SteadyStateRun {
+  long long micro_batches = 0;
+  long long period = 0;
+  long long first = 0;
+  long long second = 0;
+};
+
 // One executed op of a recorded rank.
 struct OpSpan {
   int rank = 0;
@@ -66,6 +75,7 @@ struct SimResult : StepPerformance {  // memory: of the rank with the highest pe
   std::string symmetry_note;             // why not, when it could not be
   long long collectives = 0;             // group collective instances, every group of every rank
   long long collectives_with_flows = 0;  // of which ran flows (symmetric: the others counted, symmetry.h)
+  SteadyStateRun steady_state;           // the spans are then the second shorter run's
   std::vector<int> timeline_ranks;
   std::vector<OpSpan> spans;
 };

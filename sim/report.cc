@@ -48,6 +48,11 @@ nlohmann::json summary_json(const Scenario& scenario, const SimResult& r) {
       {"sim_estimated_wall_s", r.cost_estimate.seconds},  // sim/cost.h: what the budget was checked against
       {"sim_estimated_resident_bytes", r.cost_estimate.resident_bytes},
       {"timeline_ranks", r.timeline_ranks},
+      {"steady_state", r.steady_state.micro_batches == 0
+                           ? nlohmann::json(nullptr)
+                           : nlohmann::json{{"micro_batches", r.steady_state.micro_batches},
+                                            {"period", r.steady_state.period},
+                                            {"simulated", {r.steady_state.first, r.steady_state.second}}}},
   };
 }
 

@@ -11,13 +11,9 @@ set -uo pipefail
 hzp=$1
 root=$(cd "$(dirname "$0")/.." && pwd)
 check="$root/bench/sim_symmetry.sh"
+data="$root/tests/data/sim"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-cat > "$out/pipeline.json" <<'JSON'
-{"name": "tp2-pp2x2", "model": {"preset": "llama2-7b"}, "cluster": {"preset": "a800", "nodes": 4},
- "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": 64},
- "policy": {"preset": "zero1", "parallel": {"tensor": 2, "pipeline": 2, "virtual_stages": 2}}}
-JSON
 # An independent attack's case: tensor x interleaved pipeline on an oversubscribed ECMP fabric came out 3.8 %
 # slower symmetric; under ECMP every rank is simulated (symmetry.h).
 cat > "$out/ecmp_pipeline.json" <<'JSON'
@@ -28,30 +24,20 @@ cat > "$out/ecmp_pipeline.json" <<'JSON'
  "training": {"seq_len": 2048, "micro_batch": 1, "global_batch_sequences": 16, "precision": "bf16"},
  "policy": {"preset": "zero1", "parallel": {"tensor": 4, "pipeline": 2, "virtual_stages": 2}}}
 JSON
-# A recipe in miniature (tensor 4 x context 2 x interleaved pipeline 4 x expert 8 on 32 DGX H100 nodes), where
-# the symmetric simulation leaves out the flows of the groups that share no port with a representative's (a
-# third of them), and the same on an oversubscribed fabric, where every inter-node group runs.
-cat > "$out/recipe.json" <<'JSON'
-{"name": "mini-recipe", "model": {"name": "moe-mini", "family": "llama", "layers": 16, "hidden": 2048, "heads": 16,
-  "kv_heads": 8, "ffn_hidden": 8192, "vocab": 32768, "max_positions": 8192,
-  "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 4096}},
- "cluster": {"preset": "dgx-h100", "nodes": 32},
- "training": {"seq_len": 8192, "micro_batch": 1, "global_batch_sequences": 128, "precision": "bf16",
-              "recompute": "selective"},
- "policy": {"preset": "zero1", "expert_parallel": 8, "comm": {"framework": "megatron"},
-            "parallel": {"tensor": 4, "pipeline": 4, "virtual_stages": 2, "sequence_parallel": true, "context": 2}}}
-JSON
 export CHECK_ONLY=1
 failures=0
 run() { bash "$check" "$hzp" "$@" || failures=$((failures + 1)); }
 run "$root/scenarios/default.json" "$root/scenarios/dense/llama2-7b-a800-64-zero3.json" \
   "$root/scenarios/moe/mixtral-8x7b-dgx-h100-64-zero3-ep8.json" \
-  "$root/scenarios/dense/llama2-7b-64k-dgx-h100-64-context8.json" "$out/pipeline.json" "$out/ecmp_pipeline.json"
+  "$root/scenarios/dense/llama2-7b-64k-dgx-h100-64-context8.json" "$data/tp2-pp2x2.json" "$out/ecmp_pipeline.json"
 run "$root/scenarios/papers/amsp-llama2-7b-asynchzp.json" "$root/scenarios/papers/amsp-llama2-7b-mics.json" \
   "$root/scenarios/papers/amsp-llama2-7b-zeropp.json" -- --set cluster.nodes=16 \
   --set training.global_batch_tokens=524288
-run "$out/recipe.json"
-run "$out/recipe.json" -- --set 'cluster.inter_node={"leaf_size": 4, "oversubscription": 2}'
+# A recipe in miniature (tensor 4 x context 2 x interleaved pipeline 4 x expert 8 on 32 DGX H100 nodes), where
+# the symmetric simulation leaves out the flows of the groups that share no port with a representative's (a
+# third of them), and the same on an oversubscribed fabric, where every inter-node group runs.
+run "$data/mini-recipe.json"
+run "$data/mini-recipe.json" -- --set 'cluster.inter_node={"leaf_size": 4, "oversubscription": 2}'
 run "$root/scenarios/dense/llama2-7b-a800-64-zero3.json" -- \
   --set 'cluster.inter_node={"routing": "ecmp", "placement": "scattered", "rail_optimized": true}'
 [ $failures -eq 0 ] && echo "ok: symmetric simulations match the full ones"

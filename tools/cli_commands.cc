@@ -38,6 +38,7 @@
 #include "tools/cli_flags.h"
 #include "tools/cli_search.h"
 #include "tools/cli_sim_budget.h"
+#include "tools/cli_steady.h"
 #include "tools/cli_train.h"
 
 namespace hzp::cli {
@@ -109,10 +110,12 @@ constexpr std::size_t kTimelineGzipBytes = 32u << 20;
 // DIR/timeline.json, or DIR/timeline.json.gz above kTimelineGzipBytes (Perfetto opens either; the other
 // name is removed, so a folder never holds two timelines of different runs); then says so. 0, or the exit
 // code of the failure.
+// `breakdown`: GPU 0's, when it is not the spans' (a counted steady state).
 int write_sim_outputs(const std::string& dir, const nlohmann::json& summary, const Scenario& scenario,
-                      const Schedule& schedule, const sim::SimResult& r, bool always_gzip = false) {
+                      const Schedule& schedule, const sim::SimResult& r, bool always_gzip = false,
+                      const sim::StepBreakdown* breakdown = nullptr) {
   nlohmann::json with_breakdown = summary;
-  with_breakdown["breakdown"] = sim::breakdown_json(sim::step_breakdown(schedule, r, 0));
+  with_breakdown["breakdown"] = sim::breakdown_json(breakdown ? *breakdown : sim::step_breakdown(schedule, r, 0));
   if (Status s = write_output(dir, "summary.json", with_breakdown.dump(2) + "\n"); !s.ok()) return fail(s);
   std::string timeline = sim::timeline_text(scenario, schedule, r) + "\n";
   const std::size_t json_bytes = timeline.size();
@@ -414,10 +417,13 @@ int run_simulate(const std::vector<std::string>& argv) {
   auto compiled = compile(*scenario);
   if (!compiled.ok()) return fail(compiled.status());
   const Schedule* schedule = &compiled->schedule;
+  const sim::SteadyStatePlan steady = sim::plan_steady_state(*scenario, options);
   const bool timeline_capped = !args->get("--timeline-ranks") && [&] {
     std::size_t ops = 0;
     for (const Program& p : schedule->programs) ops = std::max(ops, p.ops.size());
-    const double fit = kDefaultTimelineSpans / (static_cast<double>(ops) * options.steps);
+    // A counted steady state draws its longer run: about second / M of the ops.
+    const double drawn = steady.applies() ? static_cast<double>(steady.second) / steady.micro_batches : 1.0;
+    const double fit = kDefaultTimelineSpans / (static_cast<double>(ops) * drawn * options.steps);
     if (fit >= options.timeline_max_ranks) return false;
     options.timeline_max_ranks = std::max(1, static_cast<int>(fit));
     return true;
@@ -427,9 +433,10 @@ int run_simulate(const std::vector<std::string>& argv) {
   std::fprintf(stderr, "sim: %s — %s, %s on %d GPUs, %zu ops per rank per step\n", scenario->name.c_str(),
                scenario->model.name.c_str(), to_string(scenario->policy.preset), scenario->cluster.world_size(),
                schedule->programs[0].ops.size());
-  auto result = sim::simulate(*compiled, options);
-  if (!result.ok()) return fail(result.status());
-  const sim::SimResult& r = *result;
+  auto simulation = simulate_scenario(*compiled, steady, options);
+  if (!simulation.ok()) return fail(simulation.status());
+  const sim::SimResult& r = simulation->result;
+  const Schedule& drawn = simulation->schedule(*compiled);
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
   const MemoryBreakdown& m = r.memory;
   std::printf("simulated %s: %s, %s on %d GPUs (%d x %d %s), %d step%s\n", scenario->name.c_str(),
@@ -437,7 +444,7 @@ int run_simulate(const std::vector<std::string>& argv) {
               scenario->cluster.gpus_per_node, scenario->cluster.gpu.type.c_str(), r.steps, r.steps > 1 ? "s" : "");
   std::printf("  step time     %.4f s  (compute %.4f s, exposed communication %.4f s, overlap %.1f %%)\n",
               r.step_time_s, r.compute_s, r.exposed_comm_s, 100 * r.overlap_fraction);
-  std::printf("%s", sim::breakdown_text(sim::step_breakdown(*schedule, r, 0), scenario->mesh.pipeline > 1).c_str());
+  std::printf("%s", sim::breakdown_text(simulation->breakdown, scenario->mesh.pipeline > 1).c_str());
   std::printf("  analytic      %.4f s  (estimator, no contention)\n", analytic->step_time_s);
   std::printf("  throughput    %.0f tokens/s, %.0f tokens/s/GPU, %.1f TFLOP/s/GPU, MFU %.1f %%%s\n", r.tokens_per_s,
               r.tokens_per_gpu_per_s, r.tflops_per_gpu, 100 * r.mfu,
@@ -459,13 +466,20 @@ int run_simulate(const std::vector<std::string>& argv) {
         r.ops_simulated, r.collectives_with_flows);
   else
     std::printf("  symmetry      every rank simulated (%s)\n", r.symmetry_note.c_str());
+  if (steady.applies())
+    std::printf(
+        "  steady state  %lld and %lld of the %lld micro-batches simulated, the other %lld counted: after the "
+        "warm-up they repeat every %lld (the timeline draws the %lld; --exact simulates all)\n",
+        static_cast<long long>(steady.first), static_cast<long long>(steady.second),
+        static_cast<long long>(steady.micro_batches), static_cast<long long>(steady.micro_batches - steady.second),
+        static_cast<long long>(steady.period), static_cast<long long>(steady.second));
   if (timeline_capped)
     std::printf(
         "  timeline      %zu GPUs recorded, not 64: a default timeline stops near %.0fk op spans "
         "(--timeline-ranks K records more)\n",
         r.timeline_ranks.size(), kDefaultTimelineSpans / 1e3);
-  return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, *schedule, r,
-                           args->has("--timeline-gz"));
+  return write_sim_outputs(out_dir, sim::summary_json(*scenario, r), *scenario, drawn, r, args->has("--timeline-gz"),
+                           &simulation->breakdown);
 }
 
 // `hzp import KINETO... --scenario S`: PyTorch profiler traces (one per rank) as an hzp trace of S's
@@ -829,7 +843,8 @@ const std::vector<Command>& commands() {
        "out/<scenario>-plan). Progress goes to stderr. Each simulation estimates its cost first and is refused\n"
        "past its budget, as hzp simulate's: --max-sim-seconds and --max-sim-GiB apply to each of them, and\n"
        "--max-sim-seconds to the analytic search too (estimated from its candidates and ranks, refused past it\n"
-       "when that is 10 s or more). --exact simulates every rank of every candidate (hzp simulate --exact).\n\n"
+       "when that is 10 s or more). --exact simulates every rank and micro-batch of every candidate (hzp\n"
+       "simulate --exact).\n\n"
        "When no preset fits, it also says what would: per policy and recomputation setting, the fewest nodes\n"
        "(micro-batch and micro-batches per GPU kept) on which it fits, with its memory per "
        "GPU.\n" HZP_SCENARIO_INPUT_HELP,
@@ -853,8 +868,10 @@ const std::vector<Command>& commands() {
        "name>. --steps N runs N steps back to\n"
        "back (default 1). An out-of-memory scenario is simulated and reported as such (fits_memory "
        "false).\nRanks that run the same program are simulated once, with the flows of every group that may share a\n"
-       "link with theirs (sim/symmetry.h);\n"
-       "--exact simulates every rank.\n" HZP_SCENARIO_INPUT_HELP "\n" HZP_SIM_BUDGET_HELP,
+       "link with theirs (sim/symmetry.h); a step of M >= 5 P micro-batches (P: the pipeline's depth, else 1)\n"
+       "is simulated as two of 2 P and 3 P run side by side, its steady state extrapolated (sim/steady_state.h;\n"
+       "the timeline draws the 3 P). --exact simulates every rank and every micro-batch.\n" HZP_SCENARIO_INPUT_HELP
+       "\n" HZP_SIM_BUDGET_HELP,
        run_simulate},
       {"calibrate", "fit compute efficiencies to a one-node measurement (throughput, step time or MFU) or a trace",
        "usage: hzp calibrate SCENARIO (--tokens-per-gpu-s X | --step-time-s X | --mfu X) [--out FILE]\n"
