@@ -23,6 +23,9 @@
 #   attention    causal attention's TFLOP/s, forward and backward, seq 1 k .. 32 k, head_dim 64 / 128: hzp's
 #                kernels (attention_bench), its simple ones at 1 k / 4 k, and PyTorch's SDPA in bf16; then fp16
 #                standard, PASA and SDPA: $OUT/attention.md
+#   gemm         bf16 GEMM TFLOP/s by shape (the development rows' linear layers per tensor-parallel degree, whole
+#                and as the chunks a tensor-parallel overlap runs, alone and beside a copy) and FP8 forwards, for
+#                issue 37's compute model by shape: $OUT/gemm_shapes.jsonl (not in the default list: ~3 min)
 #   bench        tokens/s, MFU and memory of hzp against PyTorch eager (and torch.compile on the 134 M model;
 #                HZP_BENCH_COMPILE=all for every model) on the same models: $OUT/bench.md
 # $OUT/summary.txt lists every check with PASS or FAIL; the exit status is 1 if any failed.
@@ -76,7 +79,7 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat "$out/$stage.d/summary.txt" >> "$summary" 2> /dev/null
     [[ $rc -eq 124 || $rc -eq 137 ]] && note "FAIL $stage: stopped at its limit of $limit s"
-    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json attention.jsonl attention.md; do
+    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json attention.jsonl attention.md gemm_shapes.jsonl; do
       [[ -f $out/$stage.d/$keep ]] && mv "$out/$stage.d/$keep" "$out/"
     done
     pkill -9 -x hzp 2> /dev/null; pkill -9 -x hzp_kernel_test 2> /dev/null; pkill -9 -f 'bench/gpu/torch_gp[u]' 2> /dev/null
@@ -159,6 +162,13 @@ for stage in "${stages[@]}"; do
     rows_of attention_torch_fp16 timeout 120 "$py" bench/gpu/torch_attention.py --type fp16
     "$py" bench/gpu/compare.py attention "$rows" > "$out/attention.md" 2>> "$out/attention.log"
     note "attention: $(grep -c . "$rows") rows in attention.md"
+    ;;
+  gemm)
+    for type in bf16 fp8; do
+      if timeout 400 "$py" bench/gpu/gemm_shapes.py --type "$type" >> "$out/gemm_shapes.jsonl" 2> "$out/gemm_$type.log"; then
+        note "PASS gemm_$type: $(grep -c "\"$type\"" "$out/gemm_shapes.jsonl") shapes in gemm_shapes.jsonl"
+      else note "FAIL gemm_$type: $(tail -2 "$out/gemm_$type.log" | tr '\n' ' ')"; fi
+    done
     ;;
   bench)
     : > "$out/bench_rows.jsonl"
