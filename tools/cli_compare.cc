@@ -72,31 +72,6 @@ bool is_summary(const nlohmann::json& doc) {
   return doc.is_object() && doc.contains("step_time_s") && doc.contains("gpus");
 }
 
-// The analytic estimate under summary.json's keys.
-Result<nlohmann::json> estimate_summary(const Scenario& scenario) {
-  HZP_ASSIGN_OR_RETURN(Compiled compiled, compile(scenario));
-  HZP_ASSIGN_OR_RETURN(Estimate e, estimate(compiled.scenario, compiled.cost, compiled.schedule));
-  const MemoryBreakdown& m = e.memory;
-  return nlohmann::json{
-      {"scenario", scenario.name},
-      {"gpus", e.gpus},
-      {"step_time_s", e.step_time_s},
-      {"tokens_per_gpu_per_s", e.tokens_per_gpu_per_s},
-      {"mfu", e.mfu},
-      {"compute_s", e.compute_s},
-      {"exposed_comm_s", e.exposed_comm_s},
-      {"overlap_fraction", e.overlap_fraction},
-      {"peak_memory_bytes", m.total()},
-      {"peak_memory_breakdown_bytes",
-       {{"params", m.params},
-        {"grads", m.grads},
-        {"optimizer", m.optimizer},
-        {"activations", m.activations},
-        {"buffers", m.buffers}}},
-      {"fits_memory", e.fits_memory},
-      {"comm_bytes", {{"intra_node_per_gpu", e.comm_bytes_intra}, {"inter_node_per_gpu", e.comm_bytes_inter}}}};
-}
-
 // A side from the command line: a summary (file or folder) is read as it is; anything else is a scenario.
 Result<Side> read_side(const std::string& arg, const std::vector<std::string>& sets, const std::string& label) {
   Side side{arg, "summary", std::nullopt, {}, {{label, arg}}};
@@ -179,7 +154,9 @@ Status evaluate_sides(std::vector<Side*> sides, bool simulate, const fs::path& o
   if (!simulate) {
     for (Side* s : sides) {
       if (s->scenario) {
-        HZP_ASSIGN_OR_RETURN(s->summary, estimate_summary(*s->scenario));
+        HZP_ASSIGN_OR_RETURN(Compiled compiled, compile(*s->scenario));
+        HZP_ASSIGN_OR_RETURN(Estimate e, estimate(compiled.scenario, compiled.cost, compiled.schedule));
+        s->summary = estimate_to_json(*s->scenario, e);
       }
     }
     return Status::Ok();

@@ -1,101 +1,17 @@
 // `hzp simulate`'s simulation, with the steady state counted where it applies (cli_steady.h).
 #include "tools/cli_steady.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <functional>
-#include <new>
 #include <string>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
+#include "tools/child_process.h"
+
 namespace hzp::cli {
 namespace {
-
-// A function run in a forked child process, whose text comes back through a pipe. Destroying a child that
-// was not waited for kills it: a failure of this process leaves no simulation running.
-class Child {
- public:
-  static Result<Child> start(const std::function<std::string()>& work) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return Status::Internal(std::string("pipe: ") + std::strerror(errno));
-    std::fflush(nullptr);  // nothing buffered is written twice
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(fds[0]);
-      ::close(fds[1]);
-      return Status::Internal(std::string("fork: ") + std::strerror(errno));
-    }
-    if (pid == 0) {
-      ::close(fds[0]);
-      // Its errors come back as text; its warnings would repeat this process's.
-      if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDERR_FILENO);
-      std::string text;
-      try {
-        text = work();
-      } catch (const std::bad_alloc&) {
-        text = nlohmann::json{{"code", static_cast<int>(StatusCode::kInvalidInput)},
-                              {"message", "out of memory (std::bad_alloc)"}}
-                   .dump();
-      }
-      for (std::size_t done = 0; done < text.size();) {
-        const ssize_t n = ::write(fds[1], text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) ::_exit(1);
-        done += static_cast<std::size_t>(n);
-      }
-      ::_exit(0);
-    }
-    ::close(fds[1]);
-    return Child(pid, fds[0]);
-  }
-
-  // The child's text, once it has exited; why there is none when it failed.
-  Result<std::string> wait() {
-    std::string text;
-    char buffer[1 << 16];
-    for (;;) {
-      const ssize_t n = ::read(fd_, buffer, sizeof buffer);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
-      text.append(buffer, static_cast<std::size_t>(n));
-    }
-    int status = 0;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
-    if (WIFSIGNALED(status))
-      return Status::Internal("killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-                              strsignal(WTERMSIG(status)) + ")");
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      return Status::Internal("exited with status " + std::to_string(WEXITSTATUS(status)));
-    return text;
-  }
-
-  Child(Child&& other) noexcept : pid_(std::exchange(other.pid_, -1)), fd_(std::exchange(other.fd_, -1)) {}
-  Child& operator=(Child&&) = delete;
-  ~Child() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
-      }
-    }
-    if (fd_ >= 0) ::close(fd_);
-  }
-
- private:
-  Child(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
-  pid_t pid_ = -1;
-  int fd_ = -1;
-};
 
 // The first shorter run, in the child: its point, or its error with the error's code.
 std::string first_run_report(const Compiled& first, sim::SimOptions options) {

@@ -13,6 +13,8 @@ packages=(
   libgloo-dev libboost-dev           # runtime/: Gloo collectives, Boost.Asio store
   libopenblas-dev                    # runtime/: host matmuls
   python3-matplotlib                 # tools/sweep.py plots (run with /usr/bin/python3)
+  pybind11-dev python3-dev           # python/: the hzp Python module (HZP_BUILD_PYTHON)
+  python3-pytest                     # its tests (tests/python)
   python3-torch                      # runtime reference: tests/torch_compare, bench/runtime_vs_torch.sh
   clang-format-14                    # tools/check_format.sh (a test)
 )

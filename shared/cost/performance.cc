@@ -23,4 +23,12 @@ void derive_performance(const Scenario& scenario, const ModelCost& cost, StepPer
   perf.fits_memory = perf.memory.total() <= scenario.cluster.gpu.memory_bytes;
 }
 
+nlohmann::json memory_breakdown_json(const MemoryBreakdown& m) {
+  return {{"params", m.params},
+          {"grads", m.grads},
+          {"optimizer", m.optimizer},
+          {"activations", m.activations},
+          {"buffers", m.buffers}};
+}
+
 }  // namespace hzp

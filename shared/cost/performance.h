@@ -2,6 +2,8 @@
 // share, with every derived number (MFU, TFLOP/s, tokens/s, overlap, memory verdict) computed in one place.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include "shared/model/model_math.h"
 #include "shared/scenario/scenario.h"
 #include "shared/schedule/sharding.h"
@@ -28,5 +30,8 @@ struct StepPerformance {
 
 // Fills the derived fields from step_time_s, compute_s, comm_s and memory.
 void derive_performance(const Scenario& scenario, const ModelCost& cost, StepPerformance& perf);
+
+// {"params", "grads", "optimizer", "activations", "buffers"} in bytes: summary.json's peak_memory_breakdown_bytes.
+nlohmann::json memory_breakdown_json(const MemoryBreakdown& m);
 
 }  // namespace hzp

@@ -266,4 +266,29 @@ Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const
   return est;
 }
 
+nlohmann::json estimate_to_json(const Scenario& scenario, const Estimate& e) {
+  return {
+      {"scenario", scenario.name},
+      {"policy", to_string(scenario.policy.preset)},
+      {"gpus", e.gpus},
+      {"step_time_s", e.step_time_s},
+      {"tokens_per_s", e.tokens_per_s},
+      {"tokens_per_gpu_per_s", e.tokens_per_gpu_per_s},
+      {"mfu", e.mfu},
+      {"tflops_per_gpu", e.tflops_per_gpu},
+      {"compute_s", e.compute_s},
+      {"comm_s", e.comm_s},
+      {"exposed_comm_s", e.exposed_comm_s},
+      {"overlap_fraction", e.overlap_fraction},
+      {"peak_memory_bytes", e.memory.total()},
+      {"peak_memory_breakdown_bytes", memory_breakdown_json(e.memory)},
+      {"gpu_memory_bytes", scenario.cluster.gpu.memory_bytes},
+      {"fits_memory", e.fits_memory},
+      {"comm_bytes",
+       {{"per_gpu", e.comm_bytes_per_gpu},
+        {"intra_node_per_gpu", e.comm_bytes_intra},
+        {"inter_node_per_gpu", e.comm_bytes_inter}}},
+  };
+}
+
 }  // namespace hzp

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "shared/base/status.h"
 #include "shared/cost/duration_model.h"
 #include "shared/cost/performance.h"
@@ -33,6 +35,12 @@ struct Estimate : StepPerformance {
   double comm_bytes_inter = 0;    // ... of which over NICs
   std::vector<OpTiming> timings;  // per op of program 0
 };
+
+// The estimate under summary.json's keys (scenario, policy, gpus, step_time_s, tokens_per_s,
+// tokens_per_gpu_per_s, mfu, tflops_per_gpu, compute_s, comm_s, exposed_comm_s, overlap_fraction,
+// peak_memory_bytes, peak_memory_breakdown_bytes, gpu_memory_bytes, fits_memory, comm_bytes {per_gpu,
+// intra_node_per_gpu, inter_node_per_gpu}): what hzp compare and the Python module's estimate show.
+nlohmann::json estimate_to_json(const Scenario& scenario, const Estimate& e);
 
 // Compute and optimizer ops take the time `durations` gives (the roofline when null).
 Result<Estimate> estimate(const Scenario& scenario, const ModelCost& cost, const Schedule& schedule,

@@ -1,0 +1,243 @@
+"""hzp from Python: the scheduling core and the SimGrid simulator over the same C++ as the `hzp` command.
+
+    import hzp
+    sc = hzp.Scenario({"model": {"preset": "llama2-7b"}, "cluster": {"preset": "a800", "nodes": 32},
+                       "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": 256},
+                       "policy": {"preset": "zero3"}})
+    sc = sc.with_overrides({"policy.preset": "amsp", "cluster.nodes": 128})
+    est = hzp.estimate(sc)            # the analytic estimate (a dict)
+    sim = hzp.simulate(sc, steps=1)   # summary.json of `hzp simulate` (a dict)
+    plan = hzp.plan(sc)               # plan.json of `hzp plan`: every preset policy estimated
+    many = hzp.simulate_many([sc, sc.set("cluster.nodes", 64)], jobs=2)
+
+A bad field raises hzp.ScenarioError (a ValueError) whose message names the JSON path and value, as the CLI's
+exit 2 does; an internal error raises RuntimeError. Simulations run in child processes (SimGrid allows one
+engine per process; a crash never takes the interpreter down) and release the GIL. Results are plain dicts
+with the fields of the CLI's JSON outputs; hzp.to_pandas(rows) makes a DataFrame where pandas is installed.
+"""
+import concurrent.futures
+import copy
+import json
+import os
+import re
+import sys
+
+from . import _hzp
+
+__all__ = ["Scenario", "ScenarioError", "load", "validate", "estimate", "plan", "simulate", "simulate_many",
+           "to_pandas"]
+
+
+class ScenarioError(ValueError):
+    """A scenario or argument hzp refuses (the CLI's exit 2). `path` is the JSON path the message starts with,
+    when it names one ("training.micro_batch"), else None."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        match = re.match(r"([A-Za-z_][\w.\[\]-]*): ", message)
+        self.path = match.group(1) if match else None
+
+
+def _call(fn, *args):
+    code, text = fn(*args)
+    if code == 0:
+        return text
+    if code == 2:
+        raise ScenarioError(text)
+    raise RuntimeError(text)
+
+
+def _assignment(path, value):
+    """`--set PATH=VALUE` for a Python value: JSON unless it is a plain string."""
+    if not isinstance(path, str) or not path:
+        raise ScenarioError(f"override path: expected a non-empty string, got {path!r}")
+    text = value if isinstance(value, str) else json.dumps(value, allow_nan=False)
+    return f"{path}={text}"
+
+
+class Scenario:
+    """A scenario: the document as written plus `--set` style overrides, resolved as `hzp validate` does on
+    creation (an invalid one raises ScenarioError). `resolved` is the resolved form (a dict); `document`
+    the written one with the overrides applied in order."""
+
+    def __init__(self, document, overrides=None):
+        if isinstance(document, Scenario):
+            document = document.document
+        if not isinstance(document, dict):
+            raise ScenarioError(f"scenario: expected a dict (the JSON document), got {type(document).__name__}")
+        try:
+            self._text = json.dumps(document, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ScenarioError(f"scenario: not JSON-serialisable: {e}") from None
+        self._document = copy.deepcopy(document)
+        self._sets = [_assignment(p, v) for p, v in (overrides or {}).items()]
+        self.resolved = json.loads(_call(_hzp.resolve, self._text, self._sets))
+
+    @property
+    def document(self):
+        return copy.deepcopy(self._document)
+
+    @property
+    def name(self):
+        return self.resolved.get("name")
+
+    def with_overrides(self, overrides):
+        """A new scenario with `{"path.to.field": value}` applied after this one's overrides."""
+        if not isinstance(overrides, dict):
+            raise ScenarioError(f"overrides: expected a dict of path -> value, got {type(overrides).__name__}")
+        out = Scenario.__new__(Scenario)
+        out._text, out._document = self._text, copy.deepcopy(self._document)
+        out._sets = self._sets + [_assignment(p, v) for p, v in overrides.items()]
+        out.resolved = json.loads(_call(_hzp.resolve, out._text, out._sets))
+        return out
+
+    def set(self, path, value):
+        """with_overrides({path: value})."""
+        return self.with_overrides({path: value})
+
+    def to_json(self):
+        """The resolved scenario as JSON text (what `hzp validate` prints; a file `hzp simulate` runs)."""
+        return json.dumps(self.resolved, indent=2)
+
+    def __repr__(self):
+        return f"hzp.Scenario({self.name!r})"
+
+    def _resolved_text(self):
+        return json.dumps(self.resolved)
+
+
+def load(path, overrides=None):
+    """A scenario file (scenarios/README.md), with `{"path": value}` overrides."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+    except OSError as e:
+        raise ScenarioError(f"{path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ScenarioError(f"{path}: not JSON ({e})") from None
+    if isinstance(document, dict) and "name" not in document:
+        document["name"] = os.path.splitext(os.path.basename(path))[0]
+    return Scenario(document, overrides)
+
+
+def _scenario(sc):
+    if isinstance(sc, Scenario):
+        return sc
+    if isinstance(sc, dict):
+        return Scenario(sc)
+    if isinstance(sc, (str, os.PathLike)):
+        return load(sc)
+    raise ScenarioError(f"scenario: expected an hzp.Scenario, a dict or a file path, got {type(sc).__name__}")
+
+
+def validate(sc):
+    """The resolved scenario (a dict), as `hzp validate` prints it; ScenarioError when it is not valid."""
+    return _scenario(sc).resolved
+
+
+def estimate(sc):
+    """The analytic estimate (shared/estimate): step time, MFU, tokens/s, memory by category, traffic."""
+    return json.loads(_call(_hzp.estimate, _scenario(sc)._resolved_text()))
+
+
+def plan(sc):
+    """`hzp plan`'s plan.json: every preset policy estimated, the best that fits, what would fit otherwise."""
+    return json.loads(_call(_hzp.plan, _scenario(sc)._resolved_text()))
+
+
+def _number(name, value, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ScenarioError(f"{name}: expected a number in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def simulate(sc, steps=1, exact=False, max_sim_seconds=None, max_sim_gib=None):
+    """`hzp simulate`'s summary.json (with its breakdown) as a dict; no timeline is written. `exact` simulates
+    every rank and micro-batch; max_sim_seconds / max_sim_gib are the CLI's budget flags (0 s: no limit)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1000:
+        raise ScenarioError(f"steps: expected an integer in [1, 1000], got {steps!r}")
+    seconds = -1.0 if max_sim_seconds is None else float(_number("max_sim_seconds", max_sim_seconds, 0, 1e9))
+    gib = -1.0 if max_sim_gib is None else float(_number("max_sim_gib", max_sim_gib, 1e-3, 1e6))
+    return json.loads(_call(_hzp.simulate, _scenario(sc)._resolved_text(), steps, bool(exact), seconds, gib))
+
+
+class _Progress:
+    """A progress line: tqdm's bar where tqdm is installed (notebooks too), else a line on stderr."""
+
+    def __init__(self, total, enabled):
+        self.total, self.done, self.bar = total, 0, None
+        self.enabled = enabled and total > 0
+        if self.enabled:
+            try:
+                from tqdm.auto import tqdm
+                self.bar = tqdm(total=total, desc="hzp simulate")
+            except ImportError:
+                self.bar = None
+
+    def step(self):
+        self.done += 1
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            return
+        filled = int(30 * self.done / self.total)
+        sys.stderr.write(f"\rhzp simulate [{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+        if self.done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def simulate_many(scenarios, jobs=None, steps=1, exact=False, progress=True, errors="raise"):
+    """Simulates each scenario (each in its own process, `jobs` at once; default: the CPU count) and returns
+    their summaries in order. errors="raise" raises the first failure after all have run; errors="return"
+    puts the exception in that scenario's place."""
+    items = list(scenarios)  # each converted in its worker: a bad one fails in its place
+    if jobs is None:
+        jobs = os.cpu_count() or 1
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= 256:
+        raise ScenarioError(f"jobs: expected an integer in [1, 256], got {jobs!r}")
+    if errors not in ("raise", "return"):
+        raise ScenarioError(f"errors: expected 'raise' or 'return', got {errors!r}")
+    bar = _Progress(len(items), progress)
+    results = [None] * len(items)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(simulate, s, steps, exact): i for i, s in enumerate(items)}
+        for f in concurrent.futures.as_completed(futures):
+            try:
+                results[futures[f]] = f.result()
+            except (ScenarioError, RuntimeError) as e:
+                results[futures[f]] = e
+            bar.step()
+    bar.close()
+    if errors == "raise":
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+    return results
+
+
+def _flatten(row, prefix=""):
+    out = {}
+    for key, value in row.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def to_pandas(rows):
+    """A pandas DataFrame of result dicts (nested fields as "a.b" columns); pandas is optional."""
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("hzp.to_pandas needs pandas (apt install python3-pandas)") from None
+    if isinstance(rows, dict):
+        rows = [rows]
+    return pandas.DataFrame([_flatten(r) for r in rows])

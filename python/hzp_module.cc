@@ -1,0 +1,121 @@
+// _hzp: the C++ side of the hzp Python package (python/hzp/__init__.py wraps it). Every function takes and
+// returns JSON text and reports errors as values — a tuple (code, text): code 0 with the result, 2 with a
+// bad-input message (the package raises hzp.ScenarioError, a ValueError), 1 with an internal error
+// (RuntimeError) — so no C++ exception crosses into Python. Simulations run in a forked child process (SimGrid
+// allows one engine per process; a crash in one never takes the interpreter down) with the GIL released.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "shared/compile/compile.h"
+#include "shared/estimate/estimator.h"
+#include "shared/plan/plan.h"
+#include "shared/scenario/overrides.h"
+#include "shared/scenario/scenario_parser.h"
+#include "sim/breakdown.h"
+#include "sim/executor.h"
+#include "sim/steady_state.h"
+#include "tools/child_process.h"
+#include "tools/cli_steady.h"
+
+namespace py = pybind11;
+
+namespace hzp {
+namespace {
+
+using Reply = std::tuple<int, std::string>;
+
+Reply reply(const Status& status) {
+  return {status.code() == StatusCode::kInvalidInput ? 2 : 1, status.message()};
+}
+
+// The scenario as the CLI reads it: the document, then its `--set` assignments, parsed, "auto" resolved.
+Result<Scenario> load(const std::string& text, const std::vector<std::string>& sets) {
+  nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return Status::InvalidInput("the scenario is not JSON");
+  for (const std::string& set : sets) HZP_RETURN_IF_ERROR(apply_set(doc, set));
+  HZP_ASSIGN_OR_RETURN(Scenario parsed, parse_scenario(doc, "scenario"));
+  return resolve(std::move(parsed));
+}
+
+Reply resolved(const std::string& text, const std::vector<std::string>& sets) {
+  auto s = load(text, sets);
+  if (!s.ok()) return reply(s.status());
+  return {0, scenario_to_json(*s).dump()};
+}
+
+// The analytic estimate (shared/estimate/estimator.h) with the fields of summary.json it has.
+Reply estimated(const std::string& text) {
+  auto s = load(text, {});
+  if (!s.ok()) return reply(s.status());
+  auto c = compile(*s);
+  if (!c.ok()) return reply(c.status());
+  auto e = estimate(c->scenario, c->cost, c->schedule);
+  if (!e.ok()) return reply(e.status());
+  return {0, estimate_to_json(c->scenario, *e).dump()};
+}
+
+// `hzp plan`'s plan.json: every preset policy estimated.
+Reply planned(const std::string& text) {
+  auto s = load(text, {});
+  if (!s.ok()) return reply(s.status());
+  auto p = plan_presets(*s);
+  if (!p.ok()) return reply(p.status());
+  return {0, plan_to_json(*s, *p).dump()};
+}
+
+// `hzp simulate`'s summary.json (with its breakdown), simulated in a child process.
+Reply simulated(const std::string& text, int steps, bool exact, double max_sim_seconds, double max_sim_gib) {
+  auto s = load(text, {});
+  if (!s.ok()) return reply(s.status());
+  if (steps < 1 || steps > 1000)
+    return reply(Status::InvalidInput("steps: expected an integer in [1, 1000], got " + std::to_string(steps)));
+  auto c = compile(*s);
+  if (!c.ok()) return reply(c.status());
+  sim::SimOptions options;
+  options.steps = steps;
+  options.exact = exact;
+  options.timeline_max_ranks = 1;  // GPU 0's breakdown; no timeline is written
+  // As --max-sim-seconds (0: no limit) and --max-sim-GiB; negative: the defaults (sim/cost.h).
+  if (max_sim_seconds >= 0) options.budget.max_seconds = max_sim_seconds;
+  if (max_sim_gib > 0) options.budget.max_bytes = max_sim_gib * 1024.0 * 1024.0 * 1024.0;
+  const sim::SteadyStatePlan steady = sim::plan_steady_state(c->scenario, options);
+  auto child = cli::Child::start([&] {
+    auto r = cli::simulate_scenario(*c, steady, options);
+    if (!r.ok())
+      return nlohmann::json{{"code", static_cast<int>(r.status().code())}, {"message", r.status().message()}}.dump();
+    nlohmann::json summary = sim::summary_json(c->scenario, r->result);
+    summary["breakdown"] = sim::breakdown_json(r->breakdown);
+    summary.erase("timeline_ranks");
+    return nlohmann::json{{"summary", summary}}.dump();
+  });
+  if (!child.ok()) return reply(child.status());
+  Result<std::string> out = Status::Internal("");
+  {
+    py::gil_scoped_release release;
+    out = child->wait();
+  }
+  if (!out.ok()) return {1, "the simulation (a child process) " + out.status().message()};
+  const nlohmann::json j = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("summary")) return {0, j["summary"].dump()};
+  if (j.is_object() && j.contains("message") && j["message"].is_string())
+    return {j.value("code", 1) == static_cast<int>(StatusCode::kInvalidInput) ? 2 : 1, j["message"].get<std::string>()};
+  return {1, "the simulation (a child process) reported nothing readable"};
+}
+
+}  // namespace
+}  // namespace hzp
+
+PYBIND11_MODULE(_hzp, m) {
+  m.doc() = "hzp's C++ core and simulator (use the hzp package, not this module)";
+  m.def("resolve", &hzp::resolved, py::arg("scenario_json"), py::arg("sets"));
+  m.def("estimate", &hzp::estimated, py::arg("scenario_json"));
+  m.def("plan", &hzp::planned, py::arg("scenario_json"));
+  m.def("simulate", &hzp::simulated, py::arg("scenario_json"), py::arg("steps"), py::arg("exact"),
+        py::arg("max_sim_seconds"), py::arg("max_sim_gib"));
+}
