@@ -6,12 +6,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "shared/base/files.h"
 #include "shared/compile/compile.h"
 #include "shared/estimate/estimator.h"
 #include "shared/plan/plan.h"
@@ -21,6 +27,7 @@
 #include "sim/executor.h"
 #include "sim/steady_state.h"
 #include "tools/child_process.h"
+#include "tools/cli_collective.h"
 #include "tools/cli_steady.h"
 
 namespace py = pybind11;
@@ -108,6 +115,49 @@ Reply simulated(const std::string& text, int steps, bool exact, double max_sim_s
   return {1, "the simulation (a child process) reported nothing readable"};
 }
 
+// `hzp collective ARGS --json FILE`, the command itself in a child process (its table to /dev/null, its
+// error line captured): the rows of its JSON document.
+Reply collective(const std::vector<std::string>& args) {
+  char dir_template[] = "/tmp/hzp-collective-XXXXXX";
+  if (::mkdtemp(dir_template) == nullptr) return {1, "collective: no temporary folder"};
+  const std::filesystem::path dir = dir_template;
+  const std::string json_path = (dir / "rows.json").string(), err_path = (dir / "stderr.txt").string();
+  auto child = cli::Child::start(
+      [&] {
+        std::vector<std::string> argv = args;
+        argv.insert(argv.end(), {"--json", json_path});
+        if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDOUT_FILENO);
+        if (const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); err >= 0)
+          ::dup2(err, STDERR_FILENO);
+        const int rc = cli::run_collective_command(argv);
+        std::fflush(nullptr);
+        return nlohmann::json{{"rc", rc}}.dump();
+      },
+      /*keep_stderr=*/true);
+  if (!child.ok()) return reply(child.status());
+  Result<std::string> out = Status::Internal("");
+  {
+    py::gil_scoped_release release;
+    out = child->wait();
+  }
+  auto read = [&](const std::string& path) {
+    auto text = read_text_file(path, 64 << 20);
+    return text.ok() ? *text : std::string();
+  };
+  const std::string rows = read(json_path), err = read(err_path);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  if (!out.ok()) return {1, "hzp collective (a child process) " + out.status().message()};
+  const nlohmann::json j = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
+  const int rc = j.is_object() ? j.value("rc", 1) : 1;
+  if (rc == 0) return {0, rows};
+  // Its message without the command's prefixes ("hzp collective: ", "hzp: error: ").
+  std::string message = err.substr(0, err.find('\n'));
+  for (const char* prefix : {"hzp collective: ", "hzp: error: "})
+    if (message.rfind(prefix, 0) == 0) message = message.substr(std::string(prefix).size());
+  return {rc == 2 ? 2 : 1, message.empty() ? "hzp collective failed (exit " + std::to_string(rc) + ")" : message};
+}
+
 }  // namespace
 }  // namespace hzp
 
@@ -118,4 +168,5 @@ PYBIND11_MODULE(_hzp, m) {
   m.def("plan", &hzp::planned, py::arg("scenario_json"));
   m.def("simulate", &hzp::simulated, py::arg("scenario_json"), py::arg("steps"), py::arg("exact"),
         py::arg("max_sim_seconds"), py::arg("max_sim_gib"));
+  m.def("collective", &hzp::collective, py::arg("args"));
 }

@@ -9,6 +9,7 @@
     sim = hzp.simulate(sc, steps=1)   # summary.json of `hzp simulate` (a dict)
     plan = hzp.plan(sc)               # plan.json of `hzp plan`: every preset policy estimated
     many = hzp.simulate_many([sc, sc.set("cluster.nodes", 64)], jobs=2)
+    rows = hzp.collective("dgx-h100", op="all_reduce", group="node", bytes=(8, 8 << 30))
 
 A bad field raises hzp.ScenarioError (a ValueError) whose message names the JSON path and value, as the CLI's
 exit 2 does; an internal error raises RuntimeError. Simulations run in child processes (SimGrid allows one
@@ -25,7 +26,7 @@ import sys
 from . import _hzp
 
 __all__ = ["Scenario", "ScenarioError", "load", "validate", "estimate", "plan", "simulate", "simulate_many",
-           "to_pandas"]
+           "collective", "to_pandas"]
 
 
 class ScenarioError(ValueError):
@@ -159,6 +160,36 @@ def simulate(sc, steps=1, exact=False, max_sim_seconds=None, max_sim_gib=None):
     seconds = -1.0 if max_sim_seconds is None else float(_number("max_sim_seconds", max_sim_seconds, 0, 1e9))
     gib = -1.0 if max_sim_gib is None else float(_number("max_sim_gib", max_sim_gib, 1e-3, 1e6))
     return json.loads(_call(_hzp.simulate, _scenario(sc)._resolved_text(), steps, bool(exact), seconds, gib))
+
+
+def collective(cluster, op, group="all", bytes=(8, 1 << 30), nodes=None, algorithm=None, protocol=None,
+               dtype=None, max_sim_seconds=None, max_sim_gib=None):
+    """`hzp collective`'s simulated nccl-tests: `op` over `group` ("node", "all" or a GPU count) of `cluster` (a
+    preset name, or a dict holding a cluster object) for sizes bytes[0], 2·bytes[0], ... <= bytes[1] (one int:
+    that size alone). Returns its --json document: {cluster, gpu, nodes, gpus_per_node, op, group_gpus,
+    group_nodes, rows: [{size_bytes, count, type, redop, root, time_us, algbw_GBps, busbw_GBps, model_us,
+    algorithm, protocol}], avg_busbw_GBps}."""
+    import tempfile
+    if isinstance(bytes, int) and not isinstance(bytes, bool):
+        bytes = (bytes, bytes)
+    if not isinstance(bytes, (tuple, list)) or len(bytes) != 2 or not all(
+            isinstance(b, int) and not isinstance(b, bool) for b in bytes):
+        raise ScenarioError(f"bytes: expected an int or a (min, max) pair of ints, got {bytes!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if isinstance(cluster, dict):
+            path = os.path.join(tmp, "cluster.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(cluster, f)
+            cluster = path
+        if not isinstance(cluster, str):
+            raise ScenarioError(f"cluster: expected a preset name or a cluster dict, got {type(cluster).__name__}")
+        args = ["--cluster", cluster, "--op", str(op), "--group", str(group), "--bytes", f"{bytes[0]}:{bytes[1]}"]
+        for flag, value in [("--nodes", nodes), ("--algorithm", algorithm), ("--protocol", protocol),
+                            ("--dtype", dtype), ("--max-sim-seconds", max_sim_seconds),
+                            ("--max-sim-GiB", max_sim_gib)]:
+            if value is not None:
+                args += [flag, str(value)]
+        return json.loads(_call(_hzp.collective, args))
 
 
 class _Progress:

@@ -127,6 +127,28 @@ def test_simulate_many_keeps_the_order_and_reports_failures_in_place():
     assert isinstance(mixed[1], hzp.ScenarioError) and mixed[0]["step_time_s"] > 0
 
 
+def test_collective_is_the_cli_json():
+    with tempfile.TemporaryDirectory() as out:
+        path = os.path.join(out, "rows.json")
+        cli("collective", "--cluster", "dgx-h100", "--op", "all_reduce", "--group", "all", "--nodes", "4",
+            "--bytes", "1K:64M", "--json", path)
+        with open(path, encoding="utf-8") as f:
+            theirs = json.load(f)
+    mine = hzp.collective("dgx-h100", op="all_reduce", group="all", nodes=4, bytes=(1024, 64 << 20))
+    assert mine == theirs and len(mine["rows"]) == 17
+    for bad, named in [(dict(op="all_sum"), "--op"), (dict(op="all_reduce", bytes=(0, 8)), "--bytes")]:
+        try:
+            hzp.collective("dgx-h100", **bad)
+            raise AssertionError(f"{bad} was accepted")
+        except hzp.ScenarioError as e:
+            assert str(e).startswith(named), str(e)
+    try:
+        hzp.collective("no-such-cluster", op="all_reduce")
+        raise AssertionError("an unknown preset was accepted")
+    except hzp.ScenarioError as e:
+        assert e.path == "cluster.preset"
+
+
 def test_to_pandas_flattens_the_results():
     try:
         import pandas  # noqa: F401
