@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/base/files.h"
+#include "shared/calibrate/compute_fit.h"
 #include "shared/compile/compile.h"
 #include "shared/estimate/estimator.h"
 #include "shared/plan/plan.h"
@@ -115,6 +116,46 @@ Reply simulated(const std::string& text, int steps, bool exact, double max_sim_s
   return {1, "the simulation (a child process) reported nothing readable"};
 }
 
+// `hzp calibrate SCENARIO --tokens-per-gpu-s X | --step-time-s X | --mfu X`: the fitted efficiencies, the steps
+// before and after, and the scenario with them (what --out writes).
+Reply calibrated(const std::string& text, const std::string& kind, double value) {
+  auto s = load(text, {});
+  if (!s.ok()) return reply(s.status());
+  OneNodeMeasurement measured;
+  measured.value = value;
+  if (kind == "tokens_per_gpu_s")
+    measured.kind = MeasureKind::kTokensPerGpuPerS;
+  else if (kind == "step_time_s")
+    measured.kind = MeasureKind::kStepTimeS;
+  else if (kind == "mfu")
+    measured.kind = MeasureKind::kMfu;
+  else
+    return reply(Status::InvalidInput("measurement: expected tokens_per_gpu_s, step_time_s or mfu, got " + kind));
+  // The CLI's flag ranges: a fraction for the MFU, else (0, 1e12].
+  if (!(value >= 1e-9 && value <= (measured.kind == MeasureKind::kMfu ? 0.999999 : 1e12)))
+    return reply(Status::InvalidInput(kind + ": out of range, got " + std::to_string(value)));
+  auto fit = fit_compute_efficiency(*s, measured);
+  if (!fit.ok()) return reply(fit.status());
+  Scenario calibrated = *s;
+  calibrated.cluster.efficiency = fit->efficiency;
+  const Efficiency& e = fit->efficiency;
+  const nlohmann::json out = {
+      {"efficiency",
+       {{"gemm", e.gemm},
+        {"memory_bound", e.memory_bound},
+        {"intra_node", e.intra_node},
+        {"inter_node", e.inter_node}}},
+      {"table_efficiency",
+       {{"gemm", s->cluster.efficiency.gemm}, {"memory_bound", s->cluster.efficiency.memory_bound}}},
+      {"measured_step_s", fit->measured_step_s},
+      {"table_step_s", fit->table_step_s},
+      {"fitted_step_s", fit->fitted_step_s},
+      {"exposed_comm_s", fit->exposed_comm_s},
+      {"scenario", scenario_to_json(calibrated)},
+  };
+  return {0, out.dump()};
+}
+
 // `hzp collective ARGS --json FILE`, the command itself in a child process (its table to /dev/null, its
 // error line captured): the rows of its JSON document.
 Reply collective(const std::vector<std::string>& args) {
@@ -168,5 +209,6 @@ PYBIND11_MODULE(_hzp, m) {
   m.def("plan", &hzp::planned, py::arg("scenario_json"));
   m.def("simulate", &hzp::simulated, py::arg("scenario_json"), py::arg("steps"), py::arg("exact"),
         py::arg("max_sim_seconds"), py::arg("max_sim_gib"));
+  m.def("calibrate", &hzp::calibrated, py::arg("scenario_json"), py::arg("kind"), py::arg("value"));
   m.def("collective", &hzp::collective, py::arg("args"));
 }

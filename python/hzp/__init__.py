@@ -26,7 +26,7 @@ import sys
 from . import _hzp
 
 __all__ = ["Scenario", "ScenarioError", "load", "validate", "estimate", "plan", "simulate", "simulate_many",
-           "collective", "to_pandas"]
+           "calibrate", "collective", "to_pandas"]
 
 
 class ScenarioError(ValueError):
@@ -160,6 +160,23 @@ def simulate(sc, steps=1, exact=False, max_sim_seconds=None, max_sim_gib=None):
     seconds = -1.0 if max_sim_seconds is None else float(_number("max_sim_seconds", max_sim_seconds, 0, 1e9))
     gib = -1.0 if max_sim_gib is None else float(_number("max_sim_gib", max_sim_gib, 1e-3, 1e6))
     return json.loads(_call(_hzp.simulate, _scenario(sc)._resolved_text(), steps, bool(exact), seconds, gib))
+
+
+def calibrate(sc, tokens_per_gpu_s=None, step_time_s=None, mfu=None):
+    """`hzp calibrate SCENARIO --tokens-per-gpu-s X | --step-time-s X | --mfu X` (one measurement, taken on the
+    scenario's one node): {"efficiency": the fitted {gemm, memory_bound, intra_node, inter_node},
+    "table_efficiency", "measured_step_s", "table_step_s", "fitted_step_s", "exposed_comm_s", "scenario": an
+    hzp.Scenario with the fitted efficiencies (what --out writes)}."""
+    given = [(k, v) for k, v in [("tokens_per_gpu_s", tokens_per_gpu_s), ("step_time_s", step_time_s), ("mfu", mfu)]
+             if v is not None]
+    if len(given) != 1:
+        raise ScenarioError("calibrate: give one measurement (tokens_per_gpu_s, step_time_s or mfu)")
+    kind, value = given[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(f"{kind}: expected a number, got {value!r}")
+    out = json.loads(_call(_hzp.calibrate, _scenario(sc)._resolved_text(), kind, float(value)))
+    out["scenario"] = Scenario(out["scenario"])
+    return out
 
 
 def collective(cluster, op, group="all", bytes=(8, 1 << 30), nodes=None, algorithm=None, protocol=None,

@@ -127,6 +127,25 @@ def test_simulate_many_keeps_the_order_and_reports_failures_in_place():
     assert isinstance(mixed[1], hzp.ScenarioError) and mixed[0]["step_time_s"] > 0
 
 
+def test_calibrate_is_the_cli_calibration():
+    path = os.path.join(ROOT, "scenarios", "default.json")
+    one_node = hzp.load(path, {"cluster.nodes": 1})
+    fit = hzp.calibrate(one_node, tokens_per_gpu_s=3000)
+    with tempfile.TemporaryDirectory() as out:
+        written = os.path.join(out, "calibrated.json")
+        cli("calibrate", path, "--set", "cluster.nodes=1", "--tokens-per-gpu-s", "3000", "--out", written)
+        with open(written, encoding="utf-8") as f:
+            assert fit["scenario"].resolved == json.load(f)
+    assert abs(fit["fitted_step_s"] - fit["measured_step_s"]) <= 1e-9 * fit["measured_step_s"]
+    assert abs(hzp.estimate(fit["scenario"])["tokens_per_gpu_per_s"] - 3000) <= 1e-6 * 3000
+    for bad in [dict(), dict(mfu=0.5, step_time_s=1.0), dict(mfu=1.5), dict(mfu="high")]:
+        try:
+            hzp.calibrate(one_node, **bad)
+            raise AssertionError(f"{bad} was accepted")
+        except hzp.ScenarioError:
+            pass
+
+
 def test_collective_is_the_cli_json():
     with tempfile.TemporaryDirectory() as out:
         path = os.path.join(out, "rows.json")
