@@ -2,13 +2,13 @@
 
     import hzp
     sc = hzp.Scenario({"model": {"preset": "llama2-7b"}, "cluster": {"preset": "a800", "nodes": 32},
-                       "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": 256},
+                       "training": {"seq_len": 4096, "micro_batch": 1, "global_batch_sequences": 1024},
                        "policy": {"preset": "zero3"}})
-    sc = sc.with_overrides({"policy.preset": "amsp", "cluster.nodes": 128})
+    sc = sc.with_overrides({"policy.preset": "asynchzp", "cluster.nodes": 128})
     est = hzp.estimate(sc)            # the analytic estimate (a dict)
     sim = hzp.simulate(sc, steps=1)   # summary.json of `hzp simulate` (a dict)
     plan = hzp.plan(sc)               # plan.json of `hzp plan`: every preset policy estimated
-    many = hzp.simulate_many([sc, sc.set("cluster.nodes", 64)], jobs=2)
+    many = hzp.simulate_many([sc, sc.set("policy.preset", "zero1")], jobs=2)
     rows = hzp.collective("dgx-h100", op="all_reduce", group="node", bytes=(8, 8 << 30))
 
 A bad field raises hzp.ScenarioError (a ValueError) whose message names the JSON path and value, as the CLI's

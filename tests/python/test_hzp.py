@@ -168,6 +168,36 @@ def test_collective_is_the_cli_json():
         assert e.path == "cluster.preset"
 
 
+def test_the_documented_examples_run():
+    # docs/python.md's code block and the package docstring's, as a reader would paste them.
+    import re
+    with open(os.path.join(ROOT, "docs", "python.md"), encoding="utf-8") as f:
+        block = re.search(r"```python\n(.*?)```", f.read(), re.S).group(1)
+    docstring = re.search(r"    import hzp\n(.*?)\n\n", hzp.__doc__, re.S).group(1)
+    for code in [block, "\n".join(line[4:] for line in docstring.splitlines())]:
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            code = code.replace("df = hzp.to_pandas(many)", "df = None")
+        names = {}
+        old = os.getcwd()
+        os.chdir(ROOT)  # the examples name scenarios/ from the repository root
+        try:
+            exec("import hzp\n" + code, names)  # noqa: S102 - the docs' own example
+        finally:
+            os.chdir(old)
+        assert names["sim"]["step_time_s"] > 0 and len(names["many"]) == 2
+
+
+def test_the_sweep_example_runs():
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "docs", "examples", "sweep_nodes_policy.py"),
+                               "--out", out], capture_output=True, text=True, check=False,
+                              env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(hzp.__file__))})
+        assert done.returncode == 0, done.stderr
+        assert "pick at 32 nodes:" in done.stdout
+
+
 def test_to_pandas_flattens_the_results():
     try:
         import pandas  # noqa: F401
