@@ -276,6 +276,11 @@ for bad in "--seqs 1,x" "--dims 0" "--type fp8" "--iters" "--heads -1"; do
   # shellcheck disable=SC2086  # each case is several words
   expect_2 bench/gpu/torch_attention.py $bad
 done
+# The GEMM-shape benchmark (issue 37's gemm stage): the same.
+for bad in "--type fp16" "--iters 0" "--iters x" "--iters" "--bogus"; do
+  # shellcheck disable=SC2086  # each case is several words
+  expect_2 bench/gpu/gemm_shapes.py $bad
+done
 bench_bin="$(dirname "$hzp")/attention_bench"
 if [ -x "$bench_bin" ]; then
   for bad in "--seqs 1,x" "--dims 0" "--type fp8" "--iters" "--backend nosuch" "--bogus"; do
