@@ -8,8 +8,8 @@
 // random inputs; after one warm-up call, N calls of each pass (default 5) are timed with the stream
 // synchronised around them. FLOPs follow flash attention's convention: forward 4 * batch * heads * seq^2 *
 // d / 2 (causal), backward 2.5x the forward. One JSON line per shape on stdout: the backend, its description,
-// which kernel ran (HZP_CUDA_ATTENTION=simple forces the CUDA backend's simple kernels), milliseconds and TFLOP/s
-// of each pass. Exit 2 on a bad argument, 1 when the backend cannot run a shape (the message names it).
+// which kernel ran (HZP_CUDA_ATTENTION=simple or wmma forces the CUDA backend's simple or WMMA kernels), milliseconds
+// and TFLOP/s of each pass. Exit 2 on a bad argument, 1 when the backend cannot run a shape (the message names it).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -114,14 +114,16 @@ int main(int argc, char** argv) {
   else
     usage_error("--type: '" + type_name + "' is not bf16, fp16 or fp32");
 
+  const char* forced = std::getenv("HZP_CUDA_ATTENTION");
+  const std::string choice = forced != nullptr ? forced : "";
+  if (!choice.empty() && choice != "simple" && choice != "wmma")
+    usage_error("HZP_CUDA_ATTENTION: '" + choice + "' is not simple or wmma (unset: the default kernels)");
   if (std::none_of(backends().begin(), backends().end(), [&](const BackendEntry& b) { return backend == b.name; }))
     usage_error("--backend: '" + backend + "' is not a backend of this build");
   Result<std::unique_ptr<Device>> made = make_device(backend, BackendOptions{});
   if (!made.ok()) run_error("backend " + backend, made.status());
   std::unique_ptr<Device> device = std::move(made).value();
-  const char* forced = std::getenv("HZP_CUDA_ATTENTION");
-  const std::string kernel =
-      backend == "cuda" ? (forced != nullptr && std::strcmp(forced, "simple") == 0 ? "simple" : "default") : backend;
+  const std::string kernel = backend == "cuda" ? (choice.empty() ? "default" : choice) : backend;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   for (std::int64_t seq : seqs) {

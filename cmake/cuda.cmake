@@ -36,6 +36,7 @@ if(HZP_HAVE_CUDA)
     runtime/backends/cuda/cuda_probe.cu
     runtime/backends/cuda/elementwise.cu
     runtime/backends/cuda/flash_attention.cu
+    runtime/backends/cuda/flash_mma.cu
     runtime/backends/cuda/gemm.cu
     runtime/backends/cuda/moe.cu
     runtime/backends/cuda/norms.cu

@@ -1568,6 +1568,26 @@ Buffer attention_reserve_buffer(Ctx& c, const AttentionShape& s, bool use_reserv
   return c.alloc(kF32, n);
 }
 
+// The CUDA backend's attention kernels by HZP_CUDA_ATTENTION (launch.h): the default (mma.sync where it applies),
+// and the WMMA and simple ones it would otherwise run; one choice ("") elsewhere. Each row of the error table
+// is named by its choice.
+struct AttentionChoice {
+  std::string value;  // HZP_CUDA_ATTENTION, "" for unset
+  explicit AttentionChoice(std::string v) : value(std::move(v)) {
+    if (value.empty())
+      unsetenv("HZP_CUDA_ATTENTION");
+    else
+      setenv("HZP_CUDA_ATTENTION", value.c_str(), 1);
+  }
+  ~AttentionChoice() { unsetenv("HZP_CUDA_ATTENTION"); }
+  std::string kernel(const char* name) const { return value.empty() ? name : std::string(name) + "[" + value + "]"; }
+};
+
+std::vector<std::string> attention_choices() {
+  if (env().backend == "cuda") return {"", "wmma", "simple"};
+  return {""};
+}
+
 TEST_CASE("kernels attention forward and backward with GQA against the fp64 reference", "[kernels]") {
   std::mt19937 rng(401);
   const AttentionShape shapes[] = {
@@ -1576,44 +1596,50 @@ TEST_CASE("kernels attention forward and backward with GQA against the fp64 refe
       {2, 13, 8, 2, 24},  // 4
       {2, 37, 8, 1, 16},  // 8
       {2, 1, 2, 2, 16},   // one position: out = v
-      // The CUDA backend's tensor-core kernels (bf16 / fp16, head_dim a multiple of 16): several 64-row tiles,
-      // the last one partial, GQA, and the largest head dimension they take.
+      // The CUDA backend's tensor-core kernels (bf16 / fp16, head_dim a multiple of 16; 64 and 128 on
+      // mma.sync): several 64-row tiles, the last one partial or full, GQA, and the largest head dimension.
       {2, 130, 4, 2, 64},
+      {2, 64, 2, 1, 64},
       {1, 77, 2, 1, 128},
+      {1, 200, 8, 2, 128},
   };
-  for (ScalarType t : kTensorTypes) {
-    Ctx c;
-    for (const AttentionShape& s : shapes) {
-      const std::int64_t nq = s.batch * s.seq * s.heads * s.head_dim, nkv = s.batch * s.seq * s.kv_heads * s.head_dim;
-      const Vec q = rand_t(t, nq, rng, 1.5), k = rand_t(t, nkv, rng), v = rand_t(t, nkv, rng),
-                dout = rand_t(t, nq, rng);
-      const AttentionRef ref = reference_attention(s, q, k, v, dout);
-      const Buffer bq = c.upload(t, q), bk = c.upload(t, k), bv = c.upload(t, v), bdo = c.upload(t, dout);
-      std::vector<Vec> results[2];  // per reserve choice: out, lse, dq, dk, dv
-      for (bool use_reserve : {true, false}) {
-        const std::string what = attention_dims(s) + (use_reserve ? " reserve" : " no reserve");
-        const Buffer reserve = attention_reserve_buffer(c, s, use_reserve);
-        const Buffer out = c.alloc(t, nq), lse = c.alloc(kF32, s.batch * s.heads * s.seq);
-        const Buffer dq = c.upload(t, rand_t(t, nq, rng)), dk = c.upload(t, rand_t(t, nkv, rng)),
-                     dv = c.upload(t, rand_t(t, nkv, rng));  // overwritten, not accumulated
-        c.k().attention_forward(s, bq, bk, bv, out, lse, reserve);
-        c.k().attention_backward(s, bq, bk, bv, out, bdo, lse, reserve, dq, dk, dv);
-        auto& res = results[use_reserve ? 0 : 1];
-        res = {c.get(out), c.get(lse), c.get(dq), c.get(dk), c.get(dv)};
-        expect_close("attention_forward", tname(t), what + ": out", res[0], ref.out, tol(t, t, s.seq));
-        expect_close("attention_forward", tname(t, kF32), what + ": lse", res[1], ref.lse, tol(t, kF32, s.seq), 1.0);
-        expect_close("attention_backward", tname(t), what + ": dq", res[2], ref.dq, 2 * tol(t, t, s.seq));
-        expect_close("attention_backward", tname(t), what + ": dk", res[3], ref.dk, 2 * tol(t, t, s.seq));
-        expect_close("attention_backward", tname(t), what + ": dv", res[4], ref.dv, 2 * tol(t, t, s.seq));
+  for (const std::string& choice_value : attention_choices()) {
+    const AttentionChoice choice(choice_value);
+    for (ScalarType t : kTensorTypes) {
+      Ctx c;
+      for (const AttentionShape& s : shapes) {
+        const std::int64_t nq = s.batch * s.seq * s.heads * s.head_dim, nkv = s.batch * s.seq * s.kv_heads * s.head_dim;
+        const Vec q = rand_t(t, nq, rng, 1.5), k = rand_t(t, nkv, rng), v = rand_t(t, nkv, rng),
+                  dout = rand_t(t, nq, rng);
+        const AttentionRef ref = reference_attention(s, q, k, v, dout);
+        const Buffer bq = c.upload(t, q), bk = c.upload(t, k), bv = c.upload(t, v), bdo = c.upload(t, dout);
+        const std::string fwd = choice.kernel("attention_forward"), bwd = choice.kernel("attention_backward");
+        std::vector<Vec> results[2];  // per reserve choice: out, lse, dq, dk, dv
+        for (bool use_reserve : {true, false}) {
+          const std::string what = attention_dims(s) + (use_reserve ? " reserve" : " no reserve");
+          const Buffer reserve = attention_reserve_buffer(c, s, use_reserve);
+          const Buffer out = c.alloc(t, nq), lse = c.alloc(kF32, s.batch * s.heads * s.seq);
+          const Buffer dq = c.upload(t, rand_t(t, nq, rng)), dk = c.upload(t, rand_t(t, nkv, rng)),
+                       dv = c.upload(t, rand_t(t, nkv, rng));  // overwritten, not accumulated
+          c.k().attention_forward(s, bq, bk, bv, out, lse, reserve);
+          c.k().attention_backward(s, bq, bk, bv, out, bdo, lse, reserve, dq, dk, dv);
+          auto& res = results[use_reserve ? 0 : 1];
+          res = {c.get(out), c.get(lse), c.get(dq), c.get(dk), c.get(dv)};
+          expect_close(fwd, tname(t), what + ": out", res[0], ref.out, tol(t, t, s.seq));
+          expect_close(fwd, tname(t, kF32), what + ": lse", res[1], ref.lse, tol(t, kF32, s.seq), 1.0);
+          expect_close(bwd, tname(t), what + ": dq", res[2], ref.dq, 2 * tol(t, t, s.seq));
+          expect_close(bwd, tname(t), what + ": dk", res[3], ref.dk, 2 * tol(t, t, s.seq));
+          expect_close(bwd, tname(t), what + ": dv", res[4], ref.dv, 2 * tol(t, t, s.seq));
+        }
+        // The two reserve choices agree with each other.
+        const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+        for (int i = 0; i < 5; ++i)
+          expect_close(i < 2 ? fwd : bwd, i == 1 ? tname(t, kF32) : tname(t),
+                       attention_dims(s) + ": " + names[i] + " no reserve vs reserve", results[1][sz(i)],
+                       to_d(results[0][sz(i)]), 2 * tol(t, t, s.seq), i == 1 ? 1.0 : 0.0);
       }
-      // The two reserve choices agree with each other.
-      const char* names[] = {"out", "lse", "dq", "dk", "dv"};
-      for (int i = 0; i < 5; ++i)
-        expect_close(i < 2 ? "attention_forward" : "attention_backward", i == 1 ? tname(t, kF32) : tname(t),
-                     attention_dims(s) + ": " + names[i] + " no reserve vs reserve", results[1][sz(i)],
-                     to_d(results[0][sz(i)]), 2 * tol(t, t, s.seq), i == 1 ? 1.0 : 0.0);
+      c.require_ok();
     }
-    c.require_ok();
   }
 }
 

@@ -287,6 +287,7 @@ if [ -x "$bench_bin" ]; then
     # shellcheck disable=SC2086
     expect_2_with "$bench_bin" $bad
   done
+  HZP_CUDA_ATTENTION=bogus expect_2_with "$bench_bin" --seqs 16 --dims 16  # the kernel choice, not a silent default
 fi
 [ $failures -eq 0 ] || exit 1
 echo "tools_bad_input: ok"

@@ -21,8 +21,8 @@
 #   fault        a rank killed at step 3 makes the others fail fast, naming it
 #   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %
 #   attention    causal attention's TFLOP/s, forward and backward, seq 1 k .. 32 k, head_dim 64 / 128: hzp's
-#                kernels (attention_bench), its simple ones at 1 k / 4 k, and PyTorch's SDPA in bf16; then fp16
-#                standard, PASA and SDPA: $OUT/attention.md
+#                kernels (attention_bench), its WMMA ones at 1 k / 4 k and simple ones at 1 k, and PyTorch's SDPA
+#                in bf16; then fp16 standard, PASA and SDPA: $OUT/attention.md
 #   gemm         bf16 GEMM TFLOP/s by shape (the development rows' linear layers per tensor-parallel degree, whole
 #                and as the chunks a tensor-parallel overlap runs, alone and beside a copy) and FP8 forwards, for
 #                issue 37's compute model by shape: $OUT/gemm_shapes.jsonl (not in the default list: ~3 min)
@@ -154,7 +154,8 @@ for stage in "${stages[@]}"; do
       else note "FAIL $name: $(tail -2 "$out/$name.log" | tr '\n' ' ')"; fi
     }
     rows_of attention_hzp timeout 120 "$attention_bench" --type bf16
-    HZP_CUDA_ATTENTION=simple rows_of attention_simple timeout 120 "$attention_bench" --type bf16 --seqs 1024,4096
+    HZP_CUDA_ATTENTION=wmma rows_of attention_wmma timeout 120 "$attention_bench" --type bf16 --seqs 1024,4096
+    HZP_CUDA_ATTENTION=simple rows_of attention_simple timeout 120 "$attention_bench" --type bf16 --seqs 1024 --dims 64
     rows_of attention_torch timeout 120 "$py" bench/gpu/torch_attention.py --type bf16
     # Issue 32: PASA beside standard attention, both fp16, and PyTorch's fp16 SDPA.
     rows_of attention_fp16 timeout 120 "$attention_bench" --type fp16

@@ -203,13 +203,16 @@ def table(rows_jsonl):
     print("| model | hzp tok/s | MFU | memory GiB (pool) | torch eager tok/s | MFU | peak GiB | hzp / eager | "
           "torch.compile tok/s | hzp / compiled |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    def cell(value, form):  # a run that did not happen (no compile run, a stage cut short) is "-", not 0
+        return "-" if value is None else format(value, form)
+
     for r in rows:
-        e = r.get("torch_eager_tokens_per_s")
-        c = r.get("torch_compiled_tokens_per_s")
-        print(f"| {r['model']} | {r['hzp_tokens_per_s']:.0f} | {100 * r['hzp_mfu']:.1f} % | {r['hzp_pool_GiB']:.1f} | "
-              f"{e or 0:.0f} | {100 * r.get('torch_eager_mfu', 0):.1f} % | {r.get('torch_eager_peak_GiB', 0):.1f} | "
-              f"{r['hzp_tokens_per_s'] / e if e else 0:.2f} | {c or 0:.0f} | "
-              f"{r['hzp_tokens_per_s'] / c if c else 0:.2f} |")
+        hzp = r["hzp_tokens_per_s"]
+        e, c = r.get("torch_eager_tokens_per_s"), r.get("torch_compiled_tokens_per_s")
+        e_mfu, e_peak = r.get("torch_eager_mfu"), r.get("torch_eager_peak_GiB")
+        print(f"| {r['model']} | {hzp:.0f} | {100 * r['hzp_mfu']:.1f} % | {r['hzp_pool_GiB']:.1f} | "
+              f"{cell(e, '.0f')} | {cell(None if e_mfu is None else 100 * e_mfu, '.1f')} % | {cell(e_peak, '.1f')} | "
+              f"{cell(hzp / e if e else None, '.2f')} | {cell(c, '.0f')} | {cell(hzp / c if c else None, '.2f')} |")
     if rows:
         print(f"\n{rows[0].get('device', '?')}")
     return True

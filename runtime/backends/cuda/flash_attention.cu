@@ -7,7 +7,9 @@
 // Forward: block (query tile, head, batch) walks the key tiles up to the diagonal with the online softmax.
 // Backward, without atomics: block (query tile, head, batch) recomputes P and dS and sums dQ; block (key tile,
 // kv head, batch) recomputes them for every query head of its group and sums dK, dV. attention.cu falls back to
-// its simple kernels for fp32, other head dimensions, unaligned buffers and HZP_CUDA_ATTENTION=simple.
+// its simple kernels for fp32, other head dimensions, unaligned buffers and HZP_CUDA_ATTENTION=simple. Head
+// dimensions 64 and 128 of standard attention run flash_mma.cu's faster kernels instead, unless
+// HZP_CUDA_ATTENTION=wmma.
 #include <mma.h>
 
 #include <algorithm>
@@ -273,8 +275,10 @@ __global__ void __launch_bounds__(kFlashThreads)
       m[r] = mn;
       avg[r] = new_avg;
     }
-    __syncwarp();
-    float* pv = ss;  // S' is spent: the warp's rows of P V [64 x d] go there
+    // S' is spent: P V [64 x d] goes there. Below d = 128 a warp's rows of P V overlay other warps' rows of S',
+    // so every warp must be done reading S' (a warp whose rows are past the sequence gets here first).
+    __syncthreads();
+    float* pv = ss;
     for (int r = 0; r < 16; ++r)
       for (int c = lane; c < d; c += 32) pv[(warp * 16 + r) * d + c] = 0.0f;
     __syncwarp();
@@ -432,23 +436,40 @@ bool aligned16(const Buffer& x) {
 
 }  // namespace
 
-bool flash_attention_supported(const AttentionShape& s, const Buffer& q, const Buffer& k, const Buffer& v,
-                               const Buffer& out) {
-  static const bool forced_simple = [] {
-    const char* e = std::getenv("HZP_CUDA_ATTENTION");
-    return e != nullptr && std::strcmp(e, "simple") == 0;
-  }();
-  const bool pasa = s.algorithm == AttentionAlgorithm::kPasa;
-  if (pasa ? q.type != ScalarType::kFp16
-           : forced_simple || (q.type != ScalarType::kBf16 && q.type != ScalarType::kFp16))
-    return false;
-  if (s.head_dim % 16 != 0 || s.head_dim < 16 || s.head_dim > 128) return false;
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) return false;
+const char* attention_kernel_choice() {
+  const char* e = std::getenv("HZP_CUDA_ATTENTION");  // read per call: the kernel tests run every choice
+  return e == nullptr ? "" : e;
+}
+
+namespace {
+
+int shared_limit() {
   int device = 0, limit = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return limit;
+}
+
+// flash_mma.cu's kernels, unless HZP_CUDA_ATTENTION=wmma asks for this file's (flash_attention_supported said
+// yes already).
+bool use_mma(const AttentionShape& s) {
+  return std::strcmp(attention_kernel_choice(), "wmma") != 0 && mma_attention_supported(s) &&
+         mma_attention_shared_bytes(s.head_dim) <= static_cast<std::size_t>(shared_limit());
+}
+
+}  // namespace
+
+bool flash_attention_supported(const AttentionShape& s, const Buffer& q, const Buffer& k, const Buffer& v,
+                               const Buffer& out) {
+  const bool pasa = s.algorithm == AttentionAlgorithm::kPasa;
+  if (pasa ? q.type != ScalarType::kFp16
+           : std::strcmp(attention_kernel_choice(), "simple") == 0 ||
+                 (q.type != ScalarType::kBf16 && q.type != ScalarType::kFp16))
+    return false;
+  if (s.head_dim % 16 != 0 || s.head_dim < 16 || s.head_dim > 128) return false;
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out)) return false;
   const std::size_t need = std::max(dkv_smem(s.head_dim, 2), pasa ? pasa_smem(s.head_dim, 2) : 0);
-  return need <= static_cast<std::size_t>(limit);  // the largest of the kernels the shape runs
+  return need <= static_cast<std::size_t>(shared_limit());  // the largest of the kernels the shape runs
 }
 
 void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
@@ -467,6 +488,7 @@ void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const
         q.as<const __half>(), k.as<const __half>(), v.as<const __half>(), out.as<__half>(), lse.as<float>(), g, pc);
     return;
   }
+  if (use_mma(shape)) return mma_attention_forward(shape, q, k, v, out, lse, s);
   on_type(q.type, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, float>) {
@@ -481,6 +503,7 @@ void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const
 void flash_attention_backward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                               const Buffer& dout, const Buffer& lse, const float* delta, const Buffer& dq,
                               const Buffer& dk, const Buffer& dv, cudaStream_t s) {
+  if (use_mma(shape)) return mma_attention_backward(shape, q, k, v, dout, lse, delta, dq, dk, dv, s);
   const Flash g = attention_geometry(shape);
   on_type(q.type, [&](auto tag) {
     using T = decltype(tag);

@@ -100,6 +100,20 @@ void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const
 void flash_attention_backward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                               const Buffer& dout, const Buffer& lse, const float* delta, const Buffer& dq,
                               const Buffer& dk, const Buffer& dv, cudaStream_t s);
+// HZP_CUDA_ATTENTION, read at each call: "simple" (attention.cu's kernels), "wmma" (flash_attention.cu's), or
+// unset for the fastest that applies.
+const char* attention_kernel_choice();
+
+// flash_mma.cu: flash attention 2 on mma.sync for standard attention at head_dim 64 and 128 (bf16 / fp16,
+// 16-byte aligned buffers: flash_attention_supported), used by flash_attention.cu's launchers when it applies
+// and mma_attention_shared_bytes fits the device.
+bool mma_attention_supported(const AttentionShape& shape);
+std::size_t mma_attention_shared_bytes(std::int64_t head_dim);
+void mma_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
+                           const Buffer& out, const Buffer& lse, cudaStream_t s);
+void mma_attention_backward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
+                            const Buffer& dout, const Buffer& lse, const float* delta, const Buffer& dq,
+                            const Buffer& dk, const Buffer& dv, cudaStream_t s);
 
 // moe.cu
 void moe_topk(const Buffer& probs, const Buffer& selected, const Buffer& weight, const Buffer& psum,
