@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -28,7 +29,7 @@
 #include "sim/executor.h"
 #include "sim/steady_state.h"
 #include "tools/child_process.h"
-#include "tools/cli_collective.h"
+#include "tools/cli.h"
 #include "tools/cli_steady.h"
 
 namespace py = pybind11;
@@ -156,21 +157,22 @@ Reply calibrated(const std::string& text, const std::string& kind, double value)
   return {0, out.dump()};
 }
 
-// `hzp collective ARGS --json FILE`, the command itself in a child process (its table to /dev/null, its
-// error line captured): the rows of its JSON document.
-Reply collective(const std::vector<std::string>& args) {
-  char dir_template[] = "/tmp/hzp-collective-XXXXXX";
-  if (::mkdtemp(dir_template) == nullptr) return {1, "collective: no temporary folder"};
+// `hzp NAME ARGS`, a core command (tools/cli.h: every one but train), in a child process: a crash or an exit
+// there never reaches the interpreter. Its stdout goes to /dev/null (what it writes into files is the
+// result), its stderr is captured: {0, ""}, or {its exit code, its error line without the command's prefix}.
+Reply command(const std::string& name, const std::vector<std::string>& args) {
+  const cli::Command* found = cli::find_core_command(name);
+  if (found == nullptr) return {2, "'" + name + "' is not an hzp command the module runs"};
+  char dir_template[] = "/tmp/hzp-command-XXXXXX";
+  if (::mkdtemp(dir_template) == nullptr) return {1, name + ": no temporary folder"};
   const std::filesystem::path dir = dir_template;
-  const std::string json_path = (dir / "rows.json").string(), err_path = (dir / "stderr.txt").string();
+  const std::string err_path = (dir / "stderr.txt").string();
   auto child = cli::Child::start(
       [&] {
-        std::vector<std::string> argv = args;
-        argv.insert(argv.end(), {"--json", json_path});
         if (const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC); null >= 0) ::dup2(null, STDOUT_FILENO);
         if (const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600); err >= 0)
           ::dup2(err, STDERR_FILENO);
-        const int rc = cli::run_collective_command(argv);
+        const int rc = found->run(args);
         std::fflush(nullptr);
         return nlohmann::json{{"rc", rc}}.dump();
       },
@@ -181,22 +183,25 @@ Reply collective(const std::vector<std::string>& args) {
     py::gil_scoped_release release;
     out = child->wait();
   }
-  auto read = [&](const std::string& path) {
-    auto text = read_text_file(path, 64 << 20);
-    return text.ok() ? *text : std::string();
-  };
-  const std::string rows = read(json_path), err = read(err_path);
+  auto text = read_text_file(err_path, 64 << 20);
+  const std::string err = text.ok() ? *text : std::string();
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
-  if (!out.ok()) return {1, "hzp collective (a child process) " + out.status().message()};
+  if (!out.ok()) return {1, "hzp " + name + " (a child process) " + out.status().message()};
   const nlohmann::json j = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
   const int rc = j.is_object() ? j.value("rc", 1) : 1;
-  if (rc == 0) return {0, rows};
-  // Its message without the command's prefixes ("hzp collective: ", "hzp: error: ").
-  std::string message = err.substr(0, err.find('\n'));
-  for (const char* prefix : {"hzp collective: ", "hzp: error: "})
-    if (message.rfind(prefix, 0) == 0) message = message.substr(std::string(prefix).size());
-  return {rc == 2 ? 2 : 1, message.empty() ? "hzp collective failed (exit " + std::to_string(rc) + ")" : message};
+  if (rc == 0) return {0, ""};
+  // The error line (the first that says "error", else the last line), without the command's prefixes.
+  std::string message;
+  for (std::size_t at = 0; at < err.size();) {
+    const std::size_t nl = std::min(err.find('\n', at), err.size());
+    const std::string line = err.substr(at, nl - at);
+    if (!line.empty() && (message.empty() || message.find("error") == std::string::npos)) message = line;
+    at = nl + 1;
+  }
+  for (const std::string& prefix : {"hzp " + name + ": ", std::string("hzp: error: ")})
+    if (message.rfind(prefix, 0) == 0) message = message.substr(prefix.size());
+  return {rc == 2 ? 2 : 1, message.empty() ? "hzp " + name + " failed (exit " + std::to_string(rc) + ")" : message};
 }
 
 }  // namespace
@@ -210,5 +215,5 @@ PYBIND11_MODULE(_hzp, m) {
   m.def("simulate", &hzp::simulated, py::arg("scenario_json"), py::arg("steps"), py::arg("exact"),
         py::arg("max_sim_seconds"), py::arg("max_sim_gib"));
   m.def("calibrate", &hzp::calibrated, py::arg("scenario_json"), py::arg("kind"), py::arg("value"));
-  m.def("collective", &hzp::collective, py::arg("args"));
+  m.def("command", &hzp::command, py::arg("name"), py::arg("args"));
 }

@@ -21,6 +21,12 @@ struct Command {
   int (*run)(const std::vector<std::string>& args);
 };
 
+// Every command of the hzp binary (tools/cli_table.cc): core_commands() and train, which needs the runtime.
 const std::vector<Command>& commands();
+// Every command but train (tools/cli_commands.cc, library hzp_cli): what the Python module and a simulation's
+// child process run without the runtime.
+const std::vector<Command>& core_commands();
+// The core command named `name`, or nullptr.
+const Command* find_core_command(const std::string& name);
 
 }  // namespace hzp::cli

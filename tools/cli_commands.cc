@@ -1,4 +1,5 @@
-// The `hzp` subcommands: validate, plan, schedule. Each parses its flags, runs the core, prints, and
+// The `hzp` subcommands but train (tools/cli_table.cc adds it): validate, plan, schedule, simulate, replay,
+// import, calibrate, collective, compare. Each parses its flags, runs the core, prints, and
 // returns an exit code (0 ok, 2 bad input, 1 internal error).
 #include <unistd.h>
 
@@ -39,7 +40,6 @@
 #include "tools/cli_search.h"
 #include "tools/cli_sim_budget.h"
 #include "tools/cli_steady.h"
-#include "tools/cli_train.h"
 
 namespace hzp::cli {
 namespace {
@@ -819,7 +819,7 @@ int run_replay(const std::vector<std::string>& argv) {
 
 }  // namespace
 
-const std::vector<Command>& commands() {
+const std::vector<Command>& core_commands() {
   static const std::vector<Command> table = {
       {"validate", "check a scenario and print its resolved form",
        "usage: hzp validate SCENARIO [--set PATH=VALUE]...\n\n"
@@ -940,10 +940,14 @@ const std::vector<Command>& commands() {
        run_collective_command},
       {"compare", "two scenarios, simulations or plan candidates side by side, with the deltas", kCompareHelp,
        run_compare_command},
-      {"train", "train the scenario's model on local CPU ranks (Gloo) with its policy's schedule", kTrainHelp,
-       run_train_command},
   };
   return table;
+}
+
+const Command* find_core_command(const std::string& name) {
+  for (const Command& c : core_commands())
+    if (name == c.name) return &c;
+  return nullptr;
 }
 
 }  // namespace hzp::cli

@@ -3,13 +3,14 @@
 #include "tools/cli_search.h"
 
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -27,6 +28,7 @@
 #include "shared/policy/policy_registry.h"
 #include "shared/scenario/scenario_parser.h"
 #include "shared/schedule/sharding.h"
+#include "tools/cli.h"
 #include "tools/cli_progress.h"
 
 extern char** environ;
@@ -481,14 +483,6 @@ int run_plan_search(const Scenario& scenario, int top_k, int jobs, const std::st
 }
 
 namespace {
-std::string self_exe() {
-  std::error_code ec;
-  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("hzp") : p.string();
-}
-}  // namespace
-
-namespace {
 
 // The last non-empty line of a child's stderr (its refusal or error), at most 400 characters; "" if none.
 std::string last_line(const fs::path& path) {
@@ -505,7 +499,6 @@ std::string last_line(const fs::path& path) {
 
 void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const std::function<void(std::size_t)>& done,
                           const std::vector<std::string>& flags) {
-  const std::string exe = self_exe();
   std::map<pid_t, std::size_t> running;
   auto reap_one = [&] {
     int status = 0;
@@ -541,27 +534,36 @@ void simulate_in_children(std::vector<ChildSimulation>& runs, int jobs, const st
       continue;
     }
     const std::string stdout_path = (run.out / "stdout.txt").string(), stderr_path = (run.out / "stderr.txt").string();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
     // New files, never through what a folder left over from an earlier run holds there (a link, a FIFO).
     for (const std::string& path : {stdout_path, stderr_path}) ::unlink(path.c_str());
-    constexpr int kNew = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW;  // no O_CLOEXEC: these are fds 1 and 2 of the child
-    posix_spawn_file_actions_addopen(&actions, 1, stdout_path.c_str(), kNew, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, stderr_path.c_str(), kNew, 0644);
-    std::vector<std::string> args = {exe, "simulate", file.string(), "--out", run.out.string(), "--timeline-ranks",
-                                     "8"};
+    std::vector<std::string> args = {file.string(), "--out", run.out.string(), "--timeline-ranks", "8"};
     args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ) == 0) {
+    // `hzp simulate` in a forked child (SimGrid allows one engine per process; this one has none): the same
+    // code as the binary's command without executing the binary again, so it runs where the process is not
+    // hzp (the Python module's plan(search=True)).
+    std::fflush(nullptr);  // nothing buffered here is written twice
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      constexpr int kNew = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+      const int out = ::open(stdout_path.c_str(), kNew, 0644), err = ::open(stderr_path.c_str(), kNew, 0644);
+      if (out < 0 || err < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(err, STDERR_FILENO) < 0) ::_exit(1);
+      int rc = 1;
+      try {
+        const Command* simulate = find_core_command("simulate");
+        rc = simulate == nullptr ? 1 : simulate->run(args);
+      } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "hzp: error: out of memory: the simulation needs more than this process may use\n");
+        rc = 2;
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    if (pid > 0) {
       running[pid] = next;
     } else {
-      run.error = "could not start " + exe;
+      run.error = std::string("could not fork a simulation: ") + std::strerror(errno);
       if (done) done(next);
     }
-    posix_spawn_file_actions_destroy(&actions);
   }
   while (!running.empty()) reap_one();
 }

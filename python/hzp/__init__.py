@@ -8,8 +8,10 @@
     est = hzp.estimate(sc)            # the analytic estimate (a dict)
     sim = hzp.simulate(sc, steps=1)   # summary.json of `hzp simulate` (a dict)
     plan = hzp.plan(sc)               # plan.json of `hzp plan`: every preset policy estimated
+    best = hzp.plan(sc, search=True, top=4, jobs=2)["best_scenario"]   # `hzp plan --search`'s best.json
     many = hzp.simulate_many([sc, sc.set("policy.preset", "zero1")], jobs=2)
     rows = hzp.collective("dgx-h100", op="all_reduce", group="node", bytes=(8, 8 << 30))
+    rep = hzp.replay("traces/tiny_dense_4ranks.json")   # hzp replay: a recorded trace re-run in SimGrid
 
 A bad field raises hzp.ScenarioError (a ValueError) whose message names the JSON path and value, as the CLI's
 exit 2 does; an internal error raises RuntimeError. Simulations run in child processes (SimGrid allows one
@@ -26,7 +28,7 @@ import sys
 from . import _hzp
 
 __all__ = ["Scenario", "ScenarioError", "load", "validate", "estimate", "plan", "simulate", "simulate_many",
-           "calibrate", "collective", "to_pandas"]
+           "calibrate", "collective", "replay", "import_trace", "write_trace", "to_pandas"]
 
 
 class ScenarioError(ValueError):
@@ -35,7 +37,8 @@ class ScenarioError(ValueError):
 
     def __init__(self, message):
         super().__init__(message)
-        match = re.match(r"([A-Za-z_][\w.\[\]-]*): ", message)
+        # A replay what-if's message names the overrides first: "--scenario (merged into ...): training.x: ...".
+        match = re.match(r"(?:--scenario \([^)]*\): )?([A-Za-z_][\w.\[\]-]*): ", message)
         self.path = match.group(1) if match else None
 
 
@@ -141,9 +144,113 @@ def estimate(sc):
     return json.loads(_call(_hzp.estimate, _scenario(sc)._resolved_text()))
 
 
-def plan(sc):
-    """`hzp plan`'s plan.json: every preset policy estimated, the best that fits, what would fit otherwise."""
-    return json.loads(_call(_hzp.plan, _scenario(sc)._resolved_text()))
+def _command(name, args):
+    """`hzp NAME ARGS` (every command but train) in a child process; ScenarioError / RuntimeError as it exits."""
+    _call(_hzp.command, name, [str(a) for a in args])
+
+
+def _read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _write_scenario(sc, folder):
+    path = os.path.join(folder, "scenario.json")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(_scenario(sc).to_json())
+    return path
+
+
+def _count(name, value, lo, hi):
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ScenarioError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _budget_flags(max_sim_seconds, max_sim_gib):
+    flags = []
+    if max_sim_seconds is not None:
+        flags += ["--max-sim-seconds", repr(float(_number("max_sim_seconds", max_sim_seconds, 0, 1e9)))]
+    if max_sim_gib is not None:
+        flags += ["--max-sim-GiB", repr(float(_number("max_sim_gib", max_sim_gib, 1e-3, 1e6)))]
+    return flags
+
+
+def plan(sc, search=False, top=8, jobs=None, exact=False, max_sim_seconds=None, max_sim_gib=None, out=None):
+    """`hzp plan`'s plan.json: every preset policy estimated, the best that fits, what would fit otherwise.
+    search=True is `hzp plan --search`: the AMSP sharding x prefetch x overlap and ND searches, the `top`
+    best and every fitting preset simulated in SimGrid, `jobs` at a time (default: the cores); its plan.json,
+    with "best_scenario" added: the fastest simulated candidate ("best") as an hzp.Scenario (best.json).
+    `out` keeps the search's folder (each candidate's summary and timeline, as --out DIR); by default it is
+    removed."""
+    if not search:
+        if out is not None:
+            raise ScenarioError("out: only plan(search=True) writes a folder")
+        return json.loads(_call(_hzp.plan, _scenario(sc)._resolved_text()))
+    import tempfile
+    args = ["--search", "--top", _count("top", top, 1, 10000)]
+    if jobs is not None:
+        args += ["--jobs", _count("jobs", jobs, 1, 4096)]
+    args += (["--exact"] if exact else []) + _budget_flags(max_sim_seconds, max_sim_gib)
+    with tempfile.TemporaryDirectory(prefix="hzp-plan-") as tmp:
+        folder = os.path.join(tmp, "plan") if out is None else os.fspath(out)
+        _command("plan", [_write_scenario(sc, tmp)] + args + ["--out", folder])
+        result = _read_json(os.path.join(folder, "plan.json"))
+        result["best_scenario"] = Scenario(_read_json(os.path.join(folder, "best.json")))
+    return result
+
+
+def _existing(name, path):
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+        raise ScenarioError(f"{name}: {path!r} is not a file")
+    return os.fspath(path)
+
+
+def replay(trace, what_if=None, steps=None, max_sim_seconds=None, max_sim_gib=None):
+    """`hzp replay TRACE`'s summary.json (with its "replay" object: recorded against replayed step per rank):
+    the recorded schedule re-run in SimGrid with the recorded durations. what_if={"path": value, ...} (or a
+    dict of scenario overrides under the same paths) is `hzp replay TRACE --set ...`: the schedule rebuilt
+    for the changed scenario, compute at the recorded seconds per FLOP (summary.json's "what_if" object);
+    `steps` simulates that many steps of a what-if."""
+    import tempfile
+    args = [_existing("trace", trace)]
+    for path, value in (what_if or {}).items():
+        args += ["--set", _assignment(path, value)]
+    if steps is not None:
+        if not what_if:
+            raise ScenarioError("steps: only a what-if (what_if=...) simulates more steps than the trace recorded")
+        args += ["--steps", _count("steps", steps, 1, 1000)]
+    args += _budget_flags(max_sim_seconds, max_sim_gib)
+    with tempfile.TemporaryDirectory(prefix="hzp-replay-") as tmp:
+        out = os.path.join(tmp, "replay")
+        _command("replay", args + ["--out", out, "--timeline-ranks", "1"])
+        return _read_json(os.path.join(out, "summary.json"))
+
+
+def import_trace(profiles, sc, include_idle=False, check=True):
+    """`hzp import`: PyTorch profiler traces (one path, or a list: one per rank) of the run `sc` describes,
+    as an hzp trace (format v1, a dict) that replay() takes once written to a file (hzp.write_trace)."""
+    import tempfile
+    if isinstance(profiles, (str, os.PathLike)):
+        profiles = [profiles]
+    args = [_existing("profiles", p) for p in profiles]
+    if not args:
+        raise ScenarioError("profiles: expected at least one profiler trace")
+    with tempfile.TemporaryDirectory(prefix="hzp-import-") as tmp:
+        out = os.path.join(tmp, "trace.json")
+        args += ["--scenario", _write_scenario(sc, tmp), "--out", out]
+        args += (["--include-idle"] if include_idle else []) + ([] if check else ["--no-check"])
+        _command("import", args)
+        return _read_json(out)
+
+
+def write_trace(trace, path):
+    """Writes a trace dict (import_trace's) to `path` as JSON, for replay() and calibrate(trace=...)."""
+    if not isinstance(trace, dict):
+        raise ScenarioError(f"trace: expected a trace dict, got {type(trace).__name__}")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(trace, f)
+    return path
 
 
 def _number(name, value, lo, hi):
@@ -162,11 +269,24 @@ def simulate(sc, steps=1, exact=False, max_sim_seconds=None, max_sim_gib=None):
     return json.loads(_call(_hzp.simulate, _scenario(sc)._resolved_text(), steps, bool(exact), seconds, gib))
 
 
-def calibrate(sc, tokens_per_gpu_s=None, step_time_s=None, mfu=None):
+def calibrate(sc=None, tokens_per_gpu_s=None, step_time_s=None, mfu=None, trace=None):
     """`hzp calibrate SCENARIO --tokens-per-gpu-s X | --step-time-s X | --mfu X` (one measurement, taken on the
     scenario's one node): {"efficiency": the fitted {gemm, memory_bound, intra_node, inter_node},
     "table_efficiency", "measured_step_s", "table_step_s", "fitted_step_s", "exposed_comm_s", "scenario": an
-    hzp.Scenario with the fitted efficiencies (what --out writes)}."""
+    hzp.Scenario with the fitted efficiencies (what --out writes)}. calibrate(trace=PATH) is `hzp calibrate
+    --trace PATH`: the trace's own scenario with cluster.efficiency fitted to every compute and optimizer op
+    it recorded, {"scenario": that hzp.Scenario, "efficiency": its cluster.efficiency}."""
+    if trace is not None:
+        if sc is not None or any(v is not None for v in (tokens_per_gpu_s, step_time_s, mfu)):
+            raise ScenarioError("calibrate: trace= takes no scenario or measurement (the trace holds both)")
+        import tempfile
+        with tempfile.TemporaryDirectory(prefix="hzp-calibrate-") as tmp:
+            out = os.path.join(tmp, "calibrated.json")
+            _command("calibrate", ["--trace", _existing("trace", trace), "--out", out])
+            fitted = Scenario(_read_json(out))
+        return {"scenario": fitted, "efficiency": fitted.resolved["cluster"]["efficiency"]}
+    if sc is None:
+        raise ScenarioError("calibrate: give a scenario and one measurement, or trace=")
     given = [(k, v) for k, v in [("tokens_per_gpu_s", tokens_per_gpu_s), ("step_time_s", step_time_s), ("mfu", mfu)]
              if v is not None]
     if len(given) != 1:
@@ -206,7 +326,9 @@ def collective(cluster, op, group="all", bytes=(8, 1 << 30), nodes=None, algorit
                             ("--max-sim-GiB", max_sim_gib)]:
             if value is not None:
                 args += [flag, str(value)]
-        return json.loads(_call(_hzp.collective, args))
+        rows = os.path.join(tmp, "rows.json")
+        _command("collective", args + ["--json", rows])
+        return _read_json(rows)
 
 
 class _Progress:

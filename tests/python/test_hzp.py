@@ -168,6 +168,90 @@ def test_collective_is_the_cli_json():
         assert e.path == "cluster.preset"
 
 
+def read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_plan_search_is_the_cli_plan_search():
+    path = os.path.join(ROOT, "scenarios", "default.json")
+
+    def comparable(plan):  # without the wall-clock fields and each candidate's folder (a path of its run)
+        plan = dict(plan, search={k: v for k, v in plan["search"].items() if not k.endswith("_s")})
+        plan["candidates"] = [{k: v for k, v in c.items() if k != "folder"} for c in plan["candidates"]]
+        return plan
+
+    with tempfile.TemporaryDirectory() as out:
+        cli("plan", path, "--search", "--top", "2", "--jobs", "2", "--out", out)
+        theirs, best = read_json(os.path.join(out, "plan.json")), read_json(os.path.join(out, "best.json"))
+    mine = hzp.plan(hzp.load(path), search=True, top=2, jobs=2)
+    assert mine.pop("best_scenario").resolved == hzp.Scenario(best).resolved
+    assert comparable(mine) == comparable(theirs)
+    assert len(mine["candidates"]) >= 3 and all(c["simulated_step_time_s"] > 0 for c in mine["candidates"])
+    with tempfile.TemporaryDirectory() as out:  # out= keeps the folder, as --out does
+        hzp.plan(hzp.load(path), search=True, top=1, jobs=2, out=out)
+        assert os.path.isfile(os.path.join(out, "plan.json")) and os.path.isfile(os.path.join(out, "best.json"))
+    for bad in [dict(top=0), dict(jobs=1.5), dict(max_sim_seconds=-1)]:
+        try:
+            hzp.plan(hzp.load(path), search=True, **bad)
+            raise AssertionError(f"{bad} was accepted")
+        except hzp.ScenarioError:
+            pass
+
+
+def test_replay_is_the_cli_replay():
+    trace = os.path.join(ROOT, "traces", "tiny_dense_4ranks.json")
+    for sets in [[], ["training.micro_batch=2"]]:
+        with tempfile.TemporaryDirectory() as out:
+            cli("replay", trace, *[a for s in sets for a in ("--set", s)], "--out", out, "--timeline-ranks", "1")
+            theirs = read_json(os.path.join(out, "summary.json"))
+        mine = hzp.replay(trace, what_if={s.split("=")[0]: json.loads(s.split("=")[1]) for s in sets})
+        same_summary(mine, theirs)
+        assert ("what_if" in mine) == bool(sets)
+    try:
+        hzp.replay(trace, what_if={"training.micro_batch": 0})
+        raise AssertionError("micro_batch 0 was accepted")
+    except hzp.ScenarioError as e:
+        assert e.path == "training.micro_batch", str(e)
+    for bad in [dict(steps=2), dict(what_if={"training.micro_batch": 2}, steps=0)]:
+        try:
+            hzp.replay(trace, **bad)
+            raise AssertionError(f"{bad} was accepted")
+        except hzp.ScenarioError:
+            pass
+    try:
+        hzp.replay(os.path.join(ROOT, "no-such-trace.json"))
+        raise AssertionError("a missing trace was accepted")
+    except hzp.ScenarioError as e:
+        assert e.path == "trace"
+
+
+def test_import_and_calibrate_from_a_trace_are_the_cli_ones():
+    # The 134 M model's PyTorch profile recorded on an H100 (traces/kineto/), imported, then calibrated.
+    profile = os.path.join(ROOT, "traces", "kineto", "kineto_llama134m_b16_t1024.json.gz")
+    scenario = os.path.join(ROOT, "scenarios", "kineto", "llama134m-h100.json")
+    with tempfile.TemporaryDirectory() as out:
+        written, fitted = os.path.join(out, "trace.json"), os.path.join(out, "fitted.json")
+        cli("import", profile, "--scenario", scenario, "--out", written)
+        cli("calibrate", "--trace", written, "--out", fitted)
+        trace = hzp.import_trace(profile, hzp.load(scenario))
+        assert trace == read_json(written)
+        mine = hzp.calibrate(trace=hzp.write_trace(trace, os.path.join(out, "mine.json")))
+        assert mine["scenario"].resolved == read_json(fitted)
+        assert mine["efficiency"] == read_json(fitted)["cluster"]["efficiency"]
+    try:  # a profile of another model is refused, with the CLI's message
+        hzp.import_trace(profile, hzp.load(scenario, {"training.seq_len": 1024000}))
+        raise AssertionError("a scenario faster than the GPU's peak was accepted")
+    except hzp.ScenarioError:
+        pass
+    for bad in [dict(trace=profile, mfu=0.5), dict()]:
+        try:
+            hzp.calibrate(**bad)
+            raise AssertionError(f"{bad} was accepted")
+        except hzp.ScenarioError:
+            pass
+
+
 def test_the_documented_examples_run():
     # docs/python.md's code block and the package docstring's, as a reader would paste them.
     import re
