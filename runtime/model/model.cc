@@ -6,8 +6,11 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numbers>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace hzp::runtime {
 
@@ -213,6 +216,19 @@ double normal(std::uint64_t seed, std::uint64_t tensor_id, std::uint64_t index) 
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
 }
 
+// fill(i0, i1) over [0, n) in slices, on up to the machine's cores (16 at most: ranks share a machine) when n
+// is large enough to pay for the threads.
+void fill_in_parallel(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fill) {
+  constexpr std::int64_t kPerThread = std::int64_t{1} << 20;
+  const std::int64_t cores = std::min<std::int64_t>(std::thread::hardware_concurrency(), 16);
+  const std::int64_t threads = std::min(cores, n / kPerThread);
+  if (threads <= 1) return fill(0, n);
+  std::vector<std::thread> pool;
+  for (std::int64_t t = 1; t < threads; ++t) pool.emplace_back(fill, n * t / threads, n * (t + 1) / threads);
+  fill(0, n / threads);
+  for (std::thread& th : pool) th.join();
+}
+
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -231,8 +247,12 @@ void init_parameters(const ModelConfig& c, const Layout& layout, std::uint64_t s
     }
     const bool residual_out = t.name == "wo" || ends_with(t.name, "w_down");
     const double std = residual_out ? kStd * residual_scale : kStd;
-    for (std::int64_t i = 0; i < t.size(); ++i)
-      p[i] = static_cast<float>(std * normal(seed, tensor_id, static_cast<std::uint64_t>(t.offset + i)));
+    // Each element is a function of its index alone, so threads fill the tensor in slices with the same
+    // result; one thread took ~35 ns an element (33 s of a 941 M model's start on an H200 machine).
+    fill_in_parallel(t.size(), [&](std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i)
+        p[i] = static_cast<float>(std * normal(seed, tensor_id, static_cast<std::uint64_t>(t.offset + i)));
+    });
   }
 }
 

@@ -490,6 +490,8 @@ class RankRun {
   std::int64_t end_step_ = 0;
   bool nothing_to_train_ = false;  // resumed at the last step: no step, no output
   double train_seconds_ = 0;
+  std::chrono::steady_clock::time_point joined_at_;
+  double setup_seconds_ = 0;  // from join() to the first step: store, device, weights, communicators
   std::int64_t trained_ = 0;
   StepMetrics last_;
   double last_val_ = -1;
@@ -537,6 +539,7 @@ Status RankRun::check_same_run() {
 }
 
 int RankRun::join() {
+  joined_at_ = std::chrono::steady_clock::now();
   // Under hzp's launcher these checks already passed once, before any rank started.
   if (!env_.hosted_by_launcher && lead_) {
     if (Status st = check_outputs(options_, scenario_, env_.world_size); !st.ok()) return fail(st);
@@ -634,14 +637,15 @@ int RankRun::join() {
           options_.stop_after > 0 && options_.stop_after < run.steps ? "--stop-after" : "run.steps");
     return 0;
   }
+  setup_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - joined_at_).count();
   if (lead_) {
     std::printf(
         "hzp train: %s, policy %s %s, %d ranks (%d per node), %lld params, %lld tokens/step, steps %lld..%lld "
-        "of %lld; %s\n",
+        "of %lld; %s; set up in %.1f s\n",
         scenario_.name.c_str(), to_string(schedule_.policy), sharding_notation(scenario_.policy.sharding).c_str(),
         env_.world_size, scenario_.cluster.gpus_per_node, static_cast<long long>(cost_.params),
         static_cast<long long>(tokens_per_step_), static_cast<long long>(first_step_ + 1),
-        static_cast<long long>(end_step_), static_cast<long long>(run.steps), speed_basis().c_str());
+        static_cast<long long>(end_step_), static_cast<long long>(run.steps), speed_basis().c_str(), setup_seconds_);
     std::fflush(stdout);
   }
   return 0;
@@ -855,6 +859,7 @@ int RankRun::write_outputs() {
         {"final_loss", last_.loss},
         {"final_val_loss", last_val_},
         {"train_seconds", train_seconds_},
+        {"setup_seconds", setup_seconds_},
         {"tokens_per_second", train_seconds_ > 0 ? trained_ * tokens_per_step_ / train_seconds_ : 0.0},
         {"model_gflops_per_second_per_rank", gflops_per_rank(train_seconds_, trained_)}};
     if (!on_host_) {  // a GPU's MFU of a CPU run says nothing
