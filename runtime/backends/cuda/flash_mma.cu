@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int r0 = warp * 16;
   const std::int64_t row_a = i0 + r0 + lane / 4, row_b = row_a + 8;
-  const float sc = g.scale * kLog2e;  // scores to base-2 exponents
+  const float sc = g.scale * kLog2e;                   // scores to base-2 exponents
   const int tiles = static_cast<int>(i0 / kKeys) + 1;  // causal: up to the diagonal tile
 
   async_tile<T, D>(qs, q, b, i0, g.wq, hd, g.seq, kRows);
@@ -287,8 +287,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 // P = exp(S scale - lse) and dS = P (dP - delta) of one 16-row slice, in place (s becomes P, dp becomes dS);
 // `masked(n, e)` says which elements are outside the causal triangle.
 template <int N, typename Lse, typename Delta, typename Masked>
-__device__ __forceinline__ void softmax_backward(float (&s)[N][4], float (&dp)[N][4], float sc, Lse lse2,
-                                                 Delta delta, Masked masked) {
+__device__ __forceinline__ void softmax_backward(float (&s)[N][4], float (&dp)[N][4], float sc, Lse lse2, Delta delta,
+                                                 Masked masked) {
 #pragma unroll
   for (int n = 0; n < N; ++n)
 #pragma unroll
@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     const std::int64_t j0 = jt * std::int64_t{kKeys};
     const bool diagonal = jt == tiles - 1;
     softmax_backward<kKeys / 8>(
-        s, dp, sc, [&](int, int e) { return e < 2 ? lse_a : lse_b; }, [&](int, int e) { return e < 2 ? delta_a : delta_b; },
+        s, dp, sc, [&](int, int e) { return e < 2 ? lse_a : lse_b; },
+        [&](int, int e) { return e < 2 ? delta_a : delta_b; },
         [&](int n, int e) {
           const std::int64_t key = j0 + n * 8 + 2 * (lane % 4) + (e % 2);
           return diagonal && key > (e < 2 ? row_a : row_b);
@@ -370,8 +371,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   constexpr int S = Tile<D>::kStride;
   T* ks = reinterpret_cast<T*>(smem);  // [64 x S] each
   T* vs = ks + kRows * S;
-  T* qs = vs + kRows * S;                                 // [2][Q x S]
-  T* dos = qs + 2 * Q * S;                                // [2][Q x S]
+  T* qs = vs + kRows * S;                                   // [2][Q x S]
+  T* dos = qs + 2 * Q * S;                                  // [2][Q x S]
   float* stat = reinterpret_cast<float*>(dos + 2 * Q * S);  // [2][2][Q]: lse * log2(e), delta
   // Key tiles in grid order: the first has the most query tiles after it, so it starts first.
   const std::int64_t j0 = blockIdx.x * static_cast<std::int64_t>(kRows), kvh = blockIdx.y, b = blockIdx.z;
@@ -415,9 +416,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     const float* st = stat + nb * 2 * Q;
     const std::int64_t i0 = j0 + std::int64_t{Q} * (i % per_head);
     float s[Q / 8][4], dp[Q / 8][4];
-    product_rows<D, Q / 8>(s, ks, r0, qt, lane);   // S^T: rows keys, columns queries
+    product_rows<D, Q / 8>(s, ks, r0, qt, lane);    // S^T: rows keys, columns queries
     product_rows<D, Q / 8>(dp, vs, r0, dot, lane);  // dP^T
-    const bool diagonal = i0 < j0 + kRows;  // some query of the tile precedes some key of the block
+    const bool diagonal = i0 < j0 + kRows;          // some query of the tile precedes some key of the block
     const int col = 2 * (lane % 4);
     softmax_backward<Q / 8>(
         s, dp, sc, [&](int n, int e) { return st[n * 8 + col + e % 2]; },
@@ -507,13 +508,13 @@ void mma_attention_backward(const AttentionShape& shape, const Buffer& q, const 
     const std::size_t bytes_q = dq_bytes<T, D>(), bytes_kv = dkv_bytes<T, D>();
     shared_bytes(mma_dq_kernel<T, D>, bytes_q);
     mma_dq_kernel<T, D><<<grid(g.seq, g.heads, g.batch), kMmaThreads, bytes_q, s>>>(
-        q.as<const T>(), k.as<const T>(), v.as<const T>(), dout.as<const T>(), lse.as<const float>(), delta,
-        dq.as<T>(), g);
+        q.as<const T>(), k.as<const T>(), v.as<const T>(), dout.as<const T>(), lse.as<const float>(), delta, dq.as<T>(),
+        g);
     constexpr int Q = dkv_queries<D>();
     shared_bytes(mma_dkv_kernel<T, D, Q>, bytes_kv);
     mma_dkv_kernel<T, D, Q><<<grid(g.seq, g.kv_heads, g.batch), kMmaThreads, bytes_kv, s>>>(
-        q.as<const T>(), k.as<const T>(), v.as<const T>(), dout.as<const T>(), lse.as<const float>(), delta,
-        dk.as<T>(), dv.as<T>(), g);
+        q.as<const T>(), k.as<const T>(), v.as<const T>(), dout.as<const T>(), lse.as<const float>(), delta, dk.as<T>(),
+        dv.as<T>(), g);
   });
 }
 
