@@ -5,9 +5,9 @@
 #   source .gpu/env.sh && bash bench/gpu/check.sh [STAGE[:SECONDS]...]
 #
 # A stage given as NAME:SECONDS runs under that wall-clock limit (killed with everything it started), so a
-# call fits the device's time: `kernels:40 train:60 bench:150 equivalence:70 fault:20 trace:30` is about six
-# minutes on an H200. Every log goes into $OUT/logs.tgz (the device tool returns few files); $OUT keeps
-# summary.txt, kernels.txt, bench.md, bench_rows.jsonl and the recorded trace.
+# call fits the device's time: `kernels:45 train:55 attention:120 bench:240 equivalence:60 fault:20 trace:30` is
+# under ten minutes on an H200. Every log goes into $OUT/logs.tgz (the device tool returns few files); $OUT keeps
+# summary.txt, kernels.txt, bench.md, bench_rows.jsonl, attention.*, gemm_shapes.jsonl and the recorded trace.
 #
 # Stages (default: all, in this order; each bounded in time, a failure does not stop the next):
 #   info         the device and hzp --version
@@ -194,8 +194,8 @@ done
 rm -rf "$work"
 if [[ -z ${HZP_CHECK_NO_PACK:-} ]]; then  # every log into one archive; the results stay beside it
   (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md \
-     ! -name bench_rows.jsonl ! -name trace_134m.json ! -name 'attention.*' ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
+     ! -name bench_rows.jsonl ! -name trace_134m.json ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
    find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md ! -name bench_rows.jsonl \
-     ! -name trace_134m.json ! -name 'attention.*' ! -name logs.tgz -exec rm -rf {} +)
+     ! -name trace_134m.json ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -exec rm -rf {} +)
 fi
 ! grep -q '^FAIL' "$summary"
