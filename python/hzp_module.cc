@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -96,8 +97,7 @@ Reply simulated(const std::string& text, int steps, bool exact, double max_sim_s
   const sim::SteadyStatePlan steady = sim::plan_steady_state(c->scenario, options);
   auto child = cli::Child::start([&] {
     auto r = cli::simulate_scenario(*c, steady, options);
-    if (!r.ok())
-      return nlohmann::json{{"code", static_cast<int>(r.status().code())}, {"message", r.status().message()}}.dump();
+    if (!r.ok()) return cli::error_report(r.status());
     nlohmann::json summary = sim::summary_json(c->scenario, r->result);
     summary["breakdown"] = sim::breakdown_json(r->breakdown);
     summary.erase("timeline_ranks");
@@ -112,8 +112,7 @@ Reply simulated(const std::string& text, int steps, bool exact, double max_sim_s
   if (!out.ok()) return {1, "the simulation (a child process) " + out.status().message()};
   const nlohmann::json j = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("summary")) return {0, j["summary"].dump()};
-  if (j.is_object() && j.contains("message") && j["message"].is_string())
-    return {j.value("code", 1) == static_cast<int>(StatusCode::kInvalidInput) ? 2 : 1, j["message"].get<std::string>()};
+  if (std::optional<Status> failed = cli::read_error_report(j)) return reply(*failed);
   return {1, "the simulation (a child process) reported nothing readable"};
 }
 

@@ -34,9 +34,7 @@ Result<Child> Child::start(const std::function<std::string()>& work, bool keep_s
     try {
       text = work();
     } catch (const std::bad_alloc&) {
-      text = nlohmann::json{{"code", static_cast<int>(StatusCode::kInvalidInput)},
-                            {"message", "out of memory (std::bad_alloc)"}}
-                 .dump();
+      text = error_report(Status::InvalidInput("out of memory (std::bad_alloc)"));
     }
     for (std::size_t done = 0; done < text.size();) {
       const ssize_t n = ::write(fds[1], text.data() + done, text.size() - done);
@@ -80,6 +78,18 @@ Child::~Child() {
     }
   }
   if (fd_ >= 0) ::close(fd_);
+}
+
+std::string error_report(const Status& status) {
+  return nlohmann::json{{"code", static_cast<int>(status.code())}, {"message", status.message()}}.dump();
+}
+
+std::optional<Status> read_error_report(const nlohmann::json& report, const std::string& prefix) {
+  if (!report.is_object() || !report.contains("message") || !report["message"].is_string()) return std::nullopt;
+  const std::string message = prefix + report["message"].get<std::string>();
+  return report.value("code", static_cast<int>(StatusCode::kInternal)) == static_cast<int>(StatusCode::kInvalidInput)
+             ? Status::InvalidInput(message)
+             : Status::Internal(message);
 }
 
 }  // namespace hzp::cli

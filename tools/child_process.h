@@ -6,7 +6,10 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <optional>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "shared/base/status.h"
 
@@ -31,5 +34,10 @@ class Child {
   pid_t pid_ = -1;
   int fd_ = -1;
 };
+
+// A child's failure as its text ({"code", "message"}), and back: the Status (message after `prefix`), or
+// nullopt when `report` is not a failure.
+std::string error_report(const Status& status);
+std::optional<Status> read_error_report(const nlohmann::json& report, const std::string& prefix = "");
 
 }  // namespace hzp::cli

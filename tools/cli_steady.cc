@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -18,8 +19,7 @@ std::string first_run_report(const Compiled& first, sim::SimOptions options) {
   options.progress = false;
   options.timeline_max_ranks = 1;  // GPU 0's breakdown is all it reports
   auto r = sim::simulate(first, options);
-  if (!r.ok())
-    return nlohmann::json{{"code", static_cast<int>(r.status().code())}, {"message", r.status().message()}}.dump();
+  if (!r.ok()) return error_report(r.status());
   sim::SteadyPoint point{*r, sim::step_breakdown(first.schedule, *r, 0)};
   return nlohmann::json{{"point", sim::steady_point_json(point)}}.dump();
 }
@@ -28,12 +28,7 @@ Result<sim::SteadyPoint> read_first_report(const sim::SteadyStatePlan& plan, Res
   const std::string what = "the simulation of " + std::to_string(plan.first) + " micro-batches (a child process)";
   if (!text.ok()) return Status::Internal(what + " " + text.status().message() + "; --exact simulates without it");
   const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("message") && j["message"].is_string()) {
-    const int code = j.value("code", static_cast<int>(StatusCode::kInternal));
-    const std::string message = what + ": " + j["message"].get<std::string>();
-    return code == static_cast<int>(StatusCode::kInvalidInput) ? Status::InvalidInput(message)
-                                                               : Status::Internal(message);
-  }
+  if (std::optional<Status> failed = read_error_report(j, what + ": ")) return *failed;
   if (!j.is_object() || !j.contains("point")) return Status::Internal(what + " reported nothing readable");
   return sim::steady_point_from_json(j["point"]);
 }
