@@ -95,6 +95,10 @@ def main(argv):
                     copy_dst.copy_(copy_src)
                     copies += 1
                 copy_end.record(side)
+        # The stream sleeps first (~10 ms) while this loop enqueues every call behind it, so the events time
+        # the GPU alone: without it a product shorter than PyTorch's dispatch (~10-20 us) was timed with the
+        # host's launch gap in it (the second H200 run's small chunks, bench/README.md).
+        torch.cuda._sleep(20_000_000)
         for _ in range(iters):
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
