@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/backends/cuda/attention_geometry.h"
 #include "runtime/device/kernels.h"
 
 namespace hzp::runtime::cuda {
@@ -66,24 +67,7 @@ void cross_entropy_forward(const Buffer& logits, const Buffer& targets, const Bu
 void cross_entropy_backward(const Buffer& logits, const Buffer& targets, const Buffer& reserve, float scale,
                             const Buffer& dlogits, std::int64_t rows, std::int64_t vocab, cudaStream_t s);
 
-// attention.cu
-// What the attention kernels index by: activation rows are wq = heads * d (q, out) or wkv = kv_heads * d (k, v)
-// wide; query head h reads kv head h / group.
-struct AttentionGeometry {
-  std::int64_t batch, seq, heads, kv_heads, d, wq, wkv, group;
-  float scale;  // 1 / sqrt(d)
-};
-inline AttentionGeometry attention_geometry(const AttentionShape& s) {
-  return {s.batch,
-          s.seq,
-          s.heads,
-          s.kv_heads,
-          s.head_dim,
-          s.heads * s.head_dim,
-          s.kv_heads * s.head_dim,
-          s.heads / s.kv_heads,
-          1.0f / std::sqrt(static_cast<float>(s.head_dim))};
-}
+// attention.cu (indexing by AttentionGeometry, attention_geometry.h)
 void attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                        const Buffer& out, const Buffer& lse, cudaStream_t s);
 void attention_backward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
