@@ -188,6 +188,7 @@ Reply command(const std::string& name, const std::vector<std::string>& args) {
   std::filesystem::remove_all(dir, ignored);
   if (!out.ok()) return {1, "hzp " + name + " (a child process) " + out.status().message()};
   const nlohmann::json j = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
+  if (std::optional<Status> failed = cli::read_error_report(j)) return reply(*failed);  // out of memory
   const int rc = j.is_object() ? j.value("rc", 1) : 1;
   if (rc == 0) return {0, ""};
   // The error line (the first that says "error", else the last line), without the command's prefixes.

@@ -31,8 +31,6 @@
 #include "tools/cli.h"
 #include "tools/cli_progress.h"
 
-extern char** environ;
-
 namespace hzp::cli {
 namespace {
 
