@@ -5,9 +5,9 @@
 #   source .gpu/env.sh && bash bench/gpu/check.sh [STAGE[:SECONDS]...]
 #
 # A stage given as NAME:SECONDS runs under that wall-clock limit (killed with everything it started), so a
-# call fits the device's time: `kernels:45 train:55 attention:120 bench:240 equivalence:60 fault:20 trace:30` is
+# call fits the device's time: `kernels:45 train:55 attention:100 bench:240 equivalence:60 fault:20 trace:50` is
 # under ten minutes on an H200. Every log goes into $OUT/logs.tgz (the device tool returns few files); $OUT keeps
-# summary.txt, kernels.txt, bench.md, bench_rows.jsonl, attention.*, gemm_shapes.jsonl and the recorded trace.
+# summary.txt, kernels.txt, bench.md, bench_rows.jsonl, attention.*, gemm_shapes.jsonl and the recorded traces.
 #
 # Stages (default: all, in this order; each bounded in time, a failure does not stop the next):
 #   info         the device and hzp --version
@@ -19,7 +19,8 @@
 #                asynchzp, zeropp, amsp and MoE expert parallelism (bf16 tolerance); memory per category matches
 #                the core's model
 #   fault        a rank killed at step 3 makes the others fail fast, naming it
-#   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %
+#   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %; a trace of the
+#                MoE bench model (its step by module)
 #   attention    causal attention's TFLOP/s, forward and backward, seq 1 k .. 32 k, head_dim 64 / 128: hzp's
 #                kernels (attention_bench), its WMMA ones at 1 k / 4 k and simple ones at 1 k, and PyTorch's SDPA
 #                in bf16; then fp16 standard, PASA and SDPA: $OUT/attention.md
@@ -79,7 +80,7 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat "$out/$stage.d/summary.txt" >> "$summary" 2> /dev/null
     [[ $rc -eq 124 || $rc -eq 137 ]] && note "FAIL $stage: stopped at its limit of $limit s"
-    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json attention.jsonl attention.md gemm_shapes.jsonl; do
+    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json trace_moe8x.json attention.jsonl attention.md gemm_shapes.jsonl; do
       [[ -f $out/$stage.d/$keep ]] && mv "$out/$stage.d/$keep" "$out/"
     done
     pkill -9 -x hzp 2> /dev/null; pkill -9 -x hzp_kernel_test 2> /dev/null; pkill -9 -f 'bench/gpu/torch_gp[u]' 2> /dev/null
@@ -144,6 +145,9 @@ for stage in "${stages[@]}"; do
     scen=$(with bench/gpu/llama134m.json trace '{"run.steps": 6}')
     check trace_record train "$scen" "$work/trace" 1 --backend cuda --data random --trace "$out/trace_134m.json"
     check trace_replay timeout 300 "$hzp" replay "$out/trace_134m.json" --out "$work/replay"
+    # The MoE bench model's step by module (router, permutation, experts), for where its time goes.
+    moe=$(with bench/gpu/moe8x.json trace_moe '{"run.steps": 4}')
+    check trace_moe8x train "$moe" "$work/trace_moe" 1 --backend cuda --data random --trace "$out/trace_moe8x.json"
     ;;
   attention)
     rows=$out/attention.jsonl
@@ -194,8 +198,8 @@ done
 rm -rf "$work"
 if [[ -z ${HZP_CHECK_NO_PACK:-} ]]; then  # every log into one archive; the results stay beside it
   (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md \
-     ! -name bench_rows.jsonl ! -name trace_134m.json ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
+     ! -name bench_rows.jsonl ! -name 'trace_*.json' ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
    find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md ! -name bench_rows.jsonl \
-     ! -name trace_134m.json ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -exec rm -rf {} +)
+     ! -name 'trace_*.json' ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -exec rm -rf {} +)
 fi
 ! grep -q '^FAIL' "$summary"
