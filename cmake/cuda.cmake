@@ -49,7 +49,7 @@ if(HZP_HAVE_CUDA)
                                                CUDA_STANDARD_REQUIRED ON CUDA_EXTENSIONS OFF)
   target_compile_options(hzp_runtime PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall>)
   # Runtime API only: a binary linked to the driver API (libcuda) does not start on a machine without a GPU.
-  target_link_libraries(hzp_runtime PUBLIC CUDA::cudart CUDA::cublasLt hzp_nccl)
+  target_link_libraries(hzp_runtime PUBLIC CUDA::cudart CUDA::cublas CUDA::cublasLt hzp_nccl)
   target_compile_definitions(hzp_runtime PRIVATE HZP_HAVE_CUDA=1 HZP_HAVE_CUDA_BACKEND=1)
   message(STATUS "hzp: CUDA + NCCL backend ON (architectures ${CMAKE_CUDA_ARCHITECTURES})")
 else()

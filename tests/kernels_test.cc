@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "runtime/device/device.h"
+#include "runtime/device/expert_products.h"
 #include "runtime/device/kernels.h"
 #include "runtime/device/numeric.h"
 #include "runtime/device/registry.h"
@@ -2382,6 +2383,58 @@ TEST_CASE("kernels expert_gemm and expert_gemm_dw against per-group GEMMs with e
     }
     c.require_ok();
   }
+}
+
+// A backend whose matrix library takes sizes from the host (the CUDA backend's cuBLAS) runs a grouped GEMM as
+// the products expert_products.h lists: run through matmul, they must give expert_gemm's results.
+TEST_CASE("kernels expert_products: one matmul per expert with rows gives expert_gemm and expert_gemm_dw",
+          "[kernels]") {
+  std::mt19937 rng(613);
+  const I64 offsets = {0, 0, 6, 6, 13, 13};  // empty first, middle and last experts
+  const std::int64_t groups = 5, live = 13, cap = live + 2, w_rows = 5, w_cols = 3, stride = w_rows * w_cols + 2;
+  const std::int64_t wn = (groups - 1) * stride + w_rows * w_cols;
+  Ctx c;
+  const Buffer off = c.upload_i64(offsets), bw = c.upload(kF32, randn(wn, rng));
+  auto run_products = [&](const Result<std::vector<MatmulArgs>>& products, std::size_t expected) {
+    REQUIRE(products.ok());
+    CHECK(products->size() == expected);  // the two experts with rows
+    for (const MatmulArgs& p : *products) c.k().matmul(p);
+  };
+  for (bool trans : {false, true})
+    for (bool acc : {false, true}) {
+      const std::int64_t in_w = trans ? w_cols : w_rows, out_w = trans ? w_rows : w_cols;
+      const Vec a = randn(cap * in_w, rng), c0 = randn(cap * out_w, rng);
+      ExpertGemmArgs args;
+      args.a = c.upload(kF32, a), args.w = bw, args.offsets = off;
+      args.groups = groups, args.w_rows = w_rows, args.w_cols = w_cols, args.w_stride = stride;
+      args.trans_w = trans, args.accumulate = acc;
+      ExpertGemmArgs by_products = args;
+      args.c = c.upload(kF32, c0), by_products.c = c.upload(kF32, c0);
+      c.k().expert_gemm(args);
+      run_products(expert_products(by_products, offsets.data()), 2);
+      // Rows past the live ones are the same too: neither writes them.
+      expect_close("expert_products", "fp32", std::string(trans ? "trans_w" : "W") + (acc ? " accumulate" : ""),
+                   c.get(by_products.c), to_d(c.get(args.c)), tol(kF32, kF32, in_w));
+    }
+  const Vec dw0 = randn(wn, rng);
+  ExpertGemmArgs args;
+  args.a = c.upload(kF32, randn(cap * w_rows, rng)), args.c = c.upload(kF32, randn(cap * w_cols, rng));
+  args.offsets = off, args.groups = groups, args.w_rows = w_rows, args.w_cols = w_cols, args.w_stride = stride;
+  ExpertGemmArgs by_products = args;
+  args.w = c.upload(kF32, dw0), by_products.w = c.upload(kF32, dw0);
+  c.k().expert_gemm_dw(args);
+  run_products(expert_dw_products(by_products, offsets.data()), 2);
+  expect_close("expert_products", "fp32", "dW", c.get(by_products.w), to_d(c.get(args.w)), tol(kF32, kF32, live));
+  c.require_ok();
+
+  // Offsets that decrease or run past the rows are refused, naming the offset.
+  const I64 decreasing = {0, 6, 4, 8, 13, 13}, past = {0, 0, 6, 6, 13, cap + 1};
+  const auto bad = expert_products(args, decreasing.data());
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.status().message(), Catch::Contains("expert offset 2 is 4, outside [6, "));
+  const auto bad_dw = expert_dw_products(args, past.data());
+  REQUIRE_FALSE(bad_dw.ok());
+  CHECK_THAT(bad_dw.status().message(), Catch::Contains("expert offset 5 is 16"));
 }
 
 TEST_CASE("kernels expert_gemm input gradient and expert_gemm_dw match finite differences in fp32 with empty groups",

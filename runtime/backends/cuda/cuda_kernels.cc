@@ -1,6 +1,13 @@
 // The CUDA backend's Kernels (cuda_kernels.h): each operation enqueues its launcher's kernels (launch.h) on the
 // stream's cudaStream_t and checks the launch; products go to cuBLASLt. Scratch (partial sums, MoE run tables,
 // cuBLASLt's workspace) is allocated when the Kernels are made and grown by prepare(), before any step.
+//
+// A MoE layer's expert GEMMs run as one cuBLAS product per expert (expert_products.h), whose row counts the host
+// must know: moe_group, which computes the experts' row offsets on the device, also copies them to pinned host
+// memory behind an event, and the expert GEMMs that follow on this stream wait for that event once and reuse
+// the copy (one wait per grouping: Megatron's grouped MLP likewise moves its tokens-per-expert to the host).
+// Any other write this Kernels makes over the copied offsets drops the copy; offsets not copied that way are
+// read with a synchronous copy.
 #include "runtime/backends/cuda/cuda_kernels.h"
 
 #include <algorithm>
@@ -8,6 +15,7 @@
 #include <string>
 
 #include "runtime/backends/cuda/launch.h"
+#include "runtime/device/expert_products.h"
 
 namespace hzp::runtime {
 namespace {
@@ -17,6 +25,7 @@ constexpr std::int64_t kInitialFloats = 1 << 20;
 constexpr std::int64_t kInitialDoubles = 1 << 12;
 constexpr std::int64_t kInitialInts = 1 << 14;
 constexpr std::size_t kGemmWorkspaceBytes = 32u << 20;  // cuBLASLt's recommendation for Hopper
+constexpr std::int64_t kInitialExpertOffsets = 1 << 10;
 
 class CudaKernels final : public Kernels {
  public:
@@ -28,12 +37,17 @@ class CudaKernels final : public Kernels {
     else
       fail(Status::Internal("cuda kernels: cannot allocate cuBLASLt's workspace of " +
                             std::to_string(kGemmWorkspaceBytes) + " bytes"));
+    if (cudaEventCreateWithFlags(&offsets_ready_, cudaEventDisableTiming) != cudaSuccess)
+      fail(Status::Internal("cuda kernels: cannot create the expert offsets' event"));
+    if (Status st = grow_host_offsets(kInitialExpertOffsets); !st.ok()) fail(st);
   }
   ~CudaKernels() override {
     cudaFree(ws_.floats);
     cudaFree(ws_.doubles);
     cudaFree(ws_.ints);
     cudaFree(ws_.gemm);
+    cudaFreeHost(host_offsets_);
+    if (offsets_ready_ != nullptr) cudaEventDestroy(offsets_ready_);
   }
 
   std::string backend() const override { return "cuda"; }
@@ -48,15 +62,18 @@ class CudaKernels final : public Kernels {
     const std::int64_t doubles = std::max(l.experts, kInitialDoubles);
     const std::int64_t ints =
         std::max({2 * l.moe_runs + 1, cuda::embedding_backward_ints(l.rows, l.vocab), kInitialInts});
+    HZP_RETURN_IF_ERROR(grow_host_offsets(l.experts + 1));
     return grow(floats, doubles, ints);
   }
 
  protected:
   void do_fill(const Buffer& x, double value) override {
+    written(x);
     cuda::fill(x, value, s_);
     after("fill");
   }
   void do_copy(const Buffer& src, const Buffer& dst) override {
+    written(dst);
     if (src.count > 0 && src.data != dst.data)
       check_api(
           cudaMemcpyAsync(dst.data, src.data, static_cast<std::size_t>(dst.bytes()), cudaMemcpyDeviceToDevice, s_),
@@ -64,12 +81,14 @@ class CudaKernels final : public Kernels {
   }
   void do_cast(const Buffer& src, const Buffer& dst) override {
     if (src.type == dst.type) return do_copy(src, dst);
+    written(dst);
     cuda::cast(src, dst, s_);
     after("cast");
   }
   // From pageable host memory the copy is staged before cudaMemcpyAsync returns, so the caller may reuse its
   // buffer at once; to pageable host memory it returns once the data has arrived.
   void do_copy_from_host(const void* src, const Buffer& dst) override {
+    written(dst);
     if (dst.count > 0)
       check_api(cudaMemcpyAsync(dst.data, src, static_cast<std::size_t>(dst.bytes()), cudaMemcpyHostToDevice, s_),
                 "copy_from_host");
@@ -189,6 +208,7 @@ class CudaKernels final : public Kernels {
   }
   void do_moe_topk(const Buffer& probs, const Buffer& selected, const Buffer& weight, const Buffer& psum,
                    const Buffer& expert_count, std::int64_t t, std::int64_t experts, std::int64_t k) override {
+    written(expert_count);
     cuda::moe_topk(probs, selected, weight, psum, expert_count, t, experts, k, s_);
     after("moe_topk");
   }
@@ -201,6 +221,7 @@ class CudaKernels final : public Kernels {
   void do_moe_permute(const Buffer& x, const Buffer& selected, const Buffer& expert_count, const Buffer& rows,
                       const Buffer& send_row, std::int64_t t, std::int64_t experts, std::int64_t k,
                       std::int64_t h) override {
+    written(send_row);
     cuda::moe_permute(x, selected, expert_count, rows, send_row, t, experts, k, h, s_);
     after("moe_permute");
   }
@@ -224,8 +245,10 @@ class CudaKernels final : public Kernels {
   void do_moe_group(const Buffer& recv, const Buffer& counts, const Buffer& grouped, const Buffer& order,
                     const Buffer& offsets, std::int64_t sources, std::int64_t local, std::int64_t h) override {
     if (!scratch("moe_group", 0, 0, 2 * sources * local + 1)) return;
+    written(order);
     cuda::moe_group(recv, counts, grouped, order, offsets, sources, local, h, ws_, s_);
     after("moe_group");
+    stage_offsets(offsets, local + 1);
   }
   void do_moe_ungroup(const Buffer& grouped, const Buffer& order, const Buffer& offsets, const Buffer& out,
                       std::int64_t local, std::int64_t width) override {
@@ -234,16 +257,19 @@ class CudaKernels final : public Kernels {
   }
   void do_sum_counts(const Buffer& counts, const Buffer& out, std::int64_t n, std::int64_t local,
                      std::int64_t multiplier) override {
+    written(out);
     cuda::sum_counts(counts, out, n, local, multiplier, s_);
     after("sum_counts");
   }
   void do_expert_gemm(const ExpertGemmArgs& args) override {
-    cuda::expert_gemm(args, s_);
-    after("expert_gemm");
+    const std::int64_t* offsets = offsets_on_host(args.offsets, args.groups + 1);
+    if (offsets == nullptr) return;
+    run_products("expert_gemm", expert_products(args, offsets));
   }
   void do_expert_gemm_dw(const ExpertGemmArgs& args) override {
-    cuda::expert_gemm_dw(args, s_);
-    after("expert_gemm_dw");
+    const std::int64_t* offsets = offsets_on_host(args.offsets, args.groups + 1);
+    if (offsets == nullptr) return;
+    run_products("expert_gemm_dw", expert_dw_products(args, offsets));
   }
 
  private:
@@ -285,6 +311,59 @@ class CudaKernels final : public Kernels {
     return false;
   }
 
+  // --- The experts' row offsets on the host (the file comment) ---
+
+  // After moe_group on this stream: copy its `n` offsets to the pinned buffer, ready when offsets_ready_ is.
+  void stage_offsets(const Buffer& offsets, std::int64_t n) {
+    staged_ = nullptr;
+    if (n > host_offsets_count_) return;  // offsets_on_host reports it
+    check_api(cudaMemcpyAsync(host_offsets_, offsets.data, static_cast<std::size_t>(n) * sizeof(std::int64_t),
+                              cudaMemcpyDeviceToHost, s_),
+              "moe_group (offsets to the host)");
+    check_api(cudaEventRecord(offsets_ready_, s_), "moe_group (offsets' event)");
+    if (status().ok()) staged_ = offsets.data, staged_count_ = n;
+  }
+  // A write to `b` drops the staged copy if it overlaps the offsets it was copied from.
+  void written(const Buffer& b) {
+    if (staged_ == nullptr || b.count == 0) return;
+    const char *lo = static_cast<const char*>(b.data), *hi = lo + b.bytes();
+    const char* s = static_cast<const char*>(staged_);
+    if (lo < s + staged_count_ * static_cast<std::int64_t>(sizeof(std::int64_t)) && s < hi) staged_ = nullptr;
+  }
+  // The `n` offsets at `offsets` on the host, or nullptr after failing the stream.
+  const std::int64_t* offsets_on_host(const Buffer& offsets, std::int64_t n) {
+    if (n > host_offsets_count_) {
+      fail(Status::Internal("kernel expert_gemm (cuda): " + std::to_string(n - 1) +
+                            " experts are more than prepared (" + std::to_string(host_offsets_count_ - 1) +
+                            "): call Kernels::prepare with the run's experts"));
+      return nullptr;
+    }
+    if (offsets.data != staged_ || n > staged_count_) stage_offsets(offsets, n);
+    check_api(cudaEventSynchronize(offsets_ready_), "expert_gemm (waiting for the experts' offsets)");
+    return status().ok() ? host_offsets_ : nullptr;
+  }
+  void run_products(const char* kernel, const Result<std::vector<MatmulArgs>>& products) {
+    if (!products.ok())
+      return fail(Status::Internal(std::string("kernel ") + kernel + " (cuda): " + products.status().message()));
+    for (const MatmulArgs& p : *products) {
+      const std::string error = gemm_.run_varying(p, ws_, s_);
+      if (!error.empty()) return fail(Status::Internal(std::string("kernel ") + kernel + " (cuda): " + error));
+    }
+    after(kernel);
+  }
+  Status grow_host_offsets(std::int64_t n) {
+    if (n <= host_offsets_count_) return Status::Ok();
+    cudaFreeHost(host_offsets_);
+    host_offsets_ = nullptr;
+    host_offsets_count_ = 0;
+    staged_ = nullptr;
+    if (cudaMallocHost(reinterpret_cast<void**>(&host_offsets_), static_cast<std::size_t>(n) * sizeof(std::int64_t)) !=
+        cudaSuccess)
+      return Status::Internal("cuda kernels: cannot allocate " + std::to_string(n) + " pinned expert offsets");
+    host_offsets_count_ = n;
+    return Status::Ok();
+  }
+
   Status grow(std::int64_t floats, std::int64_t doubles, std::int64_t ints) {
     auto regrow = [](auto*& p, std::int64_t& have, std::int64_t want, const char* what) -> Status {
       if (want <= have) return Status::Ok();
@@ -305,6 +384,11 @@ class CudaKernels final : public Kernels {
   cudaStream_t s_;
   cuda::Workspace ws_;
   cuda::Gemm gemm_;
+  std::int64_t* host_offsets_ = nullptr;  // pinned
+  std::int64_t host_offsets_count_ = 0;
+  cudaEvent_t offsets_ready_ = nullptr;
+  const void* staged_ = nullptr;  // the device offsets whose copy host_offsets_ holds (once offsets_ready_)
+  std::int64_t staged_count_ = 0;
 };
 
 }  // namespace

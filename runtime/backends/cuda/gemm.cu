@@ -3,7 +3,12 @@
 // so fp32 products are what the CPU reference computes up to summation order), C in the operands' type or
 // fp32. Row-major C = A B is column-major C^T = B^T A^T, so B is cuBLASLt's first operand. The algorithm of
 // each shape is chosen once by cuBLASLt's heuristic and cached, with the pointers' real alignment declared.
+// Products whose sizes change from call to call (an expert's rows: run_varying) go to cublasGemmEx instead, which
+// picks its algorithm per call: a per-shape cache would miss on nearly every call and grow without end.
 #include <cublasLt.h>
+#include <cublas_v2.h>
+
+#include <climits>
 
 #include <algorithm>
 #include <map>
@@ -49,17 +54,53 @@ using ShapeKey = std::tuple<int, int, int, bool, bool, std::int64_t, std::int64_
 
 struct Gemm::Impl {
   cublasLtHandle_t handle = nullptr;
+  cublasHandle_t blas = nullptr;  // run_varying's
   std::map<ShapeKey, cublasLtMatmulAlgo_t> algos;
 };
 
 Gemm::Gemm() : impl_(new Impl) {
-  const cublasStatus_t s = cublasLtCreate(&impl_->handle);
+  cublasStatus_t s = cublasLtCreate(&impl_->handle);
   if (s != CUBLAS_STATUS_SUCCESS) init_error_ = "cublasLtCreate failed: " + status_text(s);
+  s = cublasCreate(&impl_->blas);
+  if (s != CUBLAS_STATUS_SUCCESS && init_error_.empty()) init_error_ = "cublasCreate failed: " + status_text(s);
 }
 
 Gemm::~Gemm() {
   if (impl_->handle != nullptr) cublasLtDestroy(impl_->handle);
+  if (impl_->blas != nullptr) cublasDestroy(impl_->blas);
   delete impl_;
+}
+
+std::string Gemm::run_varying(const MatmulArgs& a, const Workspace& ws, cudaStream_t stream) {
+  if (!init_error_.empty()) return init_error_;
+  if (a.batch != 1) return "run_varying takes one product, not a batch of " + std::to_string(a.batch);
+  if (a.m == 0 || a.n == 0) return "";
+  if (a.k == 0) return run(a, ws, stream);  // C = beta C, as run does it
+  for (std::int64_t v : {a.m, a.n, a.k, a.lda, a.ldb, a.ldc})
+    if (v > INT_MAX) return "a size of " + std::to_string(v) + " is past cublasGemmEx's int";
+  // The same column-major view as run's (gemm_layout.h): D[n x m] = op(B') op(A').
+  const LtOperand lt_b = lt_first_operand(a.trans_b, a.n, a.k, a.ldb);
+  const LtOperand lt_a = lt_second_operand(a.trans_a, a.m, a.k, a.lda);
+  std::string error;
+  auto check = [&](cublasStatus_t s, const char* what) {
+    if (s != CUBLAS_STATUS_SUCCESS && error.empty()) error = std::string(what) + ": " + status_text(s);
+  };
+  // One stream's products run one after another, so they may share its cuBLASLt workspace.
+  check(cublasSetStream(impl_->blas, stream), "cublasSetStream");
+  check(cublasSetWorkspace(impl_->blas, ws.gemm, ws.gemm_bytes), "cublasSetWorkspace");
+  if (error.empty()) {
+    const float alpha = a.alpha, beta = a.beta;
+    check(cublasGemmEx(impl_->blas, lt_b.transposed ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       lt_a.transposed ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(a.n), static_cast<int>(a.m),
+                       static_cast<int>(a.k), &alpha, a.b.data, data_type(a.b.type), static_cast<int>(lt_b.ld),
+                       a.a.data, data_type(a.a.type), static_cast<int>(lt_a.ld), &beta, a.c.data, data_type(a.c.type),
+                       static_cast<int>(a.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx");
+  }
+  if (!error.empty())
+    error += " (m " + std::to_string(a.m) + ", n " + std::to_string(a.n) + ", k " + std::to_string(a.k) + ", " +
+             to_string(a.a.type) + " -> " + to_string(a.c.type) + ")";
+  return error;
 }
 
 std::string Gemm::run(const MatmulArgs& a, const Workspace& ws, cudaStream_t stream) {

@@ -122,8 +122,6 @@ void moe_ungroup(const Buffer& grouped, const Buffer& order, const Buffer& offse
                  std::int64_t local, std::int64_t width, cudaStream_t s);
 void sum_counts(const Buffer& counts, const Buffer& out, std::int64_t n, std::int64_t local, std::int64_t multiplier,
                 cudaStream_t s);
-void expert_gemm(const ExpertGemmArgs& args, cudaStream_t s);
-void expert_gemm_dw(const ExpertGemmArgs& args, cudaStream_t s);
 
 // gemm.cu: cuBLASLt. One Gemm per Kernels (its handle and algorithm cache are not thread-safe).
 class Gemm {
@@ -134,6 +132,8 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
   // An error message, or "" when the product was enqueued.
   std::string run(const MatmulArgs& args, const Workspace& ws, cudaStream_t s);
+  // The same product for shapes that change from call to call (batch 1): no per-shape algorithm cache.
+  std::string run_varying(const MatmulArgs& args, const Workspace& ws, cudaStream_t s);
   const std::string& init_error() const { return init_error_; }
 
  private:

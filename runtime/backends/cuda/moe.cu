@@ -1,6 +1,7 @@
 // MoE kernels of the CUDA backend (launch.h): router top-k, the load-balancing loss, token permutation and
-// its weighted inverse, their backward, grouping received rows by local expert, and the grouped expert GEMMs.
-// Every row count stays on the device: kernels read offsets and counts from device memory and blocks past the
+// its weighted inverse, their backward, and grouping received rows by local expert (the expert GEMMs are
+// cuBLAS products: cuda_kernels.cc).
+// These kernels keep every row count on the device: they read offsets and counts from device memory and blocks past the
 // live rows exit. Orders are deterministic and the CPU reference's: rows by (expert, token, slot), groups by
 // (local expert, source, arrival).
 #include <algorithm>
@@ -230,81 +231,6 @@ __global__ void sum_counts_kernel(const std::int64_t* counts, std::int64_t* out,
   out[j] = sum * multiplier;
 }
 
-// --- Grouped expert GEMMs: 32 x 32 tiles in shared memory, fp32 accumulation -------------------------------------
-
-constexpr int kTile = 32;
-
-// Block (column tile, row tile, group g): c_g[r][col] (+)= sum_kk a_g[r][kk] op(W_g)[kk][col].
-template <typename T>
-__global__ void expert_gemm_kernel(const T* a, const T* w, T* c, const std::int64_t* offsets, std::int64_t in_w,
-                                   std::int64_t out_w, std::int64_t w_cols, std::int64_t w_stride, bool trans_w,
-                                   bool accumulate) {
-  __shared__ float as[kTile][kTile + 1];
-  __shared__ float ws[kTile][kTile + 1];
-  const std::int64_t g = blockIdx.z, first = offsets[g], rows = offsets[g + 1] - first;
-  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * kTile,
-                     c0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  if (r0 >= rows) return;
-  const T* wg = w + g * w_stride;
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;  // 32 x 8 threads, 4 rows each
-  float acc[4] = {0, 0, 0, 0};
-  for (std::int64_t k0 = 0; k0 < in_w; k0 += kTile) {
-    for (int yy = ty; yy < kTile; yy += 8) {
-      const std::int64_t r = r0 + yy, kk = k0 + tx;
-      as[yy][tx] = r < rows && kk < in_w ? ld(a[(first + r) * in_w + kk]) : 0.0f;
-      const std::int64_t kr = k0 + yy, col = c0 + tx;
-      float wv = 0;
-      if (kr < in_w && col < out_w) wv = ld(trans_w ? wg[col * w_cols + kr] : wg[kr * w_cols + col]);
-      ws[yy][tx] = wv;
-    }
-    __syncthreads();
-    for (int kk = 0; kk < kTile; ++kk)
-      for (int i = 0; i < 4; ++i) acc[i] += as[ty + 8 * i][kk] * ws[kk][tx];
-    __syncthreads();
-  }
-  for (int i = 0; i < 4; ++i) {
-    const std::int64_t r = r0 + ty + 8 * i, col = c0 + tx;
-    if (r < rows && col < out_w) {
-      T* out = c + (first + r) * out_w + col;
-      *out = st<T>(accumulate ? ld(*out) + acc[i] : acc[i]);
-    }
-  }
-}
-
-// Block (column tile, row tile of W, group g): W_g[i][j] += sum over the group's rows r of a[r][i] c[r][j].
-template <typename T, typename W>
-__global__ void expert_gemm_dw_kernel(const T* a, const T* c, W* w, const std::int64_t* offsets, std::int64_t w_rows,
-                                      std::int64_t w_cols, std::int64_t w_stride) {
-  __shared__ float as[kTile][kTile + 1];  // [row of the group][i]
-  __shared__ float cs[kTile][kTile + 1];  // [row of the group][j]
-  const std::int64_t g = blockIdx.z, first = offsets[g], rows = offsets[g + 1] - first;
-  if (rows <= 0) return;
-  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.y) * kTile,
-                     j0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const int tx = threadIdx.x % kTile, ty = threadIdx.x / kTile;
-  float acc[4] = {0, 0, 0, 0};
-  for (std::int64_t r0 = 0; r0 < rows; r0 += kTile) {
-    for (int yy = ty; yy < kTile; yy += 8) {
-      const std::int64_t r = r0 + yy;
-      as[yy][tx] = r < rows && i0 + tx < w_rows ? ld(a[(first + r) * w_rows + i0 + tx]) : 0.0f;
-      cs[yy][tx] = r < rows && j0 + tx < w_cols ? ld(c[(first + r) * w_cols + j0 + tx]) : 0.0f;
-    }
-    __syncthreads();
-    for (int rr = 0; rr < kTile; ++rr)
-      for (int q = 0; q < 4; ++q) acc[q] += as[rr][ty + 8 * q] * cs[rr][tx];
-    __syncthreads();
-  }
-  W* wg = w + g * w_stride;
-  for (int q = 0; q < 4; ++q) {
-    const std::int64_t i = i0 + ty + 8 * q, j = j0 + tx;
-    if (i < w_rows && j < w_cols) wg[i * w_cols + j] = st<W>(ld(wg[i * w_cols + j]) + acc[q]);
-  }
-}
-
-unsigned tiles(std::int64_t n) {
-  return static_cast<unsigned>(std::max<std::int64_t>(1, (n + kTile - 1) / kTile));
-}
-
 }  // namespace
 
 void moe_topk(const Buffer& probs, const Buffer& selected, const Buffer& weight, const Buffer& psum,
@@ -406,28 +332,6 @@ void sum_counts(const Buffer& counts, const Buffer& out, std::int64_t n, std::in
                 cudaStream_t s) {
   sum_counts_kernel<<<blocks_for(n), kThreads, 0, s>>>(counts.as<const std::int64_t>(), out.as<std::int64_t>(), n,
                                                        local, multiplier);
-}
-
-void expert_gemm(const ExpertGemmArgs& a, cudaStream_t s) {
-  const std::int64_t in_w = a.trans_w ? a.w_cols : a.w_rows, out_w = a.trans_w ? a.w_rows : a.w_cols;
-  const std::int64_t capacity = a.a.count / in_w;
-  const dim3 grid(tiles(out_w), tiles(capacity), static_cast<unsigned>(a.groups));
-  on_type(a.a.type, [&](auto tag) {
-    using T = decltype(tag);
-    expert_gemm_kernel<<<grid, 256, 0, s>>>(a.a.as<const T>(), a.w.as<const T>(), a.c.as<T>(),
-                                            a.offsets.as<const std::int64_t>(), in_w, out_w, a.w_cols, a.w_stride,
-                                            a.trans_w, a.accumulate);
-  });
-}
-
-void expert_gemm_dw(const ExpertGemmArgs& a, cudaStream_t s) {
-  const dim3 grid(tiles(a.w_cols), tiles(a.w_rows), static_cast<unsigned>(a.groups));
-  on_types(a.a.type, a.w.type, [&](auto ta, auto tw) {
-    using T = decltype(ta);
-    using W = decltype(tw);
-    expert_gemm_dw_kernel<<<grid, 256, 0, s>>>(a.a.as<const T>(), a.c.as<const T>(), a.w.as<W>(),
-                                               a.offsets.as<const std::int64_t>(), a.w_rows, a.w_cols, a.w_stride);
-  });
 }
 
 }  // namespace hzp::runtime::cuda
