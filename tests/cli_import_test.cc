@@ -40,24 +40,28 @@ std::string write(const std::string& name, const std::string& text) {
 }
 
 // A tiny dense model on `gpus` GPUs of one node under DDP.
-std::string scenario(int gpus) {
-  json s = {{"name", "tiny-import-" + std::to_string(gpus)},
-            {"model",
-             {{"name", "tiny"},
-              {"family", "llama"},
-              {"layers", 2},
-              {"hidden", 64},
-              {"heads", 4},
-              {"kv_heads", 4},
-              {"ffn_hidden", 176},
-              {"vocab", 256},
-              {"tied_embeddings", false},
-              {"position", "rope"},
-              {"max_positions", 64}}},
-            {"cluster", {{"preset", "dgx-h100"}, {"nodes", 1}, {"gpus_per_node", gpus}}},
-            {"training", {{"seq_len", 64}, {"micro_batch", 4}, {"global_batch_sequences", 4 * gpus}}},
-            {"policy", {{"preset", "ddp"}}}};
-  return write("scenario-" + std::to_string(gpus) + ".json", s.dump());
+std::string scenario(int gpus, bool h100_gemms = false) {
+  json s = {
+      {"name", "tiny-import-" + std::to_string(gpus)},
+      {"model",
+       {{"name", "tiny"},
+        {"family", "llama"},
+        {"layers", 2},
+        {"hidden", 64},
+        {"heads", 4},
+        {"kv_heads", 4},
+        {"ffn_hidden", 176},
+        {"vocab", 256},
+        {"tied_embeddings", false},
+        {"position", "rope"},
+        {"max_positions", 64}}},
+      // The synthetic kernels below are not an H100's: its fixed cost per GEMM kernel (6.75 us) would
+      // outweigh them (that case: the "fixed cost" test below).
+      {"cluster", {{"preset", "dgx-h100"}, {"nodes", 1}, {"gpus_per_node", gpus}, {"gpu", {{"gemm_overhead_us", 0}}}}},
+      {"training", {{"seq_len", 64}, {"micro_batch", 4}, {"global_batch_sequences", 4 * gpus}}},
+      {"policy", {{"preset", "ddp"}}}};
+  if (h100_gemms) s["cluster"].erase("gpu");
+  return write("scenario-" + std::to_string(gpus) + (h100_gemms ? "-h100" : "") + ".json", s.dump());
 }
 
 // Builds a profiler document: CPU annotations, launches and the GPU work they launch.
@@ -174,6 +178,14 @@ TEST_CASE("import: phases by launch, GPU time per phase as recorded, replayed as
   REQUIRE(hzp::test::run(bin + " simulate '" + calibrated + "' --out '" + simulated.string() + "'").code == 0);
   CHECK(json::parse(slurp(simulated / "summary.json"))["step_time_s"].get<double>() == Approx(156e-6).epsilon(1e-6));
   CHECK(hzp::test::run(bin + " calibrate --trace '" + out + "' --mfu 0.5").code == 2);
+
+  // The same kernels against the H100's fixed cost per GEMM kernel: 9 forward GEMMs alone would take 61 us of
+  // the 50 recorded, so there is nothing left to fit: refused, naming the setting.
+  const std::string h100_out = (scratch() / "h100_trace.json").string();
+  REQUIRE(hzp_import({file}, scenario(1, true), h100_out).code == 0);
+  const RunResult fixed = hzp::test::run(bin + " calibrate --trace '" + h100_out + "'");
+  CHECK(fixed.code == 2);
+  CHECK_THAT(fixed.output, Catch::Contains("fixed cost") && Catch::Contains("cluster.gpu.gemm_overhead_us 6.75"));
 
   // --include-idle: the optimizer's kernel (306..311) and memset (312..313) leave 1 us of idle GPU
   // between them, which now goes to the optimizer step; the forward's kernels run back to back.

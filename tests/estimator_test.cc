@@ -91,7 +91,8 @@ TEST_CASE("a 1-GPU FP8 step runs the linear layers at the FP8 peak and the rest 
     expected += (all - in_fp8) / (c.gpu.peak_flops * c.efficiency.gemm) +
                 in_fp8 / (c.gpu.fp8_peak_flops * c.efficiency.gemm) +
                 (m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes) /
-                    (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
+                    (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound) +
+                (m.fwd_gemms + m.bwd_gemms + m.recompute_gemms) * c.gpu.gemm_overhead_s;  // 7B: compute-bound
   }
   expected +=
       static_cast<double>(b.cost.params) * kAdamBytesPerParam / (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
@@ -104,6 +105,57 @@ TEST_CASE("a 1-GPU FP8 step runs the linear layers at the FP8 peak and the rest 
   const double all_fp8_s = estimate_of(build(scenario_from(doc))).step_time_s;
   CHECK(expected < bf16_s);
   CHECK(expected > all_fp8_s);
+}
+
+// GEMM efficiency by shape (GpuSpec::gemm_overhead_s, ComputeOp::gemms / gemm_bytes): every GEMM kernel adds
+// the GPU's fixed cost, and products whose operands outweigh their FLOPs (few rows per expert) take as long as
+// their bytes at the HBM rate. Checked against the closed form on one GPU, where the step is its compute.
+TEST_CASE("a 1-GPU step adds each GEMM kernel's fixed cost, and few rows per expert make the experts bytes-bound",
+          "[estimator]") {
+  auto one_gpu = [](nlohmann::json doc) {
+    doc["cluster"]["gpus_per_node"] = 1;
+    doc["cluster"]["nic"] = {{"per_node", 1}};
+    return doc;
+  };
+  // Dense: the products are large, so the fixed cost is all the shape adds; 0 takes it out exactly.
+  nlohmann::json doc = one_gpu(scenario_json("llama2-7b", "dgx-h100", 1, "ddp", 4096));
+  const Built b = build(scenario_from(doc));
+  const double t0 = b.scenario.cluster.gpu.gemm_overhead_s;
+  REQUIRE(t0 == Approx(6.75e-6));  // calibration.cc: h100_kernels.json's fit
+  long long kernels = 0;
+  for (const ModuleCost& m : b.cost.modules) {
+    kernels += m.fwd_gemms + m.bwd_gemms + m.recompute_gemms;
+    CHECK(m.fwd_gemm_bytes == Approx(m.bwd_gemm_bytes / 2));
+  }
+  // 32 layers x (QKV, output, gate + up, down) + the head: 129 forward, twice as many backward.
+  CHECK(kernels == 3 * (32 * 4 + 1));
+  doc["cluster"]["gpu"] = {{"gemm_overhead_us", 0}};
+  const double without = estimate_of(build(scenario_from(doc))).step_time_s;
+  CHECK(estimate_of(b).step_time_s - without == Approx(static_cast<double>(kernels) * t0).epsilon(1e-6));
+
+  // MoE with 64 experts of 256 rows each on one GPU, 16 tokens: each expert GEMM reads its weights for 32 rows
+  // (16 x top-2), far below Hopper's ridge, so the experts take their bytes' time, not their FLOPs'.
+  nlohmann::json moe = one_gpu(scenario_json("llama2-7b", "dgx-h100", 1, "ddp", 16));
+  moe["model"] = {{"preset", "tiny-moe"},
+                  {"layers", 1},
+                  {"hidden", 1024},
+                  {"heads", 8},
+                  {"ffn_hidden", 256},
+                  {"vocab", 1024},
+                  {"moe", {{"experts", 64}, {"top_k", 2}, {"expert_ffn_hidden", 256}}}};
+  moe["training"]["micro_batch"] = 1;
+  const Built bm = build(scenario_from(moe));
+  const ClusterSpec& c = bm.scenario.cluster;
+  const auto it = std::find_if(bm.cost.modules.begin(), bm.cost.modules.end(),
+                               [](const ModuleCost& m) { return m.kind == ModuleKind::kMoe; });
+  REQUIRE(it != bm.cost.modules.end());
+  CHECK(it->fwd_gemms == 1 + 2 * 64);  // the router, each expert's gate + up and down
+  const double gemm = c.gpu.peak_flops * c.efficiency.gemm, hbm = c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound;
+  CHECK(it->fwd_gemm_bytes / hbm > 10 * it->fwd_flops / gemm);
+  ComputeOp fwd;
+  fwd.flops = it->fwd_flops, fwd.mem_bytes = it->fwd_mem_bytes, fwd.gemms = it->fwd_gemms;
+  fwd.gemm_bytes = it->fwd_gemm_bytes;
+  CHECK(compute_time(c, fwd) == Approx(it->fwd_gemm_bytes / hbm + it->fwd_mem_bytes / hbm + it->fwd_gemms * 6.75e-6));
 }
 
 // NCCL's per-collective base latency for Simple (src/graph/tuning.cc, baseLat Ring/Simple), the cluster

@@ -14,9 +14,9 @@ Status check_offsets(const std::int64_t* offsets, std::int64_t groups, std::int6
     const std::int64_t lo = g == 0 ? 0 : offsets[g - 1];
     if (offsets[g] < lo || offsets[g] > rows)
       return Status::Internal(std::string(kernel) + ": expert offset " + std::to_string(g) + " is " +
-                                     std::to_string(offsets[g]) + ", outside [" + std::to_string(lo) + ", " +
-                                     std::to_string(rows) + "] (offsets must not decrease and stay within the " +
-                                     std::to_string(rows) + " rows)");
+                              std::to_string(offsets[g]) + ", outside [" + std::to_string(lo) + ", " +
+                              std::to_string(rows) + "] (offsets must not decrease and stay within the " +
+                              std::to_string(rows) + " rows)");
   }
   return Status::Ok();
 }

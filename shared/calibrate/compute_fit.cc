@@ -108,9 +108,10 @@ Result<ComputeFit> fit_compute_efficiency(const Scenario& one_node, const OneNod
 
 namespace {
 
-// One timed op: x = seconds at 100 % of peak FLOP/s, y = seconds at 100 % of HBM bandwidth, t = recorded.
+// One timed op: x = seconds at 100 % of peak FLOP/s, y = seconds at 100 % of HBM bandwidth, `fixed` = seconds
+// no efficiency scales (the GEMM kernels' fixed cost), t = recorded.
 struct Point {
-  double x, y, t;
+  double x, y, fixed, t;
 };
 
 // The trace's compute and optimizer ops as points; `steps` the steps they span.
@@ -121,16 +122,20 @@ std::vector<Point> timed_points(const ClusterSpec& c, const Schedule& schedule, 
     const Op& op = schedule.program_of(e.rank).ops[e.op];
     const double t = (e.end_us - e.start_us) * 1e-6;
     if (const auto* k = std::get_if<ComputeOp>(&op.body)) {
-      // The unfused attention core's max(FLOPs, bytes) is linear on either side of its ridge: it joins the
-      // FLOPs or the bytes by the side the table's efficiencies put it on.
+      // The unfused attention core's max(FLOPs, bytes), and the other GEMMs', are linear on either side of
+      // their ridge: each joins the FLOPs or the bytes by the side the table's efficiencies put it on. The
+      // fixed cost per GEMM kernel is no efficiency's: the fit leaves it as it is.
+      auto bytes_bound = [&](double x, double y) { return y / c.efficiency.memory_bound > x / c.efficiency.gemm; };
       const double core_x = k->core_flops / c.gpu.peak_flops, core_y = k->core_bytes / c.gpu.hbm_bytes_per_s;
-      const bool core_bytes_bound = core_y / c.efficiency.memory_bound > core_x / c.efficiency.gemm;
-      points.push_back({(k->flops - k->fp8_flops - k->core_flops) / c.gpu.peak_flops +
-                            (k->fp8_flops > 0 ? k->fp8_flops / c.gpu.fp8_peak_flops : 0) +
-                            (core_bytes_bound ? 0 : core_x),
-                        k->mem_bytes / c.gpu.hbm_bytes_per_s + (core_bytes_bound ? core_y : 0), t});
+      const double linear_x = (k->flops - k->fp8_flops - k->core_flops) / c.gpu.peak_flops +
+                              (k->fp8_flops > 0 ? k->fp8_flops / c.gpu.fp8_peak_flops : 0);
+      const double linear_y = k->gemm_bytes / c.gpu.hbm_bytes_per_s;
+      const bool core_b = bytes_bound(core_x, core_y), linear_b = bytes_bound(linear_x, linear_y);
+      points.push_back({(linear_b ? 0 : linear_x) + (core_b ? 0 : core_x),
+                        k->mem_bytes / c.gpu.hbm_bytes_per_s + (linear_b ? linear_y : 0) + (core_b ? core_y : 0),
+                        k->gemms * c.gpu.gemm_overhead_s, t});
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body))
-      points.push_back({0, o->mem_bytes / c.gpu.hbm_bytes_per_s, t});
+      points.push_back({0, o->mem_bytes / c.gpu.hbm_bytes_per_s, 0, t});
     else
       continue;
     steps = std::max(steps, e.step + 1);
@@ -146,29 +151,38 @@ Result<TraceFit> fit_compute_to_trace(const Compiled& compiled, const Trace& tra
   const ClusterSpec& c = recorded.cluster;
   std::int64_t steps = 0;
   const std::vector<Point> points = timed_points(c, compiled.schedule, trace, steps);
-  double total_t = 0, total_table = 0;
+  double total_t = 0, total_table = 0, total_fixed = 0;
   for (const Point& p : points) {
     total_t += p.t;
-    total_table += p.x / c.efficiency.gemm + p.y / c.efficiency.memory_bound;
+    total_fixed += p.fixed;
+    total_table += p.x / c.efficiency.gemm + p.y / c.efficiency.memory_bound + p.fixed;
   }
   if (points.empty() || !(total_t > 0) || !(total_table > 0))
     return Status::InvalidInput("calibrate --trace: the trace times no compute or optimizer op");
+  if (!(total_t - total_fixed > 0.05 * total_t))
+    return Status::InvalidInput("calibrate --trace: the trace's compute (" + number(total_t) +
+                                " s) leaves under 5 % to fit once the GEMM "
+                                "kernels' fixed cost (" +
+                                number(total_fixed) + " s: cluster.gpu.gemm_overhead_us " +
+                                number(c.gpu.gemm_overhead_s * 1e6) +
+                                " per kernel) is taken out: set cluster.gpu.gemm_overhead_us to the "
+                                "device that recorded the trace");
   TraceFit fit;
   fit.points = static_cast<long long>(points.size());
   const double per_step = static_cast<double>(trace.world_size) * static_cast<double>(steps);
   fit.recorded_s = total_t / per_step;
   fit.table_s = total_table / per_step;
 
-  // t ~ a x + b y, a = 1/gemm, b = 1/memory_bound; weights 1/t^2 (relative error).
+  // t - fixed ~ a x + b y, a = 1/gemm, b = 1/memory_bound; weights 1/t^2 (relative error).
   double sxx = 0, sxy = 0, syy = 0, sxt = 0, syt = 0;
   for (const Point& p : points) {
     if (!(p.t > 0)) continue;
-    const double w = 1 / (p.t * p.t);
+    const double w = 1 / (p.t * p.t), scaled = p.t - p.fixed;
     sxx += w * p.x * p.x;
     sxy += w * p.x * p.y;
     syy += w * p.y * p.y;
-    sxt += w * p.x * p.t;
-    syt += w * p.y * p.t;
+    sxt += w * p.x * scaled;
+    syt += w * p.y * scaled;
   }
   const double det = sxx * syy - sxy * sxy;
   double a = 0, b = 0;
@@ -180,7 +194,7 @@ Result<TraceFit> fit_compute_to_trace(const Compiled& compiled, const Trace& tra
   auto finish = [&](double ga, double gb) {  // scaled so that the total matches exactly
     double total = 0;
     for (const Point& p : points) total += ga * p.x + gb * p.y;
-    const double s = total_t / total;
+    const double s = (total_t - total_fixed) / total;
     fit.efficiency = c.efficiency;
     fit.efficiency.gemm = 1 / (ga * s);
     fit.efficiency.memory_bound = 1 / (gb * s);
@@ -199,7 +213,7 @@ Result<TraceFit> fit_compute_to_trace(const Compiled& compiled, const Trace& tra
           ", outside the [0.01, 1] a scenario accepts: set cluster.gpu (peak_tflops, hbm_GBps) to the device "
           "that recorded the trace");
   double fitted = 0;
-  for (const Point& p : points) fitted += p.x / fit.efficiency.gemm + p.y / fit.efficiency.memory_bound;
+  for (const Point& p : points) fitted += p.x / fit.efficiency.gemm + p.y / fit.efficiency.memory_bound + p.fixed;
   fit.fitted_s = fitted / per_step;
   return fit;
 }

@@ -374,7 +374,8 @@ double compute_time(const ClusterSpec& c, const ComputeOp& op) {
   const double hbm = c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound;
   const double fp8_s = op.fp8_flops > 0 ? op.fp8_flops / (c.gpu.fp8_peak_flops * c.efficiency.gemm) : 0;
   const double core_s = std::max(op.core_flops / gemm, op.core_bytes / hbm);
-  return (op.flops - op.fp8_flops - op.core_flops) / gemm + fp8_s + core_s + op.mem_bytes / hbm;
+  const double linear_s = std::max((op.flops - op.fp8_flops - op.core_flops) / gemm + fp8_s, op.gemm_bytes / hbm);
+  return linear_s + op.gemms * c.gpu.gemm_overhead_s + core_s + op.mem_bytes / hbm;
 }
 
 }  // namespace hzp

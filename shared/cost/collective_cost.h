@@ -155,7 +155,8 @@ double ring_latency(CollectiveKind kind, const GroupShape& shape, const LinkPara
 double compute_time(const ClusterSpec& cluster, double flops, double mem_bytes);
 // ... of a compute op: of its flops, `fp8_flops` run at the GPU's FP8 peak (the same efficiency) and the
 // unfused attention core's `core_flops` take max(their time, `core_bytes` at the HBM efficiency); the rest
-// at the bf16 peak.
+// at the bf16 peak, or as long as their GEMMs' `gemm_bytes` take at the HBM efficiency if that is longer;
+// plus the GPU's fixed cost per GEMM kernel (`gemms` x GpuSpec::gemm_overhead_s).
 double compute_time(const ClusterSpec& cluster, const ComputeOp& op);
 
 }  // namespace hzp

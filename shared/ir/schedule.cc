@@ -171,6 +171,7 @@ struct BodyPrinter {
     if (c.fp8_flops > 0) os << " fp8_flops=" << fmt_double(c.fp8_flops);
     if (c.core_flops > 0)
       os << " core_flops=" << fmt_double(c.core_flops) << " core_bytes=" << fmt_double(c.core_bytes);
+    if (c.gemms > 0) os << " gemms=" << c.gemms << " gemm_bytes=" << fmt_double(c.gemm_bytes);
   }
   void operator()(const CollectiveOp& c) const {
     os << to_string(c.kind) << " " << to_string(c.purpose) << " " << to_string(c.state)

@@ -186,6 +186,11 @@ struct ComputeOp {
   double fp8_flops = 0;   // of `flops`, those run at the GPU's FP8 peak (TrainingSpec::fp8)
   double core_flops = 0;  // of `flops`, the unfused attention core's (ModuleCost::fwd_core_flops) ...
   double core_bytes = 0;  // ... and its GEMMs' operand bytes: timed as max(FLOPs, bytes)
+  // The other GEMMs of the op (the linear layers, the router, the LM head): how many kernels they launch and
+  // the bytes of their operands. Their FLOPs are timed as max(FLOPs, bytes) plus the GPU's fixed cost per
+  // GEMM (GpuSpec::gemm_overhead_s): the GEMM efficiency of a product by its shape.
+  int gemms = 0;
+  double gemm_bytes = 0;
   // The slot of the param_gather pool (PoolKind::kParamGather) holding the parameters this op reads,
   // acquired and filled before it; -1 when the schedule gathers nothing (parameters replicated).
   int gather_slot = -1;

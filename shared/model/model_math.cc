@@ -238,6 +238,21 @@ void add_matmul(ModuleCost& cost, double share, double rows, double k, double n,
   if (in_model_flops) cost.model_flops += 3 * fwd;
 }
 
+// The GEMM kernels of a matmul through `weights` k x n matrices (ModuleCost::fwd_gemms): one per weight
+// forward, two backward (the input gradient and the weight gradient), each moving its operands once: forward
+// reads rows x k and the weights and writes rows x n; backward reads and writes as much again per product.
+// `share` is this GPU's part, as for the FLOPs (exact for the weights; the whole input or output of a tensor
+// split is counted split too, which matters only where the weights dominate: few rows per expert).
+void add_gemm_kernels(ModuleCost& cost, const Dims& d, double share, double rows, double k, double n,
+                      double weights = 1) {
+  const double bytes = (rows * k + weights * k * n + rows * n) * d.e * share;
+  const int kernels = static_cast<int>(weights);
+  cost.fwd_gemms += kernels;
+  cost.bwd_gemms += 2 * kernels;
+  cost.fwd_gemm_bytes += bytes;
+  cost.bwd_gemm_bytes += 2 * bytes;
+}
+
 // A linear layer's matmul (QKV, attention output, MLP, experts): the GEMMs FP8 training runs in FP8
 // (Transformer Engine's fp8_autocast covers TE's Linear modules; torchtitan's Float8Linear every nn.Linear
 // but the output layer). The attention core, the router and the LM head go through add_matmul alone.
@@ -248,6 +263,7 @@ void add_matmul(ModuleCost& cost, double share, double rows, double k, double n,
 // `weights`: how many k x n weights the rows go through (the experts a GPU holds; 1 for a dense layer).
 void add_linear(ModuleCost& cost, const Dims& d, double share, double rows, double k, double n, double weights = 1) {
   add_matmul(cost, share, rows, k, n);
+  add_gemm_kernels(cost, d, share, rows, k, n, weights);
   if (!d.fp8) return;
   const double fwd = 2 * rows * k * n * share;
   cost.fwd_fp8_flops += fwd;
@@ -262,6 +278,8 @@ void recompute_whole_forward(ModuleCost& cost) {
   cost.recompute_core_flops = cost.fwd_core_flops;
   cost.recompute_core_bytes = cost.fwd_core_bytes;
   cost.recompute_mem_bytes = cost.fwd_mem_bytes;
+  cost.recompute_gemms = cost.fwd_gemms;
+  cost.recompute_gemm_bytes = cost.fwd_gemm_bytes;
 }
 
 // Activations an MLP of the model's type saves after its input: SwiGLU keeps gate, up and their product
@@ -532,6 +550,7 @@ ModuleCost moe_cost(const Dims& d, int layer) {
   // Router: logits, then softmax + top-k in fp32 (read logits, write probabilities). Real work but outside
   // the MFU numerator of docs/model_math.md, so fwd/bwd FLOPs only.
   add_matmul(cost, d.outside, t, d.h, experts, /*in_model_flops=*/false);
+  add_gemm_kernels(cost, d, d.outside, t, d.h, experts);
   add_traffic(cost, {2 * t * experts * 4, 3 * t * experts * 4}, d.outside);
   // Permute: each token is copied to its k experts' contiguous input buffers; backward moves the gradients
   // back the same way. (The all-to-all between GPUs is communication, scheduled elsewhere.)
@@ -583,6 +602,7 @@ ModuleCost head_cost(const Dims& d) {
 
   add_traffic(cost, norm_traffic(d), d.outside);
   add_matmul(cost, d.split, t, d.h, d.vocab);
+  add_gemm_kernels(cost, d, d.split, t, d.h, d.vocab);
   // Cross-entropy in fp32 over t x V logits: forward reads them and writes log-probabilities; backward reads
   // those and writes the logit gradients.
   const double logits_fp32 = t * d.vocab * 4;

@@ -57,6 +57,11 @@ struct ModuleCost {
   double bwd_core_bytes = 0;
   double recompute_core_flops = 0;
   double recompute_core_bytes = 0;
+  // The GEMM kernels of the linear layers, the router and the LM head (the core's are above), and their
+  // operands' bytes: each GEMM reads its two inputs and writes its output once. One kernel per weight a
+  // GPU holds (an expert's rows are one product, as a loop over experts or a grouped GEMM's problem runs).
+  int fwd_gemms = 0, bwd_gemms = 0, recompute_gemms = 0;
+  double fwd_gemm_bytes = 0, bwd_gemm_bytes = 0, recompute_gemm_bytes = 0;
   double activation_bytes = 0;  // saved for backward under the scenario's recompute setting
   double model_flops = 0;       // MFU numerator contribution: fwd + bwd model FLOPs
 };

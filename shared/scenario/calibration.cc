@@ -24,6 +24,13 @@ constexpr double kUsPerS = 1e6;  // divide, as the scenario parser does, so "lat
 constexpr double kNcclRingSimpleNvlinkLatency = 3.4 / kUsPerS;
 constexpr double kNcclRingSimpleNetLatency = 14.0 / kUsPerS;
 
+// Hopper's fixed cost per GEMM kernel (GpuSpec::gemm_overhead_s): fitted with its GEMM rate to the 96 bf16
+// products of transformer layers (134 M to 70 B, 4 k and 16 k tokens) timed on one H100 80GB HBM3
+// (scenarios/validation/h100_kernels.json; `python3 tools/gemm_overhead_fit.py` on it prints 6.75 and how well
+// it fits; tests/gemm_overhead_fit.sh holds the two equal). One number per chip: the H800 and the H200 are the
+// same GH100 compute.
+constexpr double kHopperGemmOverhead = 6.75 / kUsPerS;
+
 // Shared by every entry unless stated otherwise.
 constexpr double kMemoryBoundEff = 0.80;  // assumption, see sources
 constexpr double kIntraNodeEff = 0.82;  // 370 / 450 GB/s: ring busbw of 8xH100 (NCCL maintainer, NVIDIA/nccl-tests#212)
@@ -45,7 +52,10 @@ constexpr const char* kCommonSources =
     "reach of the bf16 peak: assumption, checked from bf16 to FP8 on one node by tools/fp8_transfer.py; no FP8 "
     "peak: none known, or no FP8 tensor cores (Ampere). overlap_slowdown 0.189 (a scenario's default for every "
     "GPU type, kOverlapSlowdown in calibration.h): Lee et al., arXiv 2507.03114 (2025), compute slowed by "
-    "18.9 % on average while collectives run beside it on 4-GPU A100, H100, MI250 and MI210 nodes.";
+    "18.9 % on average while collectives run beside it on 4-GPU A100, H100, MI250 and MI210 nodes. "
+    "gemm_overhead 6.75 us per GEMM kernel (H100, H800, H200): fitted with the GEMM rate to 96 bf16 products "
+    "timed on one H100 (scenarios/validation/h100_kernels.json, tools/gemm_overhead_fit.py: |error| median 2.8 %, "
+    "p90 9.8 %, against 4.8 % and 20.0 % without it); none known for the other GPU types (0).";
 
 // Long because: one row per GPU type, each with the sources of its numbers; the table reads best whole.
 std::vector<CalibrationEntry> build_table() {
@@ -79,22 +89,23 @@ std::vector<CalibrationEntry> build_table() {
                    "to hold for NVLink3 too.") +
            kCommonSources});
 
-  t.push_back({"h100-sxm",
-               {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops, GpuArch::kHopper},
-               {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
-               kNcclRingSimpleNvlinkLatency,
-               kNcclRingSimpleNetLatency,
-               std::string("peak 989 TFLOP/s dense bf16, 1979 dense FP8: NVIDIA H100 datasheet. 80 GiB, 3350 GB/s "
-                           "HBM3: NVIDIA H100 SXM "
-                           "datasheet. gemm 0.60: assumption (Hopper's peak grew 3.2x over A100 "
-                           "while HBM bandwidth grew 1.6x, so end-to-end training reaches a smaller fraction of "
-                           "peak than on A100; no single-node H100 MFU fact to calibrate against yet). "
-                           "intra_node 0.82: 370 of 450 GB/s ring busbw on 8xH100 (NVIDIA/nccl-tests#212).") +
-                   kCommonSources});
+  t.push_back(
+      {"h100-sxm",
+       {"h100-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops, GpuArch::kHopper, kHopperGemmOverhead},
+       {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
+       kNcclRingSimpleNvlinkLatency,
+       kNcclRingSimpleNetLatency,
+       std::string("peak 989 TFLOP/s dense bf16, 1979 dense FP8: NVIDIA H100 datasheet. 80 GiB, 3350 GB/s "
+                   "HBM3: NVIDIA H100 SXM "
+                   "datasheet. gemm 0.60: assumption (Hopper's peak grew 3.2x over A100 "
+                   "while HBM bandwidth grew 1.6x, so end-to-end training reaches a smaller fraction of "
+                   "peak than on A100; no single-node H100 MFU fact to calibrate against yet). "
+                   "intra_node 0.82: 370 of 450 GB/s ring busbw on 8xH100 (NVIDIA/nccl-tests#212).") +
+           kCommonSources});
 
   t.push_back(
       {"h800-sxm",
-       {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops, GpuArch::kHopper},
+       {"h800-sxm", 989 * kTflops, 80 * kGiB, 3350 * kGBps, 1979 * kTflops, GpuArch::kHopper, kHopperGemmOverhead},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,
@@ -107,7 +118,7 @@ std::vector<CalibrationEntry> build_table() {
 
   t.push_back(
       {"h200-sxm",
-       {"h200-sxm", 989 * kTflops, 141e9, 4800 * kGBps, 1979 * kTflops, GpuArch::kHopper},
+       {"h200-sxm", 989 * kTflops, 141e9, 4800 * kGBps, 1979 * kTflops, GpuArch::kHopper, kHopperGemmOverhead},
        {0.60, kMemoryBoundEff, kIntraNodeEff, kInterNodeEff},
        kNcclRingSimpleNvlinkLatency,
        kNcclRingSimpleNetLatency,

@@ -115,6 +115,10 @@ struct GpuSpec {
   double hbm_bytes_per_s = 0;
   double fp8_peak_flops = 0;  // dense FP8 FLOP/s; 0: the GPU has no FP8 tensor cores (training.fp8 refused)
   GpuArch arch = GpuArch::kUnknown;
+  // Fixed seconds of every GEMM kernel besides its FLOPs at the GEMM rate: what makes a small product run
+  // below the large ones' fraction of peak (its first and last waves, the tile pipeline filling and draining).
+  // Fitted with its GEMM rate to a single-GPU table of products by shape (calibration.cc); 0: none known.
+  double gemm_overhead_s = 0;
 };
 
 struct IntraNodeSpec {

@@ -489,8 +489,8 @@ Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& g
 
 // cluster.gpu: the type first (a known type brings its calibrated numbers, which explicit fields override).
 Status parse_gpu(const ObjectReader& r, bool from_preset, ClusterSpec& c) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader g,
-                       r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps", "fp8_peak_tflops", "arch"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader g, r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps",
+                                                       "fp8_peak_tflops", "arch", "gemm_overhead_us"}));
   if (!from_preset) HZP_RETURN_IF_ERROR(g.require("type", "the cluster has no preset"));
   if (g.has("type")) {
     std::string type;
@@ -512,6 +512,7 @@ Status parse_gpu(const ObjectReader& r, bool from_preset, ClusterSpec& c) {
   HZP_RETURN_IF_ERROR(g.read_number("memory_GiB", c.gpu.memory_bytes, kGiB, {0.001, 1e6}));
   HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps, {0.1, 1e6}));
   HZP_RETURN_IF_ERROR(g.read_number("fp8_peak_tflops", c.gpu.fp8_peak_flops, kTflops, {0.001, 1e6}));
+  HZP_RETURN_IF_ERROR(g.read_number("gemm_overhead_us", c.gpu.gemm_overhead_s, kUs, {0, 1000}));
   return g.read_enum("arch", c.gpu.arch, {GpuArch::kVolta, GpuArch::kAmpere, GpuArch::kHopper, GpuArch::kBlackwell});
 }
 
@@ -1103,6 +1104,8 @@ json cluster_json(const ClusterSpec& c) {
   };
   if (c.gpu.fp8_peak_flops > 0) cluster["gpu"]["fp8_peak_tflops"] = to_unit(c.gpu.fp8_peak_flops, kTflops);
   if (c.gpu.arch != GpuArch::kUnknown) cluster["gpu"]["arch"] = to_string(c.gpu.arch);
+  // Always: 0 is a choice too (a known type's entry would give its own otherwise).
+  cluster["gpu"]["gemm_overhead_us"] = to_unit(c.gpu.gemm_overhead_s, kUs);
   return cluster;
 }
 
