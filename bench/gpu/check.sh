@@ -19,8 +19,8 @@
 #                asynchzp, zeropp, amsp and MoE expert parallelism (bf16 tolerance); memory per category matches
 #                the core's model
 #   fault        a rank killed at step 3 makes the others fail fast, naming it
-#   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %; a trace of the
-#                MoE bench model (its step by module)
+#   trace        a --trace of the 134 M model replays (hzp replay) to its recorded step within 3 %; traces of the
+#                MoE and 941 M bench models (their steps by module)
 #   attention    causal attention's TFLOP/s, forward and backward, seq 1 k .. 32 k, head_dim 64 / 128: fp16
 #                standard, PASA and PyTorch's SDPA; then hzp's kernels (attention_bench) and SDPA in bf16, and
 #                hzp's WMMA kernels at 1 k / 4 k and simple ones at 1 k: $OUT/attention.md
@@ -81,7 +81,8 @@ for stage in "${stages[@]}"; do
     rc=$?
     cat "$out/$stage.d/summary.txt" >> "$summary" 2> /dev/null
     [[ $rc -eq 124 || $rc -eq 137 ]] && note "FAIL $stage: stopped at its limit of $limit s"
-    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json trace_moe8x.json attention.jsonl attention.md gemm_shapes.jsonl; do
+    for keep in kernels.txt bench.md bench_rows.jsonl trace_134m.json trace_moe8x.json trace_941m.json attention.jsonl \
+      attention.md gemm_shapes.jsonl; do
       [[ -f $out/$stage.d/$keep ]] && mv "$out/$stage.d/$keep" "$out/"
     done
     pkill -9 -x hzp 2> /dev/null; pkill -9 -x hzp_kernel_test 2> /dev/null; pkill -9 -f 'bench/gpu/torch_gp[u]' 2> /dev/null
@@ -149,6 +150,9 @@ for stage in "${stages[@]}"; do
     # The MoE bench model's step by module (router, permutation, experts), for where its time goes.
     moe=$(with bench/gpu/moe8x.json trace_moe '{"run.steps": 4}')
     check trace_moe8x train "$moe" "$work/trace_moe" 1 --backend cuda --data random --trace "$out/trace_moe8x.json"
+    # The 941 M model's step by module: where it stands from torch.compile's 56 % MFU (issue 31).
+    big=$(with bench/gpu/llama941m.json trace_941m '{"run.steps": 4}')
+    check trace_941m train "$big" "$work/trace_941m" 1 --backend cuda --data random --trace "$out/trace_941m.json"
     ;;
   attention)
     rows=$out/attention.jsonl
