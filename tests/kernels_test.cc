@@ -2437,6 +2437,52 @@ TEST_CASE("kernels expert_products: one matmul per expert with rows gives expert
   CHECK_THAT(bad_dw.status().message(), Catch::Contains("expert offset 5 is 16"));
 }
 
+// The MoE expert stage as MoeBlock runs it: moe_group writes the offsets on the device, and the expert GEMMs read
+// them straight after (the CUDA backend copies them to the host at moe_group and reuses that copy). A second
+// grouping with other counts into the same offsets, and a GEMM on offsets grouped before another buffer's
+// grouping, must each use their own offsets.
+TEST_CASE("kernels expert_gemm on the offsets moe_group just wrote, regrouped and interleaved", "[kernels]") {
+  std::mt19937 rng(617);
+  const std::int64_t sources = 2, local = 3, h = 4, n = 3, stride = h * n, cap = 12;
+  const I64 counts[] = {{2, 0, 3, 1, 1, 0}, {0, 4, 1, 0, 0, 2}};
+  Ctx c;
+  const Vec W = randn(local * stride, rng), recv = randn(cap * h, rng);
+  const Buffer bw = c.upload(kF32, W), br = c.upload(kF32, recv);
+  const Buffer bc[] = {c.upload_i64(counts[0]), c.upload_i64(counts[1])};
+  const Buffer grouped[] = {c.alloc(kF32, cap * h), c.alloc(kF32, cap * h)};
+  const Buffer order[] = {c.alloc(ScalarType::kInt64, cap), c.alloc(ScalarType::kInt64, cap)};
+  const Buffer offsets[] = {c.alloc(ScalarType::kInt64, local + 1), c.alloc(ScalarType::kInt64, local + 1)};
+  const Buffer out = c.alloc(kF32, cap * n);
+  // out = grouped rows times their expert's W, against the reference grouping of `which` counts.
+  auto check = [&](int which, int buffers, const std::string& what) {
+    ExpertGemmArgs args;
+    args.a = grouped[buffers], args.w = bw, args.c = out, args.offsets = offsets[buffers];
+    args.groups = local, args.w_rows = h, args.w_cols = n, args.w_stride = stride;
+    c.k().expert_gemm(args);
+    const Grouping g = reference_group(counts[which], sources, local);
+    DVec ref(sz(g.live * n));
+    for (std::int64_t e = 0; e < local; ++e)
+      for (std::int64_t p = g.offsets[sz(e)]; p < g.offsets[sz(e + 1)]; ++p)
+        for (std::int64_t j = 0; j < n; ++j) {
+          double acc = 0;
+          for (std::int64_t i = 0; i < h; ++i)
+            acc += static_cast<double>(recv[sz(g.order[sz(p)] * h + i)]) * W[sz(e * stride + i * n + j)];
+          ref[sz(p * n + j)] = acc;
+        }
+    Vec got = c.get(out);
+    got.resize(sz(g.live * n));
+    expect_close("expert_gemm", "fp32", what, got, ref, tol(kF32, kF32, h));
+  };
+  c.k().moe_group(br, bc[0], grouped[0], order[0], offsets[0], sources, local, h);
+  check(0, 0, "just grouped");
+  c.k().moe_group(br, bc[1], grouped[0], order[0], offsets[0], sources, local, h);
+  check(1, 0, "regrouped with other counts into the same offsets");
+  c.k().moe_group(br, bc[0], grouped[0], order[0], offsets[0], sources, local, h);
+  c.k().moe_group(br, bc[1], grouped[1], order[1], offsets[1], sources, local, h);
+  check(0, 0, "grouped before another buffer's grouping");
+  c.require_ok();
+}
+
 TEST_CASE("kernels expert_gemm input gradient and expert_gemm_dw match finite differences in fp32 with empty groups",
           "[kernels]") {
   std::mt19937 rng(611);

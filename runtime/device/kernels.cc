@@ -591,7 +591,8 @@ void Kernels::expert_gemm_dw(const ExpertGemmArgs& a) {
              "bad groups or W shape " + dims(a.w_rows, a.w_cols) + " with stride " + std::to_string(a.w_stride)) ||
       !check_type(a.a, k, "a", tensor_type, "fp32/bf16/fp16") ||
       !check(a.c.type == a.a.type, k, "a and c types differ") ||
-      !check_type(a.w, k, "w (the gradient)", tensor_type, "fp32/bf16/fp16") ||
+      !check(a.w.type == a.a.type || a.w.type == ScalarType::kFp32, k,
+             "w (the gradient) must be a's type or fp32, as matmul's c") ||
       !check_count(a.w, mul(a.groups - 1, a.w_stride) + a.w_rows * a.w_cols, k, "w") ||
       !check(a.a.count % a.w_rows == 0 && a.c.count % a.w_cols == 0 && a.a.count / a.w_rows == a.c.count / a.w_cols, k,
              "a [rows x " + std::to_string(a.w_rows) + "] and c [rows x " + std::to_string(a.w_cols) +

@@ -90,7 +90,7 @@ struct AdamWHyper {
 // Grouped GEMM over a MoE layer's local experts: rows [offsets[g], offsets[g+1]) of `a` and `c` belong to
 // expert g < groups, whose matrix W_g is stored [w_rows x w_cols] at w.slice(g * w_stride).
 //   expert_gemm:    c_g (+)= a_g op(W_g), op(W) = W or W^T (trans_w)
-//   expert_gemm_dw: W_g += a_g^T c_g   (the weight gradient; `w` is the gradient buffer)
+//   expert_gemm_dw: W_g += a_g^T c_g   (the weight gradient; `w` is the gradient buffer, of a's type or fp32)
 struct ExpertGemmArgs {
   Buffer a, w, c;
   Buffer offsets;  // int64 [groups + 1], on the device

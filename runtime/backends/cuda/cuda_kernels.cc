@@ -4,15 +4,18 @@
 //
 // A MoE layer's expert GEMMs run as one cuBLAS product per expert (expert_products.h), whose row counts the host
 // must know: moe_group, which computes the experts' row offsets on the device, also copies them to pinned host
-// memory behind an event, and the expert GEMMs that follow on this stream wait for that event once and reuse
-// the copy (one wait per grouping: Megatron's grouped MLP likewise moves its tokens-per-expert to the host).
-// Any other write this Kernels makes over the copied offsets drops the copy; offsets not copied that way are
-// read with a synchronous copy.
+// memory behind an event of its stream, and the expert GEMMs that follow on this Kernels wait for that event
+// once and reuse the copy (one wait per grouping: Megatron's grouped MLP likewise moves its tokens-per-expert to
+// the host). The wait is the stream's own (Event::synchronize): a stream poisoned meanwhile, e.g. by the NCCL
+// watchdog aborting a dead peer's communicator, ends it with that failure. The copy is reused only while
+// nothing but expert GEMMs and SwiGLU ran on this Kernels since moe_group (what MoeBlock's expert stage does);
+// any other call drops it, and offsets not staged so are copied and waited for at the GEMM.
 #include "runtime/backends/cuda/cuda_kernels.h"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "runtime/backends/cuda/launch.h"
 #include "runtime/device/expert_products.h"
@@ -37,8 +40,6 @@ class CudaKernels final : public Kernels {
     else
       fail(Status::Internal("cuda kernels: cannot allocate cuBLASLt's workspace of " +
                             std::to_string(kGemmWorkspaceBytes) + " bytes"));
-    if (cudaEventCreateWithFlags(&offsets_ready_, cudaEventDisableTiming) != cudaSuccess)
-      fail(Status::Internal("cuda kernels: cannot create the expert offsets' event"));
     if (Status st = grow_host_offsets(kInitialExpertOffsets); !st.ok()) fail(st);
   }
   ~CudaKernels() override {
@@ -46,8 +47,7 @@ class CudaKernels final : public Kernels {
     cudaFree(ws_.doubles);
     cudaFree(ws_.ints);
     cudaFree(ws_.gemm);
-    cudaFreeHost(host_offsets_);
-    if (offsets_ready_ != nullptr) cudaEventDestroy(offsets_ready_);
+    cudaFreeHost(host_offsets_);  // synchronises with the device: a last offsets copy has landed
   }
 
   std::string backend() const override { return "cuda"; }
@@ -68,12 +68,11 @@ class CudaKernels final : public Kernels {
 
  protected:
   void do_fill(const Buffer& x, double value) override {
-    written(x);
     cuda::fill(x, value, s_);
     after("fill");
   }
   void do_copy(const Buffer& src, const Buffer& dst) override {
-    written(dst);
+    staged_ = nullptr;
     if (src.count > 0 && src.data != dst.data)
       check_api(
           cudaMemcpyAsync(dst.data, src.data, static_cast<std::size_t>(dst.bytes()), cudaMemcpyDeviceToDevice, s_),
@@ -81,14 +80,13 @@ class CudaKernels final : public Kernels {
   }
   void do_cast(const Buffer& src, const Buffer& dst) override {
     if (src.type == dst.type) return do_copy(src, dst);
-    written(dst);
     cuda::cast(src, dst, s_);
     after("cast");
   }
   // From pageable host memory the copy is staged before cudaMemcpyAsync returns, so the caller may reuse its
   // buffer at once; to pageable host memory it returns once the data has arrived.
   void do_copy_from_host(const void* src, const Buffer& dst) override {
-    written(dst);
+    staged_ = nullptr;
     if (dst.count > 0)
       check_api(cudaMemcpyAsync(dst.data, src, static_cast<std::size_t>(dst.bytes()), cudaMemcpyHostToDevice, s_),
                 "copy_from_host");
@@ -208,7 +206,6 @@ class CudaKernels final : public Kernels {
   }
   void do_moe_topk(const Buffer& probs, const Buffer& selected, const Buffer& weight, const Buffer& psum,
                    const Buffer& expert_count, std::int64_t t, std::int64_t experts, std::int64_t k) override {
-    written(expert_count);
     cuda::moe_topk(probs, selected, weight, psum, expert_count, t, experts, k, s_);
     after("moe_topk");
   }
@@ -221,7 +218,6 @@ class CudaKernels final : public Kernels {
   void do_moe_permute(const Buffer& x, const Buffer& selected, const Buffer& expert_count, const Buffer& rows,
                       const Buffer& send_row, std::int64_t t, std::int64_t experts, std::int64_t k,
                       std::int64_t h) override {
-    written(send_row);
     cuda::moe_permute(x, selected, expert_count, rows, send_row, t, experts, k, h, s_);
     after("moe_permute");
   }
@@ -245,7 +241,6 @@ class CudaKernels final : public Kernels {
   void do_moe_group(const Buffer& recv, const Buffer& counts, const Buffer& grouped, const Buffer& order,
                     const Buffer& offsets, std::int64_t sources, std::int64_t local, std::int64_t h) override {
     if (!scratch("moe_group", 0, 0, 2 * sources * local + 1)) return;
-    written(order);
     cuda::moe_group(recv, counts, grouped, order, offsets, sources, local, h, ws_, s_);
     after("moe_group");
     stage_offsets(offsets, local + 1);
@@ -257,17 +252,16 @@ class CudaKernels final : public Kernels {
   }
   void do_sum_counts(const Buffer& counts, const Buffer& out, std::int64_t n, std::int64_t local,
                      std::int64_t multiplier) override {
-    written(out);
     cuda::sum_counts(counts, out, n, local, multiplier, s_);
     after("sum_counts");
   }
   void do_expert_gemm(const ExpertGemmArgs& args) override {
-    const std::int64_t* offsets = offsets_on_host(args.offsets, args.groups + 1);
+    const std::int64_t* offsets = offsets_on_host("expert_gemm", args.offsets, args.groups + 1);
     if (offsets == nullptr) return;
     run_products("expert_gemm", expert_products(args, offsets));
   }
   void do_expert_gemm_dw(const ExpertGemmArgs& args) override {
-    const std::int64_t* offsets = offsets_on_host(args.offsets, args.groups + 1);
+    const std::int64_t* offsets = offsets_on_host("expert_gemm_dw", args.offsets, args.groups + 1);
     if (offsets == nullptr) return;
     run_products("expert_gemm_dw", expert_dw_products(args, offsets));
   }
@@ -276,6 +270,10 @@ class CudaKernels final : public Kernels {
   // A launch error (bad configuration, no kernel image for this GPU) becomes the sticky error; errors from a
   // kernel that already ran surface at the stream's next synchronisation.
   void after(const char* kernel) {
+    // Every launch but the expert stage's (moe_group stages after its own) drops the staged offsets.
+    const std::string_view k = kernel;
+    if (k != "expert_gemm" && k != "expert_gemm_dw" && k != "swiglu_forward" && k != "swiglu_backward")
+      staged_ = nullptr;
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
       fail(Status::Internal(std::string("kernel ") + kernel + " (cuda): " + cudaGetErrorName(e) + ": " +
@@ -313,34 +311,35 @@ class CudaKernels final : public Kernels {
 
   // --- The experts' row offsets on the host (the file comment) ---
 
-  // After moe_group on this stream: copy its `n` offsets to the pinned buffer, ready when offsets_ready_ is.
+  // After moe_group on this stream: copy its `n` offsets to the pinned buffer, ready once offsets_ready_ is.
   void stage_offsets(const Buffer& offsets, std::int64_t n) {
     staged_ = nullptr;
+    offsets_ready_.reset();
     if (n > host_offsets_count_) return;  // offsets_on_host reports it
     check_api(cudaMemcpyAsync(host_offsets_, offsets.data, static_cast<std::size_t>(n) * sizeof(std::int64_t),
                               cudaMemcpyDeviceToHost, s_),
               "moe_group (offsets to the host)");
-    check_api(cudaEventRecord(offsets_ready_, s_), "moe_group (offsets' event)");
-    if (status().ok()) staged_ = offsets.data, staged_count_ = n;
+    if (!status().ok()) return;
+    offsets_ready_ = stream().record();
+    staged_ = offsets.data, staged_count_ = n;
   }
-  // A write to `b` drops the staged copy if it overlaps the offsets it was copied from.
-  void written(const Buffer& b) {
-    if (staged_ == nullptr || b.count == 0) return;
-    const char *lo = static_cast<const char*>(b.data), *hi = lo + b.bytes();
-    const char* s = static_cast<const char*>(staged_);
-    if (lo < s + staged_count_ * static_cast<std::int64_t>(sizeof(std::int64_t)) && s < hi) staged_ = nullptr;
-  }
-  // The `n` offsets at `offsets` on the host, or nullptr after failing the stream.
-  const std::int64_t* offsets_on_host(const Buffer& offsets, std::int64_t n) {
+  // The `n` offsets at `offsets` on the host, or nullptr after failing this Kernels.
+  const std::int64_t* offsets_on_host(const char* kernel, const Buffer& offsets, std::int64_t n) {
     if (n > host_offsets_count_) {
-      fail(Status::Internal("kernel expert_gemm (cuda): " + std::to_string(n - 1) +
+      fail(Status::Internal(std::string("kernel ") + kernel + " (cuda): " + std::to_string(n - 1) +
                             " experts are more than prepared (" + std::to_string(host_offsets_count_ - 1) +
                             "): call Kernels::prepare with the run's experts"));
       return nullptr;
     }
     if (offsets.data != staged_ || n > staged_count_) stage_offsets(offsets, n);
-    check_api(cudaEventSynchronize(offsets_ready_), "expert_gemm (waiting for the experts' offsets)");
-    return status().ok() ? host_offsets_ : nullptr;
+    if (offsets_ready_ == nullptr) return nullptr;  // stage_offsets failed this Kernels
+    if (Status st = offsets_ready_->synchronize(); !st.ok()) {
+      staged_ = nullptr;
+      fail(Status::Internal(std::string("kernel ") + kernel +
+                            " (cuda): waiting for the experts' row offsets: " + st.message()));
+      return nullptr;
+    }
+    return host_offsets_;
   }
   void run_products(const char* kernel, const Result<std::vector<MatmulArgs>>& products) {
     if (!products.ok())
@@ -386,7 +385,7 @@ class CudaKernels final : public Kernels {
   cuda::Gemm gemm_;
   std::int64_t* host_offsets_ = nullptr;  // pinned
   std::int64_t host_offsets_count_ = 0;
-  cudaEvent_t offsets_ready_ = nullptr;
+  EventPtr offsets_ready_;        // the stream's event after the copy into host_offsets_
   const void* staged_ = nullptr;  // the device offsets whose copy host_offsets_ holds (once offsets_ready_)
   std::int64_t staged_count_ = 0;
 };

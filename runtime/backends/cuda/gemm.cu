@@ -42,7 +42,7 @@ std::uint32_t alignment(const void* p) {
 }
 
 std::string status_text(cublasStatus_t s) {
-  return std::string("cuBLASLt status ") + std::to_string(static_cast<int>(s));
+  return std::string("cuBLAS status ") + std::to_string(static_cast<int>(s));
 }
 
 // Everything that selects an algorithm.
