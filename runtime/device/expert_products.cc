@@ -21,16 +21,25 @@ Status check_offsets(const std::int64_t* offsets, std::int64_t groups, std::int6
   return Status::Ok();
 }
 
+// One product per expert with rows: make(g, first, n_rows) for each, once the offsets are checked.
+template <typename Make>
+Result<std::vector<MatmulArgs>> per_expert(const ExpertGemmArgs& e, const std::int64_t* offsets, std::int64_t rows,
+                                           const char* kernel, Make make) {
+  HZP_RETURN_IF_ERROR(check_offsets(offsets, e.groups, rows, kernel));
+  std::vector<MatmulArgs> products;
+  for (std::int64_t g = 0; g < e.groups; ++g) {
+    const std::int64_t first = offsets[g], n_rows = offsets[g + 1] - first;
+    if (n_rows > 0) products.push_back(make(g, first, n_rows));
+  }
+  return products;
+}
+
 }  // namespace
 
 Result<std::vector<MatmulArgs>> expert_products(const ExpertGemmArgs& e, const std::int64_t* offsets) {
   const std::int64_t in_w = e.trans_w ? e.w_cols : e.w_rows, out_w = e.trans_w ? e.w_rows : e.w_cols;
   const std::int64_t rows = std::min(e.a.count / in_w, e.c.count / out_w);
-  HZP_RETURN_IF_ERROR(check_offsets(offsets, e.groups, rows, "expert_gemm"));
-  std::vector<MatmulArgs> products;
-  for (std::int64_t g = 0; g < e.groups; ++g) {
-    const std::int64_t first = offsets[g], n_rows = offsets[g + 1] - first;
-    if (n_rows == 0) continue;
+  return per_expert(e, offsets, rows, "expert_gemm", [&](std::int64_t g, std::int64_t first, std::int64_t n_rows) {
     MatmulArgs p;
     p.trans_b = e.trans_w;
     p.m = n_rows, p.n = out_w, p.k = in_w;
@@ -38,18 +47,13 @@ Result<std::vector<MatmulArgs>> expert_products(const ExpertGemmArgs& e, const s
     p.b = e.w.slice(g * e.w_stride, e.w_rows * e.w_cols), p.ldb = e.w_cols;
     p.c = e.c.slice(first * out_w, n_rows * out_w), p.ldc = out_w;
     p.beta = e.accumulate ? 1.0f : 0.0f;
-    products.push_back(p);
-  }
-  return products;
+    return p;
+  });
 }
 
 Result<std::vector<MatmulArgs>> expert_dw_products(const ExpertGemmArgs& e, const std::int64_t* offsets) {
   const std::int64_t rows = e.a.count / e.w_rows;
-  HZP_RETURN_IF_ERROR(check_offsets(offsets, e.groups, rows, "expert_gemm_dw"));
-  std::vector<MatmulArgs> products;
-  for (std::int64_t g = 0; g < e.groups; ++g) {
-    const std::int64_t first = offsets[g], n_rows = offsets[g + 1] - first;
-    if (n_rows == 0) continue;
+  return per_expert(e, offsets, rows, "expert_gemm_dw", [&](std::int64_t g, std::int64_t first, std::int64_t n_rows) {
     MatmulArgs p;
     p.trans_a = true;
     p.m = e.w_rows, p.n = e.w_cols, p.k = n_rows;
@@ -57,9 +61,8 @@ Result<std::vector<MatmulArgs>> expert_dw_products(const ExpertGemmArgs& e, cons
     p.b = e.c.slice(first * e.w_cols, n_rows * e.w_cols), p.ldb = e.w_cols;
     p.c = e.w.slice(g * e.w_stride, e.w_rows * e.w_cols), p.ldc = e.w_cols;
     p.beta = 1.0f;
-    products.push_back(p);
-  }
-  return products;
+    return p;
+  });
 }
 
 }  // namespace hzp::runtime
