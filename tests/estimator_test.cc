@@ -1,11 +1,13 @@
 // The analytic estimator against closed forms: a 1-GPU step is exactly its compute; ring collectives
 // follow (p-1)α + (p-1)/p·S/B; a single stream without prefetch serialises compute and communication;
 // overlap only ever helps.
+#include <cmath>
 #include <random>
 
 #include "tests/test_util.h"
 
 #include "shared/cost/collective_cost.h"
+#include "shared/scenario/calibration.h"
 #include "shared/scenario/presets.h"
 #include "shared/schedule/schedule_builder.h"
 
@@ -40,11 +42,15 @@ TEST_CASE("a 1-GPU DDP step takes exactly its compute time", "[estimator]") {
   CHECK(e.step_time_s == Approx(sum_compute(b)).epsilon(1e-12));
   CHECK(e.comm_s == 0);
   CHECK(e.exposed_comm_s == Approx(0).margin(1e-12));
-  // Compute model: flops at peak·gemm efficiency + bytes at HBM·memory-bound efficiency, per op.
+  // Compute model: flops at peak·gemm efficiency + bytes at HBM·memory-bound efficiency, per op; the A100 has
+  // no flash table, so the causal kernel's executed FLOPs run at half the GEMM rate (count them twice).
+  REQUIRE(b.scenario.cluster.gpu.flash_rates.empty());
   double expected = 0;
   for (const ModuleCost& m : b.cost.modules)
-    expected += compute_time(b.scenario.cluster, m.fwd_flops + m.bwd_flops + m.recompute_flops,
-                             m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes);
+    expected += compute_time(
+        b.scenario.cluster,
+        m.fwd_flops + m.bwd_flops + m.recompute_flops + m.fwd_flash_flops + m.bwd_flash_flops + m.recompute_flash_flops,
+        m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes);
   expected += compute_time(b.scenario.cluster, 0, static_cast<double>(b.cost.params) * kAdamBytesPerParam);
   CHECK(e.step_time_s == Approx(expected).epsilon(1e-9));
   CHECK(e.mfu == Approx(b.cost.model_flops / (e.step_time_s * b.scenario.cluster.gpu.peak_flops)).epsilon(1e-12));
@@ -83,16 +89,21 @@ TEST_CASE("a 1-GPU FP8 step runs the linear layers at the FP8 peak and the rest 
   const Built b = build(scenario_from(doc));
   const ClusterSpec& c = b.scenario.cluster;
   REQUIRE(c.gpu.fp8_peak_flops == Approx(1979e12));  // NVIDIA H100 SXM datasheet, dense
+  REQUIRE(c.gpu.fp8_gemm_vs_bf16 == Approx(0.908));  // calibration.cc: FP8 products measured against bf16 ones
   double expected = 0, fp8_flops = 0;
+  const double fwd_flash = flash_vs_gemm(c.gpu, false, 128, 4096), bwd_flash = flash_vs_gemm(c.gpu, true, 128, 4096);
   for (const ModuleCost& m : b.cost.modules) {
     const double all = m.fwd_flops + m.bwd_flops + m.recompute_flops;
     const double in_fp8 = m.fwd_fp8_flops + m.bwd_fp8_flops + m.recompute_fp8_flops;
+    // The flash kernel (bf16) at its own multiple of the GEMM rate.
+    const double flash = m.fwd_flash_flops / fwd_flash + m.bwd_flash_flops / bwd_flash;
     fp8_flops += in_fp8;
-    expected += (all - in_fp8) / (c.gpu.peak_flops * c.efficiency.gemm) +
-                in_fp8 / (c.gpu.fp8_peak_flops * c.efficiency.gemm) +
-                (m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes) /
-                    (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound) +
-                (m.fwd_gemms + m.bwd_gemms + m.recompute_gemms) * c.gpu.gemm_overhead_s;  // 7B: compute-bound
+    expected +=
+        (all - in_fp8 - m.fwd_flash_flops - m.bwd_flash_flops + flash) / (c.gpu.peak_flops * c.efficiency.gemm) +
+        in_fp8 / (c.gpu.fp8_peak_flops * c.gpu.fp8_gemm_vs_bf16 * c.efficiency.gemm) +
+        (m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes) /
+            (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound) +
+        (m.fwd_gemms + m.bwd_gemms + m.recompute_gemms) * c.gpu.gemm_overhead_s;  // 7B: compute-bound
   }
   expected +=
       static_cast<double>(b.cost.params) * kAdamBytesPerParam / (c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound);
@@ -483,4 +494,56 @@ TEST_CASE("ECMP slowdown: 1 where nothing hashes, the multinomial's expected max
                                                              return e;
                                                            }(),
                                                            all)));
+}
+
+// Flash attention's own rate (GpuSpec::flash_rates, flash_vs_gemm): the table's points exactly, log-linear
+// between them in the sequence and the head dimension, clamped outside, 0.5 without a table.
+TEST_CASE("flash_vs_gemm interpolates the GPU's measured table", "[estimator][flash]") {
+  GpuSpec gpu;
+  CHECK(flash_vs_gemm(gpu, false, 128, 4096) == kNoFlashTable);
+  gpu.flash_rates = {{64, 1024, 0.3, 0.2}, {64, 4096, 0.5, 0.4}, {128, 1024, 0.6, 0.4}, {128, 4096, 0.8, 0.6}};
+  CHECK(flash_vs_gemm(gpu, false, 64, 1024) == Approx(0.3));
+  CHECK(flash_vs_gemm(gpu, true, 128, 4096) == Approx(0.6));
+  CHECK(flash_vs_gemm(gpu, false, 64, 2048) == Approx(0.4));  // half-way in log2(seq)
+  CHECK(flash_vs_gemm(gpu, true, 128, 2048) == Approx(0.5));
+  CHECK(flash_vs_gemm(gpu, false, 128, 512) == Approx(0.6));    // clamped below ...
+  CHECK(flash_vs_gemm(gpu, false, 128, 65536) == Approx(0.8));  // ... and above
+  CHECK(flash_vs_gemm(gpu, false, 32, 4096) == Approx(0.5));
+  CHECK(flash_vs_gemm(gpu, true, 256, 1024) == Approx(0.4));
+  // Between head dimensions, half-way in log2(head_dim) at 2048 keys: (0.4 + 0.7) / 2.
+  CHECK(flash_vs_gemm(gpu, false, std::sqrt(64.0 * 128), 2048) == Approx(0.55));
+  // Hopper's table is the one calibration.cc carries (tools/flash_rate_table.py, tests/flash_rate_table.sh).
+  const GpuSpec h100 = calibration_for("h100-sxm")->gpu;
+  CHECK(flash_vs_gemm(h100, false, 128, 4096) == Approx(0.770));
+  CHECK(flash_vs_gemm(h100, true, 128, 4096) == Approx(0.618));
+  CHECK(calibration_for("a100-80gb")->gpu.flash_rates.empty());
+}
+
+// A 1-GPU step's attention: the flash kernel's executed FLOPs at the GEMM rate times flash_vs_gemm. Without a
+// table (A100) that is the full causal count at the GEMM rate, the model before the tables.
+TEST_CASE("a 1-GPU step times the flash kernel's executed FLOPs at its own rate", "[estimator][flash]") {
+  for (const char* cluster : {"dgx-h100", "dgx-a100"}) {
+    nlohmann::json doc = scenario_json("llama2-7b", cluster, 1, "ddp", 4096);
+    doc["cluster"]["gpus_per_node"] = 1;
+    doc["cluster"]["nic"] = {{"per_node", 1}};
+    const Built b = build(scenario_from(doc));
+    const ClusterSpec& c = b.scenario.cluster;
+    INFO(cluster);
+    const double gemm = c.gpu.peak_flops * c.efficiency.gemm, hbm = c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound;
+    const double fwd_ratio = flash_vs_gemm(c.gpu, false, 128, 4096), bwd_ratio = flash_vs_gemm(c.gpu, true, 128, 4096);
+    double expected = 0, flash = 0;
+    for (const ModuleCost& m : b.cost.modules) {
+      const double all = m.fwd_flops + m.bwd_flops + m.recompute_flops;
+      const double fwd_flash = m.fwd_flash_flops + m.recompute_flash_flops;
+      flash += fwd_flash + m.bwd_flash_flops;
+      expected += (all - fwd_flash - m.bwd_flash_flops) / gemm + fwd_flash / (gemm * fwd_ratio) +
+                  m.bwd_flash_flops / (gemm * bwd_ratio) +
+                  (m.fwd_mem_bytes + m.bwd_mem_bytes + m.recompute_mem_bytes) / hbm +
+                  (m.fwd_gemms + m.bwd_gemms + m.recompute_gemms) * c.gpu.gemm_overhead_s;
+    }
+    expected += static_cast<double>(b.cost.params) * kAdamBytesPerParam / hbm;
+    CHECK(flash > 0);
+    CHECK(estimate_of(b).step_time_s == Approx(expected).epsilon(1e-9));
+    if (c.gpu.flash_rates.empty()) CHECK(fwd_ratio == 0.5);  // the executed half at half the rate: the full count
+  }
 }

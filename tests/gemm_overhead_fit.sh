@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The calibration table's fixed cost per GEMM kernel for Hopper (cluster.gpu.gemm_overhead_us, as `hzp validate`
 # resolves dgx-h100, dgx-h200 and an h800-sxm cluster) is what tools/gemm_overhead_fit.py fits to the H100 table in
-# scenarios/validation/h100_kernels.json; and the fit tool refuses bad input (exit 2, the file named).
+# scenarios/validation/h100_kernels.json; its FP8 GEMMs' efficiency against bf16 (cluster.gpu.fp8_gemm_vs_bf16) is
+# what the tool measures on the H200 run that timed the dev-row models' products both ways
+# (bench/gpu/results/2026-11-27b-h200/gemm_shapes.jsonl); and the fit tool refuses bad input (exit 2, the file named).
 # Usage: bash tests/gemm_overhead_fit.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -17,8 +19,13 @@ for cluster in '{"preset": "dgx-h100"}' '{"preset": "dgx-h200"}' '{"preset": "dg
   us=$("$hzp" validate "$work/s.json" 2>"$work/err" | python3 -c 'import json, sys; print(json.load(sys.stdin)["cluster"]["gpu"]["gemm_overhead_us"])') ||
     fail "no cluster.gpu.gemm_overhead_us in hzp validate's output for $cluster: $(cat "$work/err")"
   out=$(python3 tools/gemm_overhead_fit.py --check-us "$us" "$table" 2>&1) || fail "$cluster: $out"
+  fp8=$("$hzp" validate "$work/s.json" 2>"$work/err" | python3 -c 'import json, sys; print(json.load(sys.stdin)["cluster"]["gpu"]["fp8_gemm_vs_bf16"])') ||
+    fail "no cluster.gpu.fp8_gemm_vs_bf16 in hzp validate's output for $cluster: $(cat "$work/err")"
+  out_fp8=$(python3 tools/gemm_overhead_fit.py --min-us 50 --fp8-vs-bf16 "$us" --check-fp8 "$fp8" \
+            bench/gpu/results/2026-11-27b-h200/gemm_shapes.jsonl 2>&1) || fail "$cluster: $out_fp8"
 done
 echo "$out"
+echo "$out_fp8" | tail -3
 # Bad input: a missing table, one that is not a table, rows without sizes.
 expect2() {  # pattern file
   local out code

@@ -187,28 +187,50 @@ TEST_CASE("per-module model FLOPs sum to the closed-form count", "[model_math]")
   }
 }
 
-TEST_CASE("backward is 2x forward, plus flash attention's recompute of QK^T", "[model_math]") {
+TEST_CASE("backward is 2x forward, a causal flash kernel executes half the core and recomputes QK^T", "[model_math]") {
   const ModelSpec m = llama2_7b();
   const double b = 2, s = 2048, heads = 32, d = 128;
-  const double qk = 2 * b * s * s * heads * d;
+  const double qk = 2 * b * s * s * heads * d;                                    // QK^T in full, and as much for P.V
+  const double linear = 2 * b * s * 4096 * (3 * 4096) + 2 * b * s * 4096 * 4096;  // QKV + O forward
   const ModelCost flash = model_cost(m, training(2, 2048, Recompute::kNone, true));
   const ModelCost plain = model_cost(m, training(2, 2048, Recompute::kNone, false));
   for (std::size_t i = 0; i < flash.modules.size(); ++i) {
     const ModuleCost& f = flash.modules[i];
     const ModuleCost& p = plain.modules[i];
     INFO(to_string(f.kind) << " layer " << f.layer);
-    CHECK(p.fwd_flops == f.fwd_flops);
     CHECK(p.bwd_flops == Approx(2 * p.fwd_flops));
+    CHECK(p.fwd_flash_flops + p.bwd_flash_flops + p.recompute_flash_flops == 0);
     if (f.kind == ModuleKind::kAttention) {
-      CHECK(f.bwd_flops == Approx(2 * f.fwd_flops + qk));
-      // Forward QKV + core + O, as Megatron counts it.
-      CHECK(f.fwd_flops == Approx(2 * b * s * 4096 * (3 * 4096) + 2 * qk + 2 * b * s * 4096 * 4096));
+      // Unfused, the core in full, as Megatron counts it; the causal flash kernel skips the masked half, and
+      // its backward recomputes (half of) QK^T: 2.5 times its forward.
+      CHECK(p.fwd_flops == Approx(linear + 2 * qk));
+      CHECK(f.fwd_flash_flops == Approx(qk));
+      CHECK(f.bwd_flash_flops == Approx(2.5 * qk));
+      CHECK(f.fwd_flops == Approx(linear + f.fwd_flash_flops));
+      CHECK(f.bwd_flops == Approx(2 * linear + f.bwd_flash_flops));
+      CHECK(f.flash_head_dim == 128);
+      CHECK(f.flash_seq == s);
     } else {
+      CHECK(p.fwd_flops == f.fwd_flops);
       CHECK(f.bwd_flops == Approx(2 * f.fwd_flops));
     }
   }
-  // Model FLOPs never see the flash recompute: 3x forward for everything but norms/router.
+  // Model FLOPs count the core in full and never see the flash recompute: 3x forward (norms, router aside).
   CHECK(flash.model_flops == Approx(plain.model_flops));
+  // Full recompute redoes the flash forward; ring context parallelism gives each kernel call s / c keys,
+  // Ulysses the whole sequence.
+  const ModuleCost again =
+      module_at(model_cost(m, training(2, 2048, Recompute::kFull, true)), ModuleKind::kAttention, 0);
+  CHECK(again.recompute_flash_flops == Approx(again.fwd_flash_flops));
+  for (const ContextComm comm : {ContextComm::kRing, ContextComm::kAllToAll}) {
+    ParallelSpec par;
+    par.context = 4;
+    par.context_comm = comm;
+    const ModuleCost cp =
+        module_at(model_cost(m, training(2, 2048, Recompute::kNone, true), par), ModuleKind::kAttention, 0);
+    CHECK(cp.fwd_flash_flops == Approx(qk / 4));
+    CHECK(cp.flash_seq == (comm == ContextComm::kRing ? s / 4 : s));
+  }
 }
 
 TEST_CASE("activations match Korthikanti et al., with and without the dropout terms", "[model_math]") {
@@ -385,7 +407,7 @@ TEST_CASE("FP8 runs the linear layers' GEMMs in FP8 and casts their operands, no
   // Q, K, V and the output projection in FP8; QK^T and P.V (and flash's recompute of QK^T) not.
   CHECK(attention.fwd_fp8_flops == Approx(2 * t * h * 3 * h + 2 * t * h * h));
   CHECK(attention.bwd_fp8_flops == Approx(2 * attention.fwd_fp8_flops));
-  CHECK(attention.fwd_flops - attention.fwd_fp8_flops == Approx(4 * t * t * h));
+  CHECK(attention.fwd_flops - attention.fwd_fp8_flops == Approx(2 * t * t * h));  // the causal kernel's half
   // Gate, up and down: the whole MLP.
   CHECK(mlp.fwd_fp8_flops == Approx(2 * t * h * 3 * f));
   CHECK(mlp.fwd_fp8_flops == Approx(mlp.fwd_flops));

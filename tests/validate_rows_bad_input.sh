@@ -6,7 +6,8 @@
 # file, rows with no bf16 / FP8 pair and a pair on a GPU without an FP8 peak exit 2 with the reason, never a
 # traceback. Outputs that are an input, a FIFO or an empty path are refused before any work; rows without an id,
 # with a repeated id or a number Python cannot convert are refused naming the line; files of the --out folder are
-# never written through a link or a FIFO, and never replace an input.
+# never written through a link or a FIFO, and never replace an input. --only and --calibrate-on with an id that is
+# not in their file exit 2 naming it.
 # Usage: bash tests/validate_rows_bad_input.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -37,6 +38,10 @@ cat >"$work/malformed.jsonl" <<'ROWS'
 {"id": "M7", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": [], "ffn": 11008, "vocab": 32000, "seq_len": 4096, "gpu_count": 16, "gpus_per_node": 8, "gpu": "A100", "micro_batch": 1, "grad_accum": 1, "zero_or_sharding": "zero1=-1"}
 ROWS
 expect 2 "No such file" "$work/missing.jsonl"
+# --only and --calibrate-on name rows that are there.
+expect 2 "\-\-only: no row R999 in" scenarios/validation/one_node_rows.jsonl --only R133,R999
+expect 2 "\-\-calibrate-on: no row id given" scenarios/validation/one_node_rows.jsonl --calibrate-on ", "
+expect 2 "\-\-calibrate-on: no row R201 in" scenarios/validation/one_node_rows.jsonl --calibrate-on R201
 expect 2 "broken.jsonl:2: not JSON" "$work/broken.jsonl"
 expect 2 "array.jsonl:1: a row must be a JSON object" "$work/array.jsonl"
 expect 2 "jobs must be in" --jobs 0 "$work/untranslatable.jsonl"

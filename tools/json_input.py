@@ -6,6 +6,8 @@
                                    it is over 256 MiB
     load_json_input(path, what)    the document, or exit 2 with one line naming it when read_regular_file
                                    refuses it or it is not JSON
+    jsonl_rows(path, text)         (line number, value) of each non-empty line of a JSON Lines text; ValueError
+                                   "PATH:LINE: not JSON (...)" at the first line that is not
     number(low, high)              an argparse type: a finite number in [low, high] ("nan" and "inf" refused)
     check_output_file(path, flag, inputs)
                                    ValueError naming FLAG unless PATH can be written: not "", not a directory,
@@ -60,6 +62,18 @@ def load_json_input(path, what):
     except (OSError, ValueError, RecursionError) as e:
         print(f"{what} {path}: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         sys.exit(2)
+
+
+def jsonl_rows(path, text):
+    """(line number, value) of each non-empty line of TEXT, the JSON Lines file PATH; ValueError naming the line
+    of the first one that is not JSON."""
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield line_number, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{line_number}: not JSON ({e.msg})") from None
 
 
 def number(low, high):

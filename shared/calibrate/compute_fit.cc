@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "shared/cost/collective_cost.h"
 #include "shared/cost/duration_model.h"
 #include "shared/estimate/estimator.h"
 #include "shared/model/model_math.h"
@@ -127,11 +128,12 @@ std::vector<Point> timed_points(const ClusterSpec& c, const Schedule& schedule, 
       // fixed cost per GEMM kernel is no efficiency's: the fit leaves it as it is.
       auto bytes_bound = [&](double x, double y) { return y / c.efficiency.memory_bound > x / c.efficiency.gemm; };
       const double core_x = k->core_flops / c.gpu.peak_flops, core_y = k->core_bytes / c.gpu.hbm_bytes_per_s;
-      const double linear_x = (k->flops - k->fp8_flops - k->core_flops) / c.gpu.peak_flops +
-                              (k->fp8_flops > 0 ? k->fp8_flops / c.gpu.fp8_peak_flops : 0);
+      const double linear_x = (k->flops - k->fp8_flops - k->core_flops - k->flash_flops) / c.gpu.peak_flops +
+                              (k->fp8_flops > 0 ? k->fp8_flops / c.gpu.fp8_gemm_peak() : 0);
       const double linear_y = k->gemm_bytes / c.gpu.hbm_bytes_per_s;
+      const double flash_x = flash_at_gemm_rate(c.gpu, *k) / c.gpu.peak_flops;  // scales with the GEMM rate
       const bool core_b = bytes_bound(core_x, core_y), linear_b = bytes_bound(linear_x, linear_y);
-      points.push_back({(linear_b ? 0 : linear_x) + (core_b ? 0 : core_x),
+      points.push_back({(linear_b ? 0 : linear_x) + (core_b ? 0 : core_x) + flash_x,
                         k->mem_bytes / c.gpu.hbm_bytes_per_s + (linear_b ? linear_y : 0) + (core_b ? core_y : 0),
                         k->gemms * c.gpu.gemm_overhead_s, t});
     } else if (const auto* o = std::get_if<OptimizerStepOp>(&op.body))

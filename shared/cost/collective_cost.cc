@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include "shared/scenario/calibration.h"
+
 namespace hzp {
 
 const char* to_string(CollectiveAlgorithm algorithm) {
@@ -372,10 +374,17 @@ double compute_time(const ClusterSpec& c, double flops, double mem_bytes) {
 double compute_time(const ClusterSpec& c, const ComputeOp& op) {
   const double gemm = c.gpu.peak_flops * c.efficiency.gemm;
   const double hbm = c.gpu.hbm_bytes_per_s * c.efficiency.memory_bound;
-  const double fp8_s = op.fp8_flops > 0 ? op.fp8_flops / (c.gpu.fp8_peak_flops * c.efficiency.gemm) : 0;
+  const double fp8_s = op.fp8_flops > 0 ? op.fp8_flops / (c.gpu.fp8_gemm_peak() * c.efficiency.gemm) : 0;
   const double core_s = std::max(op.core_flops / gemm, op.core_bytes / hbm);
-  const double linear_s = std::max((op.flops - op.fp8_flops - op.core_flops) / gemm + fp8_s, op.gemm_bytes / hbm);
-  return linear_s + op.gemms * c.gpu.gemm_overhead_s + core_s + op.mem_bytes / hbm;
+  const double linear_s =
+      std::max((op.flops - op.fp8_flops - op.core_flops - op.flash_flops) / gemm + fp8_s, op.gemm_bytes / hbm);
+  return linear_s + op.gemms * c.gpu.gemm_overhead_s + core_s + flash_at_gemm_rate(c.gpu, op) / gemm +
+         op.mem_bytes / hbm;
+}
+
+double flash_at_gemm_rate(const GpuSpec& gpu, const ComputeOp& op) {
+  if (op.flash_flops <= 0) return 0;
+  return op.flash_flops / flash_vs_gemm(gpu, op.phase == Phase::kBackward, op.flash_head_dim, op.flash_seq);
 }
 
 }  // namespace hzp

@@ -156,7 +156,10 @@ double compute_time(const ClusterSpec& cluster, double flops, double mem_bytes);
 // ... of a compute op: of its flops, `fp8_flops` run at the GPU's FP8 peak (the same efficiency) and the
 // unfused attention core's `core_flops` take max(their time, `core_bytes` at the HBM efficiency); the rest
 // at the bf16 peak, or as long as their GEMMs' `gemm_bytes` take at the HBM efficiency if that is longer;
-// plus the GPU's fixed cost per GEMM kernel (`gemms` x GpuSpec::gemm_overhead_s).
+// plus the GPU's fixed cost per GEMM kernel (`gemms` x GpuSpec::gemm_overhead_s); the causal flash kernel's
+// `flash_flops` at the GEMM rate times flash_vs_gemm (flash_at_gemm_rate).
 double compute_time(const ClusterSpec& cluster, const ComputeOp& op);
+// The op's flash-attention FLOPs as the GEMM FLOPs that take as long: flash_flops / flash_vs_gemm of `gpu`.
+double flash_at_gemm_rate(const GpuSpec& gpu, const ComputeOp& op);
 
 }  // namespace hzp

@@ -171,6 +171,9 @@ struct BodyPrinter {
     if (c.fp8_flops > 0) os << " fp8_flops=" << fmt_double(c.fp8_flops);
     if (c.core_flops > 0)
       os << " core_flops=" << fmt_double(c.core_flops) << " core_bytes=" << fmt_double(c.core_bytes);
+    if (c.flash_flops > 0)
+      os << " flash_flops=" << fmt_double(c.flash_flops) << " flash_head_dim=" << c.flash_head_dim
+         << " flash_seq=" << fmt_double(c.flash_seq);
     if (c.gemms > 0) os << " gemms=" << c.gemms << " gemm_bytes=" << fmt_double(c.gemm_bytes);
   }
   void operator()(const CollectiveOp& c) const {

@@ -186,6 +186,11 @@ struct ComputeOp {
   double fp8_flops = 0;   // of `flops`, those run at the GPU's FP8 peak (TrainingSpec::fp8)
   double core_flops = 0;  // of `flops`, the unfused attention core's (ModuleCost::fwd_core_flops) ...
   double core_bytes = 0;  // ... and its GEMMs' operand bytes: timed as max(FLOPs, bytes)
+  // Of `flops`, the causal flash-attention kernel's (ModuleCost::fwd_flash_flops), at the GEMM rate times
+  // flash_vs_gemm of the GPU at its head dimension and keys per call.
+  double flash_flops = 0;
+  int flash_head_dim = 0;
+  double flash_seq = 0;
   // The other GEMMs of the op (the linear layers, the router, the LM head): how many kernels they launch and
   // the bytes of their operands. Their FLOPs are timed as max(FLOPs, bytes) plus the GPU's fixed cost per
   // GEMM (GpuSpec::gemm_overhead_s): the GEMM efficiency of a product by its shape.

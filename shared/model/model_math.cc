@@ -137,6 +137,7 @@ struct Dims {
         b(static_cast<double>(t.micro_batch)),
         s(static_cast<double>(t.seq_len)),
         s_local(s / par.context),
+        ring_context(par.context > 1 && par.context_comm == ContextComm::kRing),
         tokens(b * s_local),
         h(static_cast<double>(m.hidden)),
         heads(m.heads),
@@ -163,7 +164,9 @@ struct Dims {
   // Context parallelism: this GPU keeps s_local = s / context of each sequence's tokens (its queries, and
   // everything token-wise); attention's keys span the whole sequence s. Causal work is balanced by Megatron's
   // two-chunk split, so the attention core's share is s_local·s as well.
-  double b, s, s_local, tokens, h, heads, kv_heads;
+  double b, s, s_local;
+  bool ring_context;  // ring attention: each kernel call sees s_local of the keys
+  double tokens, h, heads, kv_heads;
   // Per-head widths of queries and keys, and of values (different under MLA), and the widths of Q, K, V and
   // the attention output (the output projection's input) over all heads.
   double qk_head, v_head, q_width, k_width, v_width, o_width;
@@ -277,6 +280,7 @@ void recompute_whole_forward(ModuleCost& cost) {
   cost.recompute_fp8_flops = cost.fwd_fp8_flops;
   cost.recompute_core_flops = cost.fwd_core_flops;
   cost.recompute_core_bytes = cost.fwd_core_bytes;
+  cost.recompute_flash_flops = cost.fwd_flash_flops;
   cost.recompute_mem_bytes = cost.fwd_mem_bytes;
   cost.recompute_gemms = cost.fwd_gemms;
   cost.recompute_gemm_bytes = cost.fwd_gemm_bytes;
@@ -318,18 +322,26 @@ struct AttentionCore {
 AttentionCore add_attention_core(ModuleCost& cost, const Dims& d) {
   AttentionCore core;
   // Attention core as two batched matmuls per head: QKᵀ (s x d)·(d x s), then P·V (s x s)·(s x d).
-  // Counted in full although causal: the Megatron convention of the MFU numerator.
+  // In the model FLOPs in full although causal: the Megatron convention of the MFU numerator.
   const double head_rows = d.b * d.heads * d.s_local;  // this GPU's queries against all s keys
-  add_matmul(cost, d.split, head_rows, d.qk_head, d.s);
-  add_matmul(cost, d.split, head_rows, d.s, d.v_head);
   core.qk_flops = 2 * head_rows * d.qk_head * d.s * d.split;
   core.pv_flops = 2 * head_rows * d.s * d.v_head * d.split;
   core.scores = d.b * d.heads * d.s_local * d.s;
   if (d.flash) {
-    // FlashAttention-2 never writes P to HBM, so its backward recomputes QKᵀ tile by tile. Hardware work,
-    // not model work: bwd_flops only. Attention dropout happens inside the kernel (its backward regenerates
-    // the mask from the RNG state): no traffic, nothing saved.
-    cost.bwd_flops += core.qk_flops;
+    // A causal flash kernel skips the key blocks past each query block's: it executes half the products
+    // (Megatron's two-chunk split keeps that half under context parallelism too). FlashAttention-2 never
+    // writes P to HBM, so its backward recomputes QKᵀ tile by tile: hardware work, not model work. Attention
+    // dropout happens inside the kernel (its backward regenerates the mask from the RNG state): no traffic,
+    // nothing saved. The kernel's rate depends on its head dimension and on the keys one call sees: the
+    // sequence, or a ring step's s / context under ring context parallelism.
+    const double executed = (core.qk_flops + core.pv_flops) / 2;
+    cost.model_flops += 3 * (core.qk_flops + core.pv_flops);
+    cost.fwd_flash_flops = executed;
+    cost.bwd_flash_flops = 2 * executed + core.qk_flops / 2;
+    cost.fwd_flops += cost.fwd_flash_flops;
+    cost.bwd_flops += cost.bwd_flash_flops;
+    cost.flash_head_dim = static_cast<int>(d.qk_head);
+    cost.flash_seq = d.ring_context ? d.s_local : d.s;
     if (d.pasa) {
       // PASA shifts every block of n = 128 keys once per forward, K' = M K with M = (I - beta/n 1 1^T) /
       // sqrt(d): an (n x n)·(n x head_dim) GEMM per block, 2·n·head_dim FLOPs per key row and kv head. Its
@@ -341,6 +353,8 @@ AttentionCore add_attention_core(ModuleCost& cost, const Dims& d) {
       cost.fwd_flops += 2 * key_rows * kPasaBlock * d.qk_head * d.split;
     }
   } else {
+    add_matmul(cost, d.split, head_rows, d.qk_head, d.s);
+    add_matmul(cost, d.split, head_rows, d.s, d.v_head);
     // Unfused, the core is 2 batched GEMMs forward (QKᵀ writes the scores S, P·V reads P) and 4 backward
     // (dP = dO·Vᵀ writes dP, dV = Pᵀ·dO reads P, dQ = dS·K and dK = dSᵀ·Q read dS): each moves one s x s
     // matrix besides its s x d operands, for 2·s²·d FLOPs per head, i.e. e / (2d) bytes per FLOP and more — at or

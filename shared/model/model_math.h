@@ -57,6 +57,14 @@ struct ModuleCost {
   double bwd_core_bytes = 0;
   double recompute_core_flops = 0;
   double recompute_core_bytes = 0;
+  // Of the FLOPs above, the causal flash-attention kernel's as it executes them: the unmasked half of QKᵀ and
+  // P·V forward, backward their gradients and QKᵀ again (2.5 times forward). They run at their own rate, a
+  // multiple of the GEMM rate by head dimension and the keys one kernel call sees (flash_vs_gemm).
+  double fwd_flash_flops = 0;
+  double bwd_flash_flops = 0;
+  double recompute_flash_flops = 0;
+  int flash_head_dim = 0;
+  double flash_seq = 0;
   // The GEMM kernels of the linear layers, the router and the LM head (the core's are above), and their
   // operands' bytes: each GEMM reads its two inputs and writes its output once. One kernel per weight a
   // GPU holds (an expert's rows are one product, as a loop over experts or a grouped GEMM's problem runs).

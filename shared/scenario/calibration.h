@@ -29,6 +29,15 @@ struct CalibrationEntry {
 // across two vendors and three generations (its per-GPU values are not used).
 inline constexpr double kOverlapSlowdown = 0.189;
 
+// A causal flash-attention kernel without a measured table (GpuSpec::flash_rates empty): half the GEMM rate on
+// its executed FLOPs, i.e. the full, unhalved count at the GEMM rate (hzp's model before the tables).
+inline constexpr double kNoFlashTable = 0.5;
+
+// GpuSpec::flash_rates at `head_dim` and `seq` keys, forward (and recompute) or backward: linear in log2(seq)
+// between a head dimension's points, then in log2(head_dim) between the two nearest head dimensions, each
+// clamped at its ends (tools/flash_rate_table.py interpolates the same way); kNoFlashTable for an empty table.
+double flash_vs_gemm(const GpuSpec& gpu, bool backward, double head_dim, double seq);
+
 Result<CalibrationEntry> calibration_for(std::string_view gpu_type);
 const std::vector<CalibrationEntry>& calibration_table();
 

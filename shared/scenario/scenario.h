@@ -108,6 +108,15 @@ struct Efficiency {
 // whose scenario gave no cluster.gpu.arch (refused where the LL protocol may run).
 enum class GpuArch { kUnknown, kVolta, kAmpere, kHopper, kBlackwell };
 
+// One measured point of a GPU's flash-attention speed (GpuSpec::flash_rates): at `head_dim` and `seq` keys per
+// kernel call (the sequence), forward and backward run at `fwd` / `bwd` times the GEMM rate on their executed FLOPs.
+struct FlashRate {
+  int head_dim = 0;
+  double seq = 0;
+  double fwd = 0;
+  double bwd = 0;
+};
+
 struct GpuSpec {
   std::string type;         // key into the calibration table, e.g. "a100-80gb"
   double peak_flops = 0;    // dense bf16 FLOP/s
@@ -119,6 +128,16 @@ struct GpuSpec {
   // below the large ones' fraction of peak (its first and last waves, the tile pipeline filling and draining).
   // Fitted with its GEMM rate to a single-GPU table of products by shape (calibration.cc); 0: none known.
   double gemm_overhead_s = 0;
+  // How fast a causal flash-attention kernel runs, on the FLOPs it executes (the unmasked half), as a multiple
+  // of the GEMM rate, by head dimension and sequence length (flash_vs_gemm in calibration.h interpolates).
+  // Measured on one GPU with its GEMMs in the same run (calibration.cc); empty: none known, and the kernel
+  // runs at half the GEMM rate (kNoFlashTable), which is timing the full, unhalved count at the GEMM rate.
+  std::vector<FlashRate> flash_rates = {};
+  // FP8 GEMMs' fraction of the FP8 peak over bf16 GEMMs' fraction of the bf16 peak, measured on one GPU
+  // (calibration.cc); 1: none known, FP8 GEMMs as efficient as bf16 ones.
+  double fp8_gemm_vs_bf16 = 1;
+  // The FP8 peak as the GEMM model times FP8 products: fp8_peak_flops x fp8_gemm_vs_bf16, at the GEMM efficiency.
+  double fp8_gemm_peak() const { return fp8_peak_flops * fp8_gemm_vs_bf16; }
 };
 
 struct IntraNodeSpec {

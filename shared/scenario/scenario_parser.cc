@@ -487,10 +487,34 @@ Status check_uncalibrated_gpu(const ObjectReader& cluster, const ObjectReader& g
       gpu.at("type"));
 }
 
+// cluster.gpu.flash_attention_vs_gemm: [{"head_dim", "seq", "fwd", "bwd"}, ...], each (head_dim, seq) once;
+// [] for none (GpuSpec::flash_rates).
+Result<std::vector<FlashRate>> parse_flash_rates(const json& v, const std::string& path) {
+  if (!v.is_array()) return invalid(path, "must be an array of {\"head_dim\", \"seq\", \"fwd\", \"bwd\"}", v);
+  if (v.size() > 256) return invalid(path, "has more than 256 points", v);
+  std::vector<FlashRate> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string p = path + "[" + std::to_string(i) + "]";
+    HZP_ASSIGN_OR_RETURN(ObjectReader r, ObjectReader::open(v[i], p, {"head_dim", "seq", "fwd", "bwd"}));
+    for (const char* key : {"head_dim", "seq", "fwd", "bwd"}) HZP_RETURN_IF_ERROR(r.require(key));
+    FlashRate f;
+    HZP_RETURN_IF_ERROR(r.read_int("head_dim", f.head_dim, 1, 4096));
+    HZP_RETURN_IF_ERROR(r.read_number("seq", f.seq, kOne, {1, 1e9}));
+    HZP_RETURN_IF_ERROR(r.read_number("fwd", f.fwd, kOne, {0.01, 10}));
+    HZP_RETURN_IF_ERROR(r.read_number("bwd", f.bwd, kOne, {0.01, 10}));
+    for (const FlashRate& o : out)
+      if (o.head_dim == f.head_dim && o.seq == f.seq)
+        return invalid(p, "repeats the head_dim and seq of an earlier point", v[i]);
+    out.push_back(f);
+  }
+  return out;
+}
+
 // cluster.gpu: the type first (a known type brings its calibrated numbers, which explicit fields override).
 Status parse_gpu(const ObjectReader& r, bool from_preset, ClusterSpec& c) {
-  HZP_ASSIGN_OR_RETURN(ObjectReader g, r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps",
-                                                       "fp8_peak_tflops", "arch", "gemm_overhead_us"}));
+  HZP_ASSIGN_OR_RETURN(ObjectReader g,
+                       r.child("gpu", {"type", "peak_tflops", "memory_GiB", "hbm_GBps", "fp8_peak_tflops", "arch",
+                                       "gemm_overhead_us", "flash_attention_vs_gemm", "fp8_gemm_vs_bf16"}));
   if (!from_preset) HZP_RETURN_IF_ERROR(g.require("type", "the cluster has no preset"));
   if (g.has("type")) {
     std::string type;
@@ -513,6 +537,11 @@ Status parse_gpu(const ObjectReader& r, bool from_preset, ClusterSpec& c) {
   HZP_RETURN_IF_ERROR(g.read_number("hbm_GBps", c.gpu.hbm_bytes_per_s, kGBps, {0.1, 1e6}));
   HZP_RETURN_IF_ERROR(g.read_number("fp8_peak_tflops", c.gpu.fp8_peak_flops, kTflops, {0.001, 1e6}));
   HZP_RETURN_IF_ERROR(g.read_number("gemm_overhead_us", c.gpu.gemm_overhead_s, kUs, {0, 1000}));
+  HZP_RETURN_IF_ERROR(g.read_number("fp8_gemm_vs_bf16", c.gpu.fp8_gemm_vs_bf16, kOne, {0.1, 2}));
+  if (g.has("flash_attention_vs_gemm")) {
+    HZP_ASSIGN_OR_RETURN(c.gpu.flash_rates,
+                         parse_flash_rates(g.at("flash_attention_vs_gemm"), g.path_of("flash_attention_vs_gemm")));
+  }
   return g.read_enum("arch", c.gpu.arch, {GpuArch::kVolta, GpuArch::kAmpere, GpuArch::kHopper, GpuArch::kBlackwell});
 }
 
@@ -1102,10 +1131,17 @@ json cluster_json(const ClusterSpec& c) {
       {"compute_spread", c.compute_spread},
       {"overlap_slowdown", c.overlap_slowdown},
   };
-  if (c.gpu.fp8_peak_flops > 0) cluster["gpu"]["fp8_peak_tflops"] = to_unit(c.gpu.fp8_peak_flops, kTflops);
+  if (c.gpu.fp8_peak_flops > 0) {
+    cluster["gpu"]["fp8_peak_tflops"] = to_unit(c.gpu.fp8_peak_flops, kTflops);
+    cluster["gpu"]["fp8_gemm_vs_bf16"] = c.gpu.fp8_gemm_vs_bf16;
+  }
   if (c.gpu.arch != GpuArch::kUnknown) cluster["gpu"]["arch"] = to_string(c.gpu.arch);
   // Always: 0 is a choice too (a known type's entry would give its own otherwise).
   cluster["gpu"]["gemm_overhead_us"] = to_unit(c.gpu.gemm_overhead_s, kUs);
+  json flash = json::array();
+  for (const FlashRate& f : c.gpu.flash_rates)
+    flash.push_back({{"head_dim", f.head_dim}, {"seq", f.seq}, {"fwd", f.fwd}, {"bwd", f.bwd}});
+  cluster["gpu"]["flash_attention_vs_gemm"] = std::move(flash);  // always, as the fixed cost
   return cluster;
 }
 

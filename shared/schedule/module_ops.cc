@@ -57,20 +57,24 @@ ModuleOps::TensorComm ModuleOps::tensor_comm(ModuleKind kind, Phase phase) const
 // What module `m` computes in `phase` (forward, recompute or backward), as a compute op.
 ComputeOp ModuleOps::work_of(const ModuleCost* m, int unit, Phase phase, int mb) const {
   ComputeOp w{m->kind, unit, layout_.units[unit].layer, phase, mb};
+  w.flash_head_dim = m->flash_head_dim, w.flash_seq = m->flash_seq;
   switch (phase) {
     case Phase::kForward:
       w.flops = m->fwd_flops, w.mem_bytes = m->fwd_mem_bytes, w.fp8_flops = m->fwd_fp8_flops;
       w.core_flops = m->fwd_core_flops, w.core_bytes = m->fwd_core_bytes;
+      w.flash_flops = m->fwd_flash_flops;
       w.gemms = m->fwd_gemms, w.gemm_bytes = m->fwd_gemm_bytes;
       break;
     case Phase::kRecompute:
       w.flops = m->recompute_flops, w.mem_bytes = m->recompute_mem_bytes, w.fp8_flops = m->recompute_fp8_flops;
       w.core_flops = m->recompute_core_flops, w.core_bytes = m->recompute_core_bytes;
+      w.flash_flops = m->recompute_flash_flops;
       w.gemms = m->recompute_gemms, w.gemm_bytes = m->recompute_gemm_bytes;
       break;
     case Phase::kBackward:
       w.flops = m->bwd_flops, w.mem_bytes = m->bwd_mem_bytes, w.fp8_flops = m->bwd_fp8_flops;
       w.core_flops = m->bwd_core_flops, w.core_bytes = m->bwd_core_bytes;
+      w.flash_flops = m->bwd_flash_flops;
       w.gemms = m->bwd_gemms, w.gemm_bytes = m->bwd_gemm_bytes;
       break;
   }

@@ -266,8 +266,8 @@ std::vector<double> compute_speed_over_peak(const Trace& trace, const Schedule& 
     if (e.op < 0 || e.op >= static_cast<int>(ops.size())) continue;
     const auto* k = std::get_if<ComputeOp>(&ops[e.op].body);
     if (k == nullptr) continue;
-    at_peak[e.rank] += (k->flops - k->fp8_flops) / gpu.peak_flops +
-                       (k->fp8_flops > 0 && gpu.fp8_peak_flops > 0 ? k->fp8_flops / gpu.fp8_peak_flops : 0.0);
+    at_peak[e.rank] += (k->flops - k->fp8_flops - k->flash_flops + flash_at_gemm_rate(gpu, *k)) / gpu.peak_flops +
+                       (k->fp8_flops > 0 && gpu.fp8_peak_flops > 0 ? k->fp8_flops / gpu.fp8_gemm_peak() : 0.0);
     seconds[e.rank] += std::max(0.0, (e.end_us - e.start_us) * 1e-6);
   }
   std::vector<double> ratio(at_peak.size(), 0.0);

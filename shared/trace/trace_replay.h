@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "shared/base/status.h"
+#include "shared/cost/collective_cost.h"
 #include "shared/cost/duration_model.h"
 #include "shared/ir/schedule.h"
 #include "shared/trace/trace_format.h"
@@ -89,15 +90,19 @@ class TraceRates : public DurationModel {
 
  private:
   TraceRates(const DurationModel& fallback, const GpuSpec& gpu)
-      : fp8_flop_(gpu.fp8_peak_flops > 0 ? gpu.peak_flops / gpu.fp8_peak_flops : 1), fallback_(&fallback) {}
-  // The op's FLOPs with each FP8 one counted as fp8_flop_ of a bf16 one.
-  double weighted_flops(const ComputeOp& op) const { return op.flops - op.fp8_flops + op.fp8_flops * fp8_flop_; }
+      : gpu_(gpu), fp8_flop_(gpu.fp8_peak_flops > 0 ? gpu.peak_flops / gpu.fp8_gemm_peak() : 1), fallback_(&fallback) {}
+  // The op's FLOPs with each FP8 one counted as fp8_flop_ of a bf16 one, and the flash kernel's as the GEMM
+  // FLOPs that take as long (flash_at_gemm_rate).
+  double weighted_flops(const ComputeOp& op) const {
+    return op.flops - op.fp8_flops - op.flash_flops + op.fp8_flops * fp8_flop_ + flash_at_gemm_rate(gpu_, op);
+  }
   struct Rate {
     double seconds = 0;
     double flops = 0;
     double bytes = 0;
   };
   std::map<std::pair<int, int>, Rate> rates_;  // module, phase
+  GpuSpec gpu_;
   double optimizer_seconds_ = 0;
   double optimizer_params_ = 0;
   double fp8_flop_;
