@@ -27,6 +27,9 @@
 #   gemm         bf16 GEMM TFLOP/s by shape (the development rows' linear layers per tensor-parallel degree, whole
 #                and as the chunks a tensor-parallel overlap runs, alone and beside a copy) and FP8 forwards, for
 #                issue 37's compute model by shape: $OUT/gemm_shapes.jsonl (not in the default list: ~3 min)
+#   overlap      Nemotron-4's products beside a copy kernel on 16 SMs, as userbuffers' tensor-parallel
+#                reduce-scatter takes them from a GEMM (issue 37): $OUT/gemm_shapes.jsonl rows with "copy_sms"
+#                16 (not in the default list: ~1 min)
 #   bench        tokens/s, MFU and memory of hzp against PyTorch eager (and torch.compile on the 134 M model;
 #                HZP_BENCH_COMPILE=all for every model) on the same models, MoE first (HZP_BENCH_MODELS: which,
 #                in order): $OUT/bench.md
@@ -180,6 +183,13 @@ for stage in "${stages[@]}"; do
         note "PASS gemm_$type: $(grep -c "\"$type\"" "$out/gemm_shapes.jsonl") shapes in gemm_shapes.jsonl"
       else note "FAIL gemm_$type: $(tail -2 "$out/gemm_$type.log" | tr '\n' ' ')"; fi
     done
+    ;;
+  overlap)
+    # What a tensor-parallel overlap costs its GEMMs: Nemotron-4's products, whole and chunked, alone and beside
+    # a copy on 16 SMs, as userbuffers' reduce-scatter runs (issue 37).
+    if timeout 200 "$py" bench/gpu/gemm_shapes.py --quick --copy-sms 16 >> "$out/gemm_shapes.jsonl" 2> "$out/overlap.log"; then
+      note "PASS overlap: $(grep -c '"copy_sms": 16' "$out/gemm_shapes.jsonl") shapes beside a 16-SM copy"
+    else note "FAIL overlap: $(tail -2 "$out/overlap.log" | tr '\n' ' ')"; fi
     ;;
   bench)
     : > "$out/bench_rows.jsonl"

@@ -6,12 +6,15 @@ overlap runs (a quarter / an eighth of the tokens: Megatron's tp-comm-overlap an
 split each GEMM so); each forward, input-gradient and weight-gradient product alone, and again while a
 device-to-device copy runs on another stream (what userbuffers' copy kernels take from a GEMM: SMs and HBM).
 
-    python3 bench/gpu/gemm_shapes.py [--type bf16|fp8] [--iters N] [--quick]
+    python3 bench/gpu/gemm_shapes.py [--type bf16|fp8] [--iters N] [--quick] [--copy-sms N]
 
 One JSON line per (model, tensor, tokens, op): m, k, n, fwd / dgrad / wgrad TFLOP/s (2·m·k·n / time, CUDA
 events, median of N calls after a warm-up), the same beside the copy, and the copy's GB/s. --type fp8 times
-torch._scaled_mm (tensorwise scales, e4m3 operands) for the forward only. Exit 2 on a bad argument or
-without a GPU. h100_kernels.json (../shared/validation) was measured the same way at 4 k and 16 k tokens.
+torch._scaled_mm (tensorwise scales, e4m3 operands) for the forward only. --copy-sms N: the copy beside is a
+kernel of N thread blocks (one per SM) looping over the buffer, instead of PyTorch's copy over every SM: what
+Transformer Engine's userbuffers does to a GEMM, whose reduce-scatter kernels run on a few SMs (16 by default)
+and move an NVLink's worth of bytes, not HBM's (rows carry "copy_sms"; needs Triton, as torch.compile does).
+Exit 2 on a bad argument or without a GPU. h100_kernels.json (../shared/validation) was measured the same way at 4 k and 16 k tokens.
 """
 import json
 import statistics
@@ -36,8 +39,32 @@ def linear_shapes(hidden, ffn, heads, kv_heads, gated, tensor):
             ("mlp_up", hidden, up // tensor), ("mlp_down", ffn // tensor, hidden)]
 
 
+def sm_copy(torch, src, dst, sms):
+    """A copy of src into dst by `sms` thread blocks looping over it (one block per SM), or None when Triton is
+    missing (said on stderr). Both are uint8 buffers of a multiple of 16 KiB."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        print("gemm_shapes.py: --copy-sms needs Triton (import triton failed)", file=sys.stderr)
+        return None
+
+    @triton.jit
+    def copy_loop(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+        start = tl.program_id(0) * BLOCK
+        step = tl.num_programs(0) * BLOCK
+        for offset in range(start, n, step):
+            idx = offset + tl.arange(0, BLOCK)
+            tl.store(dst_ptr + idx, tl.load(src_ptr + idx))
+
+    words_src, words_dst = src.view(torch.int32), dst.view(torch.int32)  # 4-byte loads and stores
+    n = words_src.numel()
+    block = 4096  # n is a multiple of it: the loop needs no mask
+    return lambda: copy_loop[(sms,)](words_src, words_dst, n, BLOCK=block, num_warps=8)
+
+
 def main(argv):
-    opts = {"--type": "bf16", "--iters": "20"}
+    opts = {"--type": "bf16", "--iters": "20", "--copy-sms": "0"}
     quick = False
     i = 0
     while i < len(argv):
@@ -63,6 +90,11 @@ def main(argv):
     if not 1 <= iters <= 1000:
         print(f"gemm_shapes.py: --iters: expected an integer in [1, 1000], got '{opts['--iters']}'", file=sys.stderr)
         return 2
+    copy_sms = int(opts["--copy-sms"]) if opts["--copy-sms"].isdigit() else -1
+    if not 0 <= copy_sms <= 1024:
+        print(f"gemm_shapes.py: --copy-sms: expected an integer in [0, 1024], got '{opts['--copy-sms']}'",
+              file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError:
@@ -79,6 +111,9 @@ def main(argv):
     side = torch.cuda.Stream()
     copy_src = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
     copy_dst = torch.empty_like(copy_src)
+    copy = (lambda: copy_dst.copy_(copy_src)) if copy_sms == 0 else sm_copy(torch, copy_src, copy_dst, copy_sms)
+    if copy is None:
+        return 2
 
     def timed(fn, beside_copy):
         """Median seconds of fn() over `iters` calls, optionally while copies run on another stream."""
@@ -92,7 +127,7 @@ def main(argv):
             with torch.cuda.stream(side):
                 copy_start.record(side)
                 for _ in range(4 * iters):
-                    copy_dst.copy_(copy_src)
+                    copy()
                     copies += 1
                 copy_end.record(side)
         # The stream sleeps first (~10 ms) while this loop enqueues every call behind it, so the events time
@@ -132,7 +167,7 @@ def main(argv):
                 for m, chunked in [(tokens, False)] + ([(tokens // tensor, True)] if tensor > 1 else []):
                     for op, k, n in linear_shapes(hidden, ffn, heads, kv_heads, gated, tensor):
                         row = {"type": opts["--type"], "model": name, "tensor": tensor, "tokens": tokens,
-                               "chunk": chunked, "op": op, "m": m, "k": k, "n": n}
+                               "chunk": chunked, "op": op, "m": m, "k": k, "n": n, "copy_sms": copy_sms}
                         for kind, fn in gemm(m, k, n).items():
                             alone, _ = timed(fn, False)
                             beside, gbps = timed(fn, True)
