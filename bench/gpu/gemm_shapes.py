@@ -14,7 +14,7 @@ torch._scaled_mm (tensorwise scales, e4m3 operands) for the forward only. --copy
 kernel of N thread blocks (one per SM) looping over the buffer, instead of PyTorch's copy over every SM: what
 Transformer Engine's userbuffers does to a GEMM, whose reduce-scatter kernels run on a few SMs (16 by default)
 and move an NVLink's worth of bytes, not HBM's (rows carry "copy_sms"; needs Triton, as torch.compile does).
-Exit 2 on a bad argument or without a GPU. h100_kernels.json (../shared/validation) was measured the same way at 4 k and 16 k tokens.
+Exit 2 on a bad argument or without a GPU. scenarios/validation/h100_kernels.json was measured the same way at 4 k and 16 k tokens.
 """
 import json
 import statistics
