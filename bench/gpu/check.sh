@@ -6,8 +6,9 @@
 #
 # A stage given as NAME:SECONDS runs under that wall-clock limit (killed with everything it started), so a
 # call fits the device's time: `kernels:45 train:55 attention:100 bench:240 equivalence:60 fault:20 trace:50` is
-# under ten minutes on an H200. Every log goes into $OUT/logs.tgz (the device tool returns few files); $OUT keeps
-# summary.txt, kernels.txt, bench.md, bench_rows.jsonl, attention.*, gemm_shapes.jsonl and the recorded traces.
+# under ten minutes on an H200. Every log and the recorded traces go into $OUT/logs.tgz (the device tool returns
+# at most 8 files); $OUT keeps summary.txt, kernels.txt, bench.md, bench_rows.jsonl, attention.jsonl, attention.md
+# and gemm_shapes.jsonl.
 #
 # Stages (default: all, in this order; each bounded in time, a failure does not stop the next):
 #   info         the device and hzp --version
@@ -213,10 +214,11 @@ for stage in "${stages[@]}"; do
   esac
 done
 rm -rf "$work"
-if [[ -z ${HZP_CHECK_NO_PACK:-} ]]; then  # every log into one archive; the results stay beside it
-  (cd "$out" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md \
-     ! -name bench_rows.jsonl ! -name 'trace_*.json' ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -printf '%P\n' | tar -czf logs.tgz -T - &&
-   find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name kernels.txt ! -name bench.md ! -name bench_rows.jsonl \
-     ! -name 'trace_*.json' ! -name 'attention.*' ! -name gemm_shapes.jsonl ! -name logs.tgz -exec rm -rf {} +)
+if [[ -z ${HZP_CHECK_NO_PACK:-} ]]; then  # the results stay beside one archive of the rest, logs and traces
+  keep=(summary.txt kernels.txt bench.md bench_rows.jsonl attention.jsonl attention.md gemm_shapes.jsonl)
+  (cd "$out" && rest=() && for f in * .[!.]*; do
+     [[ -e $f && $f != logs.tgz && " ${keep[*]} " != *" $f "* ]] && rest+=("$f")
+   done
+   if [[ ${#rest[@]} -gt 0 ]]; then tar -czf logs.tgz "${rest[@]}" && rm -rf "${rest[@]}"; fi)
 fi
 ! grep -q '^FAIL' "$summary"
