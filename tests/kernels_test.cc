@@ -1654,31 +1654,41 @@ TEST_CASE("kernels attention forward and backward with GQA against the fp64 refe
 // bounds below leave 3x room over PASA's.
 TEST_CASE("kernels attention with PASA in fp16 against the fp64 reference", "[kernels]") {
   std::mt19937 rng(409);
+  // Head dims 16 and 32 run the CUDA backend's WMMA kernel; 64 and 128 its mma.sync one (unless the choice is
+  // wmma), with a partial last block of 128 keys and a partial last tile of 64 rows.
   const AttentionShape shapes[] = {
       {1, 150, 2, 1, 32, AttentionAlgorithm::kPasa},
       {2, 300, 4, 2, 16, AttentionAlgorithm::kPasa},
+      {1, 200, 4, 2, 64, AttentionAlgorithm::kPasa},
+      {2, 140, 2, 1, 128, AttentionAlgorithm::kPasa},
   };
   const ScalarType t = ScalarType::kFp16;
-  Ctx c;
-  for (const AttentionShape& s : shapes) {
-    const std::int64_t nq = s.batch * s.seq * s.heads * s.head_dim, nkv = s.batch * s.seq * s.kv_heads * s.head_dim;
-    const Vec q = rand_t(t, nq, rng, 1.5), k = rand_t(t, nkv, rng), v = rand_t(t, nkv, rng), dout = rand_t(t, nq, rng);
-    const AttentionRef ref = reference_attention(s, q, k, v, dout);
-    const Buffer bq = c.upload(t, q), bk = c.upload(t, k), bv = c.upload(t, v), bdo = c.upload(t, dout);
-    const Buffer reserve = attention_reserve_buffer(c, s, true);
-    const Buffer out = c.alloc(t, nq), lse = c.alloc(kF32, s.batch * s.heads * s.seq);
-    const Buffer dq = c.alloc(t, nq), dk = c.alloc(t, nkv), dv = c.alloc(t, nkv);
-    c.k().attention_forward(s, bq, bk, bv, out, lse, reserve);
-    c.k().attention_backward(s, bq, bk, bv, out, bdo, lse, reserve, dq, dk, dv);
-    const std::string what = attention_dims(s) + " pasa";
-    constexpr double kOut = 0.01, kLse = 0.01, kGrad = 0.04;
-    expect_close("attention_forward_pasa", tname(t), what + ": out", c.get(out), ref.out, kOut);
-    expect_close("attention_forward_pasa", tname(t, kF32), what + ": lse", c.get(lse), ref.lse, kLse, 1.0);
-    expect_close("attention_backward_pasa", tname(t), what + ": dq", c.get(dq), ref.dq, kGrad);
-    expect_close("attention_backward_pasa", tname(t), what + ": dk", c.get(dk), ref.dk, kGrad);
-    expect_close("attention_backward_pasa", tname(t), what + ": dv", c.get(dv), ref.dv, kGrad);
+  for (const std::string& choice_value : attention_choices()) {
+    if (choice_value == "simple") continue;  // PASA has no simple kernel: "simple" runs the default
+    const AttentionChoice choice(choice_value);
+    Ctx c;
+    for (const AttentionShape& s : shapes) {
+      const std::int64_t nq = s.batch * s.seq * s.heads * s.head_dim, nkv = s.batch * s.seq * s.kv_heads * s.head_dim;
+      const Vec q = rand_t(t, nq, rng, 1.5), k = rand_t(t, nkv, rng), v = rand_t(t, nkv, rng),
+                dout = rand_t(t, nq, rng);
+      const AttentionRef ref = reference_attention(s, q, k, v, dout);
+      const Buffer bq = c.upload(t, q), bk = c.upload(t, k), bv = c.upload(t, v), bdo = c.upload(t, dout);
+      const Buffer reserve = attention_reserve_buffer(c, s, true);
+      const Buffer out = c.alloc(t, nq), lse = c.alloc(kF32, s.batch * s.heads * s.seq);
+      const Buffer dq = c.alloc(t, nq), dk = c.alloc(t, nkv), dv = c.alloc(t, nkv);
+      c.k().attention_forward(s, bq, bk, bv, out, lse, reserve);
+      c.k().attention_backward(s, bq, bk, bv, out, bdo, lse, reserve, dq, dk, dv);
+      const std::string what = attention_dims(s) + " pasa";
+      constexpr double kOut = 0.01, kLse = 0.01, kGrad = 0.04;
+      const std::string fwd = choice.kernel("attention_forward_pasa"), bwd = choice.kernel("attention_backward_pasa");
+      expect_close(fwd, tname(t), what + ": out", c.get(out), ref.out, kOut);
+      expect_close(fwd, tname(t, kF32), what + ": lse", c.get(lse), ref.lse, kLse, 1.0);
+      expect_close(bwd, tname(t), what + ": dq", c.get(dq), ref.dq, kGrad);
+      expect_close(bwd, tname(t), what + ": dk", c.get(dk), ref.dk, kGrad);
+      expect_close(bwd, tname(t), what + ": dv", c.get(dv), ref.dv, kGrad);
+    }
+    c.require_ok();
   }
-  c.require_ok();
 }
 
 // PASA's purpose (docs/pasa.md): queries and keys sharing a bias of 30 at head dimension 128 give scores near

@@ -368,6 +368,14 @@ template <typename T>
 std::uint32_t pack2(float lo, float hi) {
   return test::emu::from_float<T>(lo) | (static_cast<std::uint32_t>(test::emu::from_float<T>(hi)) << 16);
 }
+template <typename T>
+void unpack2(std::uint32_t r, float& lo, float& hi) {
+  lo = test::emu::to_float<T>(static_cast<std::uint16_t>(r & 0xffffu));
+  hi = test::emu::to_float<T>(static_cast<std::uint16_t>(r >> 16));
+}
+inline float round_fp16(float x) {
+  return runtime::round_to(runtime::ScalarType::kFp16, x);
+}
 inline unsigned char* shared_memory() {
   return test::emu::machine().shared_base;
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mma_emulator.h"
+#include "runtime/backends/cpu/attention_reference.h"
 
 namespace {
 
@@ -125,15 +126,7 @@ double relative_error(const Guarded<std::uint16_t>& x, const std::vector<double>
 // Random 16-bit inputs, the three kernels on the emulator, each output against the reference.
 template <typename T, int D>
 void check(const Shape& s, unsigned seed) {
-  const AttentionGeometry g{s.batch,
-                            s.seq,
-                            s.heads,
-                            s.kv_heads,
-                            D,
-                            s.heads * D,
-                            s.kv_heads * D,
-                            s.heads / s.kv_heads,
-                            1.0f / std::sqrt(static_cast<float>(D))};
+  const AttentionGeometry g = hzp::runtime::cuda::attention_geometry({s.batch, s.seq, s.heads, s.kv_heads, D});
   const auto nq = static_cast<std::size_t>(g.batch * g.seq * g.wq),
              nk = static_cast<std::size_t>(g.batch * g.seq * g.wkv),
              nstat = static_cast<std::size_t>(g.batch * g.heads * g.seq);
@@ -196,6 +189,76 @@ void check(const Shape& s, unsigned seed) {
   CHECK(lse.guards_intact());
 }
 
+// PASA's forward (fp16) against the CPU reference's PASA on the same inputs: the kernel follows its
+// recurrences and roundings, so the two differ only where fp32 sums in another order round to another fp16.
+// `bias` is added to every query and key element: a common bias along the sequence is what makes standard
+// fp16 attention overflow (docs/pasa.md) and what PASA's shift removes.
+template <int D>
+void check_pasa(const Shape& s, float bias, unsigned seed) {
+  const AttentionGeometry g = hzp::runtime::cuda::attention_geometry({s.batch, s.seq, s.heads, s.kv_heads, D});
+  const auto nq = static_cast<std::size_t>(g.batch * g.seq * g.wq),
+             nk = static_cast<std::size_t>(g.batch * g.seq * g.wkv),
+             nstat = static_cast<std::size_t>(g.batch * g.heads * g.seq);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Guarded<std::uint16_t> q(nq), k(nk), v(nk), out(nq);
+  std::vector<float> qf(nq), kf(nk), vf(nk);
+  auto fill = [&](Guarded<std::uint16_t>& x, std::vector<float>& xf, float shift) {
+    for (std::size_t i = 0; i < x.n; ++i) {
+      x.data()[i] = emu::from_float<Fp16>(shift + normal(rng));
+      xf[i] = emu::to_float<Fp16>(x.data()[i]);
+    }
+  };
+  fill(q, qf, bias);
+  fill(k, kf, bias);
+  fill(v, vf, 0.0f);
+  std::vector<float> ref_out(nq), ref_lse(nstat);
+  for (std::int64_t b = 0; b < g.batch; ++b)
+    for (std::int64_t h = 0; h < g.heads; ++h) {
+      const std::size_t qo = static_cast<std::size_t>(b * g.seq * g.wq + h * D),
+                        ko = static_cast<std::size_t>(b * g.seq * g.wkv + (h / g.group) * D);
+      const hzp::runtime::reference::Head head{qf.data() + qo, kf.data() + ko, vf.data() + ko, g.seq, D, g.wq, g.wkv};
+      hzp::runtime::reference::pasa_attention(head, hzp::runtime::ScalarType::kFp16,
+                                              hzp::runtime::reference::kPasaBlock,
+                                              hzp::runtime::reference::pasa_default_beta(), ref_out.data() + qo, g.wq,
+                                              ref_lse.data() + static_cast<std::size_t>((b * g.heads + h) * g.seq));
+    }
+
+  emu::reset(seed);
+  for (auto* x : {&q, &k, &v})
+    emu::machine().readable.emplace_back(reinterpret_cast<const char*>(x->data()),
+                                         reinterpret_cast<const char*>(x->data() + x->n));
+  Guarded<float> lse(nstat);
+  const emu::Dim3 grid{static_cast<unsigned>(fm::row_tiles(g.seq)), static_cast<unsigned>(g.heads),
+                       static_cast<unsigned>(g.batch)};
+  emu::launch(grid, fm::pasa_forward_bytes<Fp16, D>(), [&] {
+    fm::mma_pasa_forward_kernel<Fp16, D>(reinterpret_cast<const Fp16*>(q.data()),
+                                         reinterpret_cast<const Fp16*>(k.data()),
+                                         reinterpret_cast<const Fp16*>(v.data()), reinterpret_cast<Fp16*>(out.data()),
+                                         lse.data(), g, hzp::runtime::cuda::pasa_shift(D));
+  });
+  REQUIRE(emu::machine().error == "");
+  CHECK(emu::machine().bank_conflicts == 0);
+  double out_error = 0, out_scale = 1e-2, lse_error = 0;
+  for (std::size_t i = 0; i < nq; ++i) {
+    const double y = emu::to_float<Fp16>(out.data()[i]);
+    out_error = std::isfinite(y) ? std::max(out_error, std::fabs(y - ref_out[i])) : INFINITY;
+    out_scale = std::max(out_scale, std::fabs(static_cast<double>(ref_out[i])));
+  }
+  for (std::size_t i = 0; i < nstat; ++i) {
+    const double x = lse.data()[i];
+    lse_error =
+        std::isfinite(x) ? std::max(lse_error, std::fabs(x - ref_lse[i]) / std::max(1.0, std::fabs(x))) : INFINITY;
+  }
+  INFO("out error " << out_error / out_scale << ", lse error " << lse_error);
+  CHECK(out_error / out_scale < 5e-3);
+  // The recovered lse adds c = beta / (1 - beta) ~ 63 times the fp16 running average: one fp16 ulp of a block's
+  // pseudo-average, where the two sum in another order, moves it by ~1e-3.
+  CHECK(lse_error < 5e-3);
+  CHECK(out.guards_intact());
+  CHECK(lse.guards_intact());
+}
+
 template <int D>
 void check_all(const std::vector<Shape>& shapes) {
   unsigned seed = 1;
@@ -233,4 +296,25 @@ TEST_CASE("flash_mma kernels on the emulator match fp64 attention at head dim 12
   if (!kSanitized)
     shapes.insert(shapes.end(), {{true, 1, 1, 1, 1}, {false, 1, 64, 4, 1}, {false, 2, 63, 2, 2}, {true, 1, 130, 4, 2}});
   check_all<128>(shapes);
+}
+
+// PASA: one block of 128 keys and a bit past it (the padded last block), a single row, groups, batch 2, and a
+// bias of 30 on queries and keys (scores near 30^2 D: standard fp16 attention overflows there).
+TEST_CASE("flash_mma PASA forward on the emulator matches the CPU reference's PASA", "[cuda][mma][emulator][pasa]") {
+  struct Case {
+    Shape shape;
+    float bias;
+  };
+  std::vector<Case> cases = {{{false, 1, 130, 2, 1}, 30.0f}};
+  if (!kSanitized)
+    cases.insert(cases.end(),
+                 {{{false, 1, 1, 1, 1}, 0.0f}, {{false, 2, 64, 4, 2}, 0.0f}, {{false, 1, 257, 2, 2}, 4.0f}});
+  unsigned seed = 100;
+  for (const Case& c : cases) {
+    const Shape& s = c.shape;
+    INFO("batch " << s.batch << " seq " << s.seq << " heads " << s.heads << " kv_heads " << s.kv_heads << " bias "
+                  << c.bias);
+    check_pasa<64>(s, c.bias, seed++);
+    check_pasa<128>(s, c.bias, seed++);
+  }
 }

@@ -184,18 +184,14 @@ __global__ void __launch_bounds__(kFlashThreads)
 // reference's recurrences and rounds each result to fp16 as it does (runtime/backends/cpu/attention_reference.cc),
 // so the two agree to fp16 rounding order; the recovered lse = m + log l + c A feeds flash attention's backward.
 constexpr int kPasaKeys = 128;
-
-struct PasaConstants {
-  float diag, off, c, scale;  // M's two values, beta / (1 - beta), 1 / sqrt(d): each rounded to fp16
-};
+static_assert(kPasaKeys == reference::kPasaBlock, "the CPU reference's block, for which beta is chosen");
 
 __device__ __forceinline__ float rh(float x) {
   return __half2float(__float2half_rn(x));
 }
 
-__global__ void __launch_bounds__(kFlashThreads)
-    pasa_forward_kernel(const __half* q, const __half* k, const __half* v, __half* out, float* lse, Flash g,
-                        PasaConstants pc) {
+__global__ void __launch_bounds__(kFlashThreads) pasa_forward_kernel(const __half* q, const __half* k, const __half* v,
+                                                                     __half* out, float* lse, Flash g, PasaShift pc) {
   extern __shared__ __align__(128) unsigned char smem[];
   using T = __half;
   const int d = static_cast<int>(g.d);
@@ -474,21 +470,16 @@ bool flash_attention_supported(const AttentionShape& s, const Buffer& q, const B
 
 void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                              const Buffer& out, const Buffer& lse, cudaStream_t s) {
+  if (use_mma(shape)) return mma_attention_forward(shape, q, k, v, out, lse, s);
   const Flash g = attention_geometry(shape);
   if (shape.algorithm == AttentionAlgorithm::kPasa) {  // fp16 (flash_attention_supported checked)
-    const double beta = reference::pasa_default_beta(), n = static_cast<double>(kPasaKeys);
-    static_assert(kPasaKeys == reference::kPasaBlock, "the CPU reference's block, for which beta is chosen");
-    const PasaConstants pc{round_to(ScalarType::kFp16, static_cast<float>(1.0 - beta / n)),
-                           round_to(ScalarType::kFp16, static_cast<float>(-beta / n)),
-                           round_to(ScalarType::kFp16, static_cast<float>(beta / (1.0 - beta))),
-                           round_to(ScalarType::kFp16, static_cast<float>(1.0 / std::sqrt(static_cast<double>(g.d))))};
+    const PasaShift pc = pasa_shift(g.d);
     const std::size_t smem = pasa_smem(g.d, sizeof(__half));
     opt_in(pasa_forward_kernel, smem);
     pasa_forward_kernel<<<tiles(g.seq, g.heads, g.batch), kFlashThreads, smem, s>>>(
         q.as<const __half>(), k.as<const __half>(), v.as<const __half>(), out.as<__half>(), lse.as<float>(), g, pc);
     return;
   }
-  if (use_mma(shape)) return mma_attention_forward(shape, q, k, v, out, lse, s);
   on_type(q.type, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, float>) {

@@ -1,5 +1,6 @@
 // Causal GQA attention on tensor cores with register-resident tiles (launch.h): flash attention 2's kernels
-// (Dao 2023) on mma.sync m16n8k16, for bf16 and fp16 with head dimensions 64 and 128, the ones models use.
+// (Dao 2023) on mma.sync m16n8k16, for bf16 and fp16 with head dimensions 64 and 128, the ones models use, and
+// PASA's fp16 forward (flash_mma_kernels.h says how it differs).
 // flash_attention.cu's WMMA kernels keep scores and the output accumulator in shared memory, because a WMMA
 // fragment's element layout is opaque; measured on an H200 they run at 12-17 TFLOP/s against PyTorch SDPA's
 // 250-650 (bench/README.md). Here the layout is PTX's, so every score, probability and accumulator stays in
@@ -93,6 +94,22 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The two T of an operand register as floats (the lower half is the lower column).
+template <typename T>
+__device__ __forceinline__ void unpack2(std::uint32_t r, float& lo, float& hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r));
+    lo = f.x, hi = f.y;
+  } else {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&r));
+    lo = f.x, hi = f.y;
+  }
+}
+
+__device__ __forceinline__ float round_fp16(float x) {
+  return __half2float(__float2half_rn(x));
+}
+
 // ---- the rest of the primitives (flash_mma_kernels.h) --------------------------------------------------
 
 #define HZP_DEVICE __device__ __forceinline__
@@ -140,13 +157,13 @@ void dispatch(ScalarType type, std::int64_t d, F&& f) {
 }  // namespace
 
 bool mma_attention_supported(const AttentionShape& s) {
-  return s.algorithm == AttentionAlgorithm::kStandard && (s.head_dim == 64 || s.head_dim == 128);
+  return s.head_dim == 64 || s.head_dim == 128;  // PASA: fp16 (flash_attention_supported checks)
 }
 
 std::size_t mma_attention_shared_bytes(std::int64_t head_dim) {
   std::size_t most = 0;
   dispatch(ScalarType::kBf16, head_dim, [&]<typename T, int D>() {
-    most = std::max({forward_bytes<T, D>(), dq_bytes<T, D>(), dkv_bytes<T, D>()});
+    most = std::max({forward_bytes<T, D>(), pasa_forward_bytes<T, D>(), dq_bytes<T, D>(), dkv_bytes<T, D>()});
   });
   return most;
 }
@@ -154,6 +171,15 @@ std::size_t mma_attention_shared_bytes(std::int64_t head_dim) {
 void mma_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                            const Buffer& out, const Buffer& lse, cudaStream_t s) {
   const AttentionGeometry g = attention_geometry(shape);
+  if (shape.algorithm == AttentionAlgorithm::kPasa) {  // fp16
+    const PasaShift shift = pasa_shift(g.d);
+    return dispatch(ScalarType::kFp16, g.d, [&]<typename T, int D>() {
+      const std::size_t bytes = pasa_forward_bytes<T, D>();
+      shared_bytes(mma_pasa_forward_kernel<T, D>, bytes);
+      mma_pasa_forward_kernel<T, D><<<grid(g.seq, g.heads, g.batch), kMmaThreads, bytes, s>>>(
+          q.as<const T>(), k.as<const T>(), v.as<const T>(), out.as<T>(), lse.as<float>(), g, shift);
+    });
+  }
   dispatch(q.type, g.d, [&]<typename T, int D>() {
     const std::size_t bytes = forward_bytes<T, D>();
     shared_bytes(mma_forward_kernel<T, D>, bytes);

@@ -11,7 +11,9 @@
 //   ldmatrix_x4(r, p), ldmatrix_x4_trans(r, p)   ldmatrix.x4 (.trans) from shared memory
 //   cp_async16(dst, src, valid), cp_async_commit(), cp_async_wait_all()   cp.async of 16 bytes, zeros if !valid
 //   pack2<T>(lo, hi)                  two floats rounded to T in one operand register
-// and exp2f, logf, fmaxf and INFINITY as in <cmath>.
+//   unpack2<T>(r, lo, hi)             the two T of a register as floats (lo: the lower half)
+//   round_fp16(x)                     x rounded to fp16 (nearest even, overflow to infinity), as a float
+// and expf, exp2f, logf, fmaxf and INFINITY as in <cmath>.
 #pragma once
 
 #if !defined(HZP_DEVICE) || !defined(HZP_KERNEL)
@@ -39,15 +41,16 @@ struct Tile {
 };
 
 // Rows r0 .. r0+rows-1 of head `head` in a [batch*seq x width] activation into a [rows x D] tile (row stride
-// D + 8), by cp.async; rows past the sequence are zeros.
+// D + 8), by cp.async; rows past the sequence are zeros, or copies of the last row when `repeat_last` (PASA's
+// padded key block).
 template <typename T, int D>
 HZP_DEVICE void async_tile(T* tile, const T* src, std::int64_t b, std::int64_t r0, std::int64_t width,
-                           std::int64_t head, std::int64_t seq, int rows) {
+                           std::int64_t head, std::int64_t seq, int rows, bool repeat_last = false) {
   constexpr int chunks = D / 8;
   for (int e = threadIdx.x; e < rows * chunks; e += blockDim.x) {
     const int r = e / chunks, c = (e % chunks) * 8;
-    const std::int64_t t = r0 + r;
-    const bool valid = t < seq;
+    const std::int64_t t = r0 + r < seq ? r0 + r : (repeat_last ? seq - 1 : -1);
+    const bool valid = t >= 0;
     cp_async16(tile + r * Tile<D>::kStride + c, src + (b * seq + (valid ? t : 0)) * width + head * D + c, valid);
   }
 }
@@ -237,6 +240,160 @@ HZP_KERNEL void mma_forward_kernel(const T* q, const T* k, const T* v, T* out, f
   }
 }
 
+// ---- PASA forward (fp16) ------------------------------------------------------------------------------------
+//
+// PASA (docs/pasa.md) on the same fragments: the CPU reference's recurrences (runtime/backends/cpu/
+// attention_reference.cc, pasa_attention) with its fp16 roundings, so the two agree to fp16 rounding order, as
+// flash_attention.cu's WMMA version does. A block of 64 query rows walks key blocks of kPasaKeys = 128 (the
+// last padded by repeating the last key, because beta is chosen for n = 128): K' = M K in shared memory
+// (M = I - beta/n 1 1^T: K'_jc = (diag - off) K_jc + off sum_i K_ic, one rounding), Q / sqrt(d) rounded once
+// before the product, S' = Q K'^T stored in fp16, the pseudo-average a over the whole padded block, and the
+// online state (m, l, the running average A, the output) in the shifted frame, every result rounded to fp16.
+// P V is summed over the whole block before its rounding, one 16-column slice of the output at a time, from P
+// packed as operands (so the 128 scores need not stay in registers beside the output).
+
+constexpr int kPasaKeys = 128;
+
+// The online state of one query row (every thread of the row's quad holds it).
+struct PasaRow {
+  float m = -60000.0f, l = 0.0f, avg = 0.0f;  // m starts finite, as in the paper's code
+  // Takes block `blocks` (0-based) with pseudo-average a, shifted maximum mj and numerator sum lj; returns the
+  // factors of the old state (alpha) and of the block's P V (beta).
+  HZP_DEVICE void update(float a, float mj, float lj, float blocks, float c, float& alpha, float& beta) {
+    const float old_avg = blocks == 0.0f ? a : avg;
+    const float new_avg =
+        round_fp16(round_fp16(a / (blocks + 1.0f)) + round_fp16(old_avg * round_fp16(blocks / (blocks + 1.0f))));
+    const float shift_j = round_fp16(c * round_fp16(a - new_avg));
+    const float shift_old = round_fp16(c * round_fp16(old_avg - new_avg));
+    const float mn = fmaxf(round_fp16(mj + shift_j), round_fp16(m + shift_old));
+    alpha = round_fp16(expf(round_fp16(round_fp16(m - mn) + shift_old)));
+    beta = round_fp16(expf(round_fp16(round_fp16(mj - mn) + shift_j)));
+    l = round_fp16(round_fp16(alpha * l) + round_fp16(beta * lj));
+    m = mn;
+    avg = new_avg;
+  }
+};
+
+template <typename T, int D>
+HZP_KERNEL void mma_pasa_forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, AttentionGeometry g,
+                                        PasaShift shift) {
+  unsigned char* smem = shared_memory();
+  constexpr int S = Tile<D>::kStride;
+  constexpr int N = kPasaKeys / 8;                              // 8-key column tiles of a block's scores
+  constexpr int kPairs = D / 2, kParts = kMmaThreads / kPairs;  // the column sums: kParts threads per pair
+  T* qs = reinterpret_cast<T*>(smem);                           // [64 x S]
+  T* ks = qs + kRows * S;                                       // [128 x S], shifted in place
+  T* vs = ks + kPasaKeys * S;                                   // [128 x S]
+  float* part = reinterpret_cast<float*>(vs + kPasaKeys * S);   // [kParts][D]: partial column sums of K
+  const QueryTile t = query_tile(g);
+  const std::int64_t i0 = t.i0, hd = t.hd, b = t.b, row_a = t.row_a, row_b = t.row_b;
+  const int lane = t.lane, r0 = t.r0;
+  const int tid = static_cast<int>(threadIdx.x), pair = tid % kPairs, slice = tid / kPairs;
+  auto word = [&](T* tile, int r, int pr) { return reinterpret_cast<std::uint32_t*>(tile + r * S + 2 * pr); };
+
+  async_tile<T, D>(qs, q, b, i0, g.wq, hd, g.seq, kRows);
+  cp_async_commit();
+  cp_async_wait_all();
+  sync_threads();
+  for (int e = tid; e < kRows * kPairs; e += kMmaThreads) {  // Q / sqrt(d), rounded once
+    float x0, x1;
+    unpack2<T>(*word(qs, e / kPairs, e % kPairs), x0, x1);
+    *word(qs, e / kPairs, e % kPairs) = pack2<T>(x0 * shift.scale, x1 * shift.scale);
+  }
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  PasaRow st_a, st_b;
+  const std::int64_t last = (i0 + kRows < g.seq ? i0 + kRows : g.seq) - 1;  // the tile's last real row
+  for (std::int64_t j0 = 0; j0 <= last; j0 += kPasaKeys) {
+    sync_threads();  // every warp is done with the previous block (and with Q's scaling)
+    async_tile<T, D>(ks, k, b, j0, g.wkv, t.kvh, g.seq, kPasaKeys, true);
+    async_tile<T, D>(vs, v, b, j0, g.wkv, t.kvh, g.seq, kPasaKeys);
+    cp_async_commit();
+    cp_async_wait_all();
+    sync_threads();
+    float c0 = 0.0f, c1 = 0.0f;  // K' = M K: the column sums, then every element
+    for (int r = slice; r < kPasaKeys; r += kParts) {
+      float x0, x1;
+      unpack2<T>(*word(ks, r, pair), x0, x1);
+      c0 += x0, c1 += x1;
+    }
+    part[slice * D + 2 * pair] = c0, part[slice * D + 2 * pair + 1] = c1;
+    sync_threads();
+    for (int e = tid; e < kPasaKeys * kPairs; e += kMmaThreads) {
+      const int r = e / kPairs, pr = e % kPairs;
+      float sum0 = 0.0f, sum1 = 0.0f;
+      for (int p = 0; p < kParts; ++p) sum0 += part[p * D + 2 * pr], sum1 += part[p * D + 2 * pr + 1];
+      float x0, x1;
+      unpack2<T>(*word(ks, r, pr), x0, x1);
+      *word(ks, r, pr) =
+          pack2<T>((shift.diag - shift.off) * x0 + shift.off * sum0, (shift.diag - shift.off) * x1 + shift.off * sum1);
+    }
+    sync_threads();
+    float s[N][4];
+    product_rows<D, N>(s, qs, r0, ks, lane);  // S' = (Q / sqrt(d)) K'^T
+    float sum_a = 0.0f, sum_b = 0.0f, mj_a = -INFINITY, mj_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = round_fp16(s[n][e]);  // stored in fp16
+        const std::int64_t key = j0 + n * 8 + 2 * (lane % 4) + (e % 2), row = e < 2 ? row_a : row_b;
+        (e < 2 ? sum_a : sum_b) += s[n][e];  // the pseudo-average spans the whole padded block
+        if (key <= row) (e < 2 ? mj_a : mj_b) = fmaxf(e < 2 ? mj_a : mj_b, s[n][e]);
+      }
+    sum_a = quad_sum(sum_a), sum_b = quad_sum(sum_b);
+    mj_a = quad_max(mj_a), mj_b = quad_max(mj_b);  // finite for a real row: key j0 <= row
+    float lj_a = 0.0f, lj_b = 0.0f;
+    std::uint32_t pa[N / 2][4];  // P as the A operands of P V, 16 keys each
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t key = j0 + n * 8 + 2 * (lane % 4) + (e % 2), row = e < 2 ? row_a : row_b;
+        const float mj = e < 2 ? mj_a : mj_b;
+        s[n][e] = key <= row && row < g.seq ? round_fp16(expf(round_fp16(s[n][e] - mj))) : 0.0f;
+        (e < 2 ? lj_a : lj_b) += s[n][e];
+      }
+      pa[n / 2][2 * (n % 2)] = pack2<T>(s[n][0], s[n][1]);
+      pa[n / 2][2 * (n % 2) + 1] = pack2<T>(s[n][2], s[n][3]);
+    }
+    lj_a = round_fp16(quad_sum(lj_a)), lj_b = round_fp16(quad_sum(lj_b));
+    const float blocks = static_cast<float>(j0 / kPasaKeys);
+    float alpha_a = 1.0f, beta_a = 0.0f, alpha_b = 1.0f, beta_b = 0.0f;  // rows past the sequence keep theirs
+    if (row_a < g.seq)
+      st_a.update(round_fp16(round_fp16(sum_a) / kPasaKeys), mj_a, lj_a, blocks, shift.c, alpha_a, beta_a);
+    if (row_b < g.seq)
+      st_b.update(round_fp16(round_fp16(sum_b) / kPasaKeys), mj_b, lj_b, blocks, shift.c, alpha_b, beta_b);
+#pragma unroll
+    for (int n0 = 0; n0 < D; n0 += 16) {  // O = alpha O + beta (P V), one 16-column slice at a time
+      float pv[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int kc = 0; kc < N / 2; ++kc) {
+        std::uint32_t fb[4];
+        load_b_cols<D>(fb, vs, kc * 16, n0, lane);
+        mma<T>(pv[0], pa[kc], fb[0], fb[1]);
+        mma<T>(pv[1], pa[kc], fb[2], fb[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float alpha = e < 2 ? alpha_a : alpha_b, beta = e < 2 ? beta_a : beta_b;
+          float& x = o[n0 / 8 + h][e];
+          x = round_fp16(round_fp16(alpha * x) + round_fp16(beta * round_fp16(pv[h][e])));
+        }
+    }
+  }
+  store_rows<T, D>(out + b * g.seq * g.wq + hd * D, row_a, row_b, g.seq, g.wq, o, 1.0f / st_a.l, 1.0f / st_b.l, lane);
+  if (lane % 4 == 0) {
+    float* row_lse = lse + (b * g.heads + hd) * g.seq;
+    if (row_a < g.seq) row_lse[row_a] = st_a.m + logf(st_a.l) + shift.c * st_a.avg;
+    if (row_b < g.seq) row_lse[row_b] = st_b.m + logf(st_b.l) + shift.c * st_b.avg;
+  }
+}
+
 // ---- backward --------------------------------------------------------------------------------------------
 
 // P = exp(S scale - lse) and dS = P (dP - delta) of one 16-row slice, in place (s becomes P, dp becomes dS);
@@ -390,6 +547,11 @@ constexpr int dkv_queries() {
 template <typename T, int D>
 constexpr std::size_t forward_bytes() {
   return std::size_t{5} * kRows * Tile<D>::kStride * sizeof(T);
+}
+template <typename T, int D>
+constexpr std::size_t pasa_forward_bytes() {
+  return std::size_t{kRows + 2 * kPasaKeys} * Tile<D>::kStride * sizeof(T) +
+         std::size_t{kMmaThreads / (D / 2)} * D * sizeof(float);
 }
 template <typename T, int D>
 constexpr std::size_t dq_bytes() {

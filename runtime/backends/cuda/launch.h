@@ -76,7 +76,8 @@ void attention_backward(const AttentionShape& shape, const Buffer& q, const Buff
 
 // flash_attention.cu: tensor-core kernels for bf16 / fp16, head_dim 16..128 in steps of 16, 16-byte aligned
 // buffers (and not HZP_CUDA_ATTENTION=simple); attention.cu's launchers use them when this says so. PASA
-// (fp16 only) has no other kernel: its forward is flash_attention.cu's, its backward flash attention's.
+// (fp16 only) has no other kernels: its forward is flash_mma.cu's at head_dim 64 and 128, flash_attention.cu's
+// WMMA one otherwise; its backward is flash attention's.
 bool flash_attention_supported(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
                                const Buffer& out);
 void flash_attention_forward(const AttentionShape& shape, const Buffer& q, const Buffer& k, const Buffer& v,
@@ -88,7 +89,7 @@ void flash_attention_backward(const AttentionShape& shape, const Buffer& q, cons
 // unset for the fastest that applies.
 const char* attention_kernel_choice();
 
-// flash_mma.cu: flash attention 2 on mma.sync for standard attention at head_dim 64 and 128 (bf16 / fp16,
+// flash_mma.cu: flash attention 2 on mma.sync at head_dim 64 and 128 (bf16 / fp16, and PASA's fp16 forward;
 // 16-byte aligned buffers: flash_attention_supported), used by flash_attention.cu's launchers when it applies
 // and mma_attention_shared_bytes fits the device.
 bool mma_attention_supported(const AttentionShape& shape);
