@@ -429,6 +429,44 @@ TEST_CASE("FP8 runs the linear layers' GEMMs in FP8 and casts their operands, no
   for (const ModuleCost& c : selective.modules) CHECK(c.recompute_fp8_flops == 0);
 }
 
+// training.kernels "eager" (docs/model_math.md, "Fused or eager kernels"): PyTorch eager's passes over the
+// norms, the rotary embedding, SwiGLU and the loss, in bytes per element as model_math.cc counts them from
+// torchtitan's code; the same FLOPs, GEMMs and saved activations.
+TEST_CASE("eager kernels add the unfused passes of norms, rotary, SwiGLU and loss, nothing else", "[model_math]") {
+  const ModelSpec m = llama2_7b();  // MHA: q and k are h wide each
+  const double t = 4096, h = 4096, f = 11008, e = 2, v = 32000;
+  auto costs = [&](KernelFusion kernels, Recompute recompute) {
+    TrainingSpec tr = training(1, 4096, recompute);
+    tr.kernels = kernels;
+    return model_cost(m, tr);
+  };
+  const ModelCost fused = costs(KernelFusion::kFused, Recompute::kNone);
+  const ModelCost eager = costs(KernelFusion::kEager, Recompute::kNone);
+  CHECK(eager.model_flops == fused.model_flops);
+  const double norm_fwd = (28 + 4 * e - 2 * e) * t * h, norm_bwd = (76 + 8 * e - 3 * e) * t * h;
+  auto delta = [&](ModuleKind kind, int layer) {
+    const ModuleCost& a = module_at(eager, kind, layer);
+    const ModuleCost& b = module_at(fused, kind, layer);
+    CHECK(a.fwd_flops == b.fwd_flops);
+    CHECK(a.bwd_flops == b.bwd_flops);
+    CHECK(a.fwd_gemm_bytes == b.fwd_gemm_bytes);
+    CHECK(a.activation_bytes == b.activation_bytes);
+    return std::pair{a.fwd_mem_bytes - b.fwd_mem_bytes, a.bwd_mem_bytes - b.bwd_mem_bytes};
+  };
+  const auto [attention_fwd, attention_bwd] = delta(ModuleKind::kAttention, 0);
+  CHECK(attention_fwd == Approx(norm_fwd + 16 * t * 2 * h));  // rotary: 16 + 2e against 2e per Q, K element
+  CHECK(attention_bwd == Approx(norm_bwd + 16 * t * 2 * h));
+  const auto [mlp_fwd, mlp_bwd] = delta(ModuleKind::kMlp, 0);
+  CHECK(mlp_fwd == Approx(norm_fwd + (5 - 3) * e * t * f));  // SwiGLU: 5e against 3e, 9e against 5e
+  CHECK(mlp_bwd == Approx(norm_bwd + (9 - 5) * e * t * f));
+  const auto [head_fwd, head_bwd] = delta(ModuleKind::kHead, -1);
+  CHECK(head_fwd == Approx(norm_fwd + (20 + e - 8) * t * v));  // the loss in fp32: 20 + e against 8 per logit
+  CHECK(head_bwd == Approx(norm_bwd + (24 + e - 8) * t * v));
+  // Full recomputation repeats the eager forward's passes.
+  for (const ModuleCost& c : costs(KernelFusion::kEager, Recompute::kFull).modules)
+    if (c.kind == ModuleKind::kAttention || c.kind == ModuleKind::kMlp) CHECK(c.recompute_mem_bytes == c.fwd_mem_bytes);
+}
+
 TEST_CASE("FP8 MoE layers run the experts in FP8, not the router", "[model_math]") {
   const ModelSpec m = mixtral_8x7b();
   TrainingSpec tr = training(1, 4096);

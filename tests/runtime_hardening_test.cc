@@ -381,6 +381,7 @@ TEST_CASE("runtime: flags out of range, unwritable outputs and bad scenarios fai
   refused("dropout.json", {{"attention_dropout", 0.1}}, json::object(), "training.attention_dropout");
   refused("fp8.json", {{"fp8", true}, {"precision", "bf16"}}, {{"fp8_peak_tflops", 1979}},
           "training.fp8: the runtime has no FP8");
+  refused("eager.json", {{"kernels", "eager"}}, json::object(), "training.kernels: \"eager\"");
   fs::remove_all(dir);
 }
 

@@ -326,6 +326,18 @@ def precision_of(row):
     raise Skip(f"precision {row.get('precision')!r} is not translated")
 
 
+def kernels_of(row):
+    """(training.kernels, assumption or None): torchtitan without torch.compile runs the model code in PyTorch
+    eager, one kernel per operation (its norms, rotary embedding, SwiGLU and loss unfused); every other
+    framework here runs fused kernels (Transformer Engine, Megatron's, InternEvo's, DeepSpeed's, or
+    torch.compile's)."""
+    framework = (row.get("framework") or "").lower()
+    said = f"{row.get('other') or ''} {row.get('zero_or_sharding') or ''}".lower()
+    if "torchtitan" in framework and "compile" not in said:
+        return "eager", "PyTorch eager: norms, rotary embedding, SwiGLU and loss unfused (training.kernels)"
+    return "fused", None
+
+
 def recompute_of(row):
     text = row.get("act_recompute") or "none"
     if not isinstance(text, str):
@@ -417,6 +429,7 @@ def scenario_of(row, cluster_extra):
     policy, family = policy_of(row, layout)
     precision, fp8, precision_note = precision_of(row)
     recompute, recompute_note = recompute_of(row)
+    kernels, kernels_note = kernels_of(row)
     # kv_heads: not published means multi-head attention, said so; published, it must be a head count (a 0 or
     # [] silently became multi-head attention).
     kv_heads, kv_note = row.get("kv_heads"), None
@@ -458,11 +471,11 @@ def scenario_of(row, cluster_extra):
         "training": {
             "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": layout.dp * micro * accum,
             "precision": precision, "recompute": recompute,
-            "flash_attention": bool(row.get("flash_attention", True)), "fp8": fp8,
+            "flash_attention": bool(row.get("flash_attention", True)), "fp8": fp8, "kernels": kernels,
         },
         "policy": policy,
     }
-    return doc, family, [n for n in (precision_note, recompute_note, kv_note, architecture_note) if n]
+    return doc, family, [n for n in (precision_note, recompute_note, kernels_note, kv_note, architecture_note) if n]
 
 
 CONFIG_FIELDS = ("layers", "hidden", "heads", "ffn", "vocab", "seq_len", "gpu", "gpus_per_node", "micro_batch",

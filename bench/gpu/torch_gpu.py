@@ -37,7 +37,10 @@ MODEL_KEYS = {"name", "preset", "layers", "hidden", "heads", "kv_heads", "ffn_hi
               "moe"} | set(MODEL_EXACT)
 TRAINING_EXACT = {"precision": "bf16", "optimizer": "adamw", "recompute": "none", "flash_attention": True,
                   "attention": "standard", "attention_dropout": 0, "hidden_dropout": 0, "fp8": False, "grad_clip": 0}
-TRAINING_KEYS = {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens"} | set(TRAINING_EXACT)
+# training.kernels ("fused" / "eager") is the simulator's cost of a framework's kernels; this script runs eager,
+# or compiled with --compile, whichever the scenario says.
+TRAINING_KEYS = {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens", "kernels"} | set(
+    TRAINING_EXACT)
 PARALLEL_ONE = ("tensor", "pipeline", "context")  # one GPU: every parallel degree 1
 # run: the optimizer's constants come from the scenario (hzp's defaults); a schedule (warm-up, decay) is refused.
 RUN_DEFAULTS = {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 10, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,

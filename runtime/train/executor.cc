@@ -58,6 +58,10 @@ Status runtime_supports(const Scenario& scenario) {
     return Status::InvalidInput(
         "training.attention_dropout / training.hidden_dropout: the runtime trains without dropout; set 0");
   if (scenario.training.fp8) return Status::InvalidInput("training.fp8: the runtime has no FP8 arithmetic; set false");
+  if (scenario.training.kernels != KernelFusion::kFused)
+    return Status::InvalidInput(
+        "training.kernels: \"eager\" prices PyTorch eager's unfused kernels in the simulator; the runtime runs its "
+        "own fused kernels: set \"fused\"");
   return model_config(scenario).status();
 }
 

@@ -152,6 +152,7 @@ struct Dims {
         e(t.precision == Precision::kFp32 ? 4.0 : 2.0),
         flash(t.flash_attention),
         pasa(t.attention == AttentionAlgorithm::kPasa),
+        eager(t.kernels == KernelFusion::kEager),
         attention_dropout(t.attention_dropout > 0),
         hidden_dropout(t.hidden_dropout > 0),
         fp8(t.fp8),
@@ -174,6 +175,7 @@ struct Dims {
   double e;  // bytes per activation element
   bool flash;
   bool pasa;               // PASA's shifted keys (TrainingSpec::attention)
+  bool eager;              // PyTorch eager's unfused norms, rotary embedding, gated activation and loss
   bool attention_dropout;  // only whether there is dropout changes the cost, not its probability
   bool hidden_dropout;
   bool fp8;                  // the linear layers' GEMMs in FP8 (TrainingSpec::fp8)
@@ -199,8 +201,19 @@ struct Traffic {
 
 // A norm reads x and writes y; its backward reads x and dy and writes dx (the weight-gradient reduction
 // happens in the same pass). The per-row statistics are a few bytes per token and are ignored.
+//
+// Eager (TrainingSpec::kernels), bytes per element as PyTorch runs torchtitan's RMSNorm (models/norms.py:
+// `self._norm(x.float()).type_as(x) * self.weight`, `_norm(x) = x * torch.rsqrt(x.pow(2).mean(-1,
+// keepdim=True) + eps)`), one kernel per operation, e bytes per activation element and 4 per fp32 one:
+//   forward   x.float() e+4, pow 8, mean 4, x * rsqrt 8, type_as 4+e, * weight 2e            = 28 + 4e
+//   backward  (autograd's formulas, in reverse) * weight: dx 2e and dweight = sum(dy * y) 4e; type_as e+4;
+//             x * rsqrt: its dx 8 and drsqrt = sum(g * x) 16; mean's expanded gradient 4; pow's
+//             grad * (2 * x.pow(1)) 28; the two gradients of x summed 12; x.float() 4+e  = 76 + 8e
+// The row statistics (rsqrt, the eps add) are per row and ignored, as above.
 Traffic norm_traffic(const Dims& d) {
-  return {2 * d.tokens * d.h * d.e, 3 * d.tokens * d.h * d.e};
+  const double elements = d.tokens * d.h;
+  if (d.eager) return {(28 + 4 * d.e) * elements, (76 + 8 * d.e) * elements};
+  return {2 * elements * d.e, 3 * elements * d.e};
 }
 
 // Residual add reads two streams and writes one; in backward the block's input gradient is summed into the
@@ -220,8 +233,11 @@ double hidden_dropout_mask_bytes(const Dims& d) {
 }
 
 // SwiGLU reads gate and up and writes their product; backward reads both and dy, writes both gradients.
-// GELU and squared ReLU read one and write one; backward reads x and dy, writes dx.
+// GELU and squared ReLU read one and write one; backward reads x and dy, writes dx. Eager (torchtitan's
+// `F.silu(self.w1(x)) * self.w3(x)`): silu 2e and the product 3e forward; backward the product's two
+// gradients 3e each and silu's 3e. A single-operation activation is the same kernel either way.
 Traffic activation_fn_traffic(const Dims& d, double elements) {
+  if (d.model.gated_mlp() && d.eager) return {5 * elements * d.e, 9 * elements * d.e};
   if (d.model.gated_mlp()) return {3 * elements * d.e, 5 * elements * d.e};
   return {2 * elements * d.e, 3 * elements * d.e};
 }
@@ -440,9 +456,12 @@ void gqa_projections(ModuleCost& cost, const Dims& d) {
   const double t = d.tokens;
   add_linear(cost, d, d.split, t, d.h, d.q_width + d.k_width + d.v_width);  // bias fused into the GEMM epilogue
   if (m.position == PositionEmbedding::kRope) {
-    // Rotates Q and K in place; backward rotates their gradients back.
-    const double qk = t * (d.q_width + d.k_width) * d.e;
-    add_traffic(cost, {2 * qk, 2 * qk}, d.split);
+    // Rotates Q and K in place; backward rotates their gradients back. Eager (torchtitan's apply_rotary_emb:
+    // `view_as_complex(xq.float() ...) * freqs_cis`, then `.type_as(xq)`): the upcast e+4, the complex
+    // product 8 and the cast back 4+e per element, and the same three passes backward.
+    const double qk = t * (d.q_width + d.k_width);
+    const double pass = d.eager ? 16 + 2 * d.e : 2 * d.e;
+    add_traffic(cost, {pass * qk, pass * qk}, d.split);
   }
 }
 
@@ -618,9 +637,14 @@ ModuleCost head_cost(const Dims& d) {
   add_matmul(cost, d.split, t, d.h, d.vocab);
   add_gemm_kernels(cost, d, d.split, t, d.h, d.vocab);
   // Cross-entropy in fp32 over t x V logits: forward reads them and writes log-probabilities; backward reads
-  // those and writes the logit gradients.
-  const double logits_fp32 = t * d.vocab * 4;
-  add_traffic(cost, {2 * logits_fp32, 2 * logits_fp32}, d.split);
+  // those and writes the logit gradients. Eager (torchtitan's `cross_entropy(pred.flatten(0, 1).float(),
+  // ...)`): the upcast e+4, then log-softmax reads its input three times (maximum, sum, output) and writes
+  // once, 16; backward nll_loss's dense gradient 4, log-softmax's 16 and the cast back 4+e.
+  const double logits = t * d.vocab;
+  if (d.eager)
+    add_traffic(cost, {(20 + d.e) * logits, (24 + d.e) * logits}, d.split);
+  else
+    add_traffic(cost, {8 * logits, 8 * logits}, d.split);
 
   // Final-norm input and the logits matmul input. The head is never checkpointed; its fp32 logits live only
   // from the loss to the head's backward and are counted in ModelCost::transient_bytes.

@@ -203,6 +203,16 @@ const char* to_string(Precision v) {
   return "?";
 }
 
+const char* to_string(KernelFusion v) {
+  switch (v) {
+    case KernelFusion::kFused:
+      return "fused";
+    case KernelFusion::kEager:
+      return "eager";
+  }
+  return "?";
+}
+
 const char* to_string(AttentionAlgorithm v) {
   switch (v) {
     case AttentionAlgorithm::kStandard:

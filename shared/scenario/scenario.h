@@ -213,6 +213,11 @@ enum class Recompute { kNone, kSelective, kFull };
 // 2503.01873: every key block shifted by its pseudo-average, the shift recovered in the online softmax), which
 // keeps fp16 scores from overflowing (docs/pasa.md).
 enum class AttentionAlgorithm { kStandard, kPasa };
+// How the framework runs the memory-bound operations of a layer (norms, rotary embedding, the gated MLP's
+// activation, the loss): "fused" as one kernel each (Transformer Engine, Megatron's and InternEvo's fused
+// kernels, torch.compile), or "eager" as PyTorch eager runs the model code, one kernel per operation with its
+// fp32 upcasts (torchtitan without torch.compile); docs/model_math.md counts each pass.
+enum class KernelFusion { kFused, kEager };
 
 struct TrainingSpec {
   std::int64_t seq_len = 0;
@@ -223,6 +228,7 @@ struct TrainingSpec {
   Recompute recompute = Recompute::kNone;
   bool flash_attention = true;
   AttentionAlgorithm attention = AttentionAlgorithm::kStandard;  // "pasa": fp16 with flash attention only
+  KernelFusion kernels = KernelFusion::kFused;  // the simulator's cost only; the runtime runs its own kernels
   // Dropout probabilities as Megatron-LM names them (its defaults are 0.1 and 0.1; LLaMA-style recipes use 0).
   // Only whether they are non-zero matters to the cost: attention dropout on the softmax output (without
   // flash attention an extra pass over the scores, and its output and 1-byte mask kept for backward; flash
@@ -435,6 +441,7 @@ const char* to_string(GpuArch v);
 const char* to_string(Precision v);
 const char* to_string(Recompute v);
 const char* to_string(AttentionAlgorithm v);
+const char* to_string(KernelFusion v);
 const char* to_string(GradReduce v);
 const char* to_string(ParamRefresh v);
 const char* to_string(ParamGather v);

@@ -700,7 +700,8 @@ Result<ClusterSpec> parse_cluster(const json& value, const ClusterOverride& run_
   return c;
 }
 
-// training's per-sequence fields: lengths, precision, optimizer, recomputation, attention, dropout, FP8, clipping.
+// training's per-sequence fields: lengths, precision, optimizer, recomputation, attention, kernels, dropout, FP8,
+// clipping.
 Status parse_training_fields(const ObjectReader& r, TrainingSpec& t) {
   HZP_RETURN_IF_ERROR(r.require("seq_len"));
   HZP_RETURN_IF_ERROR(r.require("micro_batch"));
@@ -725,6 +726,7 @@ Status parse_training_fields(const ObjectReader& r, TrainingSpec& t) {
     return invalid(r.path_of("attention"),
                    "\"pasa\" is a flash-attention algorithm: it needs training.flash_attention true",
                    r.at("attention"));
+  HZP_RETURN_IF_ERROR(r.read_enum("kernels", t.kernels, {KernelFusion::kFused, KernelFusion::kEager}));
   HZP_RETURN_IF_ERROR(r.read_number("attention_dropout", t.attention_dropout, kOne, {0, 1, false, true}));
   HZP_RETURN_IF_ERROR(r.read_number("hidden_dropout", t.hidden_dropout, kOne, {0, 1, false, true}));
   HZP_RETURN_IF_ERROR(r.read_bool("fp8", t.fp8));
@@ -790,7 +792,7 @@ Result<TrainingSpec> parse_training(const json& value, const ModelSpec& model, i
                        ObjectReader::open(value, "training",
                                           {"seq_len", "micro_batch", "global_batch_sequences", "global_batch_tokens",
                                            "precision", "optimizer", "recompute", "flash_attention", "attention",
-                                           "attention_dropout", "hidden_dropout", "fp8", "grad_clip"}));
+                                           "kernels", "attention_dropout", "hidden_dropout", "fp8", "grad_clip"}));
   TrainingSpec t;
   HZP_RETURN_IF_ERROR(parse_training_fields(r, t));
   if (model.position == PositionEmbedding::kLearned && t.seq_len > model.max_positions)
@@ -1155,6 +1157,7 @@ json training_json(const TrainingSpec& t) {
       {"recompute", to_string(t.recompute)},
       {"flash_attention", t.flash_attention},
       {"attention", to_string(t.attention)},
+      {"kernels", to_string(t.kernels)},
       {"attention_dropout", t.attention_dropout},
       {"hidden_dropout", t.hidden_dropout},
       {"fp8", t.fp8},
