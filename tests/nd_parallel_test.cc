@@ -367,14 +367,17 @@ TEST_CASE("tensor_comm_overlap: its rule, the same traffic on the tensor stream,
   doc["policy"]["parallel"]["tensor_comm_overlap"] = false;
   const Built off = build(scenario_from(doc));
   // Per program: the tensor collectives' bytes are the same (each reduce-scatter split in two), some of them
-  // now on the tensor stream; nothing else changes.
+  // now on the tensor stream; nothing else changes. (Sequence parallelism's backward re-gathers run there
+  // either way: counted apart, by their activations payload in backward.)
   auto tensor_traffic = [](const Schedule& s, bool on_tensor_stream) {
     double bytes = 0;
     for (const Op& op : s.programs[0].ops)
-      if (const auto* c = std::get_if<CollectiveOp>(&op.body))
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body)) {
+        const bool regather = c->purpose == CollectivePurpose::kTensorBackward && c->payload == Payload::kActivations;
         if ((c->purpose == CollectivePurpose::kTensorForward || c->purpose == CollectivePurpose::kTensorBackward) &&
-            (s.streams[op.stream] == StreamKind::kTensor) == on_tensor_stream)
+            !regather && (s.streams[op.stream] == StreamKind::kTensor) == on_tensor_stream)
           bytes += static_cast<double>(c->bytes);
+      }
     return bytes;
   };
   CHECK(tensor_traffic(off.schedule, true) == 0);
@@ -385,6 +388,37 @@ TEST_CASE("tensor_comm_overlap: its rule, the same traffic on the tensor stream,
   CHECK(with.step_time_s < without.step_time_s);
   CHECK(with.exposed_comm_s < 0.5 * without.exposed_comm_s);
   CHECK(with.compute_s >= without.compute_s);  // compute slowed while the overlapped transfers run
+}
+
+// Megatron-LM's sequence parallelism all-gathers a column-parallel layer's input again in backward, for its
+// weight gradient, overlapped with the input gradient's GEMM: per micro-batch one all-gather of b·s·h
+// activations per attention and MLP block and one for the output layer, on the tensor stream (the compute
+// stream where the policy keeps every collective there), and none without sequence parallelism.
+TEST_CASE("sequence parallelism re-gathers each column-parallel input in backward, beside the compute", "[nd]") {
+  auto regathers = [](const Built& b, StreamKind* stream) {
+    int n = 0;
+    for (const Op& op : b.schedule.programs[0].ops)
+      if (const auto* c = std::get_if<CollectiveOp>(&op.body))
+        if (c->purpose == CollectivePurpose::kTensorBackward && c->payload == Payload::kActivations) {
+          CHECK(c->kind == CollectiveKind::kAllGather);
+          CHECK(c->bytes == 1 * 4096 * 4096 * 2);  // b·s·h in bf16, the whole sequence gathered
+          *stream = b.schedule.streams[op.stream];
+          ++n;
+        }
+    return n;
+  };
+  nlohmann::json doc = nd_json("llama2-7b", 1, "zero1", {{"tensor", 4}, {"sequence_parallel", true}}, 2);
+  doc["training"]["seq_len"] = 4096;
+  StreamKind stream = StreamKind::kCompute;
+  const int micro_batches = 2 / (8 / 4);
+  CHECK(regathers(build(scenario_from(doc)), &stream) == micro_batches * (2 * 32 + 1));
+  CHECK(stream == StreamKind::kTensor);
+  doc["policy"]["overlap"] = {{"separate_streams", false}};
+  CHECK(regathers(build(scenario_from(doc)), &stream) == micro_batches * (2 * 32 + 1));
+  CHECK(stream == StreamKind::kCompute);
+  doc["policy"].erase("overlap");
+  doc["policy"]["parallel"]["sequence_parallel"] = false;
+  CHECK(regathers(build(scenario_from(doc)), &stream) == 0);
 }
 
 TEST_CASE("context parallelism by all-to-all (Ulysses): its rules, traffic and placement on the compute path", "[nd]") {

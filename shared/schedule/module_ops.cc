@@ -30,11 +30,13 @@ int ModuleOps::all_to_all(CollectivePurpose purpose, int unit, int mb, std::vect
 // The vocabulary-parallel loss adds three all-reduces of one fp32 per token (one op here). Full
 // recomputation repeats the forward's collectives; selective recomputation (the attention core) needs none.
 int ModuleOps::tensor_collective(CollectiveKind kind, const ModuleCost* m, int unit, Phase phase, int mb,
-                                 std::vector<int> deps, std::int64_t bytes, DType dtype, StreamKind stream) {
+                                 std::vector<int> deps, std::int64_t bytes, DType dtype, StreamKind stream,
+                                 std::optional<Payload> payload) {
   const bool bwd = phase == Phase::kBackward;
-  CollectiveOp c = layout_.collective(
-      kind, bwd ? CollectivePurpose::kTensorBackward : CollectivePurpose::kTensorForward, kDense,
-      schedule_.role_index(GroupRole::kTensor), bytes, bwd ? Payload::kGrads : Payload::kActivations, unit, mb, -1);
+  if (!payload) payload = bwd ? Payload::kGrads : Payload::kActivations;
+  CollectiveOp c =
+      layout_.collective(kind, bwd ? CollectivePurpose::kTensorBackward : CollectivePurpose::kTensorForward, kDense,
+                         schedule_.role_index(GroupRole::kTensor), bytes, *payload, unit, mb, -1);
   c.module = module_slot(m->kind);
   c.dtype = dtype;
   return prog_.add(stream, std::move(deps), c);
@@ -51,6 +53,12 @@ ModuleOps::TensorComm ModuleOps::tensor_comm(ModuleKind kind, Phase phase) const
   t.gather_before = sp && !(embedding && !bwd) && !(head && bwd);
   t.reduce_after = !(embedding && bwd) && !(head && !bwd);
   t.loss = head && !bwd;
+  // Megatron-LM's sequence parallelism keeps only its rank's part of a column-parallel layer's input (the
+  // norm's output) and all-gathers it again in backward for the weight gradient, launched before the input
+  // gradient's GEMM and waited for after it (LinearWithGradAccumulationAndAsyncCommunication): the layers
+  // after a norm, QKV, the MLP's first and the output layer. An MoE block's experts keep their permuted
+  // inputs.
+  t.regather_input = sp && bwd && (kind == ModuleKind::kAttention || kind == ModuleKind::kMlp || head);
   return t;
 }
 
@@ -104,6 +112,16 @@ int ModuleOps::compute(const ModuleCost* m, int unit, Phase phase, int mb, std::
   if (ulysses) deps = {ulysses_all_to_all(unit, phase, mb, /*before=*/true, std::move(deps))};
   if (a2a)
     deps = {all_to_all(fwd ? CollectivePurpose::kMoeDispatch : CollectivePurpose::kMoeCombineGrad, unit, mb, deps)};
+  // The input's re-gather beside the backward's compute (on the compute stream where the policy keeps every
+  // collective there); the reduction after the block waits for it.
+  int regathered = -1;
+  if (tp.regather_input) {
+    const bool beside = layout_.scenario.policy.overlap.separate_streams;
+    regathered = tensor_collective(CollectiveKind::kAllGather, m, unit, phase, mb, beside ? deps : std::vector<int>{},
+                                   layout_.act_bytes, layout_.dtype,
+                                   beside ? StreamKind::kTensor : StreamKind::kCompute, Payload::kActivations);
+    if (!beside) deps = {regathered};
+  }
   ComputeOp work = work_of(m, unit, phase, mb);
   work.gather_slot = visit_slot_;
   int op = prog_.add(StreamKind::kCompute, std::move(deps), work);
@@ -118,12 +136,14 @@ int ModuleOps::compute(const ModuleCost* m, int unit, Phase phase, int mb, std::
     const int bulk =
         tensor_collective(tp.after, m, unit, phase, mb, inputs, bulk_bytes, layout_.dtype, StreamKind::kTensor);
     std::vector<int> after{op, bulk};
+    if (regathered >= 0) after.push_back(regathered);
     after.insert(after.end(), context_tail_.begin(), context_tail_.end());
     context_tail_.clear();
     op = tensor_collective(tp.after, m, unit, phase, mb, std::move(after), layout_.act_bytes - bulk_bytes,
                            layout_.dtype);
   } else if (tp.reduce_after) {
     std::vector<int> after{op};
+    if (regathered >= 0) after.push_back(regathered);
     after.insert(after.end(), context_tail_.begin(), context_tail_.end());
     context_tail_.clear();
     op = tensor_collective(tp.after, m, unit, phase, mb, std::move(after), layout_.act_bytes, layout_.dtype);

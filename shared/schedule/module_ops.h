@@ -5,6 +5,7 @@
 // compute() for every module of every visit.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "shared/ir/schedule.h"
@@ -29,12 +30,14 @@ class ModuleOps {
  private:
   int all_to_all(CollectivePurpose purpose, int unit, int mb, std::vector<int> deps);
   int tensor_collective(CollectiveKind kind, const ModuleCost* m, int unit, Phase phase, int mb, std::vector<int> deps,
-                        std::int64_t bytes, DType dtype, StreamKind stream = StreamKind::kCompute);
+                        std::int64_t bytes, DType dtype, StreamKind stream = StreamKind::kCompute,
+                        std::optional<Payload> payload = std::nullopt);
   struct TensorComm {
     bool gather_before = false;
     CollectiveKind after = CollectiveKind::kAllReduce;
     bool reduce_after = false;
     bool loss = false;
+    bool regather_input = false;  // sequence parallelism's backward: the input again, for the weight gradient
   };
   TensorComm tensor_comm(ModuleKind kind, Phase phase) const;
   ComputeOp work_of(const ModuleCost* m, int unit, Phase phase, int mb) const;
