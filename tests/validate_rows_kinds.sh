@@ -11,7 +11,7 @@
 # framework no row ran, on the preset's table efficiencies (one of them with 78 layers, split over its 4 x 5
 # chunks with the embedding and loss counted as layers); a Mixtral 8x7B row (pp 4, ep 8) becomes a MoE
 # model with expert parallelism; NVIDIA's Nemotron-4 15B and GPT-3 175B configurations become a squared-ReLU
-# and a GPT (GELU, biases, learned positions, tied head) model. The torchtitan and Megatron-FSDP rows reduce their gradients in fp32.
+# and a GPT (GELU, biases, learned positions, tied head, NeMo's dropout 0.1) model. The torchtitan and Megatron-FSDP rows reduce their gradients in fp32.
 # Usage: bash tests/validate_rows_kinds.sh [HZP]
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/p' "$0" | sed -n '/^#/s/^# \{0,1\}//p'; exit 0 ;; esac
 set -uo pipefail
@@ -45,7 +45,8 @@ if kinds["skipped"]:
 for r in kinds["rows"]:
     if r["policy"] != expect[r["id"]]:
         bad.append(f"{r['id']} became {r['policy']}, not {expect[r['id']]}")
-    for key, field in (("expect_mlp", "mlp"), ("expect_family", "model_family")):
+    for key, field in (("expect_mlp", "mlp"), ("expect_family", "model_family"),
+                       ("expect_hidden_dropout", "hidden_dropout"), ("expect_attention_dropout", "attention_dropout")):
         if key in data[r["id"]] and r[field] != data[r["id"]][key]:
             bad.append(f"{r['id']} became model {field} {r[field]}, not {data[r['id']][key]}")
     want = data[r["id"]].get("expect_calibrated_on", "R" + r["id"][1:].split("-")[0])

@@ -32,7 +32,8 @@ What a row's text becomes (hzp's policy; groups counted in data-parallel ranks):
                                         communication in bf16 (Transformer Engine's and torchtitan's default),
                                         gradients reduced as above
   model GPT-3 (by name)                  model.family gpt: GELU MLP of two matrices with biases, learned
-                                        positions, tied head (NeMo's GPT config)
+                                        positions, tied head; training dropout 0.1 hidden and attention
+                                        (NeMo's GPT config)
   squared-ReLU / relu2, GELU (text)     model.mlp squared_relu / gelu: two matrices (Nemotron-4)
   any other model                       a LLaMA layer: SwiGLU MLP of three matrices, RMSNorm, rotary, untied
 grad_accum comes from the global batch when not published; a row with only MFU is calibrated and compared by
@@ -293,15 +294,25 @@ def nic_of(row, nodes):
     raise Skip(f"inter_node {row.get('inter_node')!r}: NIC count and rate not found")
 
 
+def is_gpt3(row):
+    return bool(re.search(r"\bgpt-?3\b", str(row.get("model") or "").lower()))
+
+
+def dropout_of(row):
+    """training's dropout fields: GPT-3 runs NeMo's GPT config (hidden_dropout 0.1, attention_dropout 0.1, as in
+    dgxc-benchmarking's gpt3_175b_hydra.yaml, and Megatron-LM's defaults); the LLaMA-family recipes run none."""
+    return {"hidden_dropout": 0.1, "attention_dropout": 0.1} if is_gpt3(row) else {}
+
+
 def architecture_of(row, seq_len):
     """(model fields, note) for the row's layer type. GPT-3 (NeMo's GPT config: GELU MLP with biases, learned
     positions, tied head) by its name; a squared-ReLU or GELU MLP (two matrices) where the row says so;
     otherwise LLaMA's (SwiGLU, three matrices; RMSNorm, rotary, untied head)."""
     name = str(row.get("model") or "")
     said = f"{name} {row.get('other') or ''}".lower()
-    if re.search(r"\bgpt-?3\b", name.lower()):
+    if is_gpt3(row):
         return ({"family": "gpt", "mlp": "gelu", "tied_embeddings": True, "position": "learned",
-                 "max_positions": seq_len}, "GPT-3: GELU MLP with biases, learned positions, tied head")
+                 "max_positions": seq_len}, "GPT-3: GELU MLP with biases, learned positions, tied head, dropout 0.1")
     if re.search(r"squared[- ]?relu|relu2|relu\^2|relu²", said):
         return {"family": "llama", "mlp": "squared_relu", "tied_embeddings": False}, None
     if re.search(r"\bgelu\b", said):
@@ -472,6 +483,7 @@ def scenario_of(row, cluster_extra):
             "seq_len": row["seq_len"], "micro_batch": micro, "global_batch_sequences": layout.dp * micro * accum,
             "precision": precision, "recompute": recompute,
             "flash_attention": bool(row.get("flash_attention", True)), "fp8": fp8, "kernels": kernels,
+            **dropout_of(row),
         },
         "policy": policy,
     }
@@ -784,6 +796,8 @@ def report_rows(args, rows, cal_rows, workdir):
                 "id": row["id"], "gpus": row["gpu_count"], "family": family, "calibrated_on": cal_id,
                 "calibration": kind, "model": str(row.get("model") or "model"),
                 "model_family": doc["model"]["family"], "mlp": doc["model"]["mlp"],
+                "hidden_dropout": doc["training"].get("hidden_dropout", 0),
+                "attention_dropout": doc["training"].get("attention_dropout", 0),
                 "series": "/".join(config_key(row)), "policy": doc["policy"],
                 "multi_node": row["gpu_count"] > row["gpus_per_node"], "metric": metric,
                 "published": published, "simulated": simulated_value, "published_tgs": published_tgs,
