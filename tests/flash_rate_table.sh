@@ -36,7 +36,16 @@ scenario '{"preset": "dgx-a100"}'
 "$hzp" validate "$work/s.json" > "$work/resolved.json" 2>"$work/err" || fail "hzp validate dgx-a100: $(cat "$work/err")"
 python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["cluster"]["gpu"]["flash_attention_vs_gemm"] == []' \
   "$work/resolved.json" || fail "dgx-a100 resolves to a flash table"
-# Bad input: a missing file, an attention file without SDPA rows, a line that is not JSON.
+# A row run with dropout stays out of the table and is shown against the same shape without (its own rate).
+cp "$run/attention.jsonl" "$work/dropout.jsonl"
+printf '{"kernel": "torch-sdpa", "type": "bf16", "head_dim": 128, "seq": 4096, "dropout": 0.1, "forward_tflops": 1, "backward_tflops": 1}\n' \
+  >> "$work/dropout.jsonl"
+with=$(python3 tools/flash_rate_table.py "$work/dropout.jsonl" "$run/gemm_shapes.jsonl" 2>&1) || fail "a dropout row: $with"
+without=$(python3 tools/flash_rate_table.py "$run/attention.jsonl" "$run/gemm_shapes.jsonl" 2>&1)
+[ "$(grep -v dropout <<<"$with")" == "$without" ] || fail "a dropout row changed the table: $with"
+grep -q "with attention dropout, head_dim 128 seq 4096: fwd / bwd x 0.00" <<<"$with" || fail "no dropout ratio: $with"
+# Bad input: a missing file, an attention file without SDPA rows, a line that is not JSON, a dropout that is not
+# a probability.
 expect2() {  # pattern attention gemms
   local out code
   out=$(python3 tools/flash_rate_table.py "$2" "$3" 2>&1); code=$?
@@ -50,4 +59,8 @@ printf '{"kernel": "torch-sdpa", "type": "bf16", "head_dim": 128, "seq": 1024, "
   > "$work/bad.jsonl"
 expect2 "bad.jsonl:2: not JSON" "$work/bad.jsonl" "$run/gemm_shapes.jsonl"
 expect2 "cannot read" "$run/attention.jsonl" "$work/missing.jsonl"
+printf '{"kernel": "torch-sdpa", "type": "bf16", "head_dim": 128, "seq": 1024, "dropout": 1.5, "forward_tflops": 1, "backward_tflops": 1}\n' \
+  > "$work/bad_dropout.jsonl"
+expect2 "bad_dropout.jsonl:1: an SDPA row whose dropout 1.5 is not a probability" "$work/bad_dropout.jsonl" \
+  "$run/gemm_shapes.jsonl"
 echo "flash_rate_table: ok"

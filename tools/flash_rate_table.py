@@ -9,7 +9,8 @@ factor by head dimension and sequence length (cluster.gpu.flash_attention_vs_gem
 calibrated GEMM rate carries over to its attention. This computes that factor, forward and backward, from
 one run of `bench/gpu/check.sh attention gemm` on a GPU:
 - ATTENTION: the attention stage's attention.jsonl; its PyTorch SDPA rows (`kernel` torch-sdpa, bf16), whose
-  TFLOP/s count the causal half (forward 2·B·H·T²·d, backward 2.5 times that).
+  TFLOP/s count the causal half (forward 2·B·H·T²·d, backward 2.5 times that). Rows run with dropout
+  (`"dropout"` above 0) are left out of the table; their speed over the same shape's without is printed.
 - GEMMS: the gemm stage's gemm_shapes.jsonl; its whole (not chunked) bf16 products of --min-us or more give
   the GEMM rate e, the fraction of peak that best explains them with the calibration table's fixed cost per
   kernel (--gemm-overhead-us, tools/gemm_overhead_fit.py's least squares).
@@ -35,8 +36,9 @@ def fail(message):
     sys.exit(2)
 
 
-def sdpa_rows(path):
-    """{(head_dim, seq): (fwd TFLOP/s, bwd TFLOP/s)} of the bf16 SDPA rows."""
+def sdpa_rows(path, with_dropout=False):
+    """{(head_dim, seq): (fwd TFLOP/s, bwd TFLOP/s)} of the bf16 SDPA rows without dropout (with_dropout: those
+    with; their probability is not part of the key)."""
     try:
         text = read_regular_file(path).decode()
     except (OSError, ValueError, UnicodeDecodeError) as e:
@@ -49,6 +51,11 @@ def sdpa_rows(path):
     for line_number, row in rows:
         if not isinstance(row, dict) or row.get("kernel") != "torch-sdpa" or row.get("type") != "bf16":
             continue
+        dropout = row.get("dropout", 0)
+        if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            fail(f"{path}:{line_number}: an SDPA row whose dropout {dropout!r} is not a probability")
+        if (dropout > 0) != with_dropout:
+            continue
         try:
             key = (int(row["head_dim"]), float(row["seq"]))
             fwd, bwd = float(row["forward_tflops"]), float(row["backward_tflops"])
@@ -57,7 +64,7 @@ def sdpa_rows(path):
         if min(key[0], key[1], fwd, bwd) <= 0:
             fail(f"{path}:{line_number}: an SDPA row with a size or speed of 0 or less")
         out[key] = (fwd, bwd)
-    if not out:
+    if not out and not with_dropout:
         fail(f"{path}: no bf16 torch-sdpa rows (an attention stage's attention.jsonl)")
     return out
 
@@ -130,6 +137,11 @@ def main():
     print("head_dim  seq     SDPA fwd / bwd TFLOP/s   fwd / bwd x GEMM rate")
     for (h, s), (f, b) in sorted(table.items()):
         print(f"{h:8d} {s:6.0f}   {attention[(h, s)][0]:8.1f} / {attention[(h, s)][1]:6.1f}          {f:.3f} / {b:.3f}")
+    dropped = sdpa_rows(args.attention, with_dropout=True)
+    for (h, s), (f, b) in sorted(dropped.items()):
+        if (h, s) in attention:
+            print(f"with attention dropout, head_dim {h} seq {s:.0f}: fwd / bwd x {f / attention[(h, s)][0]:.3f} / "
+                  f"{b / attention[(h, s)][1]:.3f} of the same shape without")
     print("calibration.cc rows:")
     print(",\n".join(f"    {{{h}, {s:.0f}, {f:.3f}, {b:.3f}}}" for (h, s), (f, b) in sorted(table.items())))
     if args.check_h100:

@@ -24,13 +24,15 @@
 #                MoE and 941 M bench models (their steps by module)
 #   attention    causal attention's TFLOP/s, forward and backward, seq 1 k .. 32 k, head_dim 64 / 128: fp16
 #                standard, PASA and PyTorch's SDPA; then hzp's kernels (attention_bench) and SDPA in bf16, and
-#                hzp's WMMA kernels at 1 k / 4 k and simple ones at 1 k: $OUT/attention.md
+#                hzp's WMMA kernels at 1 k / 4 k and simple ones at 1 k; SDPA with dropout 0.1 at 2 k .. 8 k:
+#                $OUT/attention.md
 #   gemm         bf16 GEMM TFLOP/s by shape (the development rows' linear layers per tensor-parallel degree, whole
 #                and as the chunks a tensor-parallel overlap runs, alone and beside a copy) and FP8 forwards, for
 #                issue 37's compute model by shape: $OUT/gemm_shapes.jsonl (not in the default list: ~3 min)
-#   overlap      Nemotron-4's products beside a copy kernel on 16 SMs, as userbuffers' tensor-parallel
-#                reduce-scatter takes them from a GEMM (issue 37): $OUT/gemm_shapes.jsonl rows with "copy_sms"
-#                16 (not in the default list: ~1 min)
+#   overlap      Nemotron-4's and GPT-3's products at their development rows' micro-batches, whole and
+#                chunked, beside a copy kernel on 16 SMs, as userbuffers' reduce-scatter and bulk kernels take
+#                them from a GEMM (issue 37): $OUT/gemm_shapes.jsonl rows with "copy_sms" 16 (not in the
+#                default list: ~1 min)
 #   bench        tokens/s, MFU and memory of hzp against PyTorch eager (and torch.compile on the 134 M model;
 #                HZP_BENCH_COMPILE=all for every model) on the same models, MoE first (HZP_BENCH_MODELS: which,
 #                in order): $OUT/bench.md
@@ -173,6 +175,9 @@ for stage in "${stages[@]}"; do
     rows_of attention_torch_fp16 timeout 120 "$py" bench/gpu/torch_attention.py --type fp16
     rows_of attention_hzp timeout 120 "$attention_bench" --type bf16
     rows_of attention_torch timeout 120 "$py" bench/gpu/torch_attention.py --type bf16
+    # Attention dropout in the flash kernel (GPT-3's recipes run 0.1; hzp prices it as free, issue 37).
+    rows_of attention_dropout timeout 60 "$py" bench/gpu/torch_attention.py --type bf16 --dropout 0.1 \
+      --dims 64,128 --seqs 2048,4096,8192
     HZP_CUDA_ATTENTION=wmma rows_of attention_wmma timeout 120 "$attention_bench" --type bf16 --seqs 1024,4096
     HZP_CUDA_ATTENTION=simple rows_of attention_simple timeout 120 "$attention_bench" --type bf16 --seqs 1024 --dims 64
     "$py" bench/gpu/compare.py attention "$rows" > "$out/attention.md" 2>> "$out/attention.log"
@@ -186,9 +191,11 @@ for stage in "${stages[@]}"; do
     done
     ;;
   overlap)
-    # What a tensor-parallel overlap costs its GEMMs: Nemotron-4's products, whole and chunked, alone and beside
-    # a copy on 16 SMs, as userbuffers' reduce-scatter runs (issue 37).
-    if timeout 200 "$py" bench/gpu/gemm_shapes.py --quick --copy-sms 16 >> "$out/gemm_shapes.jsonl" 2> "$out/overlap.log"; then
+    # What a tensor-parallel overlap costs its GEMMs: the development rows' products at their own micro-batches
+    # (Nemotron-4 4 x 4096 tokens, GPT-3 1 x 2048), whole and chunked, alone and beside a copy on 16 SMs, as
+    # userbuffers' reduce-scatter and bulk kernels run by default (issue 37; sim/README.md "Tensor overlap").
+    if timeout 300 "$py" bench/gpu/gemm_shapes.py --models nemotron4-15b:16384,gpt3-175b:2048 --copy-sms 16 \
+      >> "$out/gemm_shapes.jsonl" 2> "$out/overlap.log"; then
       note "PASS overlap: $(grep -c '"copy_sms": 16' "$out/gemm_shapes.jsonl") shapes beside a 16-SM copy"
     else note "FAIL overlap: $(tail -2 "$out/overlap.log" | tr '\n' ' ')"; fi
     ;;

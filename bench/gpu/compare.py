@@ -225,6 +225,8 @@ def attention(rows_jsonl):
     for r in rows:
         key = (r["type"], r["seq"], r["head_dim"], r["batch"], r["heads"])
         label = r["kernel"] if r.get("algorithm", "standard") == "standard" else f"{r['kernel']} {r['algorithm']}"
+        if finite(r.get("dropout")) and r["dropout"] > 0:  # its own column: hzp's ratio stays against plain SDPA
+            label += f" dropout {r['dropout']:g}"
         shapes.setdefault(key, {})[label] = r
         if label not in kernels:
             kernels.append(label)

@@ -7,6 +7,7 @@ split each GEMM so); each forward, input-gradient and weight-gradient product al
 device-to-device copy runs on another stream (what userbuffers' copy kernels take from a GEMM: SMs and HBM).
 
     python3 bench/gpu/gemm_shapes.py [--type bf16|fp8] [--iters N] [--quick] [--copy-sms N]
+                                     [--models NAME:TOKENS,...]
 
 One JSON line per (model, tensor, tokens, op): m, k, n, fwd / dgrad / wgrad TFLOP/s (2·m·k·n / time, CUDA
 events, median of N calls after a warm-up), the same beside the copy, and the copy's GB/s. --type fp8 times
@@ -14,7 +15,9 @@ torch._scaled_mm (tensorwise scales, e4m3 operands) for the forward only. --copy
 kernel of N thread blocks (one per SM) looping over the buffer, instead of PyTorch's copy over every SM: what
 Transformer Engine's userbuffers does to a GEMM, whose reduce-scatter kernels run on a few SMs (16 by default)
 and move an NVLink's worth of bytes, not HBM's (rows carry "copy_sms"; needs Triton, as torch.compile does).
-Exit 2 on a bad argument or without a GPU. scenarios/validation/h100_kernels.json was measured the same way at 4 k and 16 k tokens.
+--quick: Nemotron-4 15B at 4 k tokens only. --models NAME:TOKENS,...: those models, each at its own tokens per
+micro-batch (the development rows': nemotron4-15b:16384, gpt3-175b:2048), so the chunks are the ones their
+overlap runs. Exit 2 on a bad argument or without a GPU. scenarios/validation/h100_kernels.json was measured the same way at 4 k and 16 k tokens.
 """
 import json
 import statistics
@@ -64,7 +67,7 @@ def sm_copy(torch, src, dst, sms):
 
 
 def main(argv):
-    opts = {"--type": "bf16", "--iters": "20", "--copy-sms": "0"}
+    opts = {"--type": "bf16", "--iters": "20", "--copy-sms": "0", "--models": ""}
     quick = False
     i = 0
     while i < len(argv):
@@ -95,6 +98,14 @@ def main(argv):
         print(f"gemm_shapes.py: --copy-sms: expected an integer in [0, 1024], got '{opts['--copy-sms']}'",
               file=sys.stderr)
         return 2
+    chosen = {}  # name -> [tokens]
+    for item in filter(None, opts["--models"].split(",")):
+        name, _, tokens = item.partition(":")
+        if name not in MODELS or not tokens.isdigit() or not 1 <= int(tokens) <= 1 << 20:
+            print(f"gemm_shapes.py: --models: '{item}' is not NAME:TOKENS with NAME one of {', '.join(MODELS)} and "
+                  f"TOKENS an integer in [1, 1048576]", file=sys.stderr)
+            return 2
+        chosen.setdefault(name, []).append(int(tokens))
     try:
         import torch
     except ImportError:
@@ -158,9 +169,10 @@ def main(argv):
         dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
         return {"fwd": lambda: x @ w.t(), "dgrad": lambda: dy @ w, "wgrad": lambda: dy.t() @ x}
 
-    models = {"nemotron4-15b": MODELS["nemotron4-15b"]} if quick else MODELS
-    token_counts = [4096] if quick else [2048, 4096, 8192]
-    for name, (hidden, ffn, heads, kv_heads, gated) in models.items():
+    if not chosen:
+        chosen = {"nemotron4-15b": [4096]} if quick else {name: [2048, 4096, 8192] for name in MODELS}
+    for name, token_counts in chosen.items():
+        hidden, ffn, heads, kv_heads, gated = MODELS[name]
         for tensor in (1, 2, 4, 8):
             for tokens in token_counts:
                 # The whole GEMM, and the chunk a tensor-parallel overlap runs (tokens / tensor rows).

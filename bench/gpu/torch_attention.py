@@ -4,10 +4,12 @@ picks) at the shapes of build/attention_bench, for the same-call comparison of b
 `attention` stage.
 
     python3 bench/gpu/torch_attention.py [--type bf16|fp16] [--seqs 1024,...] [--dims 64,128] [--heads H]
-                                         [--tokens T] [--iters N]
+                                         [--tokens T] [--iters N] [--dropout P]
 
 One JSON line per shape, the fields of attention_bench's (kernel "torch-sdpa"); forward and backward timed
-with CUDA events over N calls after one warm-up. Exit 2 on a bad argument or without a GPU.
+with CUDA events over N calls after one warm-up. --dropout P runs SDPA with dropout_p P (the flash kernel
+draws its mask in-kernel: what attention dropout costs GPT-3's runs, NeMo's 0.1); rows carry "dropout".
+Exit 2 on a bad argument or without a GPU.
 """
 import json
 import sys
@@ -29,7 +31,8 @@ def parse_list(flag, text, lo, hi):
 
 def main(argv):
     opts = {"--type": "bf16", "--seqs": "1024,2048,4096,8192,16384,32768", "--dims": "64,128", "--heads": "16",
-            "--tokens": "16384", "--iters": "5"}
+            "--tokens": "16384", "--iters": "5",
+            "--dropout": "0"}
     i = 0
     while i < len(argv):
         if argv[i] in ("-h", "--help"):
@@ -49,6 +52,13 @@ def main(argv):
     tokens = parse_list("--tokens", opts["--tokens"], 1, 1 << 24)[0]
     iters = parse_list("--iters", opts["--iters"], 1, 1000)[0]
     try:
+        dropout = float(opts["--dropout"])
+    except ValueError:
+        dropout = -1.0
+    if not 0 <= dropout < 1:
+        print(f"torch_attention.py: --dropout: '{opts['--dropout']}' is not a probability in [0, 1)", file=sys.stderr)
+        return 2
+    try:
         import torch
         import torch.nn.functional as F
     except ImportError as e:
@@ -64,7 +74,10 @@ def main(argv):
             batch = max(1, tokens // seq)
             q, k, v = (torch.randn(batch, heads, seq, d, device="cuda", dtype=dtype, requires_grad=True)
                        for _ in range(3))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            def sdpa():
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+
+            out = sdpa()
             grad = torch.randn_like(out)
 
             def timed(call):
@@ -78,13 +91,13 @@ def main(argv):
                 torch.cuda.synchronize()
                 return start.elapsed_time(end) / iters / 1e3
 
-            fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            fwd = timed(sdpa)
+            out = sdpa()
             bwd = timed(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
             flops = 4.0 * batch * heads * seq * seq * d / 2
             print(json.dumps({"backend": "torch", "device": name, "kernel": "torch-sdpa", "algorithm": "standard",
                               "type": opts["--type"], "batch": batch, "seq": seq, "heads": heads, "head_dim": d,
-                              "forward_ms": round(fwd * 1e3, 4), "forward_tflops": round(flops / fwd / 1e12, 2),
+                              "dropout": dropout, "forward_ms": round(fwd * 1e3, 4), "forward_tflops": round(flops / fwd / 1e12, 2),
                               "backward_ms": round(bwd * 1e3, 4),
                               "backward_tflops": round(2.5 * flops / bwd / 1e12, 2)}), flush=True)
             del q, k, v, out, grad
