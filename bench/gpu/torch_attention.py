@@ -31,8 +31,7 @@ def parse_list(flag, text, lo, hi):
 
 def main(argv):
     opts = {"--type": "bf16", "--seqs": "1024,2048,4096,8192,16384,32768", "--dims": "64,128", "--heads": "16",
-            "--tokens": "16384", "--iters": "5",
-            "--dropout": "0"}
+            "--tokens": "16384", "--iters": "5", "--dropout": "0"}
     i = 0
     while i < len(argv):
         if argv[i] in ("-h", "--help"):
@@ -97,7 +96,8 @@ def main(argv):
             flops = 4.0 * batch * heads * seq * seq * d / 2
             print(json.dumps({"backend": "torch", "device": name, "kernel": "torch-sdpa", "algorithm": "standard",
                               "type": opts["--type"], "batch": batch, "seq": seq, "heads": heads, "head_dim": d,
-                              "dropout": dropout, "forward_ms": round(fwd * 1e3, 4), "forward_tflops": round(flops / fwd / 1e12, 2),
+                              "dropout": dropout, "forward_ms": round(fwd * 1e3, 4),
+                              "forward_tflops": round(flops / fwd / 1e12, 2),
                               "backward_ms": round(bwd * 1e3, 4),
                               "backward_tflops": round(2.5 * flops / bwd / 1e12, 2)}), flush=True)
             del q, k, v, out, grad
