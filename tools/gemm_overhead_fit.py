@@ -48,6 +48,8 @@ def products_of(path, whole_only=False, dtype="bf16"):
         if not isinstance(doc, dict) or not isinstance(doc.get("gemm"), list):
             fail(f"{path}: a JSON document without a \"gemm\" list (h100_kernels.json's format)")
         rows = doc["gemm"]
+    except RecursionError:
+        fail(f"{path}: nested too deep to be a table")
     except json.JSONDecodeError:
         try:
             rows = [row for _, row in jsonl_rows(path, text)

@@ -7,7 +7,8 @@
     load_json_input(path, what)    the document, or exit 2 with one line naming it when read_regular_file
                                    refuses it or it is not JSON
     jsonl_rows(path, text)         (line number, value) of each non-empty line of a JSON Lines text; ValueError
-                                   "PATH:LINE: not JSON (...)" at the first line that is not
+                                   "PATH:LINE: not JSON (...)" at the first line that is not (or "nested too
+                                   deep to be a row")
     number(low, high)              an argparse type: a finite number in [low, high] ("nan" and "inf" refused)
     check_output_file(path, flag, inputs)
                                    ValueError naming FLAG unless PATH can be written: not "", not a directory,
@@ -66,7 +67,7 @@ def load_json_input(path, what):
 
 def jsonl_rows(path, text):
     """(line number, value) of each non-empty line of TEXT, the JSON Lines file PATH; ValueError naming the line
-    of the first one that is not JSON."""
+    of the first one that is not JSON, or is nested too deep for Python's parser."""
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -74,6 +75,8 @@ def jsonl_rows(path, text):
             yield line_number, json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{line_number}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{line_number}: nested too deep to be a row") from None
 
 
 def number(low, high):
