@@ -223,6 +223,12 @@ training.global_batch_sequences 64
 run.warmup_steps 10
 model.bogus 1
 EOF
+# The GPU benchmarks' shape flags are checked before they look for PyTorch or a GPU.
+for bad in "--models foo:4096" "--models nemotron4-15b:0" "--models nemotron4-15b"; do
+  # shellcheck disable=SC2086 # the flag and its value split on purpose
+  expect_2 bench/gpu/gemm_shapes.py $bad
+done
+for bad in 1 -0.1 nan x; do expect_2 bench/gpu/torch_attention.py --dropout "$bad"; done
 if /usr/bin/python3 -c 'import torch' 2> /dev/null; then
   expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py bench/gpu/llama134m.json --steps -1
   expect_2_with /usr/bin/python3 bench/gpu/torch_gpu.py scenarios/runtime/tiny_dense.json  # a preset's fields
