@@ -36,14 +36,14 @@ def fail(message):
     sys.exit(2)
 
 
-def sdpa_rows(path, with_dropout=False):
-    """{(head_dim, seq): (fwd TFLOP/s, bwd TFLOP/s)} of the bf16 SDPA rows without dropout (with_dropout: those
-    with; their probability is not part of the key)."""
+def sdpa_rows(path):
+    """({(head_dim, seq): (fwd TFLOP/s, bwd TFLOP/s)} of the bf16 SDPA rows without dropout, the same of those
+    with dropout (their probability is not part of the key))."""
     try:
         text = read_regular_file(path).decode()
     except (OSError, ValueError, UnicodeDecodeError) as e:
         fail(f"cannot read {path}: {e}")
-    out = {}
+    out, dropped = {}, {}
     try:
         rows = list(jsonl_rows(path, text))
     except ValueError as e:
@@ -54,8 +54,6 @@ def sdpa_rows(path, with_dropout=False):
         dropout = row.get("dropout", 0)
         if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             fail(f"{path}:{line_number}: an SDPA row whose dropout {dropout!r} is not a probability")
-        if (dropout > 0) != with_dropout:
-            continue
         try:
             key = (int(row["head_dim"]), float(row["seq"]))
             fwd, bwd = float(row["forward_tflops"]), float(row["backward_tflops"])
@@ -63,10 +61,10 @@ def sdpa_rows(path, with_dropout=False):
             fail(f"{path}:{line_number}: an SDPA row without numeric head_dim, seq, forward_tflops, backward_tflops")
         if min(key[0], key[1], fwd, bwd) <= 0:
             fail(f"{path}:{line_number}: an SDPA row with a size or speed of 0 or less")
-        out[key] = (fwd, bwd)
-    if not out and not with_dropout:
+        (dropped if dropout > 0 else out)[key] = (fwd, bwd)
+    if not out:
         fail(f"{path}: no bf16 torch-sdpa rows (an attention stage's attention.jsonl)")
-    return out
+    return out, dropped
 
 
 def interpolate(table, head_dim, seq):
@@ -123,7 +121,7 @@ def main():
     ap.add_argument("--check-scenario", metavar="FILE", help="exit 1 unless FILE holds this table")
     args = ap.parse_args()
     peak = args.peak_tflops * 1e12
-    attention = sdpa_rows(args.attention)
+    attention, dropped = sdpa_rows(args.attention)
     products = [p for p in gf.products_of(args.gemms, whole_only=True) if p[2] >= args.min_us * 1e-6]
     if len(products) < 3:
         fail(f"{args.gemms}: {len(products)} whole bf16 products of {args.min_us:g} us or more; at least 3 needed")
@@ -137,7 +135,6 @@ def main():
     print("head_dim  seq     SDPA fwd / bwd TFLOP/s   fwd / bwd x GEMM rate")
     for (h, s), (f, b) in sorted(table.items()):
         print(f"{h:8d} {s:6.0f}   {attention[(h, s)][0]:8.1f} / {attention[(h, s)][1]:6.1f}          {f:.3f} / {b:.3f}")
-    dropped = sdpa_rows(args.attention, with_dropout=True)
     for (h, s), (f, b) in sorted(dropped.items()):
         if (h, s) in attention:
             print(f"with attention dropout, head_dim {h} seq {s:.0f}: fwd / bwd x {f / attention[(h, s)][0]:.3f} / "
